@@ -1,0 +1,80 @@
+//! `batond`: the baton lock server.
+//!
+//! Owns: the process — flags (pico-args, through `server::config`), logging
+//! (env_logger, `RUST_LOG`), the file-descriptor limit, and the signals that
+//! stop it (SIGINT, SIGTERM: a graceful shutdown, then exit 0).
+//!
+//! Never does: anything the server module does itself.
+
+use std::process::ExitCode;
+
+use baton::server::config::{Command, HELP};
+use baton::server::{Config, Server};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let config = match Config::from_args(std::env::args_os().skip(1).collect()) {
+        Ok(Command::Run(config)) => config,
+        Ok(Command::Help) => {
+            print!("{HELP}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("batond: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    raise_fd_limit(config.max_conns);
+    let mut signals = match Signals::new([SIGINT, SIGTERM]) {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("batond: cannot handle signals: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let server = match Server::start(&config) {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!(
+                "batond: cannot start on {}:{}: {e}",
+                config.bind, config.port
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(signal) = signals.forever().next() {
+        log::info!("signal {signal}: shutting down");
+    }
+    server.shutdown();
+    ExitCode::SUCCESS
+}
+
+/// Raise the soft limit on open files toward the hard limit, so that
+/// `--max-conns` connections fit.
+fn raise_fd_limit(max_conns: usize) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return;
+        }
+        let wanted = (max_conns as libc::rlim_t).saturating_add(256);
+        if limit.rlim_cur < wanted {
+            limit.rlim_cur = wanted.min(limit.rlim_max);
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                log::warn!("cannot raise the open-file limit to {wanted}");
+            }
+        }
+        if (limit.rlim_cur as u128) < max_conns as u128 + 64 {
+            log::warn!(
+                "the open-file limit ({}) is below --max-conns ({max_conns}); connections past it will fail",
+                limit.rlim_cur
+            );
+        }
+    }
+}

@@ -1,0 +1,2162 @@
+//! The wire format of baton, protocol version 1 (SPEC.md section 3).
+//!
+//! Owns: parsing request and answer lines from bytes, and formatting them back
+//! into bytes. Used by the server's I/O loops (requests in, answers out) and by
+//! the client library (requests out, answers in).
+//!
+//! Never does: I/O, allocation per request beyond the key itself, or panics on
+//! any input. Every rule here has a unit test at the bottom of this file.
+//!
+//! # Framing (requests and answers alike)
+//!
+//! - A line is the bytes up to and including the first `\n`, at most
+//!   [`MAX_LINE`] bytes in all. One `\r` directly before the `\n` is dropped.
+//! - No `\n` in the first [`MAX_LINE`] bytes of a buffer that holds at least
+//!   [`MAX_LINE`] bytes: `Line { used: MAX_LINE, result: Err(Fatal(LineTooLong)) }`.
+//!   Fewer bytes and no `\n`: [`Parsed::Incomplete`], read more.
+//! - An empty line (`\n` or `\r\n` alone) is [`LineError::Blank`]: ignored.
+//! - Fields are separated by single spaces: the line is split on every space,
+//!   so two spaces make an empty field and a trailing space an empty last one.
+//!
+//! # Requests: the order of checks
+//!
+//! 1. The first field is exactly one of `A R K Q I` (case-sensitive), else
+//!    `Fatal(UnknownOp)`.
+//! 2. Fewer fields than the op takes (A 4, R 3, K 4, Q 2, I 1):
+//!    `Fatal(MissingFields)`.
+//! 3. The key (second field) is 1 to [`MAX_KEY`] bytes, each `>= 0x21` and not
+//!    `0x7F`, else `Refused { key: None, reason: BadKey }`.
+//! 4. More fields than the op takes: `Refused { reason: ExtraFields }` (with the
+//!    key; `None` for `I`, which has no key).
+//! 5. The numbers, left to right: a lease is [`parse_seconds`], above 0
+//!    (`BadLease`) and at most the maximum (`LeaseTooLong`); a wait is
+//!    [`parse_seconds`] (`BadWait`), 0 or at most the same maximum
+//!    (`WaitTooLong`); a token is decimal digits only, fits a u64 and is not 0
+//!    (`BadToken`). Leading zeros are accepted (`007`, `030.5`).
+//!
+//! # Answers
+//!
+//! [`parse_answer`] is the inverse of [`Answer::write_to`]; anything else is
+//! `Fatal(Other)`, which the client treats as a broken connection. Decisions:
+//!
+//! - A `-` in the key field of `E` means "no key" when the op is `-` or `I`
+//!   or the reason is `bad-key`; otherwise it is the (valid) key `-`, so a
+//!   client can still match answers about a key named `-`. In `M` it means "no
+//!   key" only for op `I`. [`Answer::write_to`] writes `None` as `-`.
+//! - The `<host:port>` of `M` and the names and values of `I` must be UTF-8
+//!   without spaces or control bytes; a name is not empty and ends at the
+//!   first `=`. `I` with no pairs is valid. Callers of `write_to` must respect
+//!   the same rule, or the line they write will not parse back.
+//! - The token of `A` is never 0; the token of `Q` is 0 when the key is free.
+//! - An unknown reason text in `E` parses as [`Reason::Other`].
+
+use std::fmt;
+
+/// A line is at most this many bytes, its line ending (`\n` or `\r\n`) included.
+pub const MAX_LINE: usize = 1024;
+/// A key is 1 to this many bytes.
+pub const MAX_KEY: usize = 250;
+
+/// A lock key: 1 to 250 bytes, none of them a space, a control byte (< 0x21)
+/// or 0x7F. Bytes >= 0x80 are allowed (UTF-8 is fine).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(Box<[u8]>);
+
+/// The five request operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    Acquire,
+    Release,
+    Keep,
+    Query,
+    Info,
+}
+
+/// A request, client to server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// `A <key> <lease> <wait>`; `wait_ms == 0` waits without limit.
+    Acquire {
+        key: Key,
+        lease_ms: u64,
+        wait_ms: u64,
+    },
+    /// `R <key> <token>`
+    Release { key: Key, token: u64 },
+    /// `K <key> <token> <lease>`
+    Keep { key: Key, token: u64, lease_ms: u64 },
+    /// `Q <key>`
+    Query { key: Key },
+    /// `I`
+    Info,
+}
+
+/// Why a request was refused or a line not understood: the `<reason>` field of
+/// an `E` answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The key is empty, too long, or has a forbidden byte.
+    BadKey,
+    /// The lease is not a decimal with at most 3 decimals, or is 0.
+    BadLease,
+    /// The lease is above the server's maximum.
+    LeaseTooLong,
+    /// The wait is not a decimal with at most 3 decimals.
+    BadWait,
+    /// The wait is above the server's maximum.
+    WaitTooLong,
+    /// The token is not a non-zero decimal u64.
+    BadToken,
+    /// More fields than the op takes.
+    ExtraFields,
+    /// Fewer fields than the op takes (closes the connection).
+    MissingFields,
+    /// The op is not one of A R K Q I (closes the connection).
+    UnknownOp,
+    /// The line is longer than MAX_LINE bytes (closes the connection).
+    LineTooLong,
+    /// The connection would exceed --max-conns (closes the connection).
+    TooManyConnections,
+    /// The connection has too many requests waiting in line (--max-waiting).
+    TooManyWaiting,
+    /// The table is full (--max-keys).
+    TooManyKeys,
+    /// `K` with a token that does not hold the key.
+    NotHeld,
+    /// The server is shutting down.
+    ShuttingDown,
+    /// A reason this version does not know (only produced when parsing answers).
+    Other,
+}
+
+/// An answer, server to client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// `A <token> <key>`
+    Granted { token: u64, key: Key },
+    /// `T <key>`
+    Timeout { key: Key },
+    /// `R <key>`
+    Released { key: Key },
+    /// `N <key>`
+    NotHeld { key: Key },
+    /// `K <key>`
+    Kept { key: Key },
+    /// `Q <key> <token> <ms_left> <waiting>` (`token == 0` and `ms_left == 0` when free)
+    Queried {
+        key: Key,
+        token: u64,
+        ms_left: u64,
+        waiting: u64,
+    },
+    /// `M <host:port> <op> <key>`, or `M - <op> <key>` when `active` is None.
+    /// `key` None is written `-`.
+    Moved {
+        active: Option<String>,
+        op: Op,
+        key: Option<Key>,
+    },
+    /// `E <op> <key> <reason>`; None is written `-`.
+    Error {
+        op: Option<Op>,
+        key: Option<Key>,
+        reason: Reason,
+    },
+    /// `I <name>=<value> ...`: the pairs in order.
+    Info(Vec<(String, String)>),
+}
+
+/// Why a line could not be taken as a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LineError {
+    /// The line was understood enough to name its op (and maybe its key) but
+    /// was refused: answer `E <op> <key or -> <reason>`, the connection stays.
+    Refused {
+        op: Op,
+        key: Option<Key>,
+        reason: Reason,
+    },
+    /// The line was not understood: answer `E - - <reason>` and close.
+    Fatal(Reason),
+    /// An empty line (`\n` or `\r\n` alone): ignored, not answered.
+    Blank,
+}
+
+/// What the parser made of the start of a buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parsed<T> {
+    /// No complete line yet and fewer than MAX_LINE bytes: read more.
+    Incomplete,
+    /// One line: `used` bytes (line ending included) and what it says.
+    /// A buffer of MAX_LINE bytes or more without a `\n` in its first
+    /// MAX_LINE bytes gives `Line { used: MAX_LINE, result: Err(Fatal(LineTooLong)) }`.
+    Line {
+        used: usize,
+        result: Result<T, LineError>,
+    },
+}
+
+/// The text written for "none" in the optional fields of `M` and `E`.
+const DASH: &[u8] = b"-";
+
+// ---------------------------------------------------------------------------
+// Key, Op, Reason
+// ---------------------------------------------------------------------------
+
+impl Key {
+    /// Validates: 1..=MAX_KEY bytes, every byte >= 0x21 and != 0x7F.
+    /// Err(Reason::BadKey) otherwise.
+    pub fn new(bytes: &[u8]) -> Result<Key, Reason> {
+        if is_printable_field(bytes) && bytes.len() <= MAX_KEY {
+            Ok(Key(Box::from(bytes)))
+        } else {
+            Err(Reason::BadKey)
+        }
+    }
+
+    /// The key's bytes, as sent on the wire.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Non-empty, and every byte allowed in a key (no space, control byte or 0x7F).
+fn is_printable_field(bytes: &[u8]) -> bool {
+    !bytes.is_empty() && bytes.iter().all(|&b| b >= 0x21 && b != 0x7F)
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&String::from_utf8_lossy(&self.0))
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
+    }
+}
+
+impl Op {
+    /// The op's letter on the wire: 'A', 'R', 'K', 'Q' or 'I'.
+    pub fn as_char(self) -> char {
+        char::from(self.as_byte())
+    }
+
+    /// The op named by a letter, case-sensitive.
+    pub fn from_byte(b: u8) -> Option<Op> {
+        match b {
+            b'A' => Some(Op::Acquire),
+            b'R' => Some(Op::Release),
+            b'K' => Some(Op::Keep),
+            b'Q' => Some(Op::Query),
+            b'I' => Some(Op::Info),
+            _ => None,
+        }
+    }
+
+    fn as_byte(self) -> u8 {
+        match self {
+            Op::Acquire => b'A',
+            Op::Release => b'R',
+            Op::Keep => b'K',
+            Op::Query => b'Q',
+            Op::Info => b'I',
+        }
+    }
+
+    /// How many fields a request line of this op has, the op included.
+    fn field_count(self) -> usize {
+        match self {
+            Op::Acquire | Op::Keep => 4,
+            Op::Release => 3,
+            Op::Query => 2,
+            Op::Info => 1,
+        }
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.as_char())
+    }
+}
+
+/// Every reason with a wire text of its own (all but `Other`).
+const KNOWN_REASONS: [Reason; 15] = [
+    Reason::BadKey,
+    Reason::BadLease,
+    Reason::LeaseTooLong,
+    Reason::BadWait,
+    Reason::WaitTooLong,
+    Reason::BadToken,
+    Reason::ExtraFields,
+    Reason::MissingFields,
+    Reason::UnknownOp,
+    Reason::LineTooLong,
+    Reason::TooManyConnections,
+    Reason::TooManyWaiting,
+    Reason::TooManyKeys,
+    Reason::NotHeld,
+    Reason::ShuttingDown,
+];
+
+impl Reason {
+    /// The reason's kebab-case text on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::BadKey => "bad-key",
+            Reason::BadLease => "bad-lease",
+            Reason::LeaseTooLong => "lease-too-long",
+            Reason::BadWait => "bad-wait",
+            Reason::WaitTooLong => "wait-too-long",
+            Reason::BadToken => "bad-token",
+            Reason::ExtraFields => "extra-fields",
+            Reason::MissingFields => "missing-fields",
+            Reason::UnknownOp => "unknown-op",
+            Reason::LineTooLong => "line-too-long",
+            Reason::TooManyConnections => "too-many-connections",
+            Reason::TooManyWaiting => "too-many-waiting",
+            Reason::TooManyKeys => "too-many-keys",
+            Reason::NotHeld => "not-held",
+            Reason::ShuttingDown => "shutting-down",
+            Reason::Other => "other",
+        }
+    }
+
+    /// The reason named by a wire text; an unknown text is `Reason::Other`.
+    pub fn from_bytes(b: &[u8]) -> Reason {
+        KNOWN_REASONS
+            .into_iter()
+            .find(|reason| reason.as_str().as_bytes() == b)
+            .unwrap_or(Reason::Other)
+    }
+
+    /// Whether the server closes the connection after sending this reason.
+    pub fn closes_connection(self) -> bool {
+        matches!(
+            self,
+            Reason::MissingFields
+                | Reason::UnknownOp
+                | Reason::LineTooLong
+                | Reason::TooManyConnections
+        )
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Framing
+// ---------------------------------------------------------------------------
+
+/// Cuts the first line off `buf` and hands its body (without `\n` or `\r\n`,
+/// never empty) to `parse`.
+fn parse_line<T>(buf: &[u8], parse: impl FnOnce(&[u8]) -> Result<T, LineError>) -> Parsed<T> {
+    let window = &buf[..buf.len().min(MAX_LINE)];
+    let Some(end) = window.iter().position(|&b| b == b'\n') else {
+        return if buf.len() >= MAX_LINE {
+            Parsed::Line {
+                used: MAX_LINE,
+                result: Err(LineError::Fatal(Reason::LineTooLong)),
+            }
+        } else {
+            Parsed::Incomplete
+        };
+    };
+    let line = &window[..end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let result = if line.is_empty() {
+        Err(LineError::Blank)
+    } else {
+        parse(line)
+    };
+    Parsed::Line {
+        used: end + 1,
+        result,
+    }
+}
+
+/// Splits a line on single spaces.
+fn fields(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    line.split(|&b| b == b' ')
+}
+
+/// Exactly `N` space-separated fields, or None.
+fn exact<const N: usize>(line: &[u8]) -> Option<[&[u8]; N]> {
+    let mut parts = fields(line);
+    let mut out: [&[u8]; N] = [DASH; N];
+    for slot in &mut out {
+        *slot = parts.next()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+/// An op field: exactly one of the letters A R K Q I.
+fn op_field(field: &[u8]) -> Option<Op> {
+    match field {
+        [b] => Op::from_byte(*b),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Numbers
+// ---------------------------------------------------------------------------
+
+/// Decimal seconds with at most 3 decimals -> milliseconds. Grammar:
+/// `DIGITS ( '.' DIGIT{1,3} )?`. No sign, no exponent, no leading or trailing
+/// '.', no spaces. Overflow -> None.
+pub fn parse_seconds(field: &[u8]) -> Option<u64> {
+    let (whole, fraction) = match field.iter().position(|&b| b == b'.') {
+        Some(dot) => (&field[..dot], Some(&field[dot + 1..])),
+        None => (field, None),
+    };
+    let millis = match fraction {
+        Some(digits) => parse_millis(digits)?,
+        None => 0,
+    };
+    parse_u64(whole)?.checked_mul(1000)?.checked_add(millis)
+}
+
+/// The 1 to 3 digits after the point, as milliseconds.
+fn parse_millis(digits: &[u8]) -> Option<u64> {
+    let scale = match digits.len() {
+        1 => 100,
+        2 => 10,
+        3 => 1,
+        _ => return None,
+    };
+    Some(parse_u64(digits)? * scale)
+}
+
+/// Milliseconds -> shortest decimal seconds text: 30000 -> "30", 500 -> "0.5",
+/// 2125 -> "2.125", 0 -> "0".
+pub fn write_seconds(ms: u64, out: &mut Vec<u8>) {
+    write_u64(ms / 1000, out);
+    let millis = ms % 1000;
+    if millis != 0 {
+        let digits = [millis / 100, millis / 10 % 10, millis % 10].map(|d| b'0' + d as u8);
+        let len = if digits[2] != b'0' {
+            3
+        } else if digits[1] != b'0' {
+            2
+        } else {
+            1
+        };
+        out.push(b'.');
+        out.extend_from_slice(&digits[..len]);
+    }
+}
+
+/// Decimal digits only (at least one, no sign), fitting a u64.
+fn parse_u64(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    field.iter().try_fold(0u64, |acc, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        acc.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+/// Writes `n` in decimal without allocating beyond growing `out`.
+fn write_u64(mut n: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[start..]);
+}
+
+fn parse_lease(field: &[u8], max_ms: u64) -> Result<u64, Reason> {
+    match parse_seconds(field) {
+        None | Some(0) => Err(Reason::BadLease),
+        Some(ms) if ms > max_ms => Err(Reason::LeaseTooLong),
+        Some(ms) => Ok(ms),
+    }
+}
+
+fn parse_wait(field: &[u8], max_ms: u64) -> Result<u64, Reason> {
+    match parse_seconds(field) {
+        None => Err(Reason::BadWait),
+        Some(ms) if ms > max_ms => Err(Reason::WaitTooLong),
+        Some(ms) => Ok(ms),
+    }
+}
+
+fn parse_token(field: &[u8]) -> Result<u64, Reason> {
+    match parse_u64(field) {
+        None | Some(0) => Err(Reason::BadToken),
+        Some(token) => Ok(token),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Requests
+// ---------------------------------------------------------------------------
+
+/// Parse one request line from the start of buf. lease above max_lease_ms ->
+/// Refused LeaseTooLong, wait above max_lease_ms -> Refused WaitTooLong (the
+/// spec: wait is 0 or up to the same maximum).
+pub fn parse_request(buf: &[u8], max_lease_ms: u64) -> Parsed<Request> {
+    parse_line(buf, |line| request_from_line(line, max_lease_ms))
+}
+
+/// The first fields of a request line (enough for any op) and how many
+/// fields the line has in all.
+struct RequestFields<'a> {
+    first: [&'a [u8]; 4],
+    count: usize,
+}
+
+impl<'a> RequestFields<'a> {
+    fn split(line: &'a [u8]) -> Self {
+        let mut first: [&[u8]; 4] = [DASH; 4];
+        let mut count = 0;
+        for (i, field) in fields(line).enumerate() {
+            if let Some(slot) = first.get_mut(i) {
+                *slot = field;
+            }
+            count = i + 1;
+        }
+        RequestFields { first, count }
+    }
+}
+
+fn request_from_line(line: &[u8], max_ms: u64) -> Result<Request, LineError> {
+    let f = RequestFields::split(line);
+    let op = op_field(f.first[0]).ok_or(LineError::Fatal(Reason::UnknownOp))?;
+    let need = op.field_count();
+    if f.count < need {
+        return Err(LineError::Fatal(Reason::MissingFields));
+    }
+    if op == Op::Info {
+        return if f.count > need {
+            Err(refused(op, None, Reason::ExtraFields))
+        } else {
+            Ok(Request::Info)
+        };
+    }
+    let key = Key::new(f.first[1]).map_err(|reason| refused(op, None, reason))?;
+    if f.count > need {
+        return Err(refused(op, Some(key), Reason::ExtraFields));
+    }
+    keyed_request(op, key, &f, max_ms)
+}
+
+/// The numbers of a request with a valid key and the right field count.
+fn keyed_request(
+    op: Op,
+    key: Key,
+    f: &RequestFields<'_>,
+    max_ms: u64,
+) -> Result<Request, LineError> {
+    let [_, _, third, fourth] = f.first;
+    match op {
+        Op::Acquire => {
+            let numbers = parse_lease(third, max_ms)
+                .and_then(|lease_ms| Ok((lease_ms, parse_wait(fourth, max_ms)?)));
+            finish(op, key, numbers, |key, (lease_ms, wait_ms)| {
+                Request::Acquire {
+                    key,
+                    lease_ms,
+                    wait_ms,
+                }
+            })
+        }
+        Op::Release => finish(op, key, parse_token(third), |key, token| Request::Release {
+            key,
+            token,
+        }),
+        Op::Keep => {
+            let numbers =
+                parse_token(third).and_then(|token| Ok((token, parse_lease(fourth, max_ms)?)));
+            finish(op, key, numbers, |key, (token, lease_ms)| Request::Keep {
+                key,
+                token,
+                lease_ms,
+            })
+        }
+        Op::Query => Ok(Request::Query { key }),
+        Op::Info => Ok(Request::Info),
+    }
+}
+
+/// Builds the request from its numbers, or refuses it naming the key.
+fn finish<T>(
+    op: Op,
+    key: Key,
+    numbers: Result<T, Reason>,
+    build: impl FnOnce(Key, T) -> Request,
+) -> Result<Request, LineError> {
+    match numbers {
+        Ok(numbers) => Ok(build(key, numbers)),
+        Err(reason) => Err(refused(op, Some(key), reason)),
+    }
+}
+
+fn refused(op: Op, key: Option<Key>, reason: Reason) -> LineError {
+    LineError::Refused { op, key, reason }
+}
+
+impl Request {
+    /// Appends the request's line, `\n` included.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        out.push(self.op().as_byte());
+        match self {
+            Request::Acquire {
+                key,
+                lease_ms,
+                wait_ms,
+            } => {
+                push_field(out, key.as_bytes());
+                push_seconds(out, *lease_ms);
+                push_seconds(out, *wait_ms);
+            }
+            Request::Release { key, token } => {
+                push_field(out, key.as_bytes());
+                push_u64(out, *token);
+            }
+            Request::Keep {
+                key,
+                token,
+                lease_ms,
+            } => {
+                push_field(out, key.as_bytes());
+                push_u64(out, *token);
+                push_seconds(out, *lease_ms);
+            }
+            Request::Query { key } => push_field(out, key.as_bytes()),
+            Request::Info => {}
+        }
+        out.push(b'\n');
+    }
+
+    /// The request's op.
+    pub fn op(&self) -> Op {
+        match self {
+            Request::Acquire { .. } => Op::Acquire,
+            Request::Release { .. } => Op::Release,
+            Request::Keep { .. } => Op::Keep,
+            Request::Query { .. } => Op::Query,
+            Request::Info => Op::Info,
+        }
+    }
+
+    /// The request's key; None for `I`.
+    pub fn key(&self) -> Option<&Key> {
+        match self {
+            Request::Acquire { key, .. }
+            | Request::Release { key, .. }
+            | Request::Keep { key, .. }
+            | Request::Query { key } => Some(key),
+            Request::Info => None,
+        }
+    }
+}
+
+/// Appends a space and `field`.
+fn push_field(out: &mut Vec<u8>, field: &[u8]) {
+    out.push(b' ');
+    out.extend_from_slice(field);
+}
+
+/// Appends a space and `n` in decimal.
+fn push_u64(out: &mut Vec<u8>, n: u64) {
+    out.push(b' ');
+    write_u64(n, out);
+}
+
+/// Appends a space and `ms` as decimal seconds.
+fn push_seconds(out: &mut Vec<u8>, ms: u64) {
+    out.push(b' ');
+    write_seconds(ms, out);
+}
+
+// ---------------------------------------------------------------------------
+// Answers
+// ---------------------------------------------------------------------------
+
+/// Parse one answer line (for the client library). A malformed line is
+/// `Err(LineError::Fatal(Reason::Other))`.
+pub fn parse_answer(buf: &[u8]) -> Parsed<Answer> {
+    parse_line(buf, |line| {
+        answer_from_line(line).ok_or(LineError::Fatal(Reason::Other))
+    })
+}
+
+fn answer_from_line(line: &[u8]) -> Option<Answer> {
+    let (tag, rest) = match line.iter().position(|&b| b == b' ') {
+        Some(space) => (&line[..space], Some(&line[space + 1..])),
+        None => (line, None),
+    };
+    match tag {
+        b"I" => info_answer(rest),
+        _ => keyed_answer(tag, rest?),
+    }
+}
+
+/// Every answer but `I`: the fields after the tag.
+fn keyed_answer(tag: &[u8], rest: &[u8]) -> Option<Answer> {
+    match tag {
+        b"A" => granted_answer(rest),
+        b"T" => Some(Answer::Timeout {
+            key: single_key(rest)?,
+        }),
+        b"R" => Some(Answer::Released {
+            key: single_key(rest)?,
+        }),
+        b"N" => Some(Answer::NotHeld {
+            key: single_key(rest)?,
+        }),
+        b"K" => Some(Answer::Kept {
+            key: single_key(rest)?,
+        }),
+        b"Q" => queried_answer(rest),
+        b"M" => moved_answer(rest),
+        b"E" => error_answer(rest),
+        _ => None,
+    }
+}
+
+fn single_key(rest: &[u8]) -> Option<Key> {
+    let [key] = exact(rest)?;
+    Key::new(key).ok()
+}
+
+fn granted_answer(rest: &[u8]) -> Option<Answer> {
+    let [token, key] = exact(rest)?;
+    Some(Answer::Granted {
+        token: parse_token(token).ok()?,
+        key: Key::new(key).ok()?,
+    })
+}
+
+fn queried_answer(rest: &[u8]) -> Option<Answer> {
+    let [key, token, ms_left, waiting] = exact(rest)?;
+    Some(Answer::Queried {
+        key: Key::new(key).ok()?,
+        token: parse_u64(token)?,
+        ms_left: parse_u64(ms_left)?,
+        waiting: parse_u64(waiting)?,
+    })
+}
+
+fn moved_answer(rest: &[u8]) -> Option<Answer> {
+    let [active, op, key] = exact(rest)?;
+    let op = op_field(op)?;
+    let active = match active {
+        DASH => None,
+        host => Some(text_field(host)?),
+    };
+    let key = optional_key(key, op == Op::Info)?;
+    Some(Answer::Moved { active, op, key })
+}
+
+fn error_answer(rest: &[u8]) -> Option<Answer> {
+    let [op, key, reason] = exact(rest)?;
+    let op = match op {
+        DASH => None,
+        letter => Some(op_field(letter)?),
+    };
+    if reason.is_empty() {
+        return None;
+    }
+    let reason = Reason::from_bytes(reason);
+    let dash_is_none = matches!(op, None | Some(Op::Info)) || reason == Reason::BadKey;
+    let key = optional_key(key, dash_is_none)?;
+    Some(Answer::Error { op, key, reason })
+}
+
+/// A key field that may be `-` for "no key" (when `dash_is_none`).
+/// Outer None: malformed.
+fn optional_key(field: &[u8], dash_is_none: bool) -> Option<Option<Key>> {
+    if dash_is_none && field == DASH {
+        Some(None)
+    } else {
+        Key::new(field).ok().map(Some)
+    }
+}
+
+fn info_answer(rest: Option<&[u8]>) -> Option<Answer> {
+    let Some(rest) = rest else {
+        return Some(Answer::Info(Vec::new()));
+    };
+    fields(rest)
+        .map(info_pair)
+        .collect::<Option<Vec<_>>>()
+        .map(Answer::Info)
+}
+
+/// `name=value`, split at the first '='; the name is not empty.
+fn info_pair(field: &[u8]) -> Option<(String, String)> {
+    let eq = field.iter().position(|&b| b == b'=')?;
+    let (name, value) = (&field[..eq], &field[eq + 1..]);
+    let value = match value {
+        [] => String::new(),
+        text => text_field(text)?,
+    };
+    Some((text_field(name)?, value))
+}
+
+/// A non-empty UTF-8 field without control bytes.
+fn text_field(field: &[u8]) -> Option<String> {
+    if !is_printable_field(field) {
+        return None;
+    }
+    std::str::from_utf8(field).ok().map(str::to_owned)
+}
+
+impl Answer {
+    /// Appends the answer's line, `\n` included.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        match self {
+            Answer::Granted { token, key } => {
+                out.push(b'A');
+                push_u64(out, *token);
+                push_field(out, key.as_bytes());
+            }
+            Answer::Timeout { key } => tagged_key(out, b'T', key),
+            Answer::Released { key } => tagged_key(out, b'R', key),
+            Answer::NotHeld { key } => tagged_key(out, b'N', key),
+            Answer::Kept { key } => tagged_key(out, b'K', key),
+            Answer::Queried {
+                key,
+                token,
+                ms_left,
+                waiting,
+            } => {
+                tagged_key(out, b'Q', key);
+                push_u64(out, *token);
+                push_u64(out, *ms_left);
+                push_u64(out, *waiting);
+            }
+            Answer::Moved { active, op, key } => {
+                out.push(b'M');
+                push_field(out, active.as_deref().map_or(DASH, str::as_bytes));
+                push_field(out, &[op.as_byte()]);
+                push_field(out, key.as_ref().map_or(DASH, Key::as_bytes));
+            }
+            Answer::Error { op, key, reason } => {
+                out.push(b'E');
+                push_field(out, op.as_ref().map_or(DASH, |op| op_text(*op)));
+                push_field(out, key.as_ref().map_or(DASH, Key::as_bytes));
+                push_field(out, reason.as_str().as_bytes());
+            }
+            Answer::Info(pairs) => write_info(out, pairs),
+        }
+        out.push(b'\n');
+    }
+}
+
+/// The op letter as a one-byte slice.
+fn op_text(op: Op) -> &'static [u8] {
+    match op {
+        Op::Acquire => b"A",
+        Op::Release => b"R",
+        Op::Keep => b"K",
+        Op::Query => b"Q",
+        Op::Info => b"I",
+    }
+}
+
+/// Appends `<tag> <key>` (no line ending).
+fn tagged_key(out: &mut Vec<u8>, tag: u8, key: &Key) {
+    out.push(tag);
+    push_field(out, key.as_bytes());
+}
+
+/// Appends `I name=value ...` (no line ending).
+fn write_info(out: &mut Vec<u8>, pairs: &[(String, String)]) {
+    out.push(b'I');
+    for (name, value) in pairs {
+        push_field(out, name.as_bytes());
+        out.push(b'=');
+        out.extend_from_slice(value.as_bytes());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The default --max-lease, 86400 s.
+    const MAX: u64 = 86_400_000;
+
+    fn key(text: &str) -> Key {
+        Key::new(text.as_bytes()).expect("test key is valid")
+    }
+
+    /// Parses a buffer that must hold exactly one complete request line.
+    fn req_bytes(line: &[u8]) -> Result<Request, LineError> {
+        match parse_request(line, MAX) {
+            Parsed::Line { used, result } => {
+                assert_eq!(used, line.len(), "used for {line:?}");
+                result
+            }
+            Parsed::Incomplete => panic!("incomplete: {line:?}"),
+        }
+    }
+
+    fn req(line: &str) -> Result<Request, LineError> {
+        req_bytes(line.as_bytes())
+    }
+
+    /// Parses a buffer that must hold exactly one complete answer line.
+    fn ans_bytes(line: &[u8]) -> Result<Answer, LineError> {
+        match parse_answer(line) {
+            Parsed::Line { used, result } => {
+                assert_eq!(used, line.len(), "used for {line:?}");
+                result
+            }
+            Parsed::Incomplete => panic!("incomplete: {line:?}"),
+        }
+    }
+
+    fn ans(line: &str) -> Result<Answer, LineError> {
+        ans_bytes(line.as_bytes())
+    }
+
+    fn refused_with(op: Op, key_text: Option<&str>, reason: Reason) -> Result<Request, LineError> {
+        Err(LineError::Refused {
+            op,
+            key: key_text.map(key),
+            reason,
+        })
+    }
+
+    fn fatal<T>(reason: Reason) -> Result<T, LineError> {
+        Err(LineError::Fatal(reason))
+    }
+
+    fn request_text(request: &Request) -> Vec<u8> {
+        let mut out = Vec::new();
+        request.write_to(&mut out);
+        out
+    }
+
+    fn answer_text(answer: &Answer) -> Vec<u8> {
+        let mut out = Vec::new();
+        answer.write_to(&mut out);
+        out
+    }
+
+    fn seconds_text(ms: u64) -> String {
+        let mut out = Vec::new();
+        write_seconds(ms, &mut out);
+        String::from_utf8(out).expect("seconds are ASCII")
+    }
+
+    fn acquire(key_text: &str, lease_ms: u64, wait_ms: u64) -> Result<Request, LineError> {
+        Ok(Request::Acquire {
+            key: key(key_text),
+            lease_ms,
+            wait_ms,
+        })
+    }
+
+    // --- keys --------------------------------------------------------------
+
+    #[test]
+    fn key_of_1_to_250_bytes_is_valid() {
+        assert!(Key::new(b"k").is_ok());
+        let long = vec![b'x'; MAX_KEY];
+        assert_eq!(Key::new(&long).map(|k| k.as_bytes().len()), Ok(MAX_KEY));
+        let line = format!("Q {}\n", "x".repeat(250));
+        assert!(req(&line).is_ok());
+    }
+
+    #[test]
+    fn key_of_251_bytes_is_bad_key() {
+        assert_eq!(Key::new(&[b'x'; MAX_KEY + 1]), Err(Reason::BadKey));
+        let line = format!("Q {}\n", "x".repeat(251));
+        assert_eq!(req(&line), refused_with(Op::Query, None, Reason::BadKey));
+    }
+
+    #[test]
+    fn key_with_0x7f_is_bad_key() {
+        assert_eq!(Key::new(b"a\x7fb"), Err(Reason::BadKey));
+        assert_eq!(
+            req_bytes(b"Q a\x7fb\n"),
+            refused_with(Op::Query, None, Reason::BadKey)
+        );
+    }
+
+    #[test]
+    fn key_with_control_byte_is_bad_key() {
+        for byte in [0x00u8, 0x01, 0x1B, 0x1F, b'\r'] {
+            let line = [b"R a".as_slice(), &[byte], b"b 5\n"].concat();
+            assert_eq!(
+                req_bytes(&line),
+                refused_with(Op::Release, None, Reason::BadKey),
+                "byte {byte:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn key_with_tab_is_bad_key() {
+        assert_eq!(Key::new(b"a\tb"), Err(Reason::BadKey));
+        assert_eq!(
+            req("A a\tb 30 0\n"),
+            refused_with(Op::Acquire, None, Reason::BadKey)
+        );
+    }
+
+    #[test]
+    fn empty_key_from_double_space_is_bad_key() {
+        assert_eq!(Key::new(b""), Err(Reason::BadKey));
+        assert_eq!(
+            req("A  30 0\n"),
+            refused_with(Op::Acquire, None, Reason::BadKey)
+        );
+    }
+
+    #[test]
+    fn utf8_key_is_valid() {
+        let text = "clé-日本-🔒";
+        assert_eq!(
+            req(&format!("Q {text}\n")),
+            Ok(Request::Query { key: key(text) })
+        );
+    }
+
+    #[test]
+    fn key_display_is_lossy_utf8_and_debug_is_quoted() {
+        assert_eq!(key("clé").to_string(), "clé");
+        assert_eq!(format!("{:?}", key("clé")), "\"clé\"");
+        let invalid = Key::new(b"a\xffb").expect("0xFF is allowed");
+        assert_eq!(invalid.to_string(), "a\u{FFFD}b");
+        assert_eq!(invalid.as_bytes(), b"a\xffb");
+    }
+
+    // --- ops and reasons ---------------------------------------------------
+
+    #[test]
+    fn op_letters_round_trip() {
+        let ops = [Op::Acquire, Op::Release, Op::Keep, Op::Query, Op::Info];
+        let letters = ['A', 'R', 'K', 'Q', 'I'];
+        for (op, letter) in ops.into_iter().zip(letters) {
+            assert_eq!(op.as_char(), letter);
+            assert_eq!(op.to_string(), letter.to_string());
+            assert_eq!(Op::from_byte(letter as u8), Some(op));
+            assert_eq!(op_text(op), [letter as u8]);
+        }
+        assert_eq!(Op::from_byte(b'a'), None);
+        assert_eq!(Op::from_byte(b'E'), None);
+    }
+
+    #[test]
+    fn reason_wire_texts() {
+        let expected = [
+            (Reason::BadKey, "bad-key"),
+            (Reason::BadLease, "bad-lease"),
+            (Reason::LeaseTooLong, "lease-too-long"),
+            (Reason::BadWait, "bad-wait"),
+            (Reason::WaitTooLong, "wait-too-long"),
+            (Reason::BadToken, "bad-token"),
+            (Reason::ExtraFields, "extra-fields"),
+            (Reason::MissingFields, "missing-fields"),
+            (Reason::UnknownOp, "unknown-op"),
+            (Reason::LineTooLong, "line-too-long"),
+            (Reason::TooManyConnections, "too-many-connections"),
+            (Reason::TooManyWaiting, "too-many-waiting"),
+            (Reason::TooManyKeys, "too-many-keys"),
+            (Reason::NotHeld, "not-held"),
+            (Reason::ShuttingDown, "shutting-down"),
+            (Reason::Other, "other"),
+        ];
+        for (reason, text) in expected {
+            assert_eq!(reason.as_str(), text);
+            assert_eq!(reason.to_string(), text);
+            assert_eq!(Reason::from_bytes(text.as_bytes()), reason);
+        }
+    }
+
+    #[test]
+    fn unknown_reason_text_is_other() {
+        assert_eq!(Reason::from_bytes(b"no-such-reason"), Reason::Other);
+        assert_eq!(Reason::from_bytes(b"BAD-KEY"), Reason::Other);
+        assert_eq!(Reason::from_bytes(b""), Reason::Other);
+    }
+
+    #[test]
+    fn only_not_understood_lines_close_the_connection() {
+        let closing = [
+            Reason::MissingFields,
+            Reason::UnknownOp,
+            Reason::LineTooLong,
+            Reason::TooManyConnections,
+        ];
+        for reason in KNOWN_REASONS.into_iter().chain([Reason::Other]) {
+            assert_eq!(
+                reason.closes_connection(),
+                closing.contains(&reason),
+                "{reason}"
+            );
+        }
+    }
+
+    // --- every request op ----------------------------------------------------
+
+    #[test]
+    fn parses_acquire() {
+        assert_eq!(req("A job 30 5\n"), acquire("job", 30_000, 5_000));
+    }
+
+    #[test]
+    fn parses_release() {
+        assert_eq!(
+            req("R job 42\n"),
+            Ok(Request::Release {
+                key: key("job"),
+                token: 42
+            })
+        );
+    }
+
+    #[test]
+    fn parses_keep() {
+        assert_eq!(
+            req("K job 42 1.5\n"),
+            Ok(Request::Keep {
+                key: key("job"),
+                token: 42,
+                lease_ms: 1_500
+            })
+        );
+    }
+
+    #[test]
+    fn parses_query() {
+        assert_eq!(req("Q job\n"), Ok(Request::Query { key: key("job") }));
+    }
+
+    #[test]
+    fn parses_info() {
+        assert_eq!(req("I\n"), Ok(Request::Info));
+    }
+
+    #[test]
+    fn request_op_and_key() {
+        let acquire = Request::Acquire {
+            key: key("a"),
+            lease_ms: 1,
+            wait_ms: 0,
+        };
+        assert_eq!(acquire.op(), Op::Acquire);
+        assert_eq!(acquire.key(), Some(&key("a")));
+        let release = Request::Release {
+            key: key("r"),
+            token: 1,
+        };
+        assert_eq!(
+            (release.op(), release.key()),
+            (Op::Release, Some(&key("r")))
+        );
+        let keep = Request::Keep {
+            key: key("k"),
+            token: 1,
+            lease_ms: 1,
+        };
+        assert_eq!((keep.op(), keep.key()), (Op::Keep, Some(&key("k"))));
+        let query = Request::Query { key: key("q") };
+        assert_eq!((query.op(), query.key()), (Op::Query, Some(&key("q"))));
+        assert_eq!((Request::Info.op(), Request::Info.key()), (Op::Info, None));
+    }
+
+    // --- framing -------------------------------------------------------------
+
+    #[test]
+    fn crlf_is_accepted() {
+        assert_eq!(req("A job 30 0\r\n"), acquire("job", 30_000, 0));
+        assert_eq!(req("I\r\n"), Ok(Request::Info));
+    }
+
+    #[test]
+    fn only_one_cr_is_stripped() {
+        assert_eq!(req("I\r\r\n"), fatal(Reason::UnknownOp));
+        assert_eq!(
+            req("Q job\r\r\n"),
+            refused_with(Op::Query, None, Reason::BadKey)
+        );
+    }
+
+    /// `A k <zeros>30 0\n`, padded with leading zeros to `total` bytes.
+    fn padded_acquire(total: usize, ending: &str) -> String {
+        let fixed = "A k ".len() + "30 0".len() + ending.len();
+        format!("A k {}30 0{ending}", "0".repeat(total - fixed))
+    }
+
+    #[test]
+    fn line_of_exactly_max_line_bytes_is_accepted() {
+        for ending in ["\n", "\r\n"] {
+            let line = padded_acquire(MAX_LINE, ending);
+            assert_eq!(line.len(), MAX_LINE);
+            assert_eq!(req(&line), acquire("k", 30_000, 0));
+        }
+        let spaces = format!("Q k{}\n", " ".repeat(MAX_LINE - 4));
+        assert_eq!(spaces.len(), MAX_LINE);
+        assert_eq!(
+            req(&spaces),
+            refused_with(Op::Query, Some("k"), Reason::ExtraFields)
+        );
+    }
+
+    #[test]
+    fn line_of_max_line_plus_one_bytes_is_too_long() {
+        let line = padded_acquire(MAX_LINE + 1, "\n");
+        assert_eq!(
+            parse_request(line.as_bytes(), MAX),
+            Parsed::Line {
+                used: MAX_LINE,
+                result: fatal(Reason::LineTooLong)
+            }
+        );
+        let crlf = padded_acquire(MAX_LINE + 1, "\r\n");
+        assert_eq!(
+            parse_request(crlf.as_bytes(), MAX),
+            Parsed::Line {
+                used: MAX_LINE,
+                result: fatal(Reason::LineTooLong)
+            }
+        );
+    }
+
+    #[test]
+    fn max_line_bytes_without_newline_is_too_long() {
+        let buf = vec![b'A'; MAX_LINE];
+        let too_long = Parsed::Line {
+            used: MAX_LINE,
+            result: fatal(Reason::LineTooLong),
+        };
+        assert_eq!(parse_request(&buf, MAX), too_long);
+        let more = vec![b'x'; 5000];
+        assert_eq!(parse_request(&more, MAX), too_long);
+    }
+
+    #[test]
+    fn fewer_than_max_line_bytes_without_newline_is_incomplete() {
+        let buf = vec![b'A'; MAX_LINE - 1];
+        assert_eq!(parse_request(&buf, MAX), Parsed::Incomplete);
+        assert_eq!(parse_request(b"", MAX), Parsed::Incomplete);
+        assert_eq!(parse_request(b"A job 30", MAX), Parsed::Incomplete);
+        assert_eq!(parse_request(b"I\r", MAX), Parsed::Incomplete);
+    }
+
+    #[test]
+    fn several_lines_in_one_buffer_parse_one_after_the_other() {
+        let buf = b"A a 30 0\r\nR b 7\n\nQ c\nbad\nI\nK d 1 2";
+        let expected = [
+            acquire("a", 30_000, 0),
+            Ok(Request::Release {
+                key: key("b"),
+                token: 7,
+            }),
+            Err(LineError::Blank),
+            Ok(Request::Query { key: key("c") }),
+            fatal(Reason::UnknownOp),
+            Ok(Request::Info),
+        ];
+        let mut rest: &[u8] = buf;
+        for want in expected {
+            let Parsed::Line { used, result } = parse_request(rest, MAX) else {
+                panic!("incomplete before {want:?}");
+            };
+            assert_eq!(result, want);
+            rest = &rest[used..];
+        }
+        assert_eq!(rest, b"K d 1 2");
+        assert_eq!(parse_request(rest, MAX), Parsed::Incomplete);
+    }
+
+    #[test]
+    fn blank_line_is_blank() {
+        assert_eq!(req("\n"), Err(LineError::Blank));
+        assert_eq!(req("\r\n"), Err(LineError::Blank));
+    }
+
+    // --- op and field count ------------------------------------------------
+
+    #[test]
+    fn unknown_op_is_fatal() {
+        for line in ["X job\n", "E - - bad-key\n", "AA job 30 0\n", " Q job\n"] {
+            assert_eq!(req(line), fatal(Reason::UnknownOp), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn lowercase_op_is_unknown() {
+        for line in ["a job 30 0\n", "r job 1\n", "k job 1 1\n", "q job\n", "i\n"] {
+            assert_eq!(req(line), fatal(Reason::UnknownOp), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn junk_bytes_are_unknown_op() {
+        for line in [
+            b"\x00\x01\x02\n".as_slice(),
+            b"\xff\xfe Q k\n",
+            b"GET / HTTP/1.1\r\n",
+            b"\x16\x03\x01\x02\x00\x01\x00\n",
+        ] {
+            assert_eq!(req_bytes(line), fatal(Reason::UnknownOp), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn missing_fields_are_fatal() {
+        for line in [
+            "A\n",
+            "A job\n",
+            "A job 30\n",
+            "R\n",
+            "R job\n",
+            "K job\n",
+            "K job 5\n",
+            "Q\n",
+        ] {
+            assert_eq!(req(line), fatal(Reason::MissingFields), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn missing_fields_come_before_a_bad_key() {
+        assert_eq!(req_bytes(b"A \x01 30\n"), fatal(Reason::MissingFields));
+    }
+
+    #[test]
+    fn extra_fields_are_refused_with_the_key() {
+        let cases = [
+            ("A job 30 0 x\n", Op::Acquire),
+            ("R job 5 x\n", Op::Release),
+            ("K job 5 30 x\n", Op::Keep),
+            ("Q job x\n", Op::Query),
+        ];
+        for (line, op) in cases {
+            assert_eq!(
+                req(line),
+                refused_with(op, Some("job"), Reason::ExtraFields),
+                "{line:?}"
+            );
+        }
+        assert_eq!(
+            req("I x\n"),
+            refused_with(Op::Info, None, Reason::ExtraFields)
+        );
+    }
+
+    #[test]
+    fn trailing_space_is_extra_fields() {
+        assert_eq!(
+            req("A job 30 0 \n"),
+            refused_with(Op::Acquire, Some("job"), Reason::ExtraFields)
+        );
+        assert_eq!(
+            req("Q job \r\n"),
+            refused_with(Op::Query, Some("job"), Reason::ExtraFields)
+        );
+        assert_eq!(
+            req("I \n"),
+            refused_with(Op::Info, None, Reason::ExtraFields)
+        );
+    }
+
+    #[test]
+    fn bad_key_comes_before_extra_fields() {
+        assert_eq!(
+            req("Q a\x7f x\n"),
+            refused_with(Op::Query, None, Reason::BadKey)
+        );
+    }
+
+    #[test]
+    fn extra_fields_come_before_numbers() {
+        assert_eq!(
+            req("A job x y z\n"),
+            refused_with(Op::Acquire, Some("job"), Reason::ExtraFields)
+        );
+    }
+
+    #[test]
+    fn numbers_are_checked_left_to_right() {
+        assert_eq!(
+            req("A job x 999999999\n"),
+            refused_with(Op::Acquire, Some("job"), Reason::BadLease)
+        );
+        assert_eq!(
+            req("A job 999999999 x\n"),
+            refused_with(Op::Acquire, Some("job"), Reason::LeaseTooLong)
+        );
+        assert_eq!(
+            req("K job 0 0\n"),
+            refused_with(Op::Keep, Some("job"), Reason::BadToken)
+        );
+    }
+
+    // --- lease ---------------------------------------------------------------
+
+    #[test]
+    fn lease_accepts_decimal_seconds() {
+        for (text, ms) in [("30", 30_000), ("0.5", 500), ("2.125", 2_125), ("0.001", 1)] {
+            assert_eq!(
+                req(&format!("A job {text} 0\n")),
+                acquire("job", ms, 0),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn lease_with_leading_zeros_is_accepted() {
+        assert_eq!(req("A job 007.50 0\n"), acquire("job", 7_500, 0));
+    }
+
+    #[test]
+    fn malformed_or_zero_lease_is_bad_lease() {
+        for text in [
+            "2.1250", ".5", "5.", "-1", "+1", "1e3", "abc", "0", "0.000", "", "1.2.3", "1,5",
+            "0x10",
+        ] {
+            assert_eq!(
+                req(&format!("A job {text} 0\n")),
+                refused_with(Op::Acquire, Some("job"), Reason::BadLease),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn lease_over_max_is_lease_too_long() {
+        assert_eq!(req("A job 86400 0\n"), acquire("job", MAX, 0));
+        for text in ["86400.001", "86401", "99999999999999"] {
+            assert_eq!(
+                req(&format!("A job {text} 0\n")),
+                refused_with(Op::Acquire, Some("job"), Reason::LeaseTooLong),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            parse_request(b"A job 11 0\n", 10_000),
+            Parsed::Line {
+                used: 11,
+                result: refused_with(Op::Acquire, Some("job"), Reason::LeaseTooLong)
+            }
+        );
+    }
+
+    #[test]
+    fn lease_overflowing_u64_is_bad_lease() {
+        assert_eq!(
+            req("A job 18446744073709552 0\n"),
+            refused_with(Op::Acquire, Some("job"), Reason::BadLease)
+        );
+    }
+
+    #[test]
+    fn keep_lease_is_checked_like_acquire_lease() {
+        assert_eq!(
+            req("K job 5 0\n"),
+            refused_with(Op::Keep, Some("job"), Reason::BadLease)
+        );
+        assert_eq!(
+            req("K job 5 86401\n"),
+            refused_with(Op::Keep, Some("job"), Reason::LeaseTooLong)
+        );
+    }
+
+    // --- wait ----------------------------------------------------------------
+
+    #[test]
+    fn wait_zero_means_no_limit() {
+        assert_eq!(req("A job 30 0\n"), acquire("job", 30_000, 0));
+        assert_eq!(req("A job 30 0.000\n"), acquire("job", 30_000, 0));
+        assert_eq!(req("A job 30 0.25\n"), acquire("job", 30_000, 250));
+        assert_eq!(req("A job 30 86400\n"), acquire("job", 30_000, MAX));
+    }
+
+    #[test]
+    fn wait_over_max_is_wait_too_long() {
+        assert_eq!(
+            req("A job 30 86400.001\n"),
+            refused_with(Op::Acquire, Some("job"), Reason::WaitTooLong)
+        );
+    }
+
+    #[test]
+    fn malformed_wait_is_bad_wait() {
+        for text in [
+            "-1",
+            ".5",
+            "5.",
+            "1e3",
+            "x",
+            "",
+            "0.0001",
+            "18446744073709552",
+        ] {
+            assert_eq!(
+                req(&format!("A job 30 {text}\n")),
+                refused_with(Op::Acquire, Some("job"), Reason::BadWait),
+                "{text:?}"
+            );
+        }
+    }
+
+    // --- token ---------------------------------------------------------------
+
+    #[test]
+    fn bad_tokens_are_bad_token() {
+        for text in [
+            "0",
+            "-1",
+            "+1",
+            "18446744073709551616",
+            "12a",
+            "",
+            "1.0",
+            "000",
+        ] {
+            assert_eq!(
+                req(&format!("R job {text}\n")),
+                refused_with(Op::Release, Some("job"), Reason::BadToken),
+                "{text:?}"
+            );
+            assert_eq!(
+                req(&format!("K job {text} 30\n")),
+                refused_with(Op::Keep, Some("job"), Reason::BadToken),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn token_u64_max_is_accepted() {
+        assert_eq!(
+            req("R job 18446744073709551615\n"),
+            Ok(Request::Release {
+                key: key("job"),
+                token: u64::MAX
+            })
+        );
+    }
+
+    #[test]
+    fn token_with_leading_zeros_is_accepted() {
+        assert_eq!(
+            req("R job 007\n"),
+            Ok(Request::Release {
+                key: key("job"),
+                token: 7
+            })
+        );
+    }
+
+    // --- seconds -------------------------------------------------------------
+
+    #[test]
+    fn parse_seconds_grammar() {
+        let cases: [(&str, Option<u64>); 16] = [
+            ("0", Some(0)),
+            ("30", Some(30_000)),
+            ("0.5", Some(500)),
+            ("0.50", Some(500)),
+            ("0.500", Some(500)),
+            ("2.125", Some(2_125)),
+            ("1.05", Some(1_050)),
+            ("2.1250", None),
+            (".5", None),
+            ("5.", None),
+            ("-1", None),
+            ("+1", None),
+            ("1e3", None),
+            (" 1", None),
+            ("1 ", None),
+            ("", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_seconds(text.as_bytes()), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn write_seconds_is_shortest() {
+        let cases = [
+            (30_000, "30"),
+            (500, "0.5"),
+            (2_125, "2.125"),
+            (0, "0"),
+            (1, "0.001"),
+            (10, "0.01"),
+            (1_050, "1.05"),
+            (86_400_000, "86400"),
+            (u64::MAX, "18446744073709551.615"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(seconds_text(ms), text, "{ms}");
+        }
+    }
+
+    #[test]
+    fn seconds_round_trip() {
+        let large = [
+            86_400_000,
+            86_400_001,
+            1_000_000_000_000,
+            u64::MAX / 1000 * 1000,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for ms in (0..=5000).chain(large) {
+            assert_eq!(parse_seconds(seconds_text(ms).as_bytes()), Some(ms), "{ms}");
+        }
+    }
+
+    #[test]
+    fn parse_seconds_overflow_is_none() {
+        for text in [
+            "18446744073709552",
+            "18446744073709551.616",
+            "18446744073709551616",
+            "99999999999999999999999999999999999999",
+        ] {
+            assert_eq!(parse_seconds(text.as_bytes()), None, "{text}");
+        }
+        assert_eq!(parse_seconds(b"18446744073709551.615"), Some(u64::MAX));
+    }
+
+    // --- request formatting ------------------------------------------------
+
+    #[test]
+    fn request_format_is_exact() {
+        let cases = [
+            (
+                Request::Acquire {
+                    key: key("job"),
+                    lease_ms: 30_000,
+                    wait_ms: 0,
+                },
+                "A job 30 0\n",
+            ),
+            (
+                Request::Acquire {
+                    key: key("job"),
+                    lease_ms: 2_125,
+                    wait_ms: 500,
+                },
+                "A job 2.125 0.5\n",
+            ),
+            (
+                Request::Release {
+                    key: key("job"),
+                    token: 42,
+                },
+                "R job 42\n",
+            ),
+            (
+                Request::Keep {
+                    key: key("job"),
+                    token: 42,
+                    lease_ms: 1_500,
+                },
+                "K job 42 1.5\n",
+            ),
+            (Request::Query { key: key("job") }, "Q job\n"),
+            (Request::Info, "I\n"),
+        ];
+        for (request, text) in cases {
+            assert_eq!(request_text(&request), text.as_bytes(), "{request:?}");
+        }
+    }
+
+    #[test]
+    fn write_appends_to_existing_bytes() {
+        let mut out = b"A x 1 0\n".to_vec();
+        Request::Info.write_to(&mut out);
+        Answer::Kept { key: key("k") }.write_to(&mut out);
+        assert_eq!(out, b"A x 1 0\nI\nK k\n");
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        let keys = ["k", "-", "clé", &"z".repeat(MAX_KEY)];
+        let values = [1, 2, 999, 1_000, 1_001, 30_000, 123_456, MAX - 1, MAX];
+        for key_text in keys {
+            let k = key(key_text);
+            let mut requests = vec![Request::Query { key: k.clone() }, Request::Info];
+            for (i, &a) in values.iter().enumerate() {
+                let b = values[(i * 7 + 3) % values.len()];
+                requests.push(Request::Acquire {
+                    key: k.clone(),
+                    lease_ms: a,
+                    wait_ms: if i % 3 == 0 { 0 } else { b },
+                });
+                requests.push(Request::Release {
+                    key: k.clone(),
+                    token: a * 1_000_003,
+                });
+                requests.push(Request::Keep {
+                    key: k.clone(),
+                    token: u64::MAX - a,
+                    lease_ms: b,
+                });
+            }
+            for request in requests {
+                let text = request_text(&request);
+                assert!(text.len() <= MAX_LINE);
+                assert_eq!(req_bytes(&text), Ok(request));
+            }
+        }
+    }
+
+    // --- answer formatting -------------------------------------------------
+
+    fn every_answer_with_text() -> Vec<(Answer, &'static str)> {
+        vec![
+            (
+                Answer::Granted {
+                    token: 42,
+                    key: key("job"),
+                },
+                "A 42 job\n",
+            ),
+            (Answer::Timeout { key: key("job") }, "T job\n"),
+            (Answer::Released { key: key("job") }, "R job\n"),
+            (Answer::NotHeld { key: key("job") }, "N job\n"),
+            (Answer::Kept { key: key("job") }, "K job\n"),
+            (
+                Answer::Queried {
+                    key: key("job"),
+                    token: 42,
+                    ms_left: 1_500,
+                    waiting: 3,
+                },
+                "Q job 42 1500 3\n",
+            ),
+            (
+                Answer::Queried {
+                    key: key("job"),
+                    token: 0,
+                    ms_left: 0,
+                    waiting: 0,
+                },
+                "Q job 0 0 0\n",
+            ),
+            (
+                Answer::Moved {
+                    active: Some("10.0.0.2:7373".to_owned()),
+                    op: Op::Acquire,
+                    key: Some(key("job")),
+                },
+                "M 10.0.0.2:7373 A job\n",
+            ),
+            (
+                Answer::Moved {
+                    active: None,
+                    op: Op::Acquire,
+                    key: Some(key("key")),
+                },
+                "M - A key\n",
+            ),
+            (
+                Answer::Moved {
+                    active: Some("h:1".to_owned()),
+                    op: Op::Info,
+                    key: None,
+                },
+                "M h:1 I -\n",
+            ),
+            (
+                Answer::Error {
+                    op: Some(Op::Acquire),
+                    key: Some(key("job")),
+                    reason: Reason::LeaseTooLong,
+                },
+                "E A job lease-too-long\n",
+            ),
+            (
+                Answer::Error {
+                    op: Some(Op::Keep),
+                    key: Some(key("job")),
+                    reason: Reason::NotHeld,
+                },
+                "E K job not-held\n",
+            ),
+            (
+                Answer::Error {
+                    op: Some(Op::Acquire),
+                    key: None,
+                    reason: Reason::BadKey,
+                },
+                "E A - bad-key\n",
+            ),
+            (
+                Answer::Error {
+                    op: None,
+                    key: None,
+                    reason: Reason::LineTooLong,
+                },
+                "E - - line-too-long\n",
+            ),
+            (
+                Answer::Error {
+                    op: Some(Op::Info),
+                    key: None,
+                    reason: Reason::ExtraFields,
+                },
+                "E I - extra-fields\n",
+            ),
+            (
+                Answer::Info(vec![
+                    ("role".to_owned(), "active".to_owned()),
+                    ("node".to_owned(), "1.2.3.4:5".to_owned()),
+                    ("active".to_owned(), "-".to_owned()),
+                    ("token".to_owned(), "99".to_owned()),
+                ]),
+                "I role=active node=1.2.3.4:5 active=- token=99\n",
+            ),
+            (Answer::Info(Vec::new()), "I\n"),
+        ]
+    }
+
+    #[test]
+    fn answer_format_is_exact() {
+        for (answer, text) in every_answer_with_text() {
+            assert_eq!(
+                String::from_utf8(answer_text(&answer)).as_deref(),
+                Ok(text),
+                "{answer:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_answer_parses_back() {
+        for (answer, text) in every_answer_with_text() {
+            assert_eq!(ans(text), Ok(answer), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn answer_accepts_crlf() {
+        assert_eq!(ans("T job\r\n"), Ok(Answer::Timeout { key: key("job") }));
+    }
+
+    #[test]
+    fn dash_key_in_error_is_none_only_when_the_key_cannot_be_named() {
+        let cases = [
+            ("E - - too-many-connections\n", None, None),
+            ("E A - bad-key\n", Some(Op::Acquire), None),
+            ("E I - extra-fields\n", Some(Op::Info), None),
+            ("E A - lease-too-long\n", Some(Op::Acquire), Some(key("-"))),
+            ("E R - too-many-keys\n", Some(Op::Release), Some(key("-"))),
+        ];
+        for (text, op, want) in cases {
+            let Ok(Answer::Error {
+                op: got_op, key, ..
+            }) = ans(text)
+            else {
+                panic!("not an error answer: {text:?}");
+            };
+            assert_eq!((got_op, key), (op, want), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn dash_key_in_moved_is_none_only_for_info() {
+        assert_eq!(
+            ans("M h:1 Q -\n"),
+            Ok(Answer::Moved {
+                active: Some("h:1".to_owned()),
+                op: Op::Query,
+                key: Some(key("-"))
+            })
+        );
+        assert_eq!(
+            ans("M - I -\n"),
+            Ok(Answer::Moved {
+                active: None,
+                op: Op::Info,
+                key: None
+            })
+        );
+    }
+
+    #[test]
+    fn unknown_reason_in_error_answer_is_other() {
+        assert_eq!(
+            ans("E A job some-new-reason\n"),
+            Ok(Answer::Error {
+                op: Some(Op::Acquire),
+                key: Some(key("job")),
+                reason: Reason::Other
+            })
+        );
+    }
+
+    #[test]
+    fn info_pairs_split_at_the_first_equals() {
+        assert_eq!(
+            ans("I a=b=c empty=\n"),
+            Ok(Answer::Info(vec![
+                ("a".to_owned(), "b=c".to_owned()),
+                ("empty".to_owned(), String::new()),
+            ]))
+        );
+    }
+
+    #[test]
+    fn malformed_answers_are_fatal_other() {
+        let lines: [&[u8]; 33] = [
+            b"X job\n",
+            b"a 1 job\n",
+            b"A\n",
+            b"A 1\n",
+            b"A 0 job\n",
+            b"A x job\n",
+            b"A 1 job extra\n",
+            b"A 18446744073709551616 job\n",
+            b"T\n",
+            b"T \n",
+            b"T job extra\n",
+            b"R a\x7f\n",
+            b"N  job\n",
+            b"K job \n",
+            b"Q job 1 2\n",
+            b"Q job 1 2 3 4\n",
+            b"Q job -1 2 3\n",
+            b"Q job 1 2.5 3\n",
+            b"M h:1 A\n",
+            b"M h:1 X job\n",
+            b"M  A job\n",
+            b"M h\x01:1 A job\n",
+            b"M h:1 A -x -\n",
+            b"E A job\n",
+            b"E A job \n",
+            b"E X job bad-key\n",
+            b"E - - bad-key extra\n",
+            b"I role\n",
+            b"I role=active  node=x\n",
+            b"I =x\n",
+            b"I role=active \n",
+            b"I role=\xff\n",
+            b"\x00\x01\n",
+        ];
+        for line in lines {
+            assert_eq!(ans_bytes(line), fatal(Reason::Other), "{line:?}");
+        }
+    }
+
+    #[test]
+    fn blank_answer_line_is_blank() {
+        assert_eq!(ans("\n"), Err(LineError::Blank));
+        assert_eq!(ans("\r\n"), Err(LineError::Blank));
+    }
+
+    #[test]
+    fn answer_lines_use_the_max_line_rule() {
+        let too_long = vec![b'I'; MAX_LINE];
+        assert_eq!(
+            parse_answer(&too_long),
+            Parsed::Line {
+                used: MAX_LINE,
+                result: fatal(Reason::LineTooLong)
+            }
+        );
+        assert_eq!(parse_answer(&too_long[1..]), Parsed::Incomplete);
+        let value = "v".repeat(MAX_LINE - "I a=\n".len());
+        let exact_line = format!("I a={value}\n");
+        assert_eq!(exact_line.len(), MAX_LINE);
+        assert_eq!(
+            ans(&exact_line),
+            Ok(Answer::Info(vec![("a".to_owned(), value)]))
+        );
+    }
+
+    #[test]
+    fn several_answers_in_one_buffer_parse_one_after_the_other() {
+        let buf = b"A 1 a\nT b\r\nE - - unknown-op\nR c";
+        let mut rest: &[u8] = buf;
+        let mut seen = Vec::new();
+        while let Parsed::Line { used, result } = parse_answer(rest) {
+            seen.push(result);
+            rest = &rest[used..];
+        }
+        assert_eq!(seen.len(), 3);
+        assert_eq!(rest, b"R c");
+        assert_eq!(seen[1], Ok(Answer::Timeout { key: key("b") }));
+    }
+
+    #[test]
+    fn answers_round_trip() {
+        let numbers = [0, 1, 9, 10, 999, 1_000, 86_400_000, u64::MAX - 1, u64::MAX];
+        let ops = [Op::Acquire, Op::Release, Op::Keep, Op::Query];
+        for key_text in ["k", "-", "日本", &"y".repeat(MAX_KEY)] {
+            let k = key(key_text);
+            let mut answers = vec![
+                Answer::Timeout { key: k.clone() },
+                Answer::Released { key: k.clone() },
+                Answer::NotHeld { key: k.clone() },
+                Answer::Kept { key: k.clone() },
+            ];
+            for (i, &n) in numbers.iter().enumerate() {
+                let m = numbers[(i * 5 + 2) % numbers.len()];
+                answers.push(Answer::Queried {
+                    key: k.clone(),
+                    token: n,
+                    ms_left: m,
+                    waiting: n ^ m,
+                });
+                answers.push(Answer::Granted {
+                    token: n.max(1),
+                    key: k.clone(),
+                });
+            }
+            for (i, op) in ops.into_iter().enumerate() {
+                let active = (i % 2 == 0).then(|| format!("host{i}:7373"));
+                answers.push(Answer::Moved {
+                    active,
+                    op,
+                    key: Some(k.clone()),
+                });
+                for reason in KNOWN_REASONS.into_iter().chain([Reason::Other]) {
+                    if reason != Reason::BadKey {
+                        answers.push(Answer::Error {
+                            op: Some(op),
+                            key: Some(k.clone()),
+                            reason,
+                        });
+                    }
+                }
+            }
+            for answer in answers {
+                assert_eq!(ans_bytes(&answer_text(&answer)), Ok(answer));
+            }
+        }
+    }
+
+    // --- fuzz ----------------------------------------------------------------
+
+    /// A small deterministic xorshift64 generator.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            let mut x = self.0;
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            self.0 = x;
+            x
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        fn byte(&mut self) -> u8 {
+            const INTERESTING: &[u8] = b"ARKQIETNM -=.:0123456789\r\n\x7f\x00\t";
+            if self.next() & 1 == 0 {
+                INTERESTING[self.below(INTERESTING.len())]
+            } else {
+                self.next() as u8
+            }
+        }
+    }
+
+    fn random_bytes(rng: &mut Rng) -> Vec<u8> {
+        let len = match rng.below(4) {
+            0 => rng.below(16),
+            1 => rng.below(64),
+            2 => rng.below(MAX_LINE - 16),
+            _ => MAX_LINE - 8 + rng.below(32),
+        };
+        (0..len).map(|_| rng.byte()).collect()
+    }
+
+    fn mutate(rng: &mut Rng, line: &[u8]) -> Vec<u8> {
+        let mut out = line.to_vec();
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.below(out.len() + 1);
+            match rng.below(5) {
+                0 if at < out.len() => out[at] = rng.byte(),
+                1 => out.insert(at, rng.byte()),
+                2 if at < out.len() => {
+                    out.remove(at);
+                }
+                3 => out.truncate(at),
+                _ => {
+                    let copy = out[at..].to_vec();
+                    out.extend_from_slice(&copy);
+                }
+            }
+        }
+        out
+    }
+
+    fn valid_lines() -> Vec<Vec<u8>> {
+        let mut lines: Vec<Vec<u8>> = [
+            "A job 30 0\n",
+            "A k 2.125 0.5\r\n",
+            "R job 18446744073709551615\n",
+            "K job 7 1.5\n",
+            "Q job\n",
+            "I\n",
+        ]
+        .iter()
+        .map(|line| line.as_bytes().to_vec())
+        .collect();
+        lines.extend(
+            every_answer_with_text()
+                .iter()
+                .map(|(answer, _)| answer_text(answer)),
+        );
+        lines
+    }
+
+    /// Parses `buf` line by line with both parsers, checking the invariants.
+    fn check_no_panic_and_progress(buf: &[u8]) {
+        let mut rest = buf;
+        while let Parsed::Line { used, result } = parse_request(rest, MAX) {
+            assert!((1..=rest.len()).contains(&used), "{rest:?}");
+            if let Ok(request) = result {
+                assert_eq!(req_bytes(&request_text(&request)), Ok(request));
+            }
+            rest = &rest[used..];
+        }
+        let mut rest = buf;
+        while let Parsed::Line { used, result } = parse_answer(rest) {
+            assert!((1..=rest.len()).contains(&used), "{rest:?}");
+            if let Ok(answer) = result {
+                assert_eq!(ans_bytes(&answer_text(&answer)), Ok(answer));
+            }
+            rest = &rest[used..];
+        }
+    }
+
+    #[test]
+    fn fuzz_random_bytes_and_mutated_lines() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let valid = valid_lines();
+        for _ in 0..20_000 {
+            check_no_panic_and_progress(&random_bytes(&mut rng));
+            let line = &valid[rng.below(valid.len())];
+            check_no_panic_and_progress(&mutate(&mut rng, line));
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! The node's configuration: every `batond` flag, its default, and its check.
+//!
+//! Owns: turning command-line arguments into a [`Config`], with a clear error
+//! for a bad flag. Runs once on the main thread before anything starts.
+//!
+//! Never does: I/O beyond reading the arguments it is given.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+/// Default client port.
+pub const DEFAULT_PORT: u16 = 7373;
+/// Default maximum lease and wait, in seconds.
+pub const DEFAULT_MAX_LEASE_SECS: u64 = 86_400;
+/// Default maximum number of client connections.
+pub const DEFAULT_MAX_CONNS: usize = 10_000;
+/// Default maximum number of requests one connection may have waiting.
+pub const DEFAULT_MAX_WAITING: u32 = 4096;
+/// Default maximum number of keys held at once.
+pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
+
+/// The help text of `batond --help`.
+pub const HELP: &str = "\
+batond: the baton lock server
+
+USAGE:
+  batond [--bind ADDR] [--port PORT] [--peers H:P,H:P,...] [--advertise H:P]
+         [--threads N] [--max-lease SECS] [--max-conns N]
+         [--max-waiting N] [--max-keys N]
+
+FLAGS:
+  --bind ADDR        address to listen on (default 0.0.0.0)
+  --port PORT        client port (default 7373)
+  --peers LIST       ordered client addresses of every node of the cluster,
+                     the same on every node; first is highest priority
+                     (default: none, a single node)
+  --advertise H:P    this node's entry in --peers (default: the one entry
+                     with this node's port)
+  --threads N        I/O loops (default: the number of cores)
+  --max-lease SECS   largest lease and wait a client may ask for
+                     (default 86400)
+  --max-conns N      client connections at once (default 10000)
+  --max-waiting N    requests one connection may have waiting in line
+                     (default 4096)
+  --max-keys N       keys held at once (default 10000000)
+  -h, --help         print this help
+
+Logs go to stderr; RUST_LOG sets the level (error, warn, info, debug).
+Ctrl+C or SIGTERM stops the node gracefully.
+";
+
+/// Everything a node needs to know to start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub bind: IpAddr,
+    pub port: u16,
+    pub peers: Vec<String>,
+    pub advertise: Option<String>,
+    pub threads: usize,
+    pub max_lease_ms: u64,
+    pub max_conns: usize,
+    pub max_waiting: u32,
+    pub max_keys: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            port: DEFAULT_PORT,
+            peers: Vec::new(),
+            advertise: None,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            max_lease_ms: DEFAULT_MAX_LEASE_SECS * 1000,
+            max_conns: DEFAULT_MAX_CONNS,
+            max_waiting: DEFAULT_MAX_WAITING,
+            max_keys: DEFAULT_MAX_KEYS,
+        }
+    }
+}
+
+/// What the command line asked for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Command {
+    Run(Config),
+    Help,
+}
+
+impl Config {
+    /// Parse `batond`'s arguments (without the program name).
+    pub fn from_args(args: Vec<std::ffi::OsString>) -> Result<Command, String> {
+        let mut args = pico_args::Arguments::from_vec(args);
+        if args.contains(["-h", "--help"]) {
+            return Ok(Command::Help);
+        }
+        let mut config = Config::default();
+        let flag_error = |e: pico_args::Error| e.to_string();
+        if let Some(bind) = args
+            .opt_value_from_str::<_, IpAddr>("--bind")
+            .map_err(flag_error)?
+        {
+            config.bind = bind;
+        }
+        if let Some(port) = args
+            .opt_value_from_str::<_, u16>("--port")
+            .map_err(flag_error)?
+        {
+            config.port = port;
+        }
+        if let Some(peers) = args
+            .opt_value_from_str::<_, String>("--peers")
+            .map_err(flag_error)?
+        {
+            config.peers = parse_peers(&peers)?;
+        }
+        config.advertise = args.opt_value_from_str("--advertise").map_err(flag_error)?;
+        if let Some(threads) = args
+            .opt_value_from_str::<_, usize>("--threads")
+            .map_err(flag_error)?
+        {
+            config.threads = threads;
+        }
+        if let Some(secs) = args
+            .opt_value_from_str::<_, String>("--max-lease")
+            .map_err(flag_error)?
+        {
+            config.max_lease_ms = crate::protocol::parse_seconds(secs.as_bytes())
+                .ok_or_else(|| format!("--max-lease: '{secs}' is not a number of seconds"))?;
+        }
+        if let Some(n) = args.opt_value_from_str("--max-conns").map_err(flag_error)? {
+            config.max_conns = n;
+        }
+        if let Some(n) = args
+            .opt_value_from_str("--max-waiting")
+            .map_err(flag_error)?
+        {
+            config.max_waiting = n;
+        }
+        if let Some(n) = args.opt_value_from_str("--max-keys").map_err(flag_error)? {
+            config.max_keys = n;
+        }
+        let rest = args.finish();
+        if !rest.is_empty() {
+            return Err(format!("unexpected argument {:?} (see --help)", rest[0]));
+        }
+        config.check()?;
+        Ok(Command::Run(config))
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.threads == 0 || self.threads > 64 {
+            return Err("--threads must be 1 to 64".into());
+        }
+        if self.max_lease_ms == 0 {
+            return Err("--max-lease must be above 0".into());
+        }
+        if self.max_conns == 0 || self.max_waiting == 0 || self.max_keys == 0 {
+            return Err("--max-conns, --max-waiting and --max-keys must be above 0".into());
+        }
+        if self.advertise.is_some() && self.peers.is_empty() {
+            return Err("--advertise names an entry of --peers, which is not given".into());
+        }
+        if self.peers.len() > crate::server::tokens::MAX_NODES {
+            return Err(format!(
+                "--peers lists {} nodes; at most {} are supported",
+                self.peers.len(),
+                crate::server::tokens::MAX_NODES
+            ));
+        }
+        self.node_index().map(|_| ())
+    }
+
+    /// This node's position in `--peers` (0 without peers).
+    pub fn node_index(&self) -> Result<usize, String> {
+        if self.peers.is_empty() {
+            return Ok(0);
+        }
+        if let Some(me) = &self.advertise {
+            return self
+                .peers
+                .iter()
+                .position(|p| p == me)
+                .ok_or_else(|| format!("--advertise {me} is not in --peers"));
+        }
+        let port = format!(":{}", self.port);
+        let mine: Vec<usize> = (0..self.peers.len())
+            .filter(|&i| self.peers[i].ends_with(&port))
+            .collect();
+        match mine.as_slice() {
+            [i] => Ok(*i),
+            [] => Err(format!(
+                "no --peers entry has port {}; use --advertise",
+                self.port
+            )),
+            _ => Err(format!(
+                "several --peers entries have port {}; use --advertise",
+                self.port
+            )),
+        }
+    }
+
+    /// The address this node gives as `node=` in `I`: its peers entry, or
+    /// bind:port for a single node.
+    pub fn node_name(&self) -> String {
+        match self.node_index() {
+            Ok(i) if !self.peers.is_empty() => self.peers[i].clone(),
+            _ => std::net::SocketAddr::new(self.bind, self.port).to_string(),
+        }
+    }
+}
+
+fn parse_peers(list: &str) -> Result<Vec<String>, String> {
+    let peers: Vec<String> = list.split(',').map(|p| p.trim().to_string()).collect();
+    for peer in &peers {
+        let ok = peer
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(format!("--peers: '{peer}' is not host:port"));
+        }
+    }
+    for (i, peer) in peers.iter().enumerate() {
+        if peers[..i].contains(peer) {
+            return Err(format!("--peers: '{peer}' is listed twice"));
+        }
+    }
+    Ok(peers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, String> {
+        Config::from_args(args.iter().map(Into::into).collect())
+    }
+
+    fn config(args: &[&str]) -> Config {
+        match parse(args) {
+            Ok(Command::Run(config)) => config,
+            other => panic!("expected a config, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let c = config(&[]);
+        assert_eq!(c.bind.to_string(), "0.0.0.0");
+        assert_eq!(c.port, 7373);
+        assert!(c.peers.is_empty());
+        assert_eq!(c.max_lease_ms, 86_400_000);
+        assert!(c.threads >= 1);
+    }
+
+    #[test]
+    fn every_flag_is_read() {
+        let c = config(&[
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "9000",
+            "--threads",
+            "3",
+            "--max-lease",
+            "1.5",
+            "--max-conns",
+            "7",
+            "--max-waiting",
+            "8",
+            "--max-keys",
+            "9",
+        ]);
+        assert_eq!(c.bind.to_string(), "127.0.0.1");
+        assert_eq!((c.port, c.threads, c.max_lease_ms), (9000, 3, 1500));
+        assert_eq!((c.max_conns, c.max_waiting, c.max_keys), (7, 8, 9));
+    }
+
+    #[test]
+    fn help_is_recognised() {
+        assert_eq!(parse(&["--help"]), Ok(Command::Help));
+        assert!(HELP.contains("--max-conns"));
+    }
+
+    #[test]
+    fn bad_flags_are_clear_errors() {
+        assert!(parse(&["--port", "x"]).is_err());
+        assert!(parse(&["--threads", "0"]).is_err());
+        assert!(parse(&["--max-lease", "0"]).is_err());
+        assert!(parse(&["--bogus"]).is_err());
+        assert!(parse(&["--peers", "a:1,a:1"]).is_err());
+        assert!(parse(&["--peers", "nope"]).is_err());
+    }
+
+    #[test]
+    fn a_node_finds_itself_in_peers_by_port_or_advertise() {
+        let c = config(&["--port", "2", "--peers", "h:1,h:2,h:3"]);
+        assert_eq!(c.node_index(), Ok(1));
+        assert_eq!(c.node_name(), "h:2");
+        let c = config(&["--port", "1", "--peers", "a:1,b:1", "--advertise", "b:1"]);
+        assert_eq!(c.node_index(), Ok(1));
+        assert!(parse(&["--port", "1", "--peers", "a:1,b:1"]).is_err());
+        assert!(parse(&["--port", "5", "--peers", "a:1,b:2"]).is_err());
+    }
+}

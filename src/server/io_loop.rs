@@ -1,0 +1,510 @@
+//! An I/O loop: one `mio::Poll` thread owning a share of the client sockets.
+//!
+//! Owns: its connections (in a `Slab`), their read and write buffers, and its
+//! copy of the listening socket. Accepts, reads, parses lines into requests,
+//! forwards them to the lock owner in one batch per round, and writes the
+//! answers the owner sends back, coalesced into one write per connection per
+//! round. There are `--threads` of these.
+//!
+//! Limits, each with its policy:
+//! - `MAX_LINE` per line (protocol.rs): past it, `E - - line-too-long` and close;
+//! - `ACCEPT_BATCH` accepts per wake, `READ_BUDGET` bytes read per connection
+//!   per wake, so one busy client cannot starve the others;
+//! - `PAUSE_OUTPUT` bytes of unsent answers: stop reading that client until it
+//!   catches up; `MAX_OUTPUT`: a client that does not read its answers is cut
+//!   off rather than growing memory without limit;
+//! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
+//!   is closed at once.
+//!
+//! A connection is closed in one way only: the loop tells the owner
+//! (`Inbound::Closed`), the owner drops the connection's waiters and
+//! acknowledges, and only then is the slot freed — so no answer is ever
+//! written to the wrong client, and a client that half-closes after sending
+//! still gets every answer already decided.
+//!
+//! Never does: block, touch lock state, or panic on anything a client sends.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use slab::Slab;
+
+use crate::protocol::{self, Answer, LineError, Parsed, Reason};
+use crate::server::Shared;
+use crate::server::lock_table::ConnId;
+use crate::server::owner::{Inbound, OwnerBatch};
+
+const LISTENER: Token = Token(usize::MAX - 1);
+/// The token of the loop's `mio::Waker`.
+pub const WAKER: Token = Token(usize::MAX - 2);
+
+/// Connections accepted per wake before the loop looks at its clients again.
+const ACCEPT_BATCH: usize = 64;
+/// Bytes read from one connection per wake before the others get a turn.
+const READ_BUDGET: usize = 64 * 1024;
+/// Size of the loop's read buffer.
+const READ_CHUNK: usize = 16 * 1024;
+/// Unsent answer bytes past which a connection is not read until it drains.
+const PAUSE_OUTPUT: usize = 256 * 1024;
+/// Unsent answer bytes past which a connection is cut off.
+const MAX_OUTPUT: usize = 4 * 1024 * 1024;
+/// An idle connection's write buffer is shrunk back to this capacity.
+const IDLE_OUTPUT_CAPACITY: usize = 4 * 1024;
+/// Events handled per `poll` call.
+const EVENTS_CAPACITY: usize = 1024;
+
+struct Conn {
+    stream: TcpStream,
+    id: ConnId,
+    /// Bytes of an unfinished line (at most MAX_LINE).
+    partial: Vec<u8>,
+    output: Vec<u8>,
+    written: usize,
+    /// No more reading: EOF, error, or a fatal line. The owner has been told.
+    closing: bool,
+    /// The owner has forgotten this connection: free it once flushed.
+    forgotten: bool,
+    /// Queued for a flush this round.
+    dirty: bool,
+    /// Reading is paused by PAUSE_OUTPUT.
+    paused: bool,
+    /// Unread input may remain (budget ran out): read again next round.
+    backlogged: bool,
+}
+
+impl Conn {
+    fn pending_output(&self) -> usize {
+        self.output.len() - self.written
+    }
+}
+
+/// One I/O loop. Build with [`IoLoop::new`], then [`IoLoop::run`] on its own thread.
+pub struct IoLoop {
+    index: usize,
+    poll: Poll,
+    listener: TcpListener,
+    conns: Slab<Conn>,
+    serial: u32,
+    to_owner: Sender<Vec<Inbound>>,
+    from_owner: Receiver<OwnerBatch>,
+    shared: Arc<Shared>,
+    batch: Vec<Inbound>,
+    dirty: Vec<usize>,
+    backlog: Vec<usize>,
+    accept_pending: bool,
+    read_buf: Box<[u8]>,
+}
+
+impl IoLoop {
+    /// A loop with its own `Poll` and a clone of the listening socket. The
+    /// returned waker is what the owner (and shutdown) use to wake it.
+    pub fn new(
+        index: usize,
+        listener: &std::net::TcpListener,
+        to_owner: Sender<Vec<Inbound>>,
+        from_owner: Receiver<OwnerBatch>,
+        shared: Arc<Shared>,
+    ) -> io::Result<(IoLoop, Arc<Waker>)> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let mut listener = TcpListener::from_std(listener.try_clone()?);
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let io_loop = IoLoop {
+            index,
+            poll,
+            listener,
+            conns: Slab::new(),
+            serial: 0,
+            to_owner,
+            from_owner,
+            shared,
+            batch: Vec::new(),
+            dirty: Vec::new(),
+            backlog: Vec::new(),
+            accept_pending: true,
+            read_buf: vec![0; READ_CHUNK].into_boxed_slice(),
+        };
+        Ok((io_loop, waker))
+    }
+
+    /// Serve until shutdown is flagged.
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(EVENTS_CAPACITY);
+        while !self.shared.shutdown.load(Ordering::Acquire) {
+            let busy = self.accept_pending || !self.backlog.is_empty();
+            let timeout = busy.then_some(std::time::Duration::ZERO);
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    log::error!("I/O loop {}: poll failed: {e}", self.index);
+                    break;
+                }
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept_pending = true,
+                    WAKER => {}
+                    Token(slot) => self.handle_event(slot, event),
+                }
+            }
+            self.round();
+        }
+        let open = self.conns.len();
+        self.shared.conns.fetch_sub(open, Ordering::Relaxed);
+        log::info!(
+            "I/O loop {}: stopped, dropping {open} connections",
+            self.index
+        );
+    }
+
+    /// Everything after the events: accept, read what is backlogged, send the
+    /// batch, take in answers, flush.
+    fn round(&mut self) {
+        if self.accept_pending {
+            self.accept_some();
+        }
+        for slot in std::mem::take(&mut self.backlog) {
+            if let Some(conn) = self.conns.get_mut(slot) {
+                conn.backlogged = false;
+                self.read_conn(slot);
+            }
+        }
+        if !self.batch.is_empty() {
+            let batch = std::mem::take(&mut self.batch);
+            if self.to_owner.send(batch).is_err() {
+                log::error!("I/O loop {}: the lock owner is gone", self.index);
+                self.shared.shutdown.store(true, Ordering::Release);
+            }
+        }
+        self.take_answers();
+        self.flush_dirty();
+    }
+
+    fn handle_event(&mut self, slot: usize, event: &mio::event::Event) {
+        if !self.conns.contains(slot) {
+            return;
+        }
+        if event.is_writable() {
+            self.mark_dirty(slot);
+        }
+        if event.is_readable() || event.is_read_closed() || event.is_error() {
+            self.read_conn(slot);
+        }
+    }
+
+    fn accept_some(&mut self) {
+        self.accept_pending = false;
+        for _ in 0..ACCEPT_BATCH {
+            match self.listener.accept() {
+                Ok((stream, addr)) => self.admit(stream, addr),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // Out of file descriptors and the like: try again next round.
+                    log::warn!("I/O loop {}: accept failed: {e}", self.index);
+                    return;
+                }
+            }
+        }
+        self.accept_pending = true;
+    }
+
+    fn admit(&mut self, mut stream: TcpStream, addr: SocketAddr) {
+        let count = self.shared.conns.fetch_add(1, Ordering::Relaxed);
+        if count >= self.shared.max_conns {
+            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+            log::debug!("refusing {addr}: over --max-conns");
+            let mut line = Vec::new();
+            Answer::Error {
+                op: None,
+                key: None,
+                reason: Reason::TooManyConnections,
+            }
+            .write_to(&mut line);
+            let _ = stream.write(&line);
+            return;
+        }
+        if let Err(e) = stream.set_nodelay(true) {
+            log::debug!("{addr}: set_nodelay failed: {e}");
+        }
+        let entry = self.conns.vacant_entry();
+        let slot = entry.key();
+        if slot >= 1 << 24 {
+            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        self.serial = self.serial.wrapping_add(1);
+        let id = ConnId::new(self.index, slot, self.serial);
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(&mut stream, Token(slot), interest)
+        {
+            log::warn!("{addr}: register failed: {e}");
+            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        log::debug!("{addr}: connected as {id:?}");
+        entry.insert(Conn {
+            stream,
+            id,
+            partial: Vec::new(),
+            output: Vec::new(),
+            written: 0,
+            closing: false,
+            forgotten: false,
+            dirty: false,
+            paused: false,
+            backlogged: false,
+        });
+        // Data may already be waiting; the edge was before registration.
+        self.schedule_read(slot);
+    }
+
+    fn schedule_read(&mut self, slot: usize) {
+        let conn = &mut self.conns[slot];
+        if !conn.backlogged {
+            conn.backlogged = true;
+            self.backlog.push(slot);
+        }
+    }
+
+    /// Read and parse up to READ_BUDGET bytes from one connection.
+    fn read_conn(&mut self, slot: usize) {
+        let mut budget = READ_BUDGET;
+        loop {
+            let conn = &mut self.conns[slot];
+            if conn.closing || conn.forgotten {
+                return;
+            }
+            if conn.pending_output() > PAUSE_OUTPUT {
+                conn.paused = true;
+                return;
+            }
+            if budget == 0 {
+                self.schedule_read(slot);
+                return;
+            }
+            match conn.stream.read(&mut self.read_buf) {
+                Ok(0) => {
+                    self.start_close(slot, "closed by peer");
+                    return;
+                }
+                Ok(n) => {
+                    budget = budget.saturating_sub(n);
+                    self.take_input(slot, n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.start_close(slot, &e.to_string());
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Parse the `n` bytes just read (after any unfinished line).
+    fn take_input(&mut self, slot: usize, n: usize) {
+        let conn = &mut self.conns[slot];
+        if conn.partial.is_empty() {
+            let input = std::mem::take(&mut self.read_buf);
+            let used = self.parse_lines(slot, &input[..n]);
+            let conn = &mut self.conns[slot];
+            if !conn.closing {
+                conn.partial.extend_from_slice(&input[used..n]);
+            }
+            self.read_buf = input;
+        } else {
+            let mut input = std::mem::take(&mut conn.partial);
+            input.extend_from_slice(&self.read_buf[..n]);
+            let used = self.parse_lines(slot, &input);
+            input.drain(..used);
+            let conn = &mut self.conns[slot];
+            if !conn.closing {
+                conn.partial = input;
+            }
+        }
+    }
+
+    /// Parse every complete line of `input`; return the bytes used.
+    fn parse_lines(&mut self, slot: usize, input: &[u8]) -> usize {
+        let max_lease_ms = self.shared.max_lease_ms;
+        let mut used = 0;
+        while used < input.len() {
+            let (n, result) = match protocol::parse_request(&input[used..], max_lease_ms) {
+                Parsed::Incomplete => break,
+                Parsed::Line { used: n, result } => (n, result),
+            };
+            used += n;
+            let id = self.conns[slot].id;
+            match result {
+                Ok(request) => self.batch.push(Inbound::Request(id, request)),
+                Err(LineError::Blank) => {}
+                Err(LineError::Refused { op, key, reason }) => {
+                    log::debug!("{id:?}: refused {op:?} {key:?}: {}", reason.as_str());
+                    match key {
+                        Some(key) => self.batch.push(Inbound::Refused(id, op, Some(key), reason)),
+                        None => self.write_answer(
+                            slot,
+                            &Answer::Error {
+                                op: Some(op),
+                                key: None,
+                                reason,
+                            },
+                        ),
+                    }
+                }
+                Err(LineError::Fatal(reason)) => {
+                    log::debug!("{id:?}: line not understood: {}", reason.as_str());
+                    let answer = Answer::Error {
+                        op: None,
+                        key: None,
+                        reason,
+                    };
+                    self.write_answer(slot, &answer);
+                    self.start_close(slot, reason.as_str());
+                    break;
+                }
+            }
+        }
+        used
+    }
+
+    /// Stop reading the connection and tell the owner; the slot is freed
+    /// when the owner acknowledges and the output is flushed.
+    fn start_close(&mut self, slot: usize, why: &str) {
+        let conn = &mut self.conns[slot];
+        if conn.closing {
+            return;
+        }
+        log::debug!("{:?}: closing: {why}", conn.id);
+        conn.closing = true;
+        conn.partial = Vec::new();
+        self.batch.push(Inbound::Closed(conn.id));
+    }
+
+    fn take_answers(&mut self) {
+        loop {
+            match self.from_owner.try_recv() {
+                Ok(batch) => self.apply_owner_batch(batch),
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    self.shared.shutdown.store(true, Ordering::Release);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn apply_owner_batch(&mut self, batch: OwnerBatch) {
+        for (id, answer) in &batch.answers {
+            if self.live_slot(*id).is_some() {
+                self.write_answer(id.slot(), answer);
+            }
+        }
+        for id in batch.forgotten {
+            if let Some(slot) = self.live_slot(id) {
+                let conn = &mut self.conns[slot];
+                conn.forgotten = true;
+                if !conn.closing {
+                    // Cut off by the owner (a limit): nothing more is read.
+                    conn.closing = true;
+                }
+                self.mark_dirty(slot);
+            }
+        }
+    }
+
+    fn live_slot(&self, id: ConnId) -> Option<usize> {
+        let slot = id.slot();
+        self.conns
+            .get(slot)
+            .filter(|conn| conn.id == id)
+            .map(|_| slot)
+    }
+
+    fn write_answer(&mut self, slot: usize, answer: &Answer) {
+        let conn = &mut self.conns[slot];
+        answer.write_to(&mut conn.output);
+        self.mark_dirty(slot);
+    }
+
+    fn mark_dirty(&mut self, slot: usize) {
+        let conn = &mut self.conns[slot];
+        if !conn.dirty {
+            conn.dirty = true;
+            self.dirty.push(slot);
+        }
+    }
+
+    fn flush_dirty(&mut self) {
+        for slot in std::mem::take(&mut self.dirty) {
+            if let Some(conn) = self.conns.get_mut(slot) {
+                conn.dirty = false;
+                self.flush(slot);
+            }
+        }
+    }
+
+    /// Write what is pending on one connection; free it if it is done.
+    fn flush(&mut self, slot: usize) {
+        let conn = &mut self.conns[slot];
+        let mut failed = false;
+        while conn.pending_output() > 0 {
+            match conn.stream.write(&conn.output[conn.written..]) {
+                Ok(0) => {
+                    failed = true;
+                    break;
+                }
+                Ok(n) => conn.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        let pending = conn.pending_output();
+        if pending == 0 {
+            conn.output.clear();
+            conn.written = 0;
+            if conn.output.capacity() > PAUSE_OUTPUT {
+                conn.output.shrink_to(IDLE_OUTPUT_CAPACITY);
+            }
+        }
+        if conn.forgotten && (pending == 0 || failed) {
+            self.free(slot);
+            return;
+        }
+        if failed || pending > MAX_OUTPUT {
+            let conn = &mut self.conns[slot];
+            if pending > MAX_OUTPUT {
+                log::debug!("{:?}: cut off: {pending} bytes of answers unread", conn.id);
+            }
+            conn.output.clear();
+            conn.written = 0;
+            self.start_close(slot, "write failed or output over limit");
+            return;
+        }
+        let conn = &mut self.conns[slot];
+        if conn.paused && pending <= PAUSE_OUTPUT / 2 {
+            conn.paused = false;
+            self.schedule_read(slot);
+        }
+    }
+
+    fn free(&mut self, slot: usize) {
+        let mut conn = self.conns.remove(slot);
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+        log::debug!("{:?}: closed", conn.id);
+    }
+}

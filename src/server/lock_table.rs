@@ -1,0 +1,1213 @@
+//! The lock table: every held key, its FIFO queue of waiters, its lease timer,
+//! and the token counter. This is the state machine at the heart of baton.
+//!
+//! Owns: all lock state of a node. Runs on the lock-owner thread only (see
+//! `owner.rs`), which is the single writer, so nothing here locks anything.
+//!
+//! Decides without I/O: every `handle_*` takes the current time (`now_ms`, a
+//! monotonic millisecond clock of the caller's choosing) and pushes its effects
+//! (answers to connections, connections to close) into an [`Outbox`]; the
+//! caller sends them. [`LockTable::next_wake_ms`] tells when timers need
+//! [`LockTable::poll_timers`] next. Tests drive it with a fake clock.
+//!
+//! Invariants (checked by [`LockTable::check_invariants`] in tests and asserted
+//! where cheap):
+//! - a key in the table always has exactly one holder, whose lease timer is
+//!   pending with the holder's expiry as deadline; a key with no holder and no
+//!   waiter is removed from the table;
+//! - every waiter is in exactly one key queue, in its connection's list, and
+//!   has a wait timer iff its wait is bounded;
+//! - tokens strictly increase across all keys;
+//! - answers to one connection for the same (op, key) leave in arrival order:
+//!   a waiter that times out (or is refused) while an earlier waiter of the
+//!   same connection waits for the same key has its answer deferred until the
+//!   earlier one is answered.
+//!
+//! Never does: I/O, clock reads, blocking, or trusting a request to be sane
+//! beyond what `protocol.rs` already checked.
+
+use std::collections::HashMap;
+
+use slab::Slab;
+
+use crate::protocol::{Answer, Key, Op, Reason};
+use crate::server::tokens::TokenSource;
+use crate::server::wheel::{TimerId, TimingWheel};
+
+/// A client connection, named by the I/O loop that owns it: loop index in the
+/// top 8 bits, slab slot in the next 24, a serial in the low 32 so that an
+/// answer for a closed connection never reaches a new one in the same slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+impl ConnId {
+    pub fn new(worker: usize, slot: usize, serial: u32) -> ConnId {
+        debug_assert!(worker < 256 && slot < (1 << 24));
+        ConnId(((worker as u64) << 56) | ((slot as u64) << 32) | serial as u64)
+    }
+    pub fn worker(self) -> usize {
+        (self.0 >> 56) as usize
+    }
+    pub fn slot(self) -> usize {
+        ((self.0 >> 32) & 0xFF_FFFF) as usize
+    }
+    pub fn serial(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+/// Limits the table enforces; each has a flag in `batond`.
+#[derive(Clone, Copy, Debug)]
+pub struct TableLimits {
+    /// Requests one connection may have waiting in line (`--max-waiting`).
+    pub max_waiting_per_conn: u32,
+    /// Keys the table may hold (`--max-keys`).
+    pub max_keys: usize,
+}
+
+impl Default for TableLimits {
+    fn default() -> Self {
+        TableLimits {
+            max_waiting_per_conn: 4096,
+            max_keys: 10_000_000,
+        }
+    }
+}
+
+/// Effects of a step, for the caller to carry out in order.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    /// Answers, in the order they must be sent (per connection).
+    pub answers: Vec<(ConnId, Answer)>,
+    /// Connections to close after their answers are written.
+    pub closes: Vec<ConnId>,
+}
+
+impl Outbox {
+    fn answer(&mut self, conn: ConnId, answer: Answer) {
+        self.answers.push((conn, answer));
+    }
+}
+
+const NIL: u32 = u32::MAX;
+
+/// Counters for `I`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    pub held: usize,
+    pub waiting: usize,
+    pub last_token: u64,
+}
+
+#[derive(Debug)]
+struct KeyState {
+    key: Key,
+    token: u64,
+    expiry_ms: u64,
+    lease_timer: TimerId,
+    queue_head: u32,
+    queue_tail: u32,
+    queue_len: u32,
+}
+
+/// An answer owed to a connection after an earlier waiter's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Deferred {
+    Timeout,
+    Refused(Reason),
+}
+
+#[derive(Debug)]
+struct Waiter {
+    conn: ConnId,
+    key_idx: u32,
+    lease_ms: u64,
+    wait_timer: Option<TimerId>,
+    // The key's FIFO queue.
+    prev: u32,
+    next: u32,
+    // The connection's list of waiters (for disconnect).
+    conn_prev: u32,
+    conn_next: u32,
+    // Earlier / later waiters of the same connection for the same key.
+    chain_prev: u32,
+    chain_next: u32,
+    deferred: Vec<Deferred>,
+}
+
+#[derive(Debug, Default)]
+struct ConnWaiting {
+    head: u32,
+    waiting: u32,
+    deferred: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    Lease(u32),
+    Wait(u32),
+}
+
+/// The lock table of one node. See the module doc.
+pub struct LockTable {
+    limits: TableLimits,
+    index: HashMap<Key, u32>,
+    keys: Slab<KeyState>,
+    waiters: Slab<Waiter>,
+    conns: HashMap<ConnId, ConnWaiting>,
+    chain_tails: HashMap<(ConnId, u32), u32>,
+    wheel: TimingWheel<Timer>,
+    tokens: TokenSource,
+    fired: Vec<(TimerId, Timer)>,
+}
+
+impl LockTable {
+    /// A table whose clock reads `now_ms` and whose tokens come from `tokens`.
+    pub fn new(now_ms: u64, limits: TableLimits, tokens: TokenSource) -> LockTable {
+        LockTable {
+            limits,
+            index: HashMap::new(),
+            keys: Slab::new(),
+            waiters: Slab::new(),
+            conns: HashMap::new(),
+            chain_tails: HashMap::new(),
+            wheel: TimingWheel::new(now_ms),
+            tokens,
+            fired: Vec::new(),
+        }
+    }
+
+    pub fn stats(&self) -> TableStats {
+        TableStats {
+            held: self.keys.len(),
+            waiting: self.waiters.len(),
+            last_token: self.tokens.last(),
+        }
+    }
+
+    /// When `poll_timers` must run next, if any timer is pending.
+    pub fn next_wake_ms(&self) -> Option<u64> {
+        self.wheel.next_wake()
+    }
+
+    /// `A key lease wait`.
+    pub fn handle_acquire(
+        &mut self,
+        now_ms: u64,
+        conn: ConnId,
+        key: Key,
+        lease_ms: u64,
+        wait_ms: u64,
+        out: &mut Outbox,
+    ) {
+        let Some(idx) = self.lookup_live(now_ms, &key, out) else {
+            self.grant_new(now_ms, conn, key, lease_ms, out);
+            return;
+        };
+        let state = self.conns.get(&conn);
+        if state.is_some_and(|c| c.waiting >= self.limits.max_waiting_per_conn) {
+            self.refuse_acquire(conn, Some(idx), key, Reason::TooManyWaiting, out);
+            return;
+        }
+        self.enqueue(now_ms, conn, idx, lease_ms, wait_ms);
+    }
+
+    /// `R key token`.
+    pub fn handle_release(
+        &mut self,
+        now_ms: u64,
+        conn: ConnId,
+        key: Key,
+        token: u64,
+        out: &mut Outbox,
+    ) {
+        match self.lookup_live(now_ms, &key, out) {
+            Some(idx) if self.keys[idx as usize].token == token => {
+                let timer = self.keys[idx as usize].lease_timer;
+                let cancelled = self.wheel.cancel(timer);
+                debug_assert!(cancelled.is_some(), "a holder always has a lease timer");
+                out.answer(conn, Answer::Released { key });
+                self.hand_off(now_ms, idx, out);
+            }
+            _ => out.answer(conn, Answer::NotHeld { key }),
+        }
+    }
+
+    /// `K key token lease`.
+    pub fn handle_keep(
+        &mut self,
+        now_ms: u64,
+        conn: ConnId,
+        key: Key,
+        token: u64,
+        lease_ms: u64,
+        out: &mut Outbox,
+    ) {
+        match self.lookup_live(now_ms, &key, out) {
+            Some(idx) if self.keys[idx as usize].token == token => {
+                let expiry_ms = now_ms.saturating_add(lease_ms);
+                let state = &mut self.keys[idx as usize];
+                self.wheel.cancel(state.lease_timer);
+                state.expiry_ms = expiry_ms;
+                state.lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
+                out.answer(conn, Answer::Kept { key });
+            }
+            _ => out.answer(
+                conn,
+                Answer::Error {
+                    op: Some(Op::Keep),
+                    key: Some(key),
+                    reason: Reason::NotHeld,
+                },
+            ),
+        }
+    }
+
+    /// `Q key`.
+    pub fn handle_query(&mut self, now_ms: u64, conn: ConnId, key: Key, out: &mut Outbox) {
+        let answer = match self.lookup_live(now_ms, &key, out) {
+            Some(idx) => {
+                let state = &self.keys[idx as usize];
+                Answer::Queried {
+                    token: state.token,
+                    ms_left: state.expiry_ms.saturating_sub(now_ms),
+                    waiting: u64::from(state.queue_len),
+                    key,
+                }
+            }
+            None => Answer::Queried {
+                key,
+                token: 0,
+                ms_left: 0,
+                waiting: 0,
+            },
+        };
+        out.answer(conn, answer);
+    }
+
+    /// A request the parser refused, routed here so that its `E` keeps its
+    /// place among the connection's answers for the same (op, key).
+    pub fn handle_refused(
+        &mut self,
+        conn: ConnId,
+        op: Op,
+        key: Option<Key>,
+        reason: Reason,
+        out: &mut Outbox,
+    ) {
+        match (op, key) {
+            (Op::Acquire, Some(key)) => {
+                let idx = self.index.get(&key).copied();
+                self.refuse_acquire(conn, idx, key, reason, out);
+            }
+            (op, key) => out.answer(
+                conn,
+                Answer::Error {
+                    op: Some(op),
+                    key,
+                    reason,
+                },
+            ),
+        }
+    }
+
+    /// The connection closed: its waiters leave their queues. Grants it
+    /// holds stay (a grant is not tied to its connection).
+    pub fn handle_disconnect(&mut self, conn: ConnId) {
+        let Some(state) = self.conns.remove(&conn) else {
+            return;
+        };
+        let mut w = state.head;
+        while w != NIL {
+            let waiter = self.waiters.remove(w as usize);
+            if let Some(timer) = waiter.wait_timer {
+                self.wheel.cancel(timer);
+            }
+            self.unlink_from_queue(&waiter);
+            self.chain_tails.remove(&(conn, waiter.key_idx));
+            w = waiter.conn_next;
+        }
+    }
+
+    /// Fire every lease expiry and wait deadline due at `now_ms`.
+    pub fn poll_timers(&mut self, now_ms: u64, out: &mut Outbox) {
+        let mut fired = std::mem::take(&mut self.fired);
+        self.wheel.poll(now_ms, &mut fired);
+        for (id, timer) in fired.drain(..) {
+            // A timer fired in this batch may have been made moot by an
+            // earlier one (a lease expiry that granted a waiter whose wait
+            // ran out in the same tick): act only on timers still current.
+            match timer {
+                Timer::Lease(idx) => {
+                    let current = self
+                        .keys
+                        .get(idx as usize)
+                        .is_some_and(|k| k.lease_timer == id);
+                    if current {
+                        self.hand_off(now_ms, idx, out);
+                    }
+                }
+                Timer::Wait(w) => {
+                    let current = self
+                        .waiters
+                        .get(w as usize)
+                        .is_some_and(|w| w.wait_timer == Some(id));
+                    if current {
+                        self.waiters[w as usize].wait_timer = None;
+                        self.time_out(w, out);
+                    }
+                }
+            }
+        }
+        self.fired = fired;
+    }
+
+    /// The key's slot if it is held by a live lease. A lease that ran out but
+    /// whose timer has not fired yet is expired here first, so the answer is
+    /// the same whenever the timer happens to run.
+    fn lookup_live(&mut self, now_ms: u64, key: &Key, out: &mut Outbox) -> Option<u32> {
+        let idx = *self.index.get(key)?;
+        let state = &self.keys[idx as usize];
+        if state.expiry_ms > now_ms {
+            return Some(idx);
+        }
+        let timer = state.lease_timer;
+        self.wheel.cancel(timer);
+        self.hand_off(now_ms, idx, out);
+        self.index.get(key).copied()
+    }
+
+    fn grant_new(&mut self, now_ms: u64, conn: ConnId, key: Key, lease_ms: u64, out: &mut Outbox) {
+        if self.keys.len() >= self.limits.max_keys {
+            out.answer(
+                conn,
+                Answer::Error {
+                    op: Some(Op::Acquire),
+                    key: Some(key),
+                    reason: Reason::TooManyKeys,
+                },
+            );
+            return;
+        }
+        let token = self.tokens.next();
+        let expiry_ms = now_ms.saturating_add(lease_ms);
+        let entry = self.keys.vacant_entry();
+        let idx = entry.key() as u32;
+        let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
+        entry.insert(KeyState {
+            key: key.clone(),
+            token,
+            expiry_ms,
+            lease_timer,
+            queue_head: NIL,
+            queue_tail: NIL,
+            queue_len: 0,
+        });
+        self.index.insert(key.clone(), idx);
+        out.answer(conn, Answer::Granted { token, key });
+    }
+
+    fn enqueue(&mut self, now_ms: u64, conn: ConnId, idx: u32, lease_ms: u64, wait_ms: u64) {
+        let entry = self.waiters.vacant_entry();
+        let w = entry.key() as u32;
+        let wait_timer = (wait_ms > 0).then(|| {
+            self.wheel
+                .insert(now_ms.saturating_add(wait_ms), Timer::Wait(w))
+        });
+        let key_state = &mut self.keys[idx as usize];
+        let prev = key_state.queue_tail;
+        key_state.queue_tail = w;
+        if prev == NIL {
+            key_state.queue_head = w;
+        }
+        key_state.queue_len += 1;
+        let conn_state = self.conns.entry(conn).or_insert(ConnWaiting {
+            head: NIL,
+            waiting: 0,
+            deferred: 0,
+        });
+        let conn_next = conn_state.head;
+        conn_state.head = w;
+        conn_state.waiting += 1;
+        let chain_prev = self.chain_tails.insert((conn, idx), w).unwrap_or(NIL);
+        entry.insert(Waiter {
+            conn,
+            key_idx: idx,
+            lease_ms,
+            wait_timer,
+            prev,
+            next: NIL,
+            conn_prev: NIL,
+            conn_next,
+            chain_prev,
+            chain_next: NIL,
+            deferred: Vec::new(),
+        });
+        if prev != NIL {
+            self.waiters[prev as usize].next = w;
+        }
+        if conn_next != NIL {
+            self.waiters[conn_next as usize].conn_prev = w;
+        }
+        if chain_prev != NIL {
+            self.waiters[chain_prev as usize].chain_next = w;
+        }
+    }
+
+    /// Answer `E A key reason` now, or after the connection's earlier waiter
+    /// for the same key is answered, so it does not overtake that answer.
+    fn refuse_acquire(
+        &mut self,
+        conn: ConnId,
+        idx: Option<u32>,
+        key: Key,
+        reason: Reason,
+        out: &mut Outbox,
+    ) {
+        let tail = idx.and_then(|idx| self.chain_tails.get(&(conn, idx)).copied());
+        let Some(tail) = tail else {
+            out.answer(
+                conn,
+                Answer::Error {
+                    op: Some(Op::Acquire),
+                    key: Some(key),
+                    reason,
+                },
+            );
+            return;
+        };
+        self.waiters[tail as usize]
+            .deferred
+            .push(Deferred::Refused(reason));
+        let state = self
+            .conns
+            .get_mut(&conn)
+            .expect("a waiter's connection is tracked");
+        state.deferred += 1;
+        if state.deferred > self.limits.max_waiting_per_conn {
+            // Deferred refusals are bounded too: past the limit the
+            // connection is cut off with a clear error.
+            out.answer(
+                conn,
+                Answer::Error {
+                    op: None,
+                    key: None,
+                    reason: Reason::TooManyWaiting,
+                },
+            );
+            out.closes.push(conn);
+            self.handle_disconnect(conn);
+        }
+    }
+
+    /// The holder of key `idx` is done (released or expired, its timer
+    /// already gone): the key goes to the front of its queue with a new
+    /// token and a fresh lease, or leaves the table if nobody waits.
+    fn hand_off(&mut self, now_ms: u64, idx: u32, out: &mut Outbox) {
+        let head = self.keys[idx as usize].queue_head;
+        if head == NIL {
+            let state = self.keys.remove(idx as usize);
+            self.index.remove(&state.key);
+            return;
+        }
+        let waiter = self.remove_waiter(head);
+        let token = self.tokens.next();
+        let expiry_ms = now_ms.saturating_add(waiter.lease_ms);
+        let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
+        let state = &mut self.keys[idx as usize];
+        debug_assert!(token > state.token, "tokens never decrease");
+        state.token = token;
+        state.expiry_ms = expiry_ms;
+        state.lease_timer = lease_timer;
+        let key = state.key.clone();
+        out.answer(
+            waiter.conn,
+            Answer::Granted {
+                token,
+                key: key.clone(),
+            },
+        );
+        self.emit_deferred(waiter.conn, &key, &waiter.deferred, out);
+    }
+
+    /// Waiter `w` ran out of wait: it leaves the queue and gets `T`, unless
+    /// an earlier waiter of its connection for the same key is still in
+    /// line, in which case that one carries the `T` (and everything `w`
+    /// carried) until it is answered.
+    fn time_out(&mut self, w: u32, out: &mut Outbox) {
+        let mut waiter = self.remove_waiter(w);
+        if waiter.chain_prev != NIL {
+            let carrier = &mut self.waiters[waiter.chain_prev as usize];
+            carrier.deferred.push(Deferred::Timeout);
+            carrier.deferred.append(&mut waiter.deferred);
+            if let Some(state) = self.conns.get_mut(&waiter.conn) {
+                state.deferred += 1;
+            }
+            return;
+        }
+        let key = self.keys[waiter.key_idx as usize].key.clone();
+        out.answer(waiter.conn, Answer::Timeout { key: key.clone() });
+        self.emit_deferred(waiter.conn, &key, &waiter.deferred, out);
+    }
+
+    fn emit_deferred(&mut self, conn: ConnId, key: &Key, deferred: &[Deferred], out: &mut Outbox) {
+        if deferred.is_empty() {
+            return;
+        }
+        if let Some(state) = self.conns.get_mut(&conn) {
+            state.deferred = state.deferred.saturating_sub(deferred.len() as u32);
+        }
+        for d in deferred {
+            let answer = match *d {
+                Deferred::Timeout => Answer::Timeout { key: key.clone() },
+                Deferred::Refused(reason) => Answer::Error {
+                    op: Some(Op::Acquire),
+                    key: Some(key.clone()),
+                    reason,
+                },
+            };
+            out.answer(conn, answer);
+        }
+    }
+
+    /// Unlink waiter `w` from its key queue, its connection and its chain,
+    /// cancel its wait timer, and return it.
+    fn remove_waiter(&mut self, w: u32) -> Waiter {
+        let waiter = self.waiters.remove(w as usize);
+        if let Some(timer) = waiter.wait_timer {
+            self.wheel.cancel(timer);
+        }
+        self.unlink_from_queue(&waiter);
+        self.unlink_from_conn(w, &waiter);
+        self.unlink_from_chain(w, &waiter);
+        waiter
+    }
+
+    fn unlink_from_queue(&mut self, waiter: &Waiter) {
+        if waiter.prev != NIL {
+            self.waiters[waiter.prev as usize].next = waiter.next;
+        }
+        if waiter.next != NIL {
+            self.waiters[waiter.next as usize].prev = waiter.prev;
+        }
+        let state = &mut self.keys[waiter.key_idx as usize];
+        if waiter.prev == NIL {
+            state.queue_head = waiter.next;
+        }
+        if waiter.next == NIL {
+            state.queue_tail = waiter.prev;
+        }
+        state.queue_len -= 1;
+    }
+
+    fn unlink_from_conn(&mut self, w: u32, waiter: &Waiter) {
+        if waiter.conn_prev != NIL {
+            self.waiters[waiter.conn_prev as usize].conn_next = waiter.conn_next;
+        }
+        if waiter.conn_next != NIL {
+            self.waiters[waiter.conn_next as usize].conn_prev = waiter.conn_prev;
+        }
+        let state = self
+            .conns
+            .get_mut(&waiter.conn)
+            .expect("a waiter's connection is tracked");
+        if state.head == w {
+            state.head = waiter.conn_next;
+        }
+        state.waiting -= 1;
+        if state.waiting == 0 {
+            debug_assert_eq!(state.head, NIL);
+            self.conns.remove(&waiter.conn);
+        }
+    }
+
+    fn unlink_from_chain(&mut self, w: u32, waiter: &Waiter) {
+        if waiter.chain_prev != NIL {
+            self.waiters[waiter.chain_prev as usize].chain_next = waiter.chain_next;
+        }
+        if waiter.chain_next != NIL {
+            self.waiters[waiter.chain_next as usize].chain_prev = waiter.chain_prev;
+        }
+        let slot = (waiter.conn, waiter.key_idx);
+        if self.chain_tails.get(&slot) == Some(&w) {
+            if waiter.chain_prev == NIL {
+                self.chain_tails.remove(&slot);
+            } else {
+                self.chain_tails.insert(slot, waiter.chain_prev);
+            }
+        }
+    }
+
+    /// Check every invariant of the module doc; panics on a broken one.
+    /// O(size of the table): for tests and debugging.
+    pub fn check_invariants(&self) {
+        assert_eq!(self.index.len(), self.keys.len(), "index and table agree");
+        let mut queued = 0usize;
+        for (idx, state) in &self.keys {
+            assert_eq!(self.index.get(&state.key), Some(&(idx as u32)));
+            assert_eq!(
+                self.wheel.deadline(state.lease_timer),
+                Some(state.expiry_ms),
+                "holder has its lease timer"
+            );
+            assert!(state.token <= self.tokens.last());
+            let mut w = state.queue_head;
+            let mut prev = NIL;
+            let mut len = 0;
+            while w != NIL {
+                let waiter = &self.waiters[w as usize];
+                assert_eq!(waiter.key_idx, idx as u32);
+                assert_eq!(waiter.prev, prev);
+                prev = w;
+                w = waiter.next;
+                len += 1;
+            }
+            assert_eq!(state.queue_tail, prev);
+            assert_eq!(state.queue_len, len);
+            queued += len as usize;
+        }
+        assert_eq!(
+            queued,
+            self.waiters.len(),
+            "every waiter is in exactly one queue"
+        );
+        let mut in_conns = 0usize;
+        for (conn, state) in &self.conns {
+            let mut w = state.head;
+            let mut n = 0;
+            while w != NIL {
+                let waiter = &self.waiters[w as usize];
+                assert_eq!(waiter.conn, *conn);
+                if let Some(timer) = waiter.wait_timer {
+                    assert!(
+                        self.wheel.deadline(timer).is_some(),
+                        "a bounded wait has its timer"
+                    );
+                }
+                w = waiter.conn_next;
+                n += 1;
+            }
+            assert_eq!(state.waiting, n);
+            assert!(n > 0, "a connection with no waiter is not tracked");
+            in_conns += n as usize;
+        }
+        assert_eq!(
+            in_conns,
+            self.waiters.len(),
+            "every waiter is in its connection's list"
+        );
+        for (&(conn, idx), &tail) in &self.chain_tails {
+            let waiter = &self.waiters[tail as usize];
+            assert_eq!((waiter.conn, waiter.key_idx), (conn, idx));
+            assert_eq!(waiter.chain_next, NIL, "a chain tail is last");
+        }
+        let timers = self.keys.len()
+            + self
+                .waiters
+                .iter()
+                .filter(|(_, w)| w.wait_timer.is_some())
+                .count();
+        assert_eq!(self.wheel.len(), timers, "no timer outlives what it times");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C1: ConnId = ConnId(1);
+    const C2: ConnId = ConnId(2);
+    const C3: ConnId = ConnId(3);
+
+    fn key(s: &str) -> Key {
+        Key::new(s.as_bytes()).expect("test keys are valid")
+    }
+
+    /// A table plus the answers of the last step, with invariants checked
+    /// after every step.
+    struct Harness {
+        table: LockTable,
+        out: Outbox,
+    }
+
+    impl Harness {
+        fn new() -> Harness {
+            Harness::with_limits(TableLimits::default())
+        }
+        fn with_limits(limits: TableLimits) -> Harness {
+            Harness {
+                table: LockTable::new(0, limits, TokenSource::new(0, 1000)),
+                out: Outbox::default(),
+            }
+        }
+        fn step(&mut self, f: impl FnOnce(&mut LockTable, &mut Outbox)) -> Vec<(ConnId, Answer)> {
+            f(&mut self.table, &mut self.out);
+            self.table.check_invariants();
+            std::mem::take(&mut self.out.answers)
+        }
+        fn acquire(
+            &mut self,
+            now: u64,
+            conn: ConnId,
+            k: &str,
+            lease: u64,
+            wait: u64,
+        ) -> Vec<(ConnId, Answer)> {
+            self.step(|t, o| t.handle_acquire(now, conn, key(k), lease, wait, o))
+        }
+        fn release(
+            &mut self,
+            now: u64,
+            conn: ConnId,
+            k: &str,
+            token: u64,
+        ) -> Vec<(ConnId, Answer)> {
+            self.step(|t, o| t.handle_release(now, conn, key(k), token, o))
+        }
+        fn keep(
+            &mut self,
+            now: u64,
+            conn: ConnId,
+            k: &str,
+            token: u64,
+            lease: u64,
+        ) -> Vec<(ConnId, Answer)> {
+            self.step(|t, o| t.handle_keep(now, conn, key(k), token, lease, o))
+        }
+        fn query(&mut self, now: u64, conn: ConnId, k: &str) -> Vec<(ConnId, Answer)> {
+            self.step(|t, o| t.handle_query(now, conn, key(k), o))
+        }
+        fn tick(&mut self, now: u64) -> Vec<(ConnId, Answer)> {
+            self.step(|t, o| t.poll_timers(now, o))
+        }
+        /// Acquire that must be granted at once; returns the token.
+        fn grant(&mut self, now: u64, conn: ConnId, k: &str, lease: u64) -> u64 {
+            match self.acquire(now, conn, k, lease, 0).as_slice() {
+                [(c, Answer::Granted { token, key: got })] if *c == conn && *got == key(k) => {
+                    *token
+                }
+                other => panic!("expected an immediate grant, got {other:?}"),
+            }
+        }
+    }
+
+    fn granted(answers: &[(ConnId, Answer)]) -> Vec<(ConnId, u64)> {
+        answers
+            .iter()
+            .filter_map(|(c, a)| match a {
+                Answer::Granted { token, .. } => Some((*c, *token)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_free_key_is_granted_at_once_with_a_new_token() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "a", 1000);
+        let t2 = h.grant(0, C1, "b", 1000);
+        assert!(t1 > 1000 && t2 > t1);
+        assert_eq!(h.table.stats().held, 2);
+    }
+
+    #[test]
+    fn a_held_key_queues_and_goes_to_waiters_in_fifo_order() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        assert!(h.acquire(1, C2, "k", 5000, 0).is_empty());
+        assert!(h.acquire(2, C3, "k", 5000, 0).is_empty());
+        assert!(h.acquire(3, C1, "k", 5000, 0).is_empty());
+        let answers = h.release(10, C1, "k", t1);
+        assert_eq!(answers[0], (C1, Answer::Released { key: key("k") }));
+        let g2 = granted(&answers);
+        assert_eq!(g2.len(), 1);
+        assert_eq!(g2[0].0, C2);
+        assert!(g2[0].1 > t1);
+        let g3 = granted(&h.release(20, C2, "k", g2[0].1));
+        assert_eq!(g3[0].0, C3);
+        let g4 = granted(&h.release(30, C3, "k", g3[0].1));
+        assert_eq!(g4[0].0, C1);
+        assert!(g4[0].1 > g3[0].1 && g3[0].1 > g2[0].1);
+        h.release(40, C1, "k", g4[0].1);
+        assert_eq!(
+            h.table.stats().held,
+            0,
+            "a released key with no waiter leaves the table"
+        );
+    }
+
+    #[test]
+    fn a_handed_over_key_gets_a_fresh_lease_from_the_handover() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        h.acquire(0, C2, "k", 300, 0);
+        let t2 = granted(&h.release(1000, C1, "k", t1))[0].1;
+        match h.query(1100, C3, "k").as_slice() {
+            [
+                (
+                    _,
+                    Answer::Queried {
+                        token,
+                        ms_left,
+                        waiting,
+                        ..
+                    },
+                ),
+            ] => {
+                assert_eq!((*token, *ms_left, *waiting), (t2, 200, 0));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_expired_lease_goes_to_the_next_waiter_on_time_without_a_request() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 500);
+        h.acquire(10, C2, "k", 1000, 0);
+        assert!(h.tick(499).is_empty(), "not one millisecond early");
+        assert_eq!(h.table.next_wake_ms().map(|w| w <= 500), Some(true));
+        let answers = h.tick(500);
+        let g = granted(&answers);
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].0, C2);
+        assert!(g[0].1 > t1);
+        assert_eq!(
+            h.release(600, C1, "k", t1),
+            vec![(C1, Answer::NotHeld { key: key("k") })]
+        );
+    }
+
+    #[test]
+    fn an_expired_lease_with_no_waiter_frees_the_key() {
+        let mut h = Harness::new();
+        h.grant(0, C1, "k", 500);
+        assert!(h.tick(500).is_empty());
+        assert_eq!(h.table.stats().held, 0);
+        assert_eq!(h.table.next_wake_ms(), None);
+    }
+
+    #[test]
+    fn an_expired_lease_is_re_registered_even_before_its_timer_runs() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 500);
+        // No tick: the timer has not run, but the lease is over.
+        let t2 = h.grant(700, C2, "k", 500);
+        assert!(t2 > t1);
+        assert_eq!(
+            h.release(701, C1, "k", t1),
+            vec![(C1, Answer::NotHeld { key: key("k") })]
+        );
+    }
+
+    #[test]
+    fn a_wait_that_runs_out_answers_t_and_grants_nothing() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        assert!(h.acquire(0, C2, "k", 1000, 300).is_empty());
+        assert!(h.tick(299).is_empty());
+        assert_eq!(h.tick(300), vec![(C2, Answer::Timeout { key: key("k") })]);
+        assert_eq!(h.table.stats().waiting, 0);
+        let answers = h.release(400, C1, "k", t1);
+        assert_eq!(answers, vec![(C1, Answer::Released { key: key("k") })]);
+        assert_eq!(h.table.stats().held, 0);
+    }
+
+    #[test]
+    fn wait_zero_waits_without_limit() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 86_400_000);
+        h.acquire(0, C2, "k", 1000, 0);
+        assert!(h.tick(86_399_999).is_empty());
+        let t2 = granted(&h.release(86_399_999, C1, "k", t1));
+        assert_eq!(t2[0].0, C2);
+    }
+
+    #[test]
+    fn a_waiter_whose_connection_closes_is_never_granted() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        h.acquire(0, C2, "k", 1000, 5000);
+        h.acquire(0, C3, "k", 1000, 0);
+        h.step(|t, _| t.handle_disconnect(C2));
+        let g = granted(&h.release(10, C1, "k", t1));
+        assert_eq!(g[0].0, C3);
+        assert!(
+            h.tick(6000).iter().all(|(c, _)| *c != C2),
+            "its wait timer is gone too"
+        );
+    }
+
+    #[test]
+    fn a_grant_survives_its_connection_and_is_released_from_another() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        h.step(|t, _| t.handle_disconnect(C1));
+        assert_eq!(h.table.stats().held, 1);
+        assert_eq!(
+            h.release(5, C2, "k", t1),
+            vec![(C2, Answer::Released { key: key("k") })]
+        );
+    }
+
+    #[test]
+    fn a_release_with_a_token_that_does_not_hold_the_key_changes_nothing() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        let n = vec![(C2, Answer::NotHeld { key: key("k") })];
+        assert_eq!(h.release(1, C2, "k", t1 + 1), n);
+        assert_eq!(
+            h.release(1, C2, "other", t1),
+            vec![(C2, Answer::NotHeld { key: key("other") })]
+        );
+        assert_eq!(h.table.stats().held, 1);
+        h.release(2, C1, "k", t1);
+        assert_eq!(h.release(3, C2, "k", t1), n, "already released");
+    }
+
+    #[test]
+    fn keep_extends_the_lease_and_rearms_the_timer() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 500);
+        assert_eq!(
+            h.keep(400, C1, "k", t1, 1000),
+            vec![(C1, Answer::Kept { key: key("k") })]
+        );
+        assert!(
+            h.tick(1399).is_empty(),
+            "the old expiry at 500 no longer fires"
+        );
+        assert_eq!(h.table.stats().held, 1);
+        h.tick(1400);
+        assert_eq!(h.table.stats().held, 0);
+    }
+
+    #[test]
+    fn keep_with_a_lost_grant_says_not_held() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 500);
+        h.tick(500);
+        let refused = vec![(
+            C1,
+            Answer::Error {
+                op: Some(Op::Keep),
+                key: Some(key("k")),
+                reason: Reason::NotHeld,
+            },
+        )];
+        assert_eq!(h.keep(600, C1, "k", t1, 1000), refused);
+        let t2 = h.grant(700, C2, "k", 500);
+        assert_eq!(
+            h.keep(701, C1, "k", t1, 1000),
+            refused,
+            "a newer holder's key"
+        );
+        assert_eq!(h.keep(701, C2, "k", t2, 1000).len(), 1);
+    }
+
+    #[test]
+    fn query_reports_holder_time_left_and_queue_length() {
+        let mut h = Harness::new();
+        let free = vec![(
+            C1,
+            Answer::Queried {
+                key: key("k"),
+                token: 0,
+                ms_left: 0,
+                waiting: 0,
+            },
+        )];
+        assert_eq!(h.query(0, C1, "k"), free);
+        let t1 = h.grant(0, C1, "k", 1000);
+        h.acquire(0, C2, "k", 1000, 0);
+        h.acquire(0, C3, "k", 1000, 0);
+        assert_eq!(
+            h.query(250, C1, "k"),
+            vec![(
+                C1,
+                Answer::Queried {
+                    key: key("k"),
+                    token: t1,
+                    ms_left: 750,
+                    waiting: 2
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn a_later_timeout_never_overtakes_an_earlier_answer_for_the_same_key() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        h.acquire(0, C2, "k", 1000, 0); // earlier, waits without limit
+        h.acquire(0, C2, "k", 1000, 100); // later, times out first
+        h.acquire(0, C3, "k", 1000, 100); // another connection: not held back
+        assert_eq!(h.tick(100), vec![(C3, Answer::Timeout { key: key("k") })]);
+        assert_eq!(
+            h.table.stats().waiting,
+            1,
+            "the timed-out waiter left the queue"
+        );
+        let answers = h.release(200, C1, "k", t1);
+        let to_c2: Vec<&Answer> = answers
+            .iter()
+            .filter(|(c, _)| *c == C2)
+            .map(|(_, a)| a)
+            .collect();
+        assert!(matches!(to_c2[0], Answer::Granted { .. }));
+        assert_eq!(to_c2[1], &Answer::Timeout { key: key("k") });
+        assert_eq!(to_c2.len(), 2);
+    }
+
+    #[test]
+    fn chained_timeouts_come_out_in_arrival_order_after_the_first_answer() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        h.acquire(0, C2, "k", 1000, 500); // w1
+        h.acquire(0, C2, "k", 1000, 200); // w2
+        h.acquire(0, C2, "k", 1000, 100); // w3
+        assert!(h.tick(200).is_empty());
+        let t = Answer::Timeout { key: key("k") };
+        assert_eq!(h.tick(500), vec![(C2, t.clone()), (C2, t.clone()), (C2, t)]);
+        assert_eq!(h.table.stats().waiting, 0);
+        h.release(501, C1, "k", t1);
+        assert_eq!(h.table.stats().held, 0);
+    }
+
+    #[test]
+    fn a_refusal_waits_behind_an_earlier_waiter_for_the_same_key() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        h.acquire(0, C2, "k", 1000, 0);
+        let refused =
+            h.step(|t, o| t.handle_refused(C2, Op::Acquire, Some(key("k")), Reason::BadLease, o));
+        assert!(refused.is_empty());
+        let other =
+            h.step(|t, o| t.handle_refused(C2, Op::Acquire, Some(key("x")), Reason::BadLease, o));
+        assert_eq!(other.len(), 1, "no earlier waiter for x: answered at once");
+        let answers = h.release(1, C1, "k", t1);
+        let to_c2: Vec<&Answer> = answers
+            .iter()
+            .filter(|(c, _)| *c == C2)
+            .map(|(_, a)| a)
+            .collect();
+        assert!(matches!(to_c2[0], Answer::Granted { .. }));
+        assert!(matches!(
+            to_c2[1],
+            Answer::Error {
+                reason: Reason::BadLease,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_connection_over_its_waiting_limit_is_refused() {
+        let mut h = Harness::with_limits(TableLimits {
+            max_waiting_per_conn: 2,
+            max_keys: 100,
+        });
+        h.grant(0, C1, "a", 1000);
+        h.grant(0, C1, "b", 1000);
+        h.grant(0, C1, "c", 1000);
+        h.acquire(0, C2, "a", 1000, 0);
+        h.acquire(0, C2, "b", 1000, 0);
+        let answers = h.acquire(0, C2, "c", 1000, 0);
+        assert!(matches!(
+            answers.as_slice(),
+            [(
+                _,
+                Answer::Error {
+                    reason: Reason::TooManyWaiting,
+                    ..
+                }
+            )]
+        ));
+        assert!(
+            h.acquire(0, C3, "c", 1000, 0).is_empty(),
+            "other connections are not affected"
+        );
+    }
+
+    #[test]
+    fn deferred_refusals_past_the_limit_cut_the_connection_off() {
+        let mut h = Harness::with_limits(TableLimits {
+            max_waiting_per_conn: 2,
+            max_keys: 100,
+        });
+        h.grant(0, C1, "a", 1000);
+        h.acquire(0, C2, "a", 1000, 0);
+        h.acquire(0, C2, "a", 1000, 0);
+        h.acquire(0, C2, "a", 1000, 0);
+        h.acquire(0, C2, "a", 1000, 0);
+        assert!(h.out.closes.is_empty());
+        h.acquire(0, C2, "a", 1000, 0);
+        assert_eq!(h.out.closes, vec![C2]);
+        assert_eq!(h.table.stats().waiting, 0, "its waiters are gone");
+    }
+
+    #[test]
+    fn a_full_table_refuses_new_keys_but_serves_held_ones() {
+        let mut h = Harness::with_limits(TableLimits {
+            max_waiting_per_conn: 10,
+            max_keys: 1,
+        });
+        h.grant(0, C1, "a", 1000);
+        let answers = h.acquire(0, C1, "b", 1000, 0);
+        assert!(matches!(
+            answers.as_slice(),
+            [(
+                _,
+                Answer::Error {
+                    reason: Reason::TooManyKeys,
+                    ..
+                }
+            )]
+        ));
+        assert!(
+            h.acquire(0, C2, "a", 1000, 0).is_empty(),
+            "a held key still queues"
+        );
+    }
+
+    #[test]
+    fn tokens_strictly_increase_across_keys_handoffs_and_expiries() {
+        let mut h = Harness::new();
+        let mut seen = vec![h.table.stats().last_token];
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let conns = [C1, C2, C3];
+        let mut held: Vec<(String, u64)> = Vec::new();
+        for now in 0..3000u64 {
+            let r = next();
+            let k = format!("k{}", r % 5);
+            let conn = conns[(r >> 8) as usize % 3];
+            let answers = match (r >> 16) % 6 {
+                0 | 1 => h.acquire(now, conn, &k, 1 + (r >> 24) % 50, (r >> 32) % 40),
+                2 if !held.is_empty() => {
+                    let (k, token) = held.swap_remove((r >> 24) as usize % held.len());
+                    h.release(now, conn, &k, token)
+                }
+                3 => h.step(|t, _| t.handle_disconnect(conn)),
+                4 if !held.is_empty() => {
+                    let (k, token) = held[(r >> 24) as usize % held.len()].clone();
+                    h.keep(now, conn, &k, token, 30)
+                }
+                _ => h.tick(now),
+            };
+            for (_, answer) in answers {
+                if let Answer::Granted { token, key } = answer {
+                    assert!(token > *seen.last().unwrap_or(&0));
+                    seen.push(token);
+                    held.push((key.to_string(), token));
+                }
+            }
+        }
+        assert!(seen.len() > 100, "the run granted enough to mean something");
+    }
+}
