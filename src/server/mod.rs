@@ -13,6 +13,7 @@ pub mod config;
 pub mod io_loop;
 pub mod lock_table;
 pub mod owner;
+pub mod roles;
 pub mod tokens;
 pub mod wheel;
 
