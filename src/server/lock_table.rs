@@ -81,6 +81,21 @@ pub struct Outbox {
     pub answers: Vec<(ConnId, Answer)>,
     /// Connections to close after their answers are written.
     pub closes: Vec<ConnId>,
+    /// State changes for the standbys, in order (the caller discards them
+    /// when there is nobody to replicate to).
+    pub deltas: Vec<Delta>,
+}
+
+/// A change of lock state, as replicated from the active to its standbys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Delta {
+    /// `key` is held by `token` for `ms_left` more milliseconds (a new grant,
+    /// a handover, or an extension).
+    Grant { key: Key, token: u64, ms_left: u64 },
+    /// `key`, held by `token`, is free (released or expired, nobody waiting).
+    Free { key: Key, token: u64 },
+    /// No token at or above this has been issued: a promoted node starts above it.
+    Ceiling(u64),
 }
 
 impl Outbox {
@@ -250,6 +265,11 @@ impl LockTable {
                 self.wheel.cancel(state.lease_timer);
                 state.expiry_ms = expiry_ms;
                 state.lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
+                out.deltas.push(Delta::Grant {
+                    key: key.clone(),
+                    token,
+                    ms_left: lease_ms,
+                });
                 out.answer(conn, Answer::Kept { key });
             }
             _ => out.answer(
@@ -404,6 +424,11 @@ impl LockTable {
             queue_len: 0,
         });
         self.index.insert(key.clone(), idx);
+        out.deltas.push(Delta::Grant {
+            key: key.clone(),
+            token,
+            ms_left: lease_ms,
+        });
         out.answer(conn, Answer::Granted { token, key });
     }
 
@@ -508,6 +533,10 @@ impl LockTable {
         if head == NIL {
             let state = self.keys.remove(idx as usize);
             self.index.remove(&state.key);
+            out.deltas.push(Delta::Free {
+                key: state.key,
+                token: state.token,
+            });
             return;
         }
         let waiter = self.remove_waiter(head);
@@ -520,6 +549,11 @@ impl LockTable {
         state.expiry_ms = expiry_ms;
         state.lease_timer = lease_timer;
         let key = state.key.clone();
+        out.deltas.push(Delta::Grant {
+            key: key.clone(),
+            token,
+            ms_left: waiter.lease_ms,
+        });
         out.answer(
             waiter.conn,
             Answer::Granted {
@@ -636,6 +670,120 @@ impl LockTable {
                 self.chain_tails.insert(slot, waiter.chain_prev);
             }
         }
+    }
+
+    /// Every held key as a `Delta::Grant`, for a standby's snapshot.
+    pub fn snapshot(&self, now_ms: u64) -> Vec<Delta> {
+        self.keys
+            .iter()
+            .filter(|(_, state)| state.expiry_ms > now_ms)
+            .map(|(_, state)| Delta::Grant {
+                key: state.key.clone(),
+                token: state.token,
+                ms_left: state.expiry_ms - now_ms,
+            })
+            .collect()
+    }
+
+    /// Apply a delta from the active (on a standby, which has no waiters).
+    /// Tokens seen here lift this node's token counter.
+    pub fn apply_delta(&mut self, now_ms: u64, delta: Delta) {
+        match delta {
+            Delta::Grant {
+                key,
+                token,
+                ms_left,
+            } => {
+                self.tokens.observe(token);
+                let expiry_ms = now_ms.saturating_add(ms_left);
+                match self.index.get(&key).copied() {
+                    Some(idx) => {
+                        let state = &mut self.keys[idx as usize];
+                        self.wheel.cancel(state.lease_timer);
+                        state.token = token;
+                        state.expiry_ms = expiry_ms;
+                        state.lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
+                    }
+                    None => {
+                        let entry = self.keys.vacant_entry();
+                        let idx = entry.key() as u32;
+                        let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
+                        entry.insert(KeyState {
+                            key: key.clone(),
+                            token,
+                            expiry_ms,
+                            lease_timer,
+                            queue_head: NIL,
+                            queue_tail: NIL,
+                            queue_len: 0,
+                        });
+                        self.index.insert(key, idx);
+                    }
+                }
+            }
+            Delta::Free { key, token } => {
+                self.tokens.observe(token);
+                let Some(idx) = self.index.get(&key).copied() else {
+                    return;
+                };
+                let state = &self.keys[idx as usize];
+                if state.token == token && state.queue_len == 0 {
+                    let state = self.keys.remove(idx as usize);
+                    self.wheel.cancel(state.lease_timer);
+                    self.index.remove(&state.key);
+                }
+            }
+            Delta::Ceiling(ceiling) => self.tokens.observe(ceiling),
+        }
+    }
+
+    /// Replace the whole table by a snapshot from the active. Waiters, if
+    /// any, must have been redirected first.
+    pub fn load_snapshot(&mut self, now_ms: u64, entries: Vec<Delta>) {
+        debug_assert!(
+            self.waiters.is_empty(),
+            "redirect waiters before a snapshot"
+        );
+        for state in self.keys.drain() {
+            self.wheel.cancel(state.lease_timer);
+        }
+        self.index.clear();
+        for entry in entries {
+            self.apply_delta(now_ms, entry);
+        }
+    }
+
+    /// Lift the token counter (a ceiling or a peer's token).
+    pub fn observe_token(&mut self, token: u64) {
+        self.tokens.observe(token);
+    }
+
+    /// This node no longer serves: every waiter is answered `M <active> A
+    /// <key>` (then whatever answers it carried), and leaves its queue.
+    pub fn redirect_waiters(&mut self, active: Option<&str>, out: &mut Outbox) {
+        let heads: Vec<u32> = self
+            .keys
+            .iter()
+            .map(|(_, state)| state.queue_head)
+            .collect();
+        for mut w in heads {
+            while w != NIL {
+                let next = self.waiters[w as usize].next;
+                let waiter = self.remove_waiter(w);
+                let key = self.keys[waiter.key_idx as usize].key.clone();
+                out.answer(
+                    waiter.conn,
+                    Answer::Moved {
+                        active: active.map(str::to_string),
+                        op: Op::Acquire,
+                        key: Some(key.clone()),
+                    },
+                );
+                self.emit_deferred(waiter.conn, &key, &waiter.deferred, out);
+                w = next;
+            }
+        }
+        debug_assert!(self.waiters.is_empty() && self.conns.is_empty());
     }
 
     /// Check every invariant of the module doc; panics on a broken one.
@@ -1168,6 +1316,93 @@ mod tests {
             h.acquire(0, C2, "a", 1000, 0).is_empty(),
             "a held key still queues"
         );
+    }
+
+    #[test]
+    fn every_change_of_state_is_emitted_as_a_delta() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 1000);
+        h.acquire(0, C2, "k", 500, 0);
+        h.keep(10, C1, "k", t1, 2000);
+        let t2 = granted(&h.release(20, C1, "k", t1))[0].1;
+        h.tick(520);
+        assert_eq!(
+            std::mem::take(&mut h.out.deltas),
+            vec![
+                Delta::Grant {
+                    key: key("k"),
+                    token: t1,
+                    ms_left: 1000
+                },
+                Delta::Grant {
+                    key: key("k"),
+                    token: t1,
+                    ms_left: 2000
+                },
+                Delta::Grant {
+                    key: key("k"),
+                    token: t2,
+                    ms_left: 500
+                },
+                Delta::Free {
+                    key: key("k"),
+                    token: t2
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_standby_table_follows_snapshot_and_deltas_and_issues_tokens_above_them() {
+        let mut active = Harness::new();
+        let t1 = active.grant(0, C1, "a", 1000);
+        active.grant(0, C1, "b", 1000);
+        let mut standby = Harness::new();
+        let snapshot = active.table.snapshot(100);
+        standby.step(|t, _| t.load_snapshot(100, snapshot));
+        assert_eq!(standby.table.stats().held, 2);
+        standby.step(|t, _| {
+            t.apply_delta(
+                100,
+                Delta::Free {
+                    key: key("a"),
+                    token: t1,
+                },
+            )
+        });
+        standby.step(|t, _| t.apply_delta(100, Delta::Ceiling(t1 + 1_000_000)));
+        assert_eq!(standby.table.stats().held, 1);
+        // Promoted: the held key is still held, new tokens are above the ceiling.
+        assert!(standby.acquire(150, C2, "b", 1000, 0).is_empty());
+        assert!(standby.grant(150, C2, "a", 1000) > t1 + 1_000_000);
+        // A replicated lease runs out on the standby too.
+        standby.tick(1100);
+        assert_eq!(
+            standby.table.stats().held,
+            2,
+            "b expired and went to its waiter"
+        );
+        assert_eq!(standby.table.stats().waiting, 0);
+    }
+
+    #[test]
+    fn redirecting_waiters_answers_each_with_m_in_arrival_order() {
+        let mut h = Harness::new();
+        h.grant(0, C1, "k", 1000);
+        h.acquire(0, C2, "k", 1000, 0);
+        h.acquire(0, C2, "k", 1000, 50);
+        h.tick(50);
+        let answers = h.step(|t, o| t.redirect_waiters(Some("h:1"), o));
+        let moved = Answer::Moved {
+            active: Some("h:1".into()),
+            op: Op::Acquire,
+            key: Some(key("k")),
+        };
+        assert_eq!(
+            answers,
+            vec![(C2, moved), (C2, Answer::Timeout { key: key("k") })]
+        );
+        assert_eq!(h.table.stats().waiting, 0);
     }
 
     #[test]
