@@ -17,6 +17,8 @@ pub const DEFAULT_MAX_CONNS: usize = 10_000;
 pub const DEFAULT_MAX_WAITING: u32 = 4096;
 /// Default maximum number of keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
+/// Default failure-detection time of a cluster, in milliseconds.
+pub const DEFAULT_DETECT_MS: u64 = 1000;
 
 /// The help text of `batond --help`.
 pub const HELP: &str = "\
@@ -25,7 +27,7 @@ batond: the baton lock server
 USAGE:
   batond [--bind ADDR] [--port PORT] [--peers H:P,H:P,...] [--advertise H:P]
          [--threads N] [--max-lease SECS] [--max-conns N]
-         [--max-waiting N] [--max-keys N]
+         [--max-waiting N] [--max-keys N] [--detect SECS]
 
 FLAGS:
   --bind ADDR        address to listen on (default 0.0.0.0)
@@ -42,6 +44,8 @@ FLAGS:
   --max-waiting N    requests one connection may have waiting in line
                      (default 4096)
   --max-keys N       keys held at once (default 10000000)
+  --detect SECS      cluster failure detection: a peer silent this long is
+                     dead (default 1; heartbeats go 4 times as often)
   -h, --help         print this help
 
 Logs go to stderr; RUST_LOG sets the level (error, warn, info, debug).
@@ -60,6 +64,7 @@ pub struct Config {
     pub max_conns: usize,
     pub max_waiting: u32,
     pub max_keys: usize,
+    pub detect_ms: u64,
 }
 
 impl Default for Config {
@@ -74,6 +79,7 @@ impl Default for Config {
             max_conns: DEFAULT_MAX_CONNS,
             max_waiting: DEFAULT_MAX_WAITING,
             max_keys: DEFAULT_MAX_KEYS,
+            detect_ms: DEFAULT_DETECT_MS,
         }
     }
 }
@@ -137,6 +143,14 @@ impl Config {
         }
         if let Some(n) = args.opt_value_from_str("--max-keys").map_err(flag_error)? {
             config.max_keys = n;
+        }
+        if let Some(secs) = args
+            .opt_value_from_str::<_, String>("--detect")
+            .map_err(flag_error)?
+        {
+            config.detect_ms = crate::protocol::parse_seconds(secs.as_bytes())
+                .filter(|&ms| ms >= 20)
+                .ok_or_else(|| format!("--detect: '{secs}' is not a number of seconds >= 0.02"))?;
         }
         let rest = args.finish();
         if !rest.is_empty() {
@@ -268,7 +282,10 @@ mod tests {
             "8",
             "--max-keys",
             "9",
+            "--detect",
+            "0.25",
         ]);
+        assert_eq!(c.detect_ms, 250);
         assert_eq!(c.bind.to_string(), "127.0.0.1");
         assert_eq!((c.port, c.threads, c.max_lease_ms), (9000, 3, 1500));
         assert_eq!((c.max_conns, c.max_waiting, c.max_keys), (7, 8, 9));

@@ -37,7 +37,9 @@ use slab::Slab;
 use crate::protocol::{self, Answer, LineError, Parsed, Reason};
 use crate::server::Shared;
 use crate::server::lock_table::ConnId;
-use crate::server::owner::{Inbound, OwnerBatch};
+use crate::server::owner::{Inbound, OwnerBatch, OwnerMsg, ReplLink};
+use crate::server::peer_wire::is_peer_line;
+use crate::server::replication::ToRepl;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 /// The token of the loop's `mio::Waker`.
@@ -75,6 +77,8 @@ struct Conn {
     paused: bool,
     /// Unread input may remain (budget ran out): read again next round.
     backlogged: bool,
+    /// No line has been read yet (a peer link announces itself on its first line).
+    fresh: bool,
 }
 
 impl Conn {
@@ -90,8 +94,10 @@ pub struct IoLoop {
     listener: TcpListener,
     conns: Slab<Conn>,
     serial: u32,
-    to_owner: Sender<Vec<Inbound>>,
+    to_owner: Sender<OwnerMsg>,
     from_owner: Receiver<OwnerBatch>,
+    /// Where peer links go (cluster nodes only).
+    handover: Option<ReplLink>,
     shared: Arc<Shared>,
     batch: Vec<Inbound>,
     dirty: Vec<usize>,
@@ -106,8 +112,9 @@ impl IoLoop {
     pub fn new(
         index: usize,
         listener: &std::net::TcpListener,
-        to_owner: Sender<Vec<Inbound>>,
+        to_owner: Sender<OwnerMsg>,
         from_owner: Receiver<OwnerBatch>,
+        handover: Option<ReplLink>,
         shared: Arc<Shared>,
     ) -> io::Result<(IoLoop, Arc<Waker>)> {
         let poll = Poll::new()?;
@@ -123,6 +130,7 @@ impl IoLoop {
             serial: 0,
             to_owner,
             from_owner,
+            handover,
             shared,
             batch: Vec::new(),
             dirty: Vec::new(),
@@ -139,11 +147,11 @@ impl IoLoop {
         while !self.shared.shutdown.load(Ordering::Acquire) {
             let busy = self.accept_pending || !self.backlog.is_empty();
             let timeout = busy.then_some(std::time::Duration::ZERO);
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
-                if e.kind() != io::ErrorKind::Interrupted {
-                    log::error!("I/O loop {}: poll failed: {e}", self.index);
-                    break;
-                }
+            if let Err(e) = self.poll.poll(&mut events, timeout)
+                && e.kind() != io::ErrorKind::Interrupted
+            {
+                log::error!("I/O loop {}: poll failed: {e}", self.index);
+                break;
             }
             for event in events.iter() {
                 match event.token() {
@@ -153,6 +161,13 @@ impl IoLoop {
                 }
             }
             self.round();
+        }
+        // Last answers (redirects after a handoff, say) go out before closing.
+        self.take_answers();
+        for slot in 0..self.conns.capacity() {
+            if self.conns.contains(slot) {
+                self.flush(slot);
+            }
         }
         let open = self.conns.len();
         self.shared.conns.fetch_sub(open, Ordering::Relaxed);
@@ -176,7 +191,7 @@ impl IoLoop {
         }
         if !self.batch.is_empty() {
             let batch = std::mem::take(&mut self.batch);
-            if self.to_owner.send(batch).is_err() {
+            if self.to_owner.send(OwnerMsg::Clients(batch)).is_err() {
                 log::error!("I/O loop {}: the lock owner is gone", self.index);
                 self.shared.shutdown.store(true, Ordering::Release);
             }
@@ -262,6 +277,7 @@ impl IoLoop {
             dirty: false,
             paused: false,
             backlogged: false,
+            fresh: true,
         });
         // Data may already be waiting; the edge was before registration.
         self.schedule_read(slot);
@@ -298,7 +314,9 @@ impl IoLoop {
                 }
                 Ok(n) => {
                     budget = budget.saturating_sub(n);
-                    self.take_input(slot, n);
+                    if !self.take_input(slot, n) {
+                        return;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -310,39 +328,54 @@ impl IoLoop {
         }
     }
 
-    /// Parse the `n` bytes just read (after any unfinished line).
-    fn take_input(&mut self, slot: usize, n: usize) {
-        let conn = &mut self.conns[slot];
-        if conn.partial.is_empty() {
-            let input = std::mem::take(&mut self.read_buf);
-            let used = self.parse_lines(slot, &input[..n]);
-            let conn = &mut self.conns[slot];
-            if !conn.closing {
-                conn.partial.extend_from_slice(&input[used..n]);
+    /// Parse the `n` bytes just read (after any unfinished line). False if
+    /// the connection turned out to be a peer link and was handed over.
+    fn take_input(&mut self, slot: usize, n: usize) -> bool {
+        let read_buf = std::mem::take(&mut self.read_buf);
+        let mut partial = std::mem::take(&mut self.conns[slot].partial);
+        let used = if partial.is_empty() {
+            // The common case: whole lines, parsed straight from the read buffer.
+            let used = self.parse_lines(slot, &read_buf[..n]);
+            if let Some(used) = used {
+                partial.extend_from_slice(&read_buf[used..n]);
             }
-            self.read_buf = input;
+            used
         } else {
-            let mut input = std::mem::take(&mut conn.partial);
-            input.extend_from_slice(&self.read_buf[..n]);
-            let used = self.parse_lines(slot, &input);
-            input.drain(..used);
-            let conn = &mut self.conns[slot];
-            if !conn.closing {
-                conn.partial = input;
+            partial.extend_from_slice(&read_buf[..n]);
+            let used = self.parse_lines(slot, &partial);
+            if let Some(used) = used {
+                partial.drain(..used);
             }
+            used
+        };
+        self.read_buf = read_buf;
+        match self.conns.get_mut(slot) {
+            Some(conn) if used.is_some() => {
+                if !conn.closing {
+                    conn.partial = partial;
+                }
+                true
+            }
+            _ => false,
         }
     }
 
-    /// Parse every complete line of `input`; return the bytes used.
-    fn parse_lines(&mut self, slot: usize, input: &[u8]) -> usize {
+    /// Parse every complete line of `input`; return the bytes used, or None
+    /// if the connection turned out to be a peer link and was handed over.
+    fn parse_lines(&mut self, slot: usize, input: &[u8]) -> Option<usize> {
         let max_lease_ms = self.shared.max_lease_ms;
         let mut used = 0;
+        if self.conns[slot].fresh && self.handover.is_some() && is_peer_line(input) {
+            self.hand_over(slot, input);
+            return None;
+        }
         while used < input.len() {
             let (n, result) = match protocol::parse_request(&input[used..], max_lease_ms) {
                 Parsed::Incomplete => break,
                 Parsed::Line { used: n, result } => (n, result),
             };
             used += n;
+            self.conns[slot].fresh = false;
             let id = self.conns[slot].id;
             match result {
                 Ok(request) => self.batch.push(Inbound::Request(id, request)),
@@ -374,7 +407,25 @@ impl IoLoop {
                 }
             }
         }
-        used
+        Some(used)
+    }
+
+    /// A peer link: the replication thread takes the socket and the bytes
+    /// read so far. The owner never heard of this connection.
+    fn hand_over(&mut self, slot: usize, input: &[u8]) {
+        let mut conn = self.conns.remove(slot);
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+        if let Some(link) = &self.handover {
+            let stream = std::net::TcpStream::from(conn.stream);
+            if link
+                .tx
+                .send(ToRepl::Incoming(stream, input.to_vec()))
+                .is_ok()
+            {
+                let _ = link.waker.wake();
+            }
+        }
     }
 
     /// Stop reading the connection and tell the owner; the slot is freed

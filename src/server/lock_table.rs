@@ -409,7 +409,7 @@ impl LockTable {
             );
             return;
         }
-        let token = self.tokens.next();
+        let token = self.tokens.issue();
         let expiry_ms = now_ms.saturating_add(lease_ms);
         let entry = self.keys.vacant_entry();
         let idx = entry.key() as u32;
@@ -540,7 +540,7 @@ impl LockTable {
             return;
         }
         let waiter = self.remove_waiter(head);
-        let token = self.tokens.next();
+        let token = self.tokens.issue();
         let expiry_ms = now_ms.saturating_add(waiter.lease_ms);
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
         let state = &mut self.keys[idx as usize];

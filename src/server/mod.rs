@@ -13,6 +13,8 @@ pub mod config;
 pub mod io_loop;
 pub mod lock_table;
 pub mod owner;
+pub mod peer_wire;
+pub mod replication;
 pub mod roles;
 pub mod tokens;
 pub mod wheel;
@@ -20,7 +22,7 @@ pub mod wheel;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use mio::Waker;
@@ -28,7 +30,8 @@ use mio::Waker;
 pub use config::Config;
 use io_loop::IoLoop;
 use lock_table::{LockTable, TableLimits};
-use owner::{Clock, Owner, WorkerLink};
+use owner::{Clock, Owner, ReplLink, WorkerLink};
+use replication::{Replication, ToRepl};
 use tokens::TokenSource;
 
 /// Flags and counters every thread may read. Only atomics: no thread waits
@@ -43,6 +46,12 @@ pub struct Shared {
     pub max_lease_ms: u64,
     /// This node's name in `I` (its `--peers` entry, or bind:port).
     pub node: String,
+    /// The last token issued or seen (written by the owner each round).
+    pub last_token: AtomicU64,
+    /// The replicated token ceiling (written by the owner).
+    pub ceiling: AtomicU64,
+    /// When a standby last heard from its active (clock ms; by replication).
+    pub heard_active_ms: AtomicU64,
 }
 
 /// A running node.
@@ -52,6 +61,15 @@ pub struct Server {
     wakers: Vec<Arc<Waker>>,
     io_threads: Vec<JoinHandle<()>>,
     owner_thread: Option<JoinHandle<()>>,
+    repl: Option<ReplHandle>,
+    detect_ms: u64,
+}
+
+struct ReplHandle {
+    tx: crossbeam_channel::Sender<ToRepl>,
+    waker: Arc<Waker>,
+    exit: crossbeam_channel::Receiver<()>,
+    thread: JoinHandle<()>,
 }
 
 impl Server {
@@ -73,9 +91,27 @@ impl Server {
             } else {
                 config.node_name()
             },
+            last_token: AtomicU64::new(0),
+            ceiling: AtomicU64::new(0),
+            heard_active_ms: AtomicU64::new(0),
         });
+        let clock = Clock::new();
 
+        // Every channel and waker first.
         let (to_owner, inbound) = crossbeam_channel::unbounded();
+        let repl_parts = if config.peers.is_empty() {
+            None
+        } else {
+            let poll = mio::Poll::new()?;
+            let waker = Arc::new(Waker::new(poll.registry(), replication::REPL_WAKER)?);
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let (exit_tx, exit_rx) = crossbeam_channel::bounded(1);
+            Some((poll, waker, tx, rx, exit_tx, exit_rx))
+        };
+        let handover = repl_parts.as_ref().map(|(_, waker, tx, ..)| ReplLink {
+            tx: tx.clone(),
+            waker: waker.clone(),
+        });
         let mut loops = Vec::with_capacity(config.threads);
         let mut links = Vec::with_capacity(config.threads);
         let mut wakers = Vec::with_capacity(config.threads);
@@ -86,6 +122,10 @@ impl Server {
                 &listener,
                 to_owner.clone(),
                 from_owner,
+                handover.as_ref().map(|h| ReplLink {
+                    tx: h.tx.clone(),
+                    waker: h.waker.clone(),
+                }),
                 shared.clone(),
             )?;
             loops.push(io_loop);
@@ -95,20 +135,47 @@ impl Server {
             });
             wakers.push(waker);
         }
-        drop(to_owner);
 
-        let clock = Clock::new();
         let floor = tokens::clock_floor(unix_ms());
         let limits = TableLimits {
             max_waiting_per_conn: config.max_waiting,
             max_keys: config.max_keys,
         };
         let table = LockTable::new(clock.now_ms(), limits, TokenSource::new(node_index, floor));
-        let owner = Owner::new(table, clock, inbound, links, shared.clone());
+        let owner = Owner::new(table, clock, inbound, links, handover, shared.clone());
 
+        // Then the threads: owner, replication, I/O loops.
         let owner_thread = std::thread::Builder::new()
             .name("baton-owner".into())
             .spawn(move || owner.run())?;
+        let repl = match repl_parts {
+            None => {
+                drop(to_owner);
+                None
+            }
+            Some((poll, waker, tx, rx, exit_tx, exit_rx)) => {
+                let replication = Replication::new(
+                    node_index,
+                    config.peers.clone(),
+                    config.detect_ms,
+                    clock,
+                    poll,
+                    rx,
+                    to_owner,
+                    shared.clone(),
+                    exit_tx,
+                );
+                let thread = std::thread::Builder::new()
+                    .name("baton-repl".into())
+                    .spawn(move || replication.run())?;
+                Some(ReplHandle {
+                    tx,
+                    waker,
+                    exit: exit_rx,
+                    thread,
+                })
+            }
+        };
         let mut io_threads = Vec::with_capacity(loops.len());
         for (index, io_loop) in loops.into_iter().enumerate() {
             io_threads.push(
@@ -128,6 +195,8 @@ impl Server {
             wakers,
             io_threads,
             owner_thread: Some(owner_thread),
+            repl,
+            detect_ms: config.detect_ms,
         })
     }
 
@@ -136,9 +205,22 @@ impl Server {
         self.local_addr
     }
 
-    /// Stop in order: the I/O loops (no more input, connections closed), then
-    /// the lock owner (which stops once every loop has dropped its sender).
+    /// Stop in order: first, in a cluster, hand the active role over (the
+    /// replication thread says when it is done, or gives up after a bound);
+    /// then the I/O loops (they flush what is pending and close every
+    /// connection); then replication; then the lock owner, which stops once
+    /// every sender is gone.
     pub fn shutdown(mut self) {
+        if let Some(repl) = &self.repl {
+            log::info!("shutdown: handing over to a successor, if any");
+            if repl.tx.send(ToRepl::Shutdown).is_ok() {
+                let _ = repl.waker.wake();
+                let bound = std::time::Duration::from_millis(3 * self.detect_ms + 1000);
+                if repl.exit.recv_timeout(bound).is_err() {
+                    log::warn!("shutdown: no handoff within {bound:?}; stopping anyway");
+                }
+            }
+        }
         log::info!("shutdown: stopping the I/O loops");
         self.shared.shutdown.store(true, Ordering::Release);
         for waker in &self.wakers {
@@ -146,6 +228,12 @@ impl Server {
         }
         for thread in self.io_threads.drain(..) {
             let _ = thread.join();
+        }
+        if let Some(repl) = self.repl.take() {
+            log::info!("shutdown: stopping replication");
+            let _ = repl.tx.send(ToRepl::Stop);
+            let _ = repl.waker.wake();
+            let _ = repl.thread.join();
         }
         log::info!("shutdown: stopping the lock owner");
         if let Some(thread) = self.owner_thread.take() {

@@ -1,17 +1,26 @@
 //! The lock-owner thread: the one thread that touches lock state.
 //!
-//! Owns: the node's [`LockTable`]. Receives batches of parsed requests from
-//! the I/O loops over one crossbeam channel, applies them in arrival order,
-//! fires lease expiries and wait deadlines on time, and sends each I/O loop
-//! one batch of answers per round, waking it once.
+//! Owns: the node's [`LockTable`] and the node's serving mode (active,
+//! standby, handing off). Receives batches of parsed requests from the I/O
+//! loops and role changes, snapshots and deltas from the replication thread
+//! over one crossbeam channel; applies them in arrival order; fires lease
+//! expiries and wait deadlines on time; sends each I/O loop one batch of
+//! answers per round, waking it once; and, when active in a cluster, sends
+//! the round's deltas to the replication thread.
 //!
-//! Sleeps only until the next timer is due (or a batch arrives). Exits when
-//! every I/O loop has dropped its sender, which is the shutdown signal.
+//! Modes: an active node serves; a standby answers every request but `I`
+//! with `M <active>` and applies what the active replicates; a node handing
+//! off holds requests back until its successor confirms, then redirects them.
+//!
+//! Sleeps only until the next timer is due (or input arrives). Exits when
+//! every sender (I/O loops, replication) is gone, which is the shutdown
+//! signal.
 //!
 //! Never does: socket I/O, formatting, or blocking on anything but its own
 //! input channel.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -19,11 +28,19 @@ use mio::Waker;
 
 use crate::protocol::{Answer, Key, Op, Reason, Request};
 use crate::server::Shared;
-use crate::server::lock_table::{ConnId, LockTable, Outbox};
+use crate::server::lock_table::{ConnId, Delta, LockTable, Outbox};
+use crate::server::replication::{OwnerToRepl, ReplToOwner, ToRepl};
 
-/// Most inbound batches drained per round before answers go out, so a flood
-/// from the I/O loops cannot delay every answer indefinitely.
-const MAX_BATCHES_PER_ROUND: usize = 64;
+/// Most inbound messages drained per round before answers go out, so a
+/// flood from the I/O loops cannot delay every answer indefinitely.
+const MAX_MESSAGES_PER_ROUND: usize = 64;
+/// Tokens reserved ahead of the last one issued: the ceiling replicated to
+/// the standbys, so a promoted node starts above anything issued but not yet
+/// replicated. Raised when half is used.
+const TOKEN_RESERVE: u64 = 1 << 28;
+/// Requests held back during a handoff, at most; past it they are
+/// redirected at once.
+const MAX_HELD_BACK: usize = 100_000;
 
 /// What an I/O loop tells the owner about one connection.
 #[derive(Debug)]
@@ -36,6 +53,13 @@ pub enum Inbound {
     /// The connection is closing: drop its waiters and acknowledge, after
     /// which no more answers for it will come.
     Closed(ConnId),
+}
+
+/// Everything the owner receives.
+#[derive(Debug)]
+pub enum OwnerMsg {
+    Clients(Vec<Inbound>),
+    Repl(ReplToOwner),
 }
 
 /// What the owner sends one I/O loop per round.
@@ -54,7 +78,13 @@ pub struct WorkerLink {
     pub waker: Arc<Waker>,
 }
 
-/// A monotonic millisecond clock shared by the owner's decisions.
+/// The owner's link to the replication thread (cluster nodes only).
+pub struct ReplLink {
+    pub tx: Sender<ToRepl>,
+    pub waker: Arc<Waker>,
+}
+
+/// A monotonic millisecond clock shared by the node's threads.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     start: Instant,
@@ -80,139 +110,349 @@ impl Default for Clock {
     }
 }
 
+/// How this node treats client requests right now.
+#[derive(Debug)]
+enum Mode {
+    Active,
+    Standby { active: Option<String> },
+    HandingOff { held: Vec<Inbound> },
+}
+
 /// The lock-owner thread's state.
 pub struct Owner {
     table: LockTable,
     clock: Clock,
-    inbound: Receiver<Vec<Inbound>>,
+    inbound: Receiver<OwnerMsg>,
     workers: Vec<WorkerLink>,
+    repl: Option<ReplLink>,
     shared: Arc<Shared>,
+    mode: Mode,
+    ceiling: u64,
+    /// A handoff finished this round: tell replication once answers are out.
+    redirected_pending: bool,
     outbox: Outbox,
     rounds: Vec<OwnerBatch>,
 }
 
 impl Owner {
+    /// A single node (`repl` None) starts active; a cluster node starts as a
+    /// standby that knows no active, until the replication thread decides.
     pub fn new(
         table: LockTable,
         clock: Clock,
-        inbound: Receiver<Vec<Inbound>>,
+        inbound: Receiver<OwnerMsg>,
         workers: Vec<WorkerLink>,
+        repl: Option<ReplLink>,
         shared: Arc<Shared>,
     ) -> Owner {
         let rounds = workers.iter().map(|_| OwnerBatch::default()).collect();
+        let mode = match repl {
+            None => Mode::Active,
+            Some(_) => Mode::Standby { active: None },
+        };
         Owner {
             table,
             clock,
             inbound,
             workers,
+            repl,
             shared,
+            mode,
+            ceiling: 0,
+            redirected_pending: false,
             outbox: Outbox::default(),
             rounds,
         }
     }
 
-    /// Run until every I/O loop is gone.
+    /// Run until every sender is gone.
     pub fn run(mut self) {
-        let mut batches: Vec<Vec<Inbound>> = Vec::new();
+        let mut messages: Vec<OwnerMsg> = Vec::new();
         loop {
-            if !self.wait_for_input(&mut batches) {
+            if !self.wait_for_input(&mut messages) {
                 break;
             }
             let now_ms = self.clock.now_ms();
             self.table.poll_timers(now_ms, &mut self.outbox);
-            for batch in batches.drain(..) {
-                for inbound in batch {
-                    self.handle_inbound(now_ms, inbound);
+            for message in messages.drain(..) {
+                match message {
+                    OwnerMsg::Clients(batch) => {
+                        for inbound in batch {
+                            self.handle_inbound(now_ms, inbound);
+                        }
+                    }
+                    OwnerMsg::Repl(msg) => self.handle_repl(now_ms, msg),
                 }
             }
-            self.send_round();
+            self.end_round();
         }
-        log::info!("lock owner: every I/O loop is gone, stopping");
+        log::info!("lock owner: every sender is gone, stopping");
     }
 
     /// Block until input arrives or the next timer is due; collect what has
-    /// arrived. False when the I/O loops are gone.
-    fn wait_for_input(&mut self, batches: &mut Vec<Vec<Inbound>>) -> bool {
+    /// arrived. False when every sender is gone.
+    fn wait_for_input(&mut self, messages: &mut Vec<OwnerMsg>) -> bool {
         let first = match self.table.next_wake_ms() {
             Some(wake_ms) => match self.inbound.recv_deadline(self.clock.instant_of(wake_ms)) {
-                Ok(batch) => Some(batch),
+                Ok(message) => Some(message),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => return false,
             },
             None => match self.inbound.recv() {
-                Ok(batch) => Some(batch),
+                Ok(message) => Some(message),
                 Err(_) => return false,
             },
         };
-        batches.extend(first);
-        while batches.len() < MAX_BATCHES_PER_ROUND {
+        messages.extend(first);
+        while messages.len() < MAX_MESSAGES_PER_ROUND {
             match self.inbound.try_recv() {
-                Ok(batch) => batches.push(batch),
+                Ok(message) => messages.push(message),
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return !batches.is_empty(),
+                Err(TryRecvError::Disconnected) => return !messages.is_empty(),
             }
         }
         true
     }
 
     fn handle_inbound(&mut self, now_ms: u64, inbound: Inbound) {
-        let out = &mut self.outbox;
-        match inbound {
-            Inbound::Request(conn, request) => match request {
-                Request::Acquire {
-                    key,
-                    lease_ms,
-                    wait_ms,
-                } => self
-                    .table
-                    .handle_acquire(now_ms, conn, key, lease_ms, wait_ms, out),
-                Request::Release { key, token } => {
-                    self.table.handle_release(now_ms, conn, key, token, out)
-                }
-                Request::Keep {
-                    key,
-                    token,
-                    lease_ms,
-                } => self
-                    .table
-                    .handle_keep(now_ms, conn, key, token, lease_ms, out),
-                Request::Query { key } => self.table.handle_query(now_ms, conn, key, out),
-                Request::Info => out.answers.push((conn, info(&self.table, &self.shared))),
-            },
-            Inbound::Refused(conn, op, key, reason) => {
-                self.table.handle_refused(conn, op, key, reason, out)
+        match (&mut self.mode, inbound) {
+            (_, Inbound::Refused(conn, op, key, reason)) => {
+                self.table
+                    .handle_refused(conn, op, key, reason, &mut self.outbox)
             }
-            Inbound::Closed(conn) => {
+            (_, Inbound::Closed(conn)) => {
                 self.table.handle_disconnect(conn);
-                out.closes.push(conn);
+                self.outbox.closes.push(conn);
+            }
+            (_, Inbound::Request(conn, Request::Info)) => {
+                let info = self.info(now_ms);
+                self.outbox.answers.push((conn, info));
+            }
+            (Mode::Active, Inbound::Request(conn, request)) => self.serve(now_ms, conn, request),
+            (Mode::Standby { active }, Inbound::Request(conn, request)) => {
+                let answer = moved(active.clone(), &request);
+                self.outbox.answers.push((conn, answer));
+            }
+            (Mode::HandingOff { held }, inbound) => {
+                if held.len() < MAX_HELD_BACK {
+                    held.push(inbound);
+                } else if let Inbound::Request(conn, request) = inbound {
+                    self.outbox.answers.push((conn, moved(None, &request)));
+                }
             }
         }
     }
-}
 
-/// The `I` answer of an active node.
-fn info(table: &LockTable, shared: &Shared) -> Answer {
-    let stats = table.stats();
-    let node = shared.node.clone();
-    let pairs = vec![
-        ("role".to_string(), "active".to_string()),
-        ("node".to_string(), node.clone()),
-        ("active".to_string(), node),
-        ("token".to_string(), stats.last_token.to_string()),
-        ("held".to_string(), stats.held.to_string()),
-        ("waiting".to_string(), stats.waiting.to_string()),
-        (
-            "conns".to_string(),
-            shared
-                .conns
-                .load(std::sync::atomic::Ordering::Relaxed)
-                .to_string(),
-        ),
-    ];
-    Answer::Info(pairs)
-}
+    fn serve(&mut self, now_ms: u64, conn: ConnId, request: Request) {
+        let out = &mut self.outbox;
+        match request {
+            Request::Acquire {
+                key,
+                lease_ms,
+                wait_ms,
+            } => self
+                .table
+                .handle_acquire(now_ms, conn, key, lease_ms, wait_ms, out),
+            Request::Release { key, token } => {
+                self.table.handle_release(now_ms, conn, key, token, out)
+            }
+            Request::Keep {
+                key,
+                token,
+                lease_ms,
+            } => self
+                .table
+                .handle_keep(now_ms, conn, key, token, lease_ms, out),
+            Request::Query { key } => self.table.handle_query(now_ms, conn, key, out),
+            Request::Info => {}
+        }
+    }
 
-impl Owner {
+    fn handle_repl(&mut self, now_ms: u64, msg: ReplToOwner) {
+        match msg {
+            ReplToOwner::BecomeActive { floor } => {
+                log::info!("lock owner: now active");
+                self.table.observe_token(floor);
+                self.ceiling = 0;
+                self.resume_serving(now_ms);
+            }
+            ReplToOwner::Follow { active } => {
+                log::info!(
+                    "lock owner: now a standby of {}",
+                    active.as_deref().unwrap_or("-")
+                );
+                self.stop_serving(active);
+            }
+            ReplToOwner::StartHandoff { to } => {
+                log::info!("lock owner: handing off; holding requests back");
+                if matches!(self.mode, Mode::Active) {
+                    self.mode = Mode::HandingOff { held: Vec::new() };
+                }
+                // After this round's deltas, so the successor has them all.
+                self.flush_deltas();
+                self.tell_repl(OwnerToRepl::HandoffReady { to });
+            }
+            ReplToOwner::AbortHandoff => {
+                log::warn!("lock owner: handoff abandoned; serving again");
+                self.resume_serving(now_ms);
+            }
+            ReplToOwner::FinishHandoff { to } => {
+                log::info!("lock owner: {to} took over; redirecting clients");
+                self.stop_serving(Some(to));
+                // Redirected goes out after this round's answers are sent.
+                self.redirected_pending = true;
+            }
+            ReplToOwner::Snapshot(entries) => {
+                self.stop_serving_waiters();
+                self.table.load_snapshot(now_ms, entries);
+            }
+            ReplToOwner::Deltas(deltas) => {
+                if !matches!(self.mode, Mode::Active) {
+                    for delta in deltas {
+                        self.table.apply_delta(now_ms, delta);
+                    }
+                }
+            }
+            ReplToOwner::Observe(token) => self.table.observe_token(token),
+            ReplToOwner::SnapshotWanted { peer } => {
+                self.flush_deltas();
+                self.raise_ceiling();
+                let entries = self.table.snapshot(now_ms);
+                let ceiling = self.ceiling;
+                self.tell_repl(OwnerToRepl::Snapshot {
+                    peer,
+                    entries,
+                    ceiling,
+                });
+            }
+        }
+    }
+
+    /// Serve again (promotion, or an abandoned handoff): requests held back
+    /// are served in their order.
+    fn resume_serving(&mut self, now_ms: u64) {
+        let previous = std::mem::replace(&mut self.mode, Mode::Active);
+        self.raise_ceiling();
+        if let Mode::HandingOff { held } = previous {
+            for inbound in held {
+                self.handle_inbound(now_ms, inbound);
+            }
+        }
+    }
+
+    /// Stop serving: held-back requests and waiters are redirected.
+    fn stop_serving(&mut self, active: Option<String>) {
+        let previous = std::mem::replace(
+            &mut self.mode,
+            Mode::Standby {
+                active: active.clone(),
+            },
+        );
+        if let Mode::HandingOff { held } = previous {
+            for inbound in held {
+                match inbound {
+                    Inbound::Request(conn, request) => {
+                        let answer = moved(active.clone(), &request);
+                        self.outbox.answers.push((conn, answer));
+                    }
+                    other => self.handle_inbound(0, other),
+                }
+            }
+        }
+        self.table
+            .redirect_waiters(active.as_deref(), &mut self.outbox);
+        self.outbox.deltas.clear();
+    }
+
+    fn stop_serving_waiters(&mut self) {
+        let active = match &self.mode {
+            Mode::Standby { active } => active.clone(),
+            _ => None,
+        };
+        self.table
+            .redirect_waiters(active.as_deref(), &mut self.outbox);
+    }
+
+    /// Keep the replicated ceiling TOKEN_RESERVE ahead of the last token.
+    fn raise_ceiling(&mut self) {
+        if self.repl.is_none() || !matches!(self.mode, Mode::Active | Mode::HandingOff { .. }) {
+            return;
+        }
+        let last = self.table.stats().last_token;
+        if last.saturating_add(TOKEN_RESERVE / 2) > self.ceiling {
+            self.ceiling = last.saturating_add(TOKEN_RESERVE);
+            self.outbox.deltas.push(Delta::Ceiling(self.ceiling));
+            self.shared.ceiling.store(self.ceiling, Ordering::Relaxed);
+        }
+    }
+
+    fn flush_deltas(&mut self) {
+        if self.outbox.deltas.is_empty() {
+            return;
+        }
+        let deltas = std::mem::take(&mut self.outbox.deltas);
+        if matches!(self.mode, Mode::Active | Mode::HandingOff { .. }) {
+            self.tell_repl(OwnerToRepl::Deltas(deltas));
+        }
+    }
+
+    fn tell_repl(&self, msg: OwnerToRepl) {
+        if let Some(repl) = &self.repl
+            && repl.tx.send(ToRepl::Owner(msg)).is_ok()
+        {
+            let _ = repl.waker.wake();
+        }
+    }
+
+    fn end_round(&mut self) {
+        self.raise_ceiling();
+        self.flush_deltas();
+        self.shared
+            .last_token
+            .store(self.table.stats().last_token, Ordering::Relaxed);
+        self.send_round();
+        if std::mem::take(&mut self.redirected_pending) {
+            self.tell_repl(OwnerToRepl::Redirected);
+        }
+    }
+
+    /// The `I` answer.
+    fn info(&self, now_ms: u64) -> Answer {
+        let stats = self.table.stats();
+        let (role, state, active) = match &self.mode {
+            Mode::Active => ("active", "active", Some(self.shared.node.clone())),
+            Mode::HandingOff { .. } => ("active", "handing-off", Some(self.shared.node.clone())),
+            Mode::Standby { active } => ("standby", "standby", active.clone()),
+        };
+        let lag_ms = match &self.mode {
+            Mode::Standby { active: Some(_) } => {
+                now_ms.saturating_sub(self.shared.heard_active_ms.load(Ordering::Relaxed))
+            }
+            _ => 0,
+        };
+        let pairs = [
+            ("role", role.to_string()),
+            ("node", self.shared.node.clone()),
+            ("active", active.unwrap_or_else(|| "-".to_string())),
+            ("token", stats.last_token.to_string()),
+            ("held", stats.held.to_string()),
+            ("waiting", stats.waiting.to_string()),
+            (
+                "conns",
+                self.shared.conns.load(Ordering::Relaxed).to_string(),
+            ),
+            ("state", state.to_string()),
+            ("ceiling", self.ceiling.max(stats.last_token).to_string()),
+            ("lag_ms", lag_ms.to_string()),
+        ];
+        Answer::Info(
+            pairs
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value))
+                .collect(),
+        )
+    }
+
     /// Deal this round's answers out to their I/O loops: one send and one
     /// wake per loop that has anything.
     fn send_round(&mut self) {
@@ -231,11 +471,20 @@ impl Owner {
                 continue;
             }
             let batch = std::mem::take(round);
-            if link.answers.send(batch).is_ok() {
-                if let Err(e) = link.waker.wake() {
-                    log::warn!("lock owner: waking an I/O loop failed: {e}");
-                }
+            if link.answers.send(batch).is_ok()
+                && let Err(e) = link.waker.wake()
+            {
+                log::warn!("lock owner: waking an I/O loop failed: {e}");
             }
         }
+    }
+}
+
+/// `M <active> <op> <key>` for a request this node does not serve.
+fn moved(active: Option<String>, request: &Request) -> Answer {
+    Answer::Moved {
+        active,
+        op: request.op(),
+        key: request.key().cloned(),
     }
 }

@@ -42,7 +42,7 @@ impl TokenSource {
     }
 
     /// The next token: strictly above every token issued or observed.
-    pub fn next(&mut self) -> u64 {
+    pub fn issue(&mut self) -> u64 {
         let seq = (self.last >> NODE_BITS)
             .checked_add(1)
             .expect("the u64 token space lasts until the year 2500");
@@ -72,7 +72,7 @@ mod tests {
         let mut tokens = TokenSource::new(3, 1000);
         let mut prev = 1000;
         for _ in 0..1000 {
-            let t = tokens.next();
+            let t = tokens.issue();
             assert!(t > prev);
             assert_eq!(t % MAX_NODES as u64, 3);
             prev = t;
@@ -83,17 +83,17 @@ mod tests {
     fn observed_tokens_lift_the_counter() {
         let mut tokens = TokenSource::new(0, 5);
         tokens.observe(1_000_000);
-        assert!(tokens.next() > 1_000_000);
+        assert!(tokens.issue() > 1_000_000);
         tokens.observe(10);
-        assert!(tokens.next() > 1_000_000);
+        assert!(tokens.issue() > 1_000_000);
     }
 
     #[test]
     fn two_nodes_never_issue_the_same_token() {
         let mut a = TokenSource::new(0, 77);
         let mut b = TokenSource::new(1, 77);
-        let from_a: std::collections::HashSet<u64> = (0..500).map(|_| a.next()).collect();
-        assert!((0..500).map(|_| b.next()).all(|t| !from_a.contains(&t)));
+        let from_a: std::collections::HashSet<u64> = (0..500).map(|_| a.issue()).collect();
+        assert!((0..500).map(|_| b.issue()).all(|t| !from_a.contains(&t)));
     }
 
     #[test]

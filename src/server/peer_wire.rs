@@ -1,0 +1,257 @@
+//! The node-to-node wire format: heartbeats, snapshots, deltas, handoff.
+//!
+//! Owns: parsing and formatting the lines peers send each other. Peers use
+//! the client port: a connection whose first line starts with `P ` is handed
+//! from the I/O loop to the replication thread, which alone speaks this.
+//! `P` is therefore not a client op (a client sending it gets `unknown-op`
+//! on a single node, and a confused peer link on a cluster node).
+//!
+//! Lines (same MAX_LINE rule and `\n` ending as the client protocol):
+//! - `P HELLO <from> <nodes>`: first line of a link, from node index `from`
+//!   of a cluster of `nodes`;
+//! - `P B <role> <following|-> <synced 0|1> <has_state 0|1> <last_token> <ceiling>`: heartbeat;
+//! - `P S` … `P E`: a snapshot (the `G` lines between them are the whole table);
+//! - `P G <key> <token> <ms_left>`, `P F <key> <token>`, `P C <ceiling>`: deltas;
+//! - `P H`: handoff (the receiver takes over); `P T`: took over.
+//!
+//! Never does: I/O. Never panics on input; a malformed line is an error the
+//! caller answers by dropping the link.
+
+use crate::protocol::{Key, MAX_LINE};
+use crate::server::lock_table::Delta;
+use crate::server::roles::{Beat, RoleName};
+
+/// One message between peers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerMsg {
+    Hello {
+        from: usize,
+        nodes: usize,
+    },
+    Beat {
+        beat: Beat,
+        last_token: u64,
+        ceiling: u64,
+    },
+    SnapshotBegin,
+    Delta(Delta),
+    SnapshotEnd,
+    Handoff,
+    Took,
+}
+
+/// What the parser made of the start of a buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerParsed {
+    /// No complete line yet: read more.
+    Incomplete,
+    /// One line of `used` bytes: the message, or None if not understood.
+    Line { used: usize, msg: Option<PeerMsg> },
+}
+
+/// Does this buffer start like a peer link?
+pub fn is_peer_line(buf: &[u8]) -> bool {
+    buf.starts_with(b"P ")
+}
+
+impl PeerMsg {
+    /// Append the message's line to `out`.
+    pub fn write_to(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        // Writing to a Vec cannot fail.
+        let _ = match self {
+            PeerMsg::Hello { from, nodes } => writeln!(out, "P HELLO {from} {nodes}"),
+            PeerMsg::Beat {
+                beat,
+                last_token,
+                ceiling,
+            } => {
+                let following = beat.following.map_or("-".to_string(), |f| f.to_string());
+                writeln!(
+                    out,
+                    "P B {} {following} {} {} {last_token} {ceiling}",
+                    beat.role.as_str(),
+                    u8::from(beat.synced),
+                    u8::from(beat.has_state)
+                )
+            }
+            PeerMsg::SnapshotBegin => writeln!(out, "P S"),
+            PeerMsg::SnapshotEnd => writeln!(out, "P E"),
+            PeerMsg::Handoff => writeln!(out, "P H"),
+            PeerMsg::Took => writeln!(out, "P T"),
+            PeerMsg::Delta(delta) => write_delta(delta, out),
+        };
+    }
+}
+
+fn write_delta(delta: &Delta, out: &mut Vec<u8>) -> std::io::Result<()> {
+    use std::io::Write;
+    match delta {
+        Delta::Grant {
+            key,
+            token,
+            ms_left,
+        } => {
+            out.extend_from_slice(b"P G ");
+            out.extend_from_slice(key.as_bytes());
+            writeln!(out, " {token} {ms_left}")
+        }
+        Delta::Free { key, token } => {
+            out.extend_from_slice(b"P F ");
+            out.extend_from_slice(key.as_bytes());
+            writeln!(out, " {token}")
+        }
+        Delta::Ceiling(ceiling) => writeln!(out, "P C {ceiling}"),
+    }
+}
+
+/// Parse one peer line from the start of `buf`.
+pub fn parse_peer(buf: &[u8]) -> PeerParsed {
+    let window = &buf[..buf.len().min(MAX_LINE)];
+    let Some(end) = window.iter().position(|&b| b == b'\n') else {
+        if buf.len() >= MAX_LINE {
+            return PeerParsed::Line {
+                used: MAX_LINE,
+                msg: None,
+            };
+        }
+        return PeerParsed::Incomplete;
+    };
+    let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
+    PeerParsed::Line {
+        used: end + 1,
+        msg: parse_line(line),
+    }
+}
+
+fn parse_line(line: &[u8]) -> Option<PeerMsg> {
+    let text = std::str::from_utf8(line).ok();
+    let mut fields = line.split(|&b| b == b' ');
+    if fields.next()? != b"P" {
+        return None;
+    }
+    let kind = fields.next()?;
+    let rest: Vec<&[u8]> = fields.collect();
+    let num = |f: &[u8]| std::str::from_utf8(f).ok()?.parse::<u64>().ok();
+    let msg = match (kind, rest.as_slice()) {
+        (b"HELLO", [from, nodes]) => PeerMsg::Hello {
+            from: num(from)? as usize,
+            nodes: num(nodes)? as usize,
+        },
+        (b"B", [role, following, synced, has_state, last_token, ceiling]) => PeerMsg::Beat {
+            beat: Beat {
+                role: RoleName::parse(std::str::from_utf8(role).ok()?)?,
+                following: match *following {
+                    b"-" => None,
+                    f => Some(num(f)? as usize),
+                },
+                synced: flag(synced)?,
+                has_state: flag(has_state)?,
+            },
+            last_token: num(last_token)?,
+            ceiling: num(ceiling)?,
+        },
+        (b"S", []) => PeerMsg::SnapshotBegin,
+        (b"E", []) => PeerMsg::SnapshotEnd,
+        (b"H", []) => PeerMsg::Handoff,
+        (b"T", []) => PeerMsg::Took,
+        (b"G", [key, token, ms_left]) => PeerMsg::Delta(Delta::Grant {
+            key: Key::new(key).ok()?,
+            token: num(token)?,
+            ms_left: num(ms_left)?,
+        }),
+        (b"F", [key, token]) => PeerMsg::Delta(Delta::Free {
+            key: Key::new(key).ok()?,
+            token: num(token)?,
+        }),
+        (b"C", [ceiling]) => PeerMsg::Delta(Delta::Ceiling(num(ceiling)?)),
+        _ => {
+            log::debug!("peer line not understood: {text:?}");
+            return None;
+        }
+    };
+    Some(msg)
+}
+
+fn flag(field: &[u8]) -> Option<bool> {
+    match field {
+        b"0" => Some(false),
+        b"1" => Some(true),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(msg: PeerMsg) {
+        let mut out = Vec::new();
+        msg.write_to(&mut out);
+        assert!(is_peer_line(&out));
+        assert_eq!(
+            parse_peer(&out),
+            PeerParsed::Line {
+                used: out.len(),
+                msg: Some(msg)
+            }
+        );
+    }
+
+    #[test]
+    fn every_peer_message_round_trips() {
+        let key = Key::new(b"some/key").expect("valid");
+        round_trip(PeerMsg::Hello { from: 2, nodes: 3 });
+        for following in [None, Some(0)] {
+            round_trip(PeerMsg::Beat {
+                beat: Beat {
+                    role: RoleName::HandingOff,
+                    following,
+                    synced: true,
+                    has_state: false,
+                },
+                last_token: u64::MAX,
+                ceiling: 7,
+            });
+        }
+        round_trip(PeerMsg::SnapshotBegin);
+        round_trip(PeerMsg::SnapshotEnd);
+        round_trip(PeerMsg::Handoff);
+        round_trip(PeerMsg::Took);
+        round_trip(PeerMsg::Delta(Delta::Grant {
+            key: key.clone(),
+            token: 17,
+            ms_left: 30_000,
+        }));
+        round_trip(PeerMsg::Delta(Delta::Free { key, token: 17 }));
+        round_trip(PeerMsg::Delta(Delta::Ceiling(1 << 40)));
+    }
+
+    #[test]
+    fn malformed_peer_lines_are_errors_not_panics() {
+        for line in [
+            &b"P\n"[..],
+            b"P X\n",
+            b"P B active - 2 0 1 1\n",
+            b"P G bad\x01key 1 1\n",
+            b"P HELLO x 3\n",
+            b"Q k\n",
+            b"P G k 1\n",
+        ] {
+            assert_eq!(
+                parse_peer(line),
+                PeerParsed::Line {
+                    used: line.len(),
+                    msg: None
+                },
+                "{line:?}"
+            );
+        }
+        assert_eq!(parse_peer(b"P HEL"), PeerParsed::Incomplete);
+        let long = vec![b'x'; MAX_LINE + 5];
+        assert!(matches!(
+            parse_peer(&long),
+            PeerParsed::Line { msg: None, .. }
+        ));
+    }
+}
