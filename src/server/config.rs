@@ -46,6 +46,8 @@ FLAGS:
   --max-keys N       keys held at once (default 10000000)
   --detect SECS      cluster failure detection: a peer silent this long is
                      dead (default 1; heartbeats go 4 times as often)
+  --echo             benchmark floor: answer every line with itself, through
+                     the same I/O loops, without the lock table
   -h, --help         print this help
 
 Logs go to stderr; RUST_LOG sets the level (error, warn, info, debug).
@@ -65,6 +67,8 @@ pub struct Config {
     pub max_waiting: u32,
     pub max_keys: usize,
     pub detect_ms: u64,
+    /// Benchmark floor: echo every line instead of serving locks.
+    pub echo: bool,
 }
 
 impl Default for Config {
@@ -80,6 +84,7 @@ impl Default for Config {
             max_waiting: DEFAULT_MAX_WAITING,
             max_keys: DEFAULT_MAX_KEYS,
             detect_ms: DEFAULT_DETECT_MS,
+            echo: false,
         }
     }
 }
@@ -98,7 +103,10 @@ impl Config {
         if args.contains(["-h", "--help"]) {
             return Ok(Command::Help);
         }
-        let mut config = Config::default();
+        let mut config = Config {
+            echo: args.contains("--echo"),
+            ..Config::default()
+        };
         let flag_error = |e: pico_args::Error| e.to_string();
         if let Some(bind) = args
             .opt_value_from_str::<_, IpAddr>("--bind")

@@ -376,6 +376,15 @@ impl IoLoop {
             };
             used += n;
             self.conns[slot].fresh = false;
+            if self.shared.echo {
+                // Benchmark floor: the same read, parse and write path,
+                // answered with the line itself, without the lock owner.
+                self.conns[slot]
+                    .output
+                    .extend_from_slice(&input[used - n..used]);
+                self.mark_dirty(slot);
+                continue;
+            }
             let id = self.conns[slot].id;
             match result {
                 Ok(request) => self.batch.push(Inbound::Request(id, request)),

@@ -44,6 +44,8 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     pub max_conns: usize,
     pub max_lease_ms: u64,
+    /// Benchmark floor mode (`--echo`): every line is echoed back.
+    pub echo: bool,
     /// This node's name in `I` (its `--peers` entry, or bind:port).
     pub node: String,
     /// The last token issued or seen (written by the owner each round).
@@ -86,6 +88,7 @@ impl Server {
             shutdown: AtomicBool::new(false),
             max_conns: config.max_conns,
             max_lease_ms: config.max_lease_ms,
+            echo: config.echo,
             node: if config.peers.is_empty() {
                 SocketAddr::new(config.bind, local_addr.port()).to_string()
             } else {
