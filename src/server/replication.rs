@@ -353,6 +353,10 @@ impl Replication {
     // ----- roles -----
 
     fn apply_effects(&mut self, effects: Vec<RoleEffect>) {
+        if !effects.is_empty() {
+            // Deltas received so far belong to the old role: apply them first.
+            self.flush_deltas_in();
+        }
         let mut changed = false;
         for effect in effects {
             log::info!(
@@ -463,7 +467,7 @@ impl Replication {
                     out.state = OutState::Connecting;
                 }
             }
-            Err(e) => log::debug!("replication: connect to {} failed: {e}", self.peers[p]),
+            Err(e) => self.out_failed(p, &e),
         }
     }
 
@@ -555,16 +559,12 @@ impl Replication {
         } else {
             log::debug!("replication: connecting to {} failed: {e}", self.peers[p]);
         }
-        let refused = e.kind() == io::ErrorKind::ConnectionRefused;
-        let heard_lately = self.roles.is_live(p, now_ms) && self.has_in_link(p);
-        if refused && !heard_lately {
+        // Nothing listens on its port: the process is gone (a live node
+        // does not refuse; an overloaded one drops the SYN instead).
+        if e.kind() == io::ErrorKind::ConnectionRefused {
             let effects = self.roles.handle_peer_dead(now_ms, p);
             self.apply_effects(effects);
         }
-    }
-
-    fn has_in_link(&self, p: usize) -> bool {
-        self.ins.iter().any(|(_, link)| link.peer == Some(p))
     }
 
     fn send(&mut self, p: usize, msg: &PeerMsg) {
