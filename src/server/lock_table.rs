@@ -81,9 +81,10 @@ pub struct Outbox {
     pub answers: Vec<(ConnId, Answer)>,
     /// Connections to close after their answers are written.
     pub closes: Vec<ConnId>,
-    /// State changes for the standbys, in order (the caller discards them
-    /// when there is nobody to replicate to).
+    /// State changes for the standbys, in order; collected only while
+    /// `replicate` is set (an active node with standbys).
     pub deltas: Vec<Delta>,
+    pub replicate: bool,
 }
 
 /// A change of lock state, as replicated from the active to its standbys.
@@ -101,6 +102,13 @@ pub enum Delta {
 impl Outbox {
     fn answer(&mut self, conn: ConnId, answer: Answer) {
         self.answers.push((conn, answer));
+    }
+
+    /// Record a delta, built only if anyone will read it.
+    fn delta(&mut self, delta: impl FnOnce() -> Delta) {
+        if self.replicate {
+            self.deltas.push(delta());
+        }
     }
 }
 
@@ -265,7 +273,7 @@ impl LockTable {
                 self.wheel.cancel(state.lease_timer);
                 state.expiry_ms = expiry_ms;
                 state.lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
-                out.deltas.push(Delta::Grant {
+                out.delta(|| Delta::Grant {
                     key: key.clone(),
                     token,
                     ms_left: lease_ms,
@@ -424,7 +432,7 @@ impl LockTable {
             queue_len: 0,
         });
         self.index.insert(key.clone(), idx);
-        out.deltas.push(Delta::Grant {
+        out.delta(|| Delta::Grant {
             key: key.clone(),
             token,
             ms_left: lease_ms,
@@ -533,7 +541,7 @@ impl LockTable {
         if head == NIL {
             let state = self.keys.remove(idx as usize);
             self.index.remove(&state.key);
-            out.deltas.push(Delta::Free {
+            out.delta(|| Delta::Free {
                 key: state.key,
                 token: state.token,
             });
@@ -549,7 +557,7 @@ impl LockTable {
         state.expiry_ms = expiry_ms;
         state.lease_timer = lease_timer;
         let key = state.key.clone();
-        out.deltas.push(Delta::Grant {
+        out.delta(|| Delta::Grant {
             key: key.clone(),
             token,
             ms_left: waiter.lease_ms,
@@ -1321,6 +1329,7 @@ mod tests {
     #[test]
     fn every_change_of_state_is_emitted_as_a_delta() {
         let mut h = Harness::new();
+        h.out.replicate = true;
         let t1 = h.grant(0, C1, "k", 1000);
         h.acquire(0, C2, "k", 500, 0);
         h.keep(10, C1, "k", t1, 2000);

@@ -173,6 +173,8 @@ impl Owner {
                 break;
             }
             let now_ms = self.clock.now_ms();
+            self.outbox.replicate =
+                self.repl.is_some() && !matches!(self.mode, Mode::Standby { .. });
             self.table.poll_timers(now_ms, &mut self.outbox);
             for message in messages.drain(..) {
                 match message {
@@ -332,6 +334,7 @@ impl Owner {
     /// are served in their order.
     fn resume_serving(&mut self, now_ms: u64) {
         let previous = std::mem::replace(&mut self.mode, Mode::Active);
+        self.outbox.replicate = self.repl.is_some();
         self.raise_ceiling();
         if let Mode::HandingOff { held } = previous {
             for inbound in held {
@@ -362,6 +365,7 @@ impl Owner {
         self.table
             .redirect_waiters(active.as_deref(), &mut self.outbox);
         self.outbox.deltas.clear();
+        self.outbox.replicate = false;
     }
 
     fn stop_serving_waiters(&mut self) {
