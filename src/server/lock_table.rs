@@ -120,6 +120,8 @@ pub struct TableStats {
     pub held: usize,
     pub waiting: usize,
     pub last_token: u64,
+    /// The largest token this node issued itself.
+    pub last_issued: u64,
 }
 
 #[derive(Debug)]
@@ -205,6 +207,7 @@ impl LockTable {
             held: self.keys.len(),
             waiting: self.waiters.len(),
             last_token: self.tokens.last(),
+            last_issued: self.tokens.last_issued(),
         }
     }
 

@@ -48,8 +48,9 @@ pub struct Shared {
     pub echo: bool,
     /// This node's name in `I` (its `--peers` entry, or bind:port).
     pub node: String,
-    /// The last token issued or seen (written by the owner each round).
-    pub last_token: AtomicU64,
+    /// The largest token this node issued itself (written by the owner
+    /// each round; sent in heartbeats).
+    pub last_issued: AtomicU64,
     /// The replicated token ceiling (written by the owner).
     pub ceiling: AtomicU64,
     /// When a standby last heard from its active (clock ms; by replication).
@@ -94,7 +95,7 @@ impl Server {
             } else {
                 config.node_name()
             },
-            last_token: AtomicU64::new(0),
+            last_issued: AtomicU64::new(0),
             ceiling: AtomicU64::new(0),
             heard_active_ms: AtomicU64::new(0),
         });
@@ -139,7 +140,7 @@ impl Server {
             wakers.push(waker);
         }
 
-        let floor = tokens::clock_floor(unix_ms());
+        let floor = tokens::start_floor(unix_ms());
         let limits = TableLimits {
             max_waiting_per_conn: config.max_waiting,
             max_keys: config.max_keys,

@@ -27,17 +27,19 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use mio::Waker;
 
 use crate::protocol::{Answer, Key, Op, Reason, Request};
-use crate::server::Shared;
 use crate::server::lock_table::{ConnId, Delta, LockTable, Outbox};
 use crate::server::replication::{OwnerToRepl, ReplToOwner, ToRepl};
+use crate::server::{Shared, tokens};
 
 /// Most inbound messages drained per round before answers go out, so a
 /// flood from the I/O loops cannot delay every answer indefinitely.
 const MAX_MESSAGES_PER_ROUND: usize = 64;
 /// Tokens reserved ahead of the last one issued: the ceiling replicated to
 /// the standbys, so a promoted node starts above anything issued but not yet
-/// replicated. Raised when half is used.
-const TOKEN_RESERVE: u64 = 1 << 28;
+/// replicated. Raised when half is used. Tokens follow the clock, so this is
+/// `LEAD_MS` of clock: small, so that tokens never run far ahead of the
+/// clock (a node restarting without memory starts `LEAD_MS` ahead).
+const TOKEN_RESERVE: u64 = tokens::LEAD_MS << 20;
 /// Requests held back during a handoff, at most; past it they are
 /// redirected at once.
 const MAX_HELD_BACK: usize = 100_000;
@@ -173,6 +175,11 @@ impl Owner {
                 break;
             }
             let now_ms = self.clock.now_ms();
+            // Tokens follow the wall clock (unix ms × 2^20 at least), so a
+            // token issued later by any node — even one cut off from the
+            // others, or freshly promoted — is larger, clocks permitting.
+            self.table
+                .observe_token(tokens::clock_floor(crate::server::unix_ms()));
             self.outbox.replicate =
                 self.repl.is_some() && !matches!(self.mode, Mode::Standby { .. });
             self.table.poll_timers(now_ms, &mut self.outbox);
@@ -412,8 +419,8 @@ impl Owner {
         self.raise_ceiling();
         self.flush_deltas();
         self.shared
-            .last_token
-            .store(self.table.stats().last_token, Ordering::Relaxed);
+            .last_issued
+            .store(self.table.stats().last_issued, Ordering::Relaxed);
         self.send_round();
         if std::mem::take(&mut self.redirected_pending) {
             self.tell_repl(OwnerToRepl::Redirected);

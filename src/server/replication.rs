@@ -424,7 +424,7 @@ impl Replication {
     fn send_beats(&mut self) {
         let beat = PeerMsg::Beat {
             beat: self.roles.beat(),
-            last_token: self.shared.last_token.load(Ordering::Relaxed),
+            last_token: self.shared.last_issued.load(Ordering::Relaxed),
             ceiling: self.shared.ceiling.load(Ordering::Relaxed),
         };
         for p in 0..self.outs.len() {
@@ -709,13 +709,16 @@ impl Replication {
                 last_token,
                 ceiling,
             } => {
+                // Stay above every token any peer issued itself (one that
+                // was active during a split included), and above the ceiling
+                // of any active; an active never takes a standby's ceiling
+                // (an echo of its own, which would only inflate tokens).
                 let i_am_active = self.roles.role_name().is_active();
-                if !i_am_active {
-                    self.tell_owner(ReplToOwner::Observe(last_token.max(ceiling)));
-                } else if beat.role.is_active() && p > self.me {
-                    // Split brain: stay above everything the other issued.
-                    self.tell_owner(ReplToOwner::Observe(last_token.max(ceiling)));
+                let mut floor = last_token;
+                if !i_am_active || beat.role.is_active() {
+                    floor = floor.max(ceiling);
                 }
+                self.tell_owner(ReplToOwner::Observe(floor));
                 let effects = self.roles.handle_beat(now_ms, p, beat);
                 self.apply_effects(effects);
             }

@@ -19,15 +19,29 @@ pub const NODE_BITS: u32 = 4;
 /// The largest node index a token can name.
 pub const MAX_NODES: usize = 1 << NODE_BITS;
 
-/// The token floor of a node that starts without memory, from the wall clock.
+/// How far ahead of the wall clock (in ms of `clock_floor`) tokens may run:
+/// the reserve behind the replicated ceiling, and the head start of a node
+/// that starts without memory.
+pub const LEAD_MS: u64 = 64;
+
+/// The wall clock as a token: the lock owner keeps every new token above
+/// this, so tokens issued later, by any node, are larger (clocks permitting).
 pub fn clock_floor(unix_ms: u64) -> u64 {
     unix_ms.saturating_mul(1 << 20)
+}
+
+/// Where a node that starts without memory begins: `LEAD_MS` ahead of the
+/// clock, which is above every token it issued before it restarted, even
+/// just after a failover put its tokens ahead of the clock.
+pub fn start_floor(unix_ms: u64) -> u64 {
+    clock_floor(unix_ms.saturating_add(LEAD_MS))
 }
 
 /// The token counter of one node.
 #[derive(Clone, Debug)]
 pub struct TokenSource {
     last: u64,
+    issued: u64,
     node: u64,
 }
 
@@ -37,6 +51,7 @@ impl TokenSource {
         assert!(node_index < MAX_NODES, "node index fits in NODE_BITS");
         TokenSource {
             last: floor,
+            issued: 0,
             node: node_index as u64,
         }
     }
@@ -49,6 +64,7 @@ impl TokenSource {
         let token = (seq << NODE_BITS) | self.node;
         debug_assert!(token > self.last);
         self.last = token;
+        self.issued = token;
         token
     }
 
@@ -60,6 +76,13 @@ impl TokenSource {
     /// The largest token issued or observed.
     pub fn last(&self) -> u64 {
         self.last
+    }
+
+    /// The largest token this node issued itself (0 if none): what its
+    /// heartbeats tell peers, so an active that meets a node that was active
+    /// too goes above everything that node granted.
+    pub fn last_issued(&self) -> u64 {
+        self.issued
     }
 }
 
