@@ -34,7 +34,8 @@ const FAILOVER_BOUND: Duration = Duration::from_secs(5);
 /// act on what the last heartbeat said: the active picks a synced standby to
 /// hand over to on shutdown, and an election prefers nodes that hold state.
 /// Nothing a client can see tells when the others heard it, so the tests that
-/// need it settled wait one detection period.
+/// need it settled wait one detection period. (Acting sooner is what the
+/// ignored tests below do: see their reasons.)
 fn let_heartbeats_announce_sync() {
     std::thread::sleep(Duration::from_millis(DETECT_MS));
 }
@@ -546,6 +547,49 @@ fn with_three_nodes_the_second_takes_over_and_the_third_follows_it() {
 }
 
 #[test]
+#[ignore = "server bug: a standby that synced less than a heartbeat period ago is \
+            passed over: the next node in priority promotes itself, then hands back"]
+fn when_the_active_dies_just_after_a_standby_synced_the_next_in_priority_still_takes_over() {
+    // Node 1 has just joined and received the state when node 0 dies, and
+    // node 1 is a little slow to notice (frozen for far less than the
+    // detection time): node 2 must leave the promotion to node 1. Heartbeats
+    // every 0.5 s make the window wide.
+    let mut cluster = Cluster::with_detect(3, Some("2"));
+    cluster.start(0);
+    cluster.wait_serving(0);
+    cluster.start(2);
+    cluster.wait_standby_of(2, 0);
+    let mut tokens = TokenLog::default();
+    let a = tokens.grant(0, &mut cluster.client(0), "a", "30");
+    cluster.wait_held(2, 1);
+    cluster.start(1);
+    cluster.wait_standby_of(1, 0);
+    cluster.wait_held(1, 1);
+
+    cluster.node(1).signal("STOP");
+    cluster.kill(0);
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_millis(300) {
+        if let Some(info) = cluster.info(2) {
+            assert_ne!(field(&info, "role"), "active", "node 2 promoted: {info}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cluster.node(1).signal("CONT");
+    wait_for("node 1 to serve", DEADLINE, || {
+        if let Some(info) = cluster.info(2) {
+            assert_ne!(field(&info, "role"), "active", "node 2 promoted: {info}");
+        }
+        cluster.info(1).filter(|info| serving(info))
+    });
+    cluster.wait_standby_of(2, 1);
+    let mut client = cluster.client(1);
+    assert_eq!(query(&mut client, "a").0, a);
+    tokens.grant(1, &mut client, "b", "30");
+    tokens.check();
+}
+
+#[test]
 fn with_three_nodes_the_last_one_serves_after_the_first_two_are_killed() {
     let mut cluster = Cluster::start_all(3);
     cluster.wait_serving(0);
@@ -674,6 +718,26 @@ fn graceful_shutdown_of_the_active_hands_over_and_redirects_its_waiters() {
     terminate_active_and_check_the_successor(&mut cluster, &mut tokens, held, waiter);
 }
 
+#[test]
+#[ignore = "server bug: a SIGTERM within a heartbeat period of the standby's sync \
+            skips the handoff, and waiters get their connection closed instead of M"]
+fn graceful_shutdown_right_after_the_standby_synced_still_hands_over_and_redirects_waiters() {
+    // A rolling restart: node 1 (re)starts, receives the state, and the
+    // operator stops node 0 as soon as node 1 reports the held keys.
+    // A longer detection time (heartbeats every 0.5 s) makes the window wide.
+    let mut cluster = Cluster::with_detect(2, Some("2"));
+    cluster.start(0);
+    cluster.wait_serving(0);
+    let mut tokens = TokenLog::default();
+    let mut holder = cluster.client(0);
+    let held = tokens.grant(0, &mut holder, "job", "30");
+    let waiter = queue_behind_holder(&cluster, "job");
+    cluster.start(1);
+    cluster.wait_standby_of(1, 0);
+    cluster.wait_held(1, 1);
+    terminate_active_and_check_the_successor(&mut cluster, &mut tokens, held, waiter);
+}
+
 /// A client whose `A key 30 0` waits in line on node 0 (behind a holder).
 fn queue_behind_holder(cluster: &Cluster, key: &str) -> LineClient {
     let mut waiter = cluster.client(0);
@@ -793,6 +857,15 @@ fn after_a_split_brain_the_higher_priority_node_stays_active_with_tokens_above_b
     // The split lasts a while after node 1's last grant: node 1 keeps
     // sending heartbeats as an active meanwhile.
     split_brain(DETECT, Duration::from_millis(2 * DETECT_MS));
+}
+
+#[test]
+#[ignore = "server bug: after a brief split brain, the surviving active issues tokens \
+            below those the demoted node issued during the split"]
+fn after_a_brief_split_brain_tokens_are_above_both_sides_too() {
+    // Node 0 comes back right after node 1's grants, before node 1's next
+    // periodic heartbeat (every 0.5 s with a 2 s detection time).
+    split_brain("2", Duration::ZERO);
 }
 
 /// 2 nodes with `--detect detect`: freeze the active (SIGSTOP) until node 1
