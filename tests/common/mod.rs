@@ -64,7 +64,10 @@ impl Node {
     pub fn start_raw(args: &[&str], port: Option<u16>) -> Node {
         let mut child = Command::new(batond_path())
             .args(args)
-            .env("RUST_LOG", std::env::var("BATON_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("BATON_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -79,11 +82,11 @@ impl Node {
                 let mut tx = Some(tx);
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if let Some(rest) = line.split("listening on ").nth(1) {
-                        if let Some(tx) = tx.take() {
-                            let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                            let _ = tx.send(addr);
-                        }
+                    if let Some(rest) = line.split("listening on ").nth(1)
+                        && let Some(tx) = tx.take()
+                    {
+                        let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                        let _ = tx.send(addr);
                     }
                     let mut log = log.lock().unwrap();
                     log.push_str(&line);
@@ -145,7 +148,10 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         // SIGCONT first, in case a test left it stopped, then SIGKILL.
-        let _ = Command::new("kill").arg("-CONT").arg(self.pid().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-CONT")
+            .arg(self.pid().to_string())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -205,8 +211,9 @@ impl LineClient {
             match self.stream.read(&mut chunk) {
                 Ok(0) => return None,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
                 Err(_) => return None,
             }
         }
@@ -229,8 +236,9 @@ impl LineClient {
             match self.stream.read(&mut chunk) {
                 Ok(0) => return true,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
                 Err(_) => return true,
             }
             if start.elapsed() > wait {

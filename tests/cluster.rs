@@ -1,0 +1,944 @@
+//! Cluster tests: real `batond` processes on loopback ports, started with the
+//! same `--peers` list, killed, stopped, restarted and shut down, checked over
+//! TCP (SPEC.md sections 2 and 5).
+//!
+//! Every test has its own ports, so they run in parallel. Waits are polls
+//! with a deadline. The few sleeps either show that something does NOT
+//! happen, make a scenario last (a split brain), or give heartbeats time to
+//! carry what no client can observe (see [`let_heartbeats_announce_sync`]).
+//! Failover, handoff and demotion times are printed (run with `--nocapture`
+//! to see them) and checked only against generous bounds. Every grant a test
+//! sees goes through a [`TokenLog`], which checks at the end that no token
+//! repeats and that each node's tokens only grow.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{DEADLINE, LineClient, Node, free_port, info_field, token_of, wait_for};
+
+/// `--detect` used by the tests (seconds), and the same in milliseconds.
+const DETECT: &str = "0.5";
+const DETECT_MS: u64 = 500;
+/// A generous bound on a failover, a handoff or a demotion.
+const FAILOVER_BOUND: Duration = Duration::from_secs(5);
+
+/// Let the standbys announce that they hold the active's state.
+///
+/// A standby says so in its heartbeats (every detect/4), and the other nodes
+/// act on what the last heartbeat said: the active picks a synced standby to
+/// hand over to on shutdown, and an election prefers nodes that hold state.
+/// Nothing a client can see tells when the others heard it, so the tests that
+/// need it settled wait one detection period. (Acting sooner is what the
+/// ignored tests below do: see their reasons.)
+fn let_heartbeats_announce_sync() {
+    std::thread::sleep(Duration::from_millis(DETECT_MS));
+}
+
+// ----- a cluster of real processes -----
+
+/// N `batond` processes on loopback ports with one `--peers` list. Nodes are
+/// started one by one (or restarted), and killed by PID when dropped. If the
+/// test fails, every node's log is printed.
+struct Cluster {
+    ports: Vec<u16>,
+    detect: Option<&'static str>,
+    nodes: Vec<Option<Node>>,
+    /// Logs of nodes that are gone, for a failure report.
+    old_logs: Vec<(usize, String)>,
+}
+
+impl Cluster {
+    /// A cluster of `n` nodes with `--detect DETECT`; none started yet.
+    fn new(n: usize) -> Cluster {
+        Cluster::with_detect(n, Some(DETECT))
+    }
+
+    /// `detect` None: the default detection time.
+    fn with_detect(n: usize, detect: Option<&'static str>) -> Cluster {
+        let mut ports: Vec<u16> = Vec::with_capacity(n);
+        while ports.len() < n {
+            let port = free_port();
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+        Cluster {
+            ports,
+            detect,
+            nodes: (0..n).map(|_| None).collect(),
+            old_logs: Vec::new(),
+        }
+    }
+
+    /// A cluster of `n` nodes, all started, in priority order.
+    fn start_all(n: usize) -> Cluster {
+        let mut cluster = Cluster::new(n);
+        for i in 0..n {
+            cluster.start(i);
+        }
+        cluster
+    }
+
+    fn peers(&self) -> String {
+        let names: Vec<String> = (0..self.ports.len()).map(|i| self.name(i)).collect();
+        names.join(",")
+    }
+
+    /// Node `i`'s entry in `--peers` (and its `node=` in `I`).
+    fn name(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.ports[i])
+    }
+
+    fn addr(&self, i: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.ports[i]))
+    }
+
+    /// Start (or restart) node `i`; returns once it listens.
+    fn start(&mut self, i: usize) {
+        assert!(self.nodes[i].is_none(), "node {i} is already running");
+        let port = self.ports[i].to_string();
+        let peers = self.peers();
+        let mut args = vec![
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            port.as_str(),
+            "--peers",
+            peers.as_str(),
+        ];
+        if let Some(detect) = self.detect {
+            args.extend(["--detect", detect]);
+        }
+        self.nodes[i] = Some(Node::start_raw(&args, Some(self.ports[i])));
+    }
+
+    fn node(&self, i: usize) -> &Node {
+        self.nodes[i].as_ref().expect("node is running")
+    }
+
+    fn node_mut(&mut self, i: usize) -> &mut Node {
+        self.nodes[i].as_mut().expect("node is running")
+    }
+
+    /// SIGKILL node `i` and reap it.
+    fn kill(&mut self, i: usize) {
+        let node = self.nodes[i].take().expect("node is running");
+        self.old_logs.push((i, node.log()));
+        drop(node); // SIGCONT, SIGKILL, wait: by PID.
+    }
+
+    /// Forget node `i` after it exited by itself (and was reaped by
+    /// `wait_exit`), so that nothing signals its PID again.
+    fn forget_exited(&mut self, i: usize) {
+        let node = self.nodes[i].take().expect("node was running");
+        self.old_logs.push((i, node.log()));
+        std::mem::forget(node);
+    }
+
+    fn client(&self, i: usize) -> LineClient {
+        LineClient::connect(self.addr(i))
+    }
+
+    /// One `I` on node `i` over a fresh connection; None if it does not
+    /// answer (not running, stopped, refusing).
+    fn info(&self, i: usize) -> Option<String> {
+        Probe::new(self.addr(i)).ask("I")
+    }
+
+    /// Wait until node `i` serves (`role=active state=active`); its `I`.
+    fn wait_serving(&self, i: usize) -> String {
+        wait_for(&format!("node {i} to serve"), DEADLINE, || {
+            self.info(i).filter(|info| serving(info))
+        })
+    }
+
+    /// Wait until node `i` is a standby that names node `active` as active.
+    fn wait_standby_of(&self, i: usize, active: usize) -> String {
+        let name = self.name(active);
+        wait_for(
+            &format!("node {i} to follow node {active}"),
+            DEADLINE,
+            || {
+                self.info(i).filter(|info| {
+                    field(info, "role") == "standby" && field(info, "active") == name
+                })
+            },
+        )
+    }
+
+    /// Wait until node `i` reports `held=n`.
+    fn wait_held(&self, i: usize, n: u64) -> String {
+        wait_for(&format!("node {i} to hold {n} keys"), DEADLINE, || {
+            self.info(i).filter(|info| num(info, "held") == n)
+        })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for (i, log) in &self.old_logs {
+                eprintln!("----- log of node {i} (before it went) -----\n{log}");
+            }
+            for (i, node) in self.nodes.iter().enumerate() {
+                if let Some(node) = node {
+                    eprintln!("----- log of node {i} -----\n{}", node.log());
+                }
+            }
+        }
+    }
+}
+
+// ----- probing without failing -----
+
+/// A connection for polling a node that may be down, stopped or restarting:
+/// every failure is None (and the next ask reconnects), never a panic.
+struct Probe {
+    addr: SocketAddr,
+    conn: Option<(TcpStream, BufReader<TcpStream>)>,
+}
+
+impl Probe {
+    fn new(addr: SocketAddr) -> Probe {
+        Probe { addr, conn: None }
+    }
+
+    fn connect(&self) -> Option<(TcpStream, BufReader<TcpStream>)> {
+        let stream = TcpStream::connect_timeout(&self.addr, Duration::from_millis(500)).ok()?;
+        stream.set_nodelay(true).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .ok()?;
+        let reader = BufReader::new(stream.try_clone().ok()?);
+        Some((stream, reader))
+    }
+
+    /// Send `line`, return the answer; on the current connection if there is
+    /// one that works, else on one new connection.
+    fn ask(&mut self, line: &str) -> Option<String> {
+        for _ in 0..2 {
+            let reused = self.conn.is_some();
+            if self.conn.is_none() {
+                self.conn = self.connect();
+            }
+            let (stream, reader) = self.conn.as_mut()?;
+            let answer = (|| {
+                stream.write_all(format!("{line}\n").as_bytes()).ok()?;
+                let mut answer = String::new();
+                match reader.read_line(&mut answer) {
+                    Ok(n) if n > 0 && answer.ends_with('\n') => Some(answer.trim_end().to_string()),
+                    _ => None,
+                }
+            })();
+            if answer.is_some() {
+                return answer;
+            }
+            self.conn = None;
+            if !reused {
+                return None;
+            }
+        }
+        None
+    }
+}
+
+// ----- reading answers -----
+
+/// A field of an `I` answer ("" when missing).
+fn field(info: &str, name: &str) -> String {
+    info_field(info, name).unwrap_or_default()
+}
+
+/// A numeric field of an `I` answer, failing the test if it is not one.
+fn num(info: &str, name: &str) -> u64 {
+    field(info, name)
+        .parse()
+        .unwrap_or_else(|_| panic!("no number {name}= in {info:?}"))
+}
+
+/// This `I` answer says the node serves clients.
+fn serving(info: &str) -> bool {
+    field(info, "role") == "active" && field(info, "state") == "active"
+}
+
+/// `Q <key> <token> <ms_left> <waiting>` for `key`: (token, ms_left, waiting).
+fn parse_query(answer: &str, key: &str) -> (u64, u64, u64) {
+    let fields: Vec<&str> = answer.split(' ').collect();
+    assert!(
+        fields.len() == 5 && fields[0] == "Q" && fields[1] == key,
+        "expected a Q answer for {key}, got {answer:?}"
+    );
+    let n = |s: &str| -> u64 {
+        s.parse()
+            .unwrap_or_else(|_| panic!("not a number in {answer:?}"))
+    };
+    (n(fields[2]), n(fields[3]), n(fields[4]))
+}
+
+/// Ask `Q key` on `client`: (token, ms_left, waiting).
+fn query(client: &mut LineClient, key: &str) -> (u64, u64, u64) {
+    let answer = client.ask(&format!("Q {key}"));
+    parse_query(&answer, key)
+}
+
+// ----- tokens -----
+
+/// Every grant a test saw, by the node that granted it, in order.
+#[derive(Default)]
+struct TokenLog {
+    grants: Vec<(usize, u64)>,
+}
+
+impl TokenLog {
+    /// Acquire `key` on `client` (node `node`), which must grant at once.
+    fn grant(&mut self, node: usize, client: &mut LineClient, key: &str, lease: &str) -> u64 {
+        let answer = client.ask(&format!("A {key} {lease} 0"));
+        self.record(node, &answer, key)
+    }
+
+    /// Record the grant `answer` of `key` by node `node`.
+    fn record(&mut self, node: usize, answer: &str, key: &str) -> u64 {
+        assert!(
+            answer.ends_with(&format!(" {key}")),
+            "expected a grant of {key}, got {answer:?}"
+        );
+        let token = token_of(answer);
+        self.grants.push((node, token));
+        token
+    }
+
+    fn max(&self) -> u64 {
+        self.grants.iter().map(|&(_, t)| t).max().unwrap_or(0)
+    }
+
+    fn max_of(&self, node: usize) -> u64 {
+        self.grants
+            .iter()
+            .filter(|&&(n, _)| n == node)
+            .map(|&(_, t)| t)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// No token repeats, and each node's tokens strictly grow.
+    fn check(&self) {
+        let mut seen = HashSet::new();
+        for &(_, token) in &self.grants {
+            assert!(
+                seen.insert(token),
+                "token {token} was granted twice: {:?}",
+                self.grants
+            );
+        }
+        let nodes: HashSet<usize> = self.grants.iter().map(|&(n, _)| n).collect();
+        for node in nodes {
+            let tokens: Vec<u64> = self
+                .grants
+                .iter()
+                .filter(|&&(n, _)| n == node)
+                .map(|&(_, t)| t)
+                .collect();
+            assert!(
+                tokens.windows(2).all(|w| w[0] < w[1]),
+                "node {node}'s tokens do not grow: {tokens:?}"
+            );
+        }
+    }
+}
+
+// ----- roles at start -----
+
+#[test]
+fn the_first_listed_node_becomes_active_and_the_other_its_standby() {
+    let cluster = Cluster::start_all(2);
+    let active = cluster.wait_serving(0);
+    assert_eq!(field(&active, "node"), cluster.name(0), "{active}");
+    assert_eq!(field(&active, "active"), cluster.name(0), "{active}");
+    let standby = cluster.wait_standby_of(1, 0);
+    assert_eq!(field(&standby, "node"), cluster.name(1), "{standby}");
+    assert_eq!(field(&standby, "state"), "standby", "{standby}");
+    // Still so a moment later: the standby does not promote itself.
+    std::thread::sleep(Duration::from_millis(2 * DETECT_MS));
+    let standby = cluster.info(1).expect("node 1 answers I");
+    assert_eq!(field(&standby, "role"), "standby", "{standby}");
+    assert!(serving(&cluster.info(0).expect("node 0 answers I")));
+}
+
+#[test]
+fn a_standby_redirects_every_request_but_info_to_the_active() {
+    let cluster = Cluster::start_all(2);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    let active = cluster.name(0);
+    let mut standby = cluster.client(1);
+    assert_eq!(standby.ask("A job 30 0"), format!("M {active} A job"));
+    assert_eq!(standby.ask("R job 17"), format!("M {active} R job"));
+    assert_eq!(standby.ask("K job 17 30"), format!("M {active} K job"));
+    assert_eq!(standby.ask("Q job"), format!("M {active} Q job"));
+    let info = standby.ask("I");
+    assert_eq!(field(&info, "role"), "standby", "{info}");
+    assert_eq!(field(&info, "active"), active, "{info}");
+    // Nothing reached the active.
+    assert_eq!(cluster.client(0).ask("Q job"), "Q job 0 0 0");
+}
+
+#[test]
+fn malformed_input_gets_an_error_from_a_standby_too() {
+    let cluster = Cluster::start_all(2);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    let mut standby = cluster.client(1);
+    assert_eq!(standby.ask("A job 0 0"), "E A job bad-lease");
+    assert_eq!(standby.ask("A job 30 0 extra"), "E A job extra-fields");
+    assert_eq!(standby.ask("R job 0"), "E R job bad-token");
+    assert_eq!(standby.ask("K job 5 x"), "E K job bad-lease");
+    // The connection lives on after a refused request.
+    assert_eq!(standby.ask("Q job"), format!("M {} Q job", cluster.name(0)));
+    // A line not understood closes the connection, as on the active.
+    assert_eq!(standby.ask("X job"), "E - - unknown-op");
+    assert!(standby.closed_within(DEADLINE));
+    let mut standby = cluster.client(1);
+    assert_eq!(standby.ask("A job"), "E - - missing-fields");
+    assert!(standby.closed_within(DEADLINE));
+}
+
+// ----- replication -----
+
+#[test]
+fn a_grant_on_the_active_shows_up_on_the_standby_and_leaves_with_its_release() {
+    let cluster = Cluster::start_all(2);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    cluster.wait_held(1, 0);
+    let mut tokens = TokenLog::default();
+    let mut client = cluster.client(0);
+    let job = tokens.grant(0, &mut client, "job", "30");
+    cluster.wait_held(1, 1);
+    assert_eq!(client.ask(&format!("R job {job}")), "R job");
+    cluster.wait_held(1, 0);
+    // A lease that runs out on the active goes away on the standby too.
+    tokens.grant(0, &mut client, "short", "1");
+    cluster.wait_held(1, 1);
+    cluster.wait_held(0, 0);
+    cluster.wait_held(1, 0);
+    tokens.check();
+}
+
+#[test]
+fn a_standby_reports_its_lag_and_a_ceiling_above_every_token_of_the_active() {
+    let cluster = Cluster::start_all(2);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    let mut tokens = TokenLog::default();
+    let mut client = cluster.client(0);
+    for i in 0..5 {
+        tokens.grant(0, &mut client, &format!("key{i}"), "30");
+    }
+    let info = cluster.wait_held(1, 5);
+    let ceiling = num(&info, "ceiling");
+    assert!(
+        ceiling >= tokens.max(),
+        "standby ceiling {ceiling} is below token {}: {info}",
+        tokens.max()
+    );
+    // Heartbeats come every detect/4: a live standby lags far less than
+    // the detection time (a generous bound).
+    let lag_ms = num(&info, "lag_ms");
+    assert!(lag_ms < 10 * DETECT_MS, "lag_ms {lag_ms} in {info}");
+    // The active reports them too.
+    let active = cluster.info(0).expect("node 0 answers I");
+    assert!(num(&active, "ceiling") >= tokens.max(), "{active}");
+    num(&active, "lag_ms");
+    tokens.check();
+}
+
+// ----- failover -----
+
+#[test]
+fn the_standby_takes_over_with_the_held_keys_when_the_active_is_killed() {
+    let mut cluster = Cluster::start_all(2);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    let mut tokens = TokenLog::default();
+    let mut client = cluster.client(0);
+    let keep = tokens.grant(0, &mut client, "keep", "30");
+    let expiring = tokens.grant(0, &mut client, "expiring", "3");
+    let gone = tokens.grant(0, &mut client, "gone", "30");
+    assert_eq!(client.ask(&format!("R gone {gone}")), "R gone");
+    cluster.wait_held(1, 2);
+    let old_max = tokens.max();
+
+    let killed = Instant::now();
+    cluster.kill(0);
+    let info = cluster.wait_serving(1);
+    let took = killed.elapsed();
+    println!("2 nodes: SIGKILL of the active to the standby serving: {took:?}");
+    assert!(took < FAILOVER_BOUND, "failover took {took:?}");
+    assert_eq!(field(&info, "active"), cluster.name(1), "{info}");
+
+    let mut client = cluster.client(1);
+    let (token, ms_left, waiting) = query(&mut client, "keep");
+    assert_eq!((token, waiting), (keep, 0), "keep is still held");
+    assert!(ms_left > 0 && ms_left <= 30_000, "ms_left {ms_left}");
+    assert_eq!(query(&mut client, "expiring").0, expiring);
+    assert_eq!(query(&mut client, "gone"), (0, 0, 0));
+
+    let fresh = tokens.grant(1, &mut client, "fresh", "30");
+    assert!(
+        fresh > old_max,
+        "new token {fresh} is not above {old_max} of the old active"
+    );
+    // The replicated lease still runs out on the new active.
+    wait_for("expiring to expire on node 1", DEADLINE, || {
+        (query(&mut client, "expiring") == (0, 0, 0)).then_some(())
+    });
+    // And the replicated grant can be released there with its token.
+    assert_eq!(client.ask(&format!("R keep {keep}")), "R keep");
+    assert_eq!(query(&mut client, "keep"), (0, 0, 0));
+    tokens.grant(1, &mut client, "keep", "30");
+    tokens.check();
+}
+
+#[test]
+fn with_three_nodes_the_second_takes_over_and_the_third_follows_it() {
+    let mut cluster = Cluster::start_all(3);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    cluster.wait_standby_of(2, 0);
+    let mut tokens = TokenLog::default();
+    let mut client = cluster.client(0);
+    let a = tokens.grant(0, &mut client, "a", "30");
+    let b = tokens.grant(0, &mut client, "b", "30");
+    cluster.wait_held(1, 2);
+    cluster.wait_held(2, 2);
+    let_heartbeats_announce_sync();
+    let old_max = tokens.max();
+
+    let killed = Instant::now();
+    cluster.kill(0);
+    // Node 1 takes over; node 2 must never.
+    wait_for("node 1 to serve", DEADLINE, || {
+        if let Some(info) = cluster.info(2) {
+            assert_ne!(field(&info, "role"), "active", "node 2 promoted: {info}");
+        }
+        cluster.info(1).filter(|info| serving(info))
+    });
+    let took = killed.elapsed();
+    println!("3 nodes: SIGKILL of the active to node 1 serving: {took:?}");
+    assert!(took < FAILOVER_BOUND, "failover took {took:?}");
+    cluster.wait_standby_of(2, 1);
+
+    let mut client = cluster.client(1);
+    assert_eq!(query(&mut client, "a").0, a);
+    assert_eq!(query(&mut client, "b").0, b);
+    let c = tokens.grant(1, &mut client, "c", "30");
+    assert!(c > old_max, "new token {c} is not above {old_max}");
+    // Node 2 now replicates from node 1.
+    cluster.wait_held(2, 3);
+    let info = cluster.info(2).expect("node 2 answers I");
+    assert!(num(&info, "ceiling") >= c, "{info}");
+    tokens.check();
+}
+
+#[test]
+#[ignore = "server bug: a standby that synced less than a heartbeat period ago is \
+            passed over: the next node in priority promotes itself, then hands back"]
+fn when_the_active_dies_just_after_a_standby_synced_the_next_in_priority_still_takes_over() {
+    // Node 1 has just joined and received the state when node 0 dies, and
+    // node 1 is a little slow to notice (frozen for far less than the
+    // detection time): node 2 must leave the promotion to node 1. Heartbeats
+    // every 0.5 s make the window wide.
+    let mut cluster = Cluster::with_detect(3, Some("2"));
+    cluster.start(0);
+    cluster.wait_serving(0);
+    cluster.start(2);
+    cluster.wait_standby_of(2, 0);
+    let mut tokens = TokenLog::default();
+    let a = tokens.grant(0, &mut cluster.client(0), "a", "30");
+    cluster.wait_held(2, 1);
+    cluster.start(1);
+    cluster.wait_standby_of(1, 0);
+    cluster.wait_held(1, 1);
+
+    cluster.node(1).signal("STOP");
+    cluster.kill(0);
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_millis(300) {
+        if let Some(info) = cluster.info(2) {
+            assert_ne!(field(&info, "role"), "active", "node 2 promoted: {info}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cluster.node(1).signal("CONT");
+    wait_for("node 1 to serve", DEADLINE, || {
+        if let Some(info) = cluster.info(2) {
+            assert_ne!(field(&info, "role"), "active", "node 2 promoted: {info}");
+        }
+        cluster.info(1).filter(|info| serving(info))
+    });
+    cluster.wait_standby_of(2, 1);
+    let mut client = cluster.client(1);
+    assert_eq!(query(&mut client, "a").0, a);
+    tokens.grant(1, &mut client, "b", "30");
+    tokens.check();
+}
+
+#[test]
+fn with_three_nodes_the_last_one_serves_after_the_first_two_are_killed() {
+    let mut cluster = Cluster::start_all(3);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    cluster.wait_standby_of(2, 0);
+    let mut tokens = TokenLog::default();
+    let a = tokens.grant(0, &mut cluster.client(0), "a", "30");
+    cluster.wait_held(1, 1);
+    cluster.wait_held(2, 1);
+    let_heartbeats_announce_sync();
+
+    let killed = Instant::now();
+    cluster.kill(0);
+    cluster.wait_serving(1);
+    println!("3 nodes: first failover took {:?}", killed.elapsed());
+    cluster.wait_standby_of(2, 1);
+    let mut client = cluster.client(1);
+    let b = tokens.grant(1, &mut client, "b", "30");
+    assert!(b > a);
+    cluster.wait_held(2, 2);
+
+    let killed = Instant::now();
+    cluster.kill(1);
+    let info = cluster.wait_serving(2);
+    let took = killed.elapsed();
+    println!("3 nodes: second failover (to the last node) took {took:?}");
+    assert!(took < FAILOVER_BOUND, "failover took {took:?}");
+    assert_eq!(field(&info, "active"), cluster.name(2), "{info}");
+
+    let mut client = cluster.client(2);
+    assert_eq!(query(&mut client, "a").0, a);
+    assert_eq!(query(&mut client, "b").0, b);
+    let c = tokens.grant(2, &mut client, "c", "30");
+    assert!(c > b, "token {c} does not grow past {b}");
+    tokens.check();
+}
+
+// ----- restart and handoff -----
+
+#[test]
+fn a_restarted_first_node_takes_over_by_handoff_without_serving_an_empty_table() {
+    let mut cluster = Cluster::start_all(2);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    let mut tokens = TokenLog::default();
+    let a = tokens.grant(0, &mut cluster.client(0), "a", "30");
+    cluster.wait_held(1, 1);
+    cluster.kill(0);
+    cluster.wait_serving(1);
+    let b = tokens.grant(1, &mut cluster.client(1), "b", "30");
+
+    // Watch node 0 from before it starts: whenever it answers Q itself
+    // (rather than M), the keys must be held with their original tokens.
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let watcher = {
+        let (stop, seen, addr) = (stop.clone(), seen.clone(), cluster.addr(0));
+        std::thread::spawn(move || {
+            let mut probe = Probe::new(addr);
+            while !stop.load(Ordering::Relaxed) {
+                for key in ["a", "b"] {
+                    if let Some(answer) = probe.ask(&format!("Q {key}")) {
+                        seen.lock().unwrap().push(answer);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+
+    let started = Instant::now();
+    cluster.start(0);
+    cluster.wait_serving(0);
+    let took = started.elapsed();
+    cluster.wait_standby_of(1, 0);
+    println!("restart: node 0 started to node 0 serving after the handoff: {took:?}");
+    assert!(took < FAILOVER_BOUND, "handoff took {took:?}");
+    stop.store(true, Ordering::Relaxed);
+    watcher.join().expect("watcher thread");
+
+    let seen = seen.lock().unwrap();
+    let mut served = 0;
+    for answer in seen.iter() {
+        if answer.starts_with("M ") {
+            continue;
+        }
+        let key = if answer.starts_with("Q a ") { "a" } else { "b" };
+        let (token, _, _) = parse_query(answer, key);
+        let expected = if key == "a" { a } else { b };
+        assert_eq!(
+            token, expected,
+            "node 0 served {answer:?} before it had the state"
+        );
+        served += 1;
+    }
+    println!(
+        "restart: node 0 answered {} Q during the restart, {served} of them itself",
+        seen.len()
+    );
+
+    let mut client = cluster.client(0);
+    assert_eq!(query(&mut client, "a").0, a);
+    assert_eq!(query(&mut client, "b").0, b);
+    let c = tokens.grant(0, &mut client, "c", "30");
+    assert!(c > tokens.max_of(1), "token {c} is not above node 1's");
+    // Node 1 is node 0's standby now, and receives its grants.
+    cluster.wait_held(1, 3);
+    assert_eq!(
+        cluster.client(1).ask("A d 30 0"),
+        format!("M {} A d", cluster.name(0))
+    );
+    tokens.check();
+}
+
+#[test]
+fn graceful_shutdown_of_the_active_hands_over_and_redirects_its_waiters() {
+    let mut cluster = Cluster::start_all(2);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    let mut tokens = TokenLog::default();
+    let mut holder = cluster.client(0);
+    let held = tokens.grant(0, &mut holder, "job", "30");
+    let waiter = queue_behind_holder(&cluster, "job");
+    cluster.wait_held(1, 1);
+    let_heartbeats_announce_sync();
+    terminate_active_and_check_the_successor(&mut cluster, &mut tokens, held, waiter);
+}
+
+#[test]
+#[ignore = "server bug: a SIGTERM within a heartbeat period of the standby's sync \
+            skips the handoff, and waiters get their connection closed instead of M"]
+fn graceful_shutdown_right_after_the_standby_synced_still_hands_over_and_redirects_waiters() {
+    // A rolling restart: node 1 (re)starts, receives the state, and the
+    // operator stops node 0 as soon as node 1 reports the held keys.
+    // A longer detection time (heartbeats every 0.5 s) makes the window wide.
+    let mut cluster = Cluster::with_detect(2, Some("2"));
+    cluster.start(0);
+    cluster.wait_serving(0);
+    let mut tokens = TokenLog::default();
+    let mut holder = cluster.client(0);
+    let held = tokens.grant(0, &mut holder, "job", "30");
+    let waiter = queue_behind_holder(&cluster, "job");
+    cluster.start(1);
+    cluster.wait_standby_of(1, 0);
+    cluster.wait_held(1, 1);
+    terminate_active_and_check_the_successor(&mut cluster, &mut tokens, held, waiter);
+}
+
+/// A client whose `A key 30 0` waits in line on node 0 (behind a holder).
+fn queue_behind_holder(cluster: &Cluster, key: &str) -> LineClient {
+    let mut waiter = cluster.client(0);
+    waiter.send(&format!("A {key} 30 0"));
+    wait_for("the waiter to be in line on node 0", DEADLINE, || {
+        cluster.info(0).filter(|info| num(info, "waiting") == 1)
+    });
+    waiter
+}
+
+/// SIGTERM node 0 (active, with `job` held by `held` and `waiter` in line):
+/// node 1 must take over with the state, the waiter must be sent there, and
+/// node 0 must exit 0. Prints the time with no node serving.
+fn terminate_active_and_check_the_successor(
+    cluster: &mut Cluster,
+    tokens: &mut TokenLog,
+    held: u64,
+    mut waiter: LineClient,
+) {
+    // From SIGTERM on, poll I on both nodes as fast as they answer.
+    let mut probes = [Probe::new(cluster.addr(0)), Probe::new(cluster.addr(1))];
+    let term = Instant::now();
+    cluster.node(0).signal("TERM");
+    let mut last_serving_0: Option<Instant> = None;
+    let first_serving_1 = loop {
+        assert!(term.elapsed() < DEADLINE, "node 1 never served");
+        if probes[0].ask("I").is_some_and(|info| serving(&info)) {
+            last_serving_0 = Some(Instant::now());
+        }
+        if probes[1].ask("I").is_some_and(|info| serving(&info)) {
+            break Instant::now();
+        }
+    };
+    let gap = first_serving_1 - last_serving_0.unwrap_or(term);
+    println!(
+        "SIGTERM: no node served for at most {gap:?}; node 1 served {:?} after the signal",
+        first_serving_1 - term
+    );
+    assert!(gap < FAILOVER_BOUND, "no active for {gap:?}");
+
+    // The waiter is sent to the successor, and node 0 exits 0.
+    let redirect = waiter.try_recv(DEADLINE);
+    assert_eq!(
+        redirect,
+        Some(format!("M {} A job", cluster.name(1))),
+        "the waiter in line on node 0 is redirected to node 1"
+    );
+    assert_eq!(cluster.node_mut(0).wait_exit(DEADLINE), Some(0));
+    cluster.forget_exited(0);
+
+    // The successor has the state: the grant, with its token.
+    let mut client = cluster.client(1);
+    assert_eq!(query(&mut client, "job").0, held);
+    // The redirected waiter gets in line there and is served on release.
+    let mut waiter = cluster.client(1);
+    waiter.send("A job 30 0");
+    wait_for("the waiter to be in line on node 1", DEADLINE, || {
+        cluster.info(1).filter(|info| num(info, "waiting") == 1)
+    });
+    assert_eq!(client.ask(&format!("R job {held}")), "R job");
+    let next = tokens.record(1, &waiter.recv(), "job");
+    assert!(next > held);
+    tokens.check();
+}
+
+// ----- starting alone -----
+
+#[test]
+fn a_node_started_alone_becomes_active_after_a_short_discovery_wait() {
+    // The default detection time; node 0, the first in priority, is not
+    // running: node 1 must not wait for it forever.
+    let mut cluster = Cluster::with_detect(2, None);
+    let started = Instant::now();
+    cluster.start(1);
+    let info = cluster.wait_serving(1);
+    let took = started.elapsed();
+    println!("alone (peer not running): node 1 served {took:?} after it started");
+    assert!(took < FAILOVER_BOUND, "discovery took {took:?}");
+    assert_eq!(field(&info, "active"), cluster.name(1), "{info}");
+    let mut tokens = TokenLog::default();
+    tokens.grant(1, &mut cluster.client(1), "job", "30");
+    tokens.check();
+}
+
+#[test]
+fn a_node_whose_peer_is_silent_becomes_active_when_discovery_ends() {
+    // Node 1's port accepts connections (the test holds it) but never says
+    // anything: node 0 cannot tell it is dead, so it waits out discovery.
+    let mut cluster = Cluster::with_detect(2, None);
+    let silent = std::net::TcpListener::bind(cluster.addr(1)).expect("hold node 1's port");
+    let started = Instant::now();
+    cluster.start(0);
+    let first = cluster.info(0).expect("node 0 answers I");
+    if started.elapsed() < Duration::from_millis(500) {
+        assert_eq!(
+            field(&first, "role"),
+            "standby",
+            "not during discovery: {first}"
+        );
+        assert_eq!(
+            cluster.client(0).ask("Q job"),
+            "M - Q job",
+            "no active is known during discovery"
+        );
+    }
+    cluster.wait_serving(0);
+    let took = started.elapsed();
+    println!("alone (peer silent): node 0 served {took:?} after it started");
+    assert!(took < FAILOVER_BOUND, "discovery took {took:?}");
+    drop(silent);
+}
+
+// ----- split brain -----
+
+#[test]
+fn after_a_split_brain_the_higher_priority_node_stays_active_with_tokens_above_both_sides() {
+    // The split lasts a while after node 1's last grant: node 1 keeps
+    // sending heartbeats as an active meanwhile.
+    split_brain(DETECT, Duration::from_millis(2 * DETECT_MS));
+}
+
+#[test]
+#[ignore = "server bug: after a brief split brain, the surviving active issues tokens \
+            below those the demoted node issued during the split"]
+fn after_a_brief_split_brain_tokens_are_above_both_sides_too() {
+    // Node 0 comes back right after node 1's grants, before node 1's next
+    // periodic heartbeat (every 0.5 s with a 2 s detection time).
+    split_brain("2", Duration::ZERO);
+}
+
+/// 2 nodes with `--detect detect`: freeze the active (SIGSTOP) until node 1
+/// takes over and grants, keep the split `split_lasts` longer, then resume
+/// node 0. Within 10 detection periods node 0 (the higher priority) must be
+/// the only active again, node 1 its standby, and node 0's new tokens above
+/// every token node 1 issued.
+fn split_brain(detect: &'static str, split_lasts: Duration) {
+    let detect_ms = (detect.parse::<f64>().expect("seconds") * 1000.0) as u64;
+    let mut cluster = Cluster::with_detect(2, Some(detect));
+    cluster.start(0);
+    cluster.start(1);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    let mut tokens = TokenLog::default();
+    let before = tokens.grant(0, &mut cluster.client(0), "before", "30");
+    cluster.wait_held(1, 1);
+
+    // Node 0 freezes: its sockets stay open, it just goes silent.
+    let stopped = Instant::now();
+    cluster.node(0).signal("STOP");
+    cluster.wait_serving(1);
+    println!(
+        "SIGSTOP: node 1 served {:?} after node 0 froze",
+        stopped.elapsed()
+    );
+    let mut client = cluster.client(1);
+    assert_eq!(query(&mut client, "before").0, before);
+    for i in 0..3 {
+        tokens.grant(1, &mut client, &format!("split{i}"), "30");
+    }
+    let split_max = tokens.max_of(1);
+    std::thread::sleep(split_lasts);
+
+    // Node 0 comes back, still believing it is active: two actives. Node 1,
+    // the lower priority, must step back.
+    let resumed = Instant::now();
+    cluster.node(0).signal("CONT");
+    let bound = Duration::from_millis(10 * detect_ms);
+    wait_for(
+        "one active again: node 0, with node 1 its standby",
+        bound,
+        || {
+            let one = cluster.info(0).is_some_and(|info| serving(&info));
+            let other = cluster.info(1).is_some_and(|info| {
+                field(&info, "role") == "standby" && field(&info, "active") == cluster.name(0)
+            });
+            (one && other).then_some(())
+        },
+    );
+    let took = resumed.elapsed();
+    println!("SIGCONT: split brain over {took:?} after node 0 resumed");
+    // It stays that way.
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_millis(2 * detect_ms) {
+        let info = cluster.info(1).expect("node 1 answers I");
+        assert_eq!(
+            field(&info, "role"),
+            "standby",
+            "node 1 is active again: {info}"
+        );
+        let info = cluster.info(0).expect("node 0 answers I");
+        assert!(serving(&info), "node 0 stopped serving: {info}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let mut client = cluster.client(0);
+    for i in 0..3 {
+        let token = tokens.grant(0, &mut client, &format!("after{i}"), "30");
+        assert!(
+            token > split_max,
+            "node 0 issued {token}, not above {split_max} issued by node 1 during the split"
+        );
+    }
+    tokens.check();
+}
