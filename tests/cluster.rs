@@ -4,8 +4,7 @@
 //!
 //! Every test has its own ports, so they run in parallel. Waits are polls
 //! with a deadline. The few sleeps either show that something does NOT
-//! happen, make a scenario last (a split brain), or give heartbeats time to
-//! carry what no client can observe (see [`let_heartbeats_announce_sync`]).
+//! happen or make a scenario last (a split brain).
 //! Failover, handoff and demotion times are printed (run with `--nocapture`
 //! to see them) and checked only against generous bounds. Every grant a test
 //! sees goes through a [`TokenLog`], which checks at the end that no token
@@ -27,18 +26,6 @@ const DETECT: &str = "0.5";
 const DETECT_MS: u64 = 500;
 /// A generous bound on a failover, a handoff or a demotion.
 const FAILOVER_BOUND: Duration = Duration::from_secs(5);
-
-/// Let the standbys announce that they hold the active's state.
-///
-/// A standby says so in its heartbeats (every detect/4), and the other nodes
-/// act on what the last heartbeat said: the active picks a synced standby to
-/// hand over to on shutdown, and an election prefers nodes that hold state.
-/// Nothing a client can see tells when the others heard it, so the tests that
-/// need it settled wait one detection period. (Acting sooner is what the
-/// ignored tests below do: see their reasons.)
-fn let_heartbeats_announce_sync() {
-    std::thread::sleep(Duration::from_millis(DETECT_MS));
-}
 
 // ----- a cluster of real processes -----
 
@@ -169,6 +156,17 @@ impl Cluster {
                     field(info, "role") == "standby" && field(info, "active") == name
                 })
             },
+        )
+    }
+
+    /// Wait until active node `i` counts `n` live standbys holding its
+    /// whole state (`standbys=n`): from then on it can hand over to them,
+    /// and they win elections over nodes without state.
+    fn wait_synced_standbys(&self, i: usize, n: u64) -> String {
+        wait_for(
+            &format!("node {i} to have {n} synced standbys"),
+            DEADLINE,
+            || self.info(i).filter(|info| num(info, "standbys") == n),
         )
     }
 
@@ -517,7 +515,7 @@ fn with_three_nodes_the_second_takes_over_and_the_third_follows_it() {
     let b = tokens.grant(0, &mut client, "b", "30");
     cluster.wait_held(1, 2);
     cluster.wait_held(2, 2);
-    let_heartbeats_announce_sync();
+    cluster.wait_synced_standbys(0, 2);
     let old_max = tokens.max();
 
     let killed = Instant::now();
@@ -547,8 +545,6 @@ fn with_three_nodes_the_second_takes_over_and_the_third_follows_it() {
 }
 
 #[test]
-#[ignore = "server bug: a standby that synced less than a heartbeat period ago is \
-            passed over: the next node in priority promotes itself, then hands back"]
 fn when_the_active_dies_just_after_a_standby_synced_the_next_in_priority_still_takes_over() {
     // Node 1 has just joined and received the state when node 0 dies, and
     // node 1 is a little slow to notice (frozen for far less than the
@@ -599,7 +595,7 @@ fn with_three_nodes_the_last_one_serves_after_the_first_two_are_killed() {
     let a = tokens.grant(0, &mut cluster.client(0), "a", "30");
     cluster.wait_held(1, 1);
     cluster.wait_held(2, 1);
-    let_heartbeats_announce_sync();
+    cluster.wait_synced_standbys(0, 2);
 
     let killed = Instant::now();
     cluster.kill(0);
@@ -714,13 +710,11 @@ fn graceful_shutdown_of_the_active_hands_over_and_redirects_its_waiters() {
     let held = tokens.grant(0, &mut holder, "job", "30");
     let waiter = queue_behind_holder(&cluster, "job");
     cluster.wait_held(1, 1);
-    let_heartbeats_announce_sync();
+    cluster.wait_synced_standbys(0, 1);
     terminate_active_and_check_the_successor(&mut cluster, &mut tokens, held, waiter);
 }
 
 #[test]
-#[ignore = "server bug: a SIGTERM within a heartbeat period of the standby's sync \
-            skips the handoff, and waiters get their connection closed instead of M"]
 fn graceful_shutdown_right_after_the_standby_synced_still_hands_over_and_redirects_waiters() {
     // A rolling restart: node 1 (re)starts, receives the state, and the
     // operator stops node 0 as soon as node 1 reports the held keys.
@@ -860,8 +854,6 @@ fn after_a_split_brain_the_higher_priority_node_stays_active_with_tokens_above_b
 }
 
 #[test]
-#[ignore = "server bug: after a brief split brain, the surviving active issues tokens \
-            below those the demoted node issued during the split"]
 fn after_a_brief_split_brain_tokens_are_above_both_sides_too() {
     // Node 0 comes back right after node 1's grants, before node 1's next
     // periodic heartbeat (every 0.5 s with a 2 s detection time).

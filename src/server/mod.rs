@@ -55,6 +55,8 @@ pub struct Shared {
     pub ceiling: AtomicU64,
     /// When a standby last heard from its active (clock ms; by replication).
     pub heard_active_ms: AtomicU64,
+    /// Live standbys that hold this node's full state (by replication).
+    pub synced_standbys: AtomicUsize,
 }
 
 /// A running node.
@@ -98,6 +100,7 @@ impl Server {
             last_issued: AtomicU64::new(0),
             ceiling: AtomicU64::new(0),
             heard_active_ms: AtomicU64::new(0),
+            synced_standbys: AtomicUsize::new(0),
         });
         let clock = Clock::new();
 

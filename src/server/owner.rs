@@ -311,6 +311,11 @@ impl Owner {
                 // Redirected goes out after this round's answers are sent.
                 self.redirected_pending = true;
             }
+            ReplToOwner::Retire => {
+                log::info!("lock owner: no successor; answering waiters M -");
+                self.stop_serving(None);
+                self.redirected_pending = true;
+            }
             ReplToOwner::Snapshot(entries) => {
                 self.stop_serving_waiters();
                 self.table.load_snapshot(now_ms, entries);
@@ -455,6 +460,14 @@ impl Owner {
             ("state", state.to_string()),
             ("ceiling", self.ceiling.max(stats.last_token).to_string()),
             ("lag_ms", lag_ms.to_string()),
+            (
+                "standbys",
+                match self.mode {
+                    Mode::Standby { .. } => 0,
+                    _ => self.shared.synced_standbys.load(Ordering::Relaxed),
+                }
+                .to_string(),
+            ),
         ];
         Answer::Info(
             pairs

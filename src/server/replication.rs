@@ -91,6 +91,9 @@ pub enum ReplToOwner {
     AbortHandoff,
     /// `to` took over: redirect every held request and waiter to it.
     FinishHandoff { to: String },
+    /// Shutting down with no successor: answer every waiter `M -`, then
+    /// answer `Redirected`.
+    Retire,
     /// Replace the table with the active's.
     Snapshot(Vec<Delta>),
     /// Apply the active's deltas.
@@ -242,6 +245,17 @@ impl Replication {
     /// snapshots, flushing.
     fn round(&mut self) {
         let now_ms = self.clock.now_ms();
+        let synced = (0..self.peers.len())
+            .filter(|&p| {
+                p != self.me
+                    && self.roles.is_live(p, now_ms)
+                    && self
+                        .roles
+                        .peer_beat(p)
+                        .is_some_and(|b| b.following == Some(self.me) && b.synced)
+            })
+            .count();
+        self.shared.synced_standbys.store(synced, Ordering::Relaxed);
         self.flush_deltas_in();
         let effects = self.roles.poll(now_ms);
         self.apply_effects(effects);
@@ -394,6 +408,11 @@ impl Replication {
                     self.flush_out(to);
                 }
                 RoleEffect::Exit => {
+                    if !self.awaiting_redirect && self.roles.role_name().is_active() {
+                        // No successor: waiters still get a clear answer.
+                        self.awaiting_redirect = true;
+                        self.tell_owner(ReplToOwner::Retire);
+                    }
                     if self.awaiting_redirect {
                         self.exit_when_redirected = true;
                     } else {
@@ -738,6 +757,10 @@ impl Replication {
                     self.tell_owner(ReplToOwner::Snapshot(entries));
                     let effects = self.roles.handle_synced(now_ms, p);
                     self.apply_effects(effects);
+                    // Tell every peer at once that this node now holds the
+                    // state: the active may hand over to it, and it must
+                    // win an election from now on.
+                    self.send_beats();
                 }
             }
             PeerMsg::Handoff => {
