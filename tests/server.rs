@@ -656,6 +656,8 @@ fn info_reports_the_role_the_node_and_the_right_counts() {
     let mut w2 = node.client();
     let mut probe = node.client();
 
+    // The kernel completes connects before the server accepts them.
+    wait_for_conns(&mut probe, 4);
     let info = probe.info();
     let me = node.addr.to_string();
     assert_eq!(

@@ -9,7 +9,7 @@
 mod common;
 
 use std::io::{ErrorKind, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{DEADLINE, LineClient, Node, Query, Received, info_field, token_of, wait_for};
 
@@ -265,6 +265,14 @@ fn bad_keys_are_refused_and_the_connection_stays_open() {
     c.acquire_now(&max_key, "30");
     c.acquire_now("clé-日本", "30");
     c.acquire_now("-", "30");
+    // Any byte from 0x80 up is allowed, UTF-8 or not, and echoed as sent.
+    c.send_raw(b"A \xff\x80\xfe 30 0\n");
+    let answer = c.recv_bytes();
+    let token = token_of(&String::from_utf8_lossy(&answer));
+    assert_eq!(
+        answer,
+        [format!("A {token} ").as_bytes(), b"\xff\x80\xfe"].concat()
+    );
     assert_still_served(&node, &mut healthy);
 }
 
@@ -363,6 +371,45 @@ fn a_client_that_never_reads_its_answers_does_not_stop_others() {
     // When the flooder goes away, its connection is cleaned up.
     drop(flood);
     wait_for_conns(&mut healthy, 2);
+    assert_still_served(&node, &mut healthy);
+}
+
+#[test]
+#[ignore = "server bug: a client that never reads its answers makes the node buffer \
+            without limit (read-ahead not bounded by requests in flight)"]
+fn a_client_that_never_reads_its_answers_does_not_make_the_node_buffer_without_limit() {
+    let node = start_node();
+    let mut healthy = node.client();
+    let before_kib = node.peak_rss_kib();
+    let mut flood = node.client();
+    flood
+        .stream
+        .set_write_timeout(Some(Duration::from_millis(500)))
+        .expect("write timeout");
+    // 1 MiB of `I` requests: half a million answers of about 120 bytes each,
+    // which a node that stops reading a client that does not read (SPEC.md
+    // section 3: "never unbounded memory") must not hold all at once.
+    let chunk = b"I\n".repeat(32 * 1024);
+    let mut sent = 0;
+    while sent < 1 << 20 {
+        match flood.stream.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(_) => break, // jammed or cut off: both fine
+        }
+    }
+    // The healthy request is queued behind whatever the node has read.
+    assert_still_served(&node, &mut healthy);
+    let limit_kib = before_kib + 128 * 1024;
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_millis(500) {
+        let peak_kib = node.peak_rss_kib();
+        assert!(
+            peak_kib < limit_kib,
+            "after {sent} bytes of requests whose answers nobody reads, the node's \
+             peak memory grew from {before_kib} KiB to {peak_kib} KiB"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_still_served(&node, &mut healthy);
 }
 

@@ -135,6 +135,22 @@ impl Node {
         }
     }
 
+    /// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`...). Linux only.
+    pub fn proc_status_kib(&self, field: &str) -> u64 {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in {path}"))
+    }
+
+    /// The most memory the node has had resident so far, in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmHWM")
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
@@ -211,29 +227,43 @@ impl LineClient {
     /// server closing the connection (EOF or reset) with no complete line
     /// left to read.
     pub fn next_event(&mut self, wait: Duration) -> Received {
+        match self.next_line_bytes(wait) {
+            Ok(line) => Received::Line(String::from_utf8_lossy(&line).into_owned()),
+            Err(event) => event,
+        }
+    }
+
+    /// The next answer line as raw bytes (without `\n`), for answers that
+    /// are not UTF-8; fails the test after the default deadline.
+    pub fn recv_bytes(&mut self) -> Vec<u8> {
+        self.next_line_bytes(DEADLINE)
+            .unwrap_or_else(|event| panic!("no answer within {DEADLINE:?}: {event:?}"))
+    }
+
+    /// The next complete line's bytes, or why there is none within `wait`.
+    fn next_line_bytes(&mut self, wait: Duration) -> Result<Vec<u8>, Received> {
         let start = Instant::now();
         loop {
             if let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                return Received::Line(
-                    String::from_utf8_lossy(&line[..line.len() - 1]).into_owned(),
-                );
+                let mut line: Vec<u8> = self.buf.drain(..=pos).collect();
+                line.pop();
+                return Ok(line);
             }
             let Some(left) = wait.checked_sub(start.elapsed()) else {
-                return Received::Nothing;
+                return Err(Received::Nothing);
             };
             self.stream
                 .set_read_timeout(Some(left.max(Duration::from_millis(1))))
                 .expect("set timeout");
             let mut chunk = [0u8; 4096];
             match self.stream.read(&mut chunk) {
-                Ok(0) => return Received::Closed,
+                Ok(0) => return Err(Received::Closed),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e)
                     if e.kind() == std::io::ErrorKind::WouldBlock
                         || e.kind() == std::io::ErrorKind::TimedOut => {}
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return Received::Closed,
+                Err(_) => return Err(Received::Closed),
             }
         }
     }
