@@ -135,6 +135,22 @@ impl Node {
         }
     }
 
+    /// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`...). Linux only.
+    pub fn proc_status_kib(&self, field: &str) -> u64 {
+        let path = format!("/proc/{}/status", self.pid());
+        let status = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in {path}"))
+    }
+
+    /// The most memory the node has had resident so far, in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmHWM")
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
@@ -147,12 +163,16 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        // SIGCONT first, in case a test left it stopped, then SIGKILL.
-        let _ = Command::new("kill")
-            .arg("-CONT")
-            .arg(self.pid().to_string())
-            .status();
-        let _ = self.child.kill();
+        // Only a child not reaped yet still owns its PID: signal nothing else.
+        if let Ok(None) = self.child.try_wait() {
+            // SIGCONT first, in case a test left it stopped, then SIGKILL.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(self.pid().to_string())
+                .stderr(Stdio::null())
+                .status();
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
     }
 }
@@ -197,26 +217,113 @@ impl LineClient {
     /// The next line, or None if nothing complete arrives within `wait`
     /// (or the connection is closed).
     pub fn try_recv(&mut self, wait: Duration) -> Option<String> {
+        match self.next_event(wait) {
+            Received::Line(line) => Some(line),
+            Received::Nothing | Received::Closed => None,
+        }
+    }
+
+    /// What happens next within `wait`: a complete line, nothing, or the
+    /// server closing the connection (EOF or reset) with no complete line
+    /// left to read.
+    pub fn next_event(&mut self, wait: Duration) -> Received {
+        match self.next_line_bytes(wait) {
+            Ok(line) => Received::Line(String::from_utf8_lossy(&line).into_owned()),
+            Err(event) => event,
+        }
+    }
+
+    /// The next answer line as raw bytes (without `\n`), for answers that
+    /// are not UTF-8; fails the test after the default deadline.
+    pub fn recv_bytes(&mut self) -> Vec<u8> {
+        self.next_line_bytes(DEADLINE)
+            .unwrap_or_else(|event| panic!("no answer within {DEADLINE:?}: {event:?}"))
+    }
+
+    /// The next complete line's bytes, or why there is none within `wait`.
+    fn next_line_bytes(&mut self, wait: Duration) -> Result<Vec<u8>, Received> {
         let start = Instant::now();
         loop {
             if let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
-                return Some(String::from_utf8_lossy(&line[..line.len() - 1]).into_owned());
+                let mut line: Vec<u8> = self.buf.drain(..=pos).collect();
+                line.pop();
+                return Ok(line);
             }
-            let left = wait.checked_sub(start.elapsed())?;
+            let Some(left) = wait.checked_sub(start.elapsed()) else {
+                return Err(Received::Nothing);
+            };
             self.stream
                 .set_read_timeout(Some(left.max(Duration::from_millis(1))))
                 .expect("set timeout");
             let mut chunk = [0u8; 4096];
             match self.stream.read(&mut chunk) {
-                Ok(0) => return None,
+                Ok(0) => return Err(Received::Closed),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e)
                     if e.kind() == std::io::ErrorKind::WouldBlock
                         || e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(_) => return None,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(Received::Closed),
             }
         }
+    }
+
+    /// Assert that no answer arrives and the connection stays open for
+    /// `wait`. This is the one place a test spends time on purpose: to show
+    /// that something does NOT happen during an interval, so keep it short.
+    pub fn assert_silent_for(&mut self, wait: Duration) {
+        match self.next_event(wait) {
+            Received::Nothing => {}
+            Received::Line(line) => panic!("expected no answer within {wait:?}, got {line:?}"),
+            Received::Closed => panic!("expected the connection to stay open for {wait:?}"),
+        }
+    }
+
+    /// The next `n` answer lines, each within the default deadline.
+    pub fn recv_n(&mut self, n: usize) -> Vec<String> {
+        (0..n).map(|_| self.recv()).collect()
+    }
+
+    /// Send several lines in one write (each gets its `\n`).
+    pub fn send_lines(&mut self, lines: &[&str]) {
+        let mut bytes = Vec::new();
+        for line in lines {
+            bytes.extend_from_slice(line.as_bytes());
+            bytes.push(b'\n');
+        }
+        self.send_raw(&bytes);
+    }
+
+    /// `Q key`, parsed; fails the test if the answer is not a `Q` for `key`.
+    pub fn query(&mut self, key: &str) -> Query {
+        let answer = self.ask(&format!("Q {key}"));
+        Query::parse(&answer, key)
+    }
+
+    /// `I`, the whole answer line; fails the test if it is not an `I`.
+    pub fn info(&mut self) -> String {
+        let answer = self.ask("I");
+        assert!(
+            answer == "I" || answer.starts_with("I "),
+            "expected an I answer, got {answer:?}"
+        );
+        answer
+    }
+
+    /// `A key lease wait` on a key that is expected to be granted at once;
+    /// returns the token.
+    pub fn acquire_now(&mut self, key: &str, lease: &str) -> u64 {
+        let answer = self.ask(&format!("A {key} {lease} 0"));
+        let token = token_of(&answer);
+        assert_eq!(answer, format!("A {token} {key}"), "grant names the key");
+        token
+    }
+
+    /// Close our sending side only (the server sees EOF; we can still read).
+    pub fn shutdown_write(&mut self) {
+        self.stream
+            .shutdown(std::net::Shutdown::Write)
+            .expect("shutdown write");
     }
 
     /// Send a line and return the next answer.
@@ -245,6 +352,96 @@ impl LineClient {
                 return false;
             }
         }
+    }
+}
+
+/// What [`LineClient::next_event`] saw.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Received {
+    Line(String),
+    Nothing,
+    Closed,
+}
+
+/// A parsed `Q <key> <token> <ms_left> <waiting>` answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Query {
+    pub token: u64,
+    pub ms_left: u64,
+    pub waiting: u64,
+}
+
+impl Query {
+    /// A free key: `Q <key> 0 0 0`.
+    pub const FREE: Query = Query {
+        token: 0,
+        ms_left: 0,
+        waiting: 0,
+    };
+
+    /// Parse a `Q` answer about `key`, failing the test otherwise.
+    pub fn parse(answer: &str, key: &str) -> Query {
+        let fields: Vec<&str> = answer.split(' ').collect();
+        let number = |i: usize| -> u64 {
+            fields[i]
+                .parse()
+                .unwrap_or_else(|_| panic!("field {i} of {answer:?} is not a number"))
+        };
+        assert!(
+            fields.len() == 5 && fields[0] == "Q" && fields[1] == key,
+            "expected `Q {key} <token> <ms_left> <waiting>`, got {answer:?}"
+        );
+        Query {
+            token: number(2),
+            ms_left: number(3),
+            waiting: number(4),
+        }
+    }
+}
+
+/// A finished process: its exit code (None if killed by a signal) and output.
+#[derive(Debug)]
+pub struct Finished {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Run `program args` to completion with a deadline; it is killed by PID
+/// (and the test fails) if it has not exited by then.
+pub fn run_to_exit(program: &str, args: &[&str], deadline: Duration) -> Finished {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let _ = pipe.read_to_end(&mut text);
+            String::from_utf8_lossy(&text).into_owned()
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("stdout is piped")));
+    let stderr = drain(Box::new(child.stderr.take().expect("stderr is piped")));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{program} {args:?} did not exit within {deadline:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Finished {
+        code: status.code(),
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
     }
 }
 

@@ -1,0 +1,108 @@
+//! Real-process tests of `batond` as a program (SPEC.md sections 2 and 6):
+//! its flags, its exit on SIGTERM, and fencing tokens across a restart.
+
+mod common;
+
+use common::{DEADLINE, Node, batond_path, run_to_exit, token_of};
+
+#[test]
+fn help_lists_every_flag_and_exits_0() {
+    for flag in ["--help", "-h"] {
+        let run = run_to_exit(batond_path(), &[flag], DEADLINE);
+        assert_eq!(run.code, Some(0), "batond {flag}: {run:?}");
+        for name in [
+            "--bind",
+            "--port",
+            "--peers",
+            "--advertise",
+            "--threads",
+            "--max-lease",
+            "--max-conns",
+            "--max-waiting",
+            "--max-keys",
+            "--help",
+        ] {
+            assert!(run.stdout.contains(name), "--help lists {name}: {run:?}");
+        }
+    }
+}
+
+#[test]
+fn a_bad_flag_exits_non_zero_with_a_one_line_error() {
+    // Each run also names a loopback address and port 0, so that a flag
+    // parser that wrongly accepted the bad flag would not listen elsewhere.
+    let cases: [&[&str]; 7] = [
+        &["--bogus"],
+        &["--port", "notaport"],
+        &["--threads", "0"],
+        &["--max-lease", "0"],
+        &["--max-conns", "-3"],
+        &["--peers", "nohostport"],
+        &["stray-argument"],
+    ];
+    for bad in cases {
+        let mut args = vec!["--bind", "127.0.0.1", "--port", "0"];
+        if bad[0] == "--port" {
+            args.truncate(2);
+        }
+        args.extend_from_slice(bad);
+        let run = run_to_exit(batond_path(), &args, DEADLINE);
+        assert!(
+            matches!(run.code, Some(code) if code != 0),
+            "batond {args:?} must fail: {run:?}"
+        );
+        let lines: Vec<&str> = run.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line of error for {args:?}: {run:?}");
+        assert!(lines[0].starts_with("batond: "), "{run:?}");
+        assert!(run.stdout.is_empty(), "{run:?}");
+    }
+}
+
+#[test]
+fn sigterm_makes_the_node_exit_0_promptly() {
+    let mut node = Node::start(&[]);
+    let mut holder = node.client();
+    let mut waiter = node.client();
+    holder.acquire_now("k", "30");
+    waiter.send("A k 30 0");
+    let mut probe = node.client();
+    common::wait_for("the waiter to queue", DEADLINE, || {
+        (probe.query("k").waiting == 1).then_some(())
+    });
+    node.signal("TERM");
+    assert_eq!(node.wait_exit(DEADLINE), Some(0), "log:\n{}", node.log());
+    assert!(
+        holder.closed_within(DEADLINE),
+        "connections end with the node"
+    );
+}
+
+#[test]
+fn sigterm_makes_an_idle_node_exit_0_promptly() {
+    let mut node = Node::start(&[]);
+    node.signal("TERM");
+    assert_eq!(node.wait_exit(DEADLINE), Some(0), "log:\n{}", node.log());
+}
+
+#[test]
+fn tokens_after_a_restart_are_larger_than_before_it() {
+    let mut first = Node::start(&[]);
+    let mut c = first.client();
+    let mut before = 0;
+    for i in 0..20 {
+        before = c.acquire_now(&format!("k{i}"), "30");
+    }
+    first.signal("KILL");
+    first.wait_exit(DEADLINE);
+    drop(first);
+
+    let second = Node::start(&[]);
+    let mut c = second.client();
+    let answer = c.ask("A k0 30 0");
+    let after = token_of(&answer);
+    assert_eq!(answer, format!("A {after} k0"));
+    assert!(
+        after > before,
+        "token after the restart {after} > last before it {before}"
+    );
+}
