@@ -375,8 +375,6 @@ fn a_client_that_never_reads_its_answers_does_not_stop_others() {
 }
 
 #[test]
-#[ignore = "server bug: a client that never reads its answers makes the node buffer \
-            without limit (read-ahead not bounded by requests in flight)"]
 fn a_client_that_never_reads_its_answers_does_not_make_the_node_buffer_without_limit() {
     let node = start_node();
     let mut healthy = node.client();

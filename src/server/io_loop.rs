@@ -10,9 +10,14 @@
 //! - `MAX_LINE` per line (protocol.rs): past it, `E - - line-too-long` and close;
 //! - `ACCEPT_BATCH` accepts per wake, `READ_BUDGET` bytes read per connection
 //!   per wake, so one busy client cannot starve the others;
-//! - `PAUSE_OUTPUT` bytes of unsent answers: stop reading that client until it
-//!   catches up; `MAX_OUTPUT`: a client that does not read its answers is cut
-//!   off rather than growing memory without limit;
+//! - `PAUSE_OUTPUT` bytes of unsent answers, or `Shared::max_inflight`
+//!   requests sent to the owner and not answered yet: stop reading that
+//!   client until it catches up (the limit on requests in flight is what
+//!   bounds a client that floods requests and never reads, since its answers
+//!   pile up in the channels before they reach its output); `MAX_OUTPUT`: a
+//!   client whose unread answers still grow past it is cut off;
+//! - `MAX_OWNER_BATCHES` answer batches taken in per round, so one flooded
+//!   loop still gets back to its other clients;
 //! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
 //!   is closed at once.
 //!
@@ -59,6 +64,8 @@ const MAX_OUTPUT: usize = 4 * 1024 * 1024;
 const IDLE_OUTPUT_CAPACITY: usize = 4 * 1024;
 /// Events handled per `poll` call.
 const EVENTS_CAPACITY: usize = 1024;
+/// Answer batches from the owner taken in per round.
+const MAX_OWNER_BATCHES: usize = 64;
 
 struct Conn {
     stream: TcpStream,
@@ -73,8 +80,10 @@ struct Conn {
     forgotten: bool,
     /// Queued for a flush this round.
     dirty: bool,
-    /// Reading is paused by PAUSE_OUTPUT.
+    /// Reading is paused by PAUSE_OUTPUT or the in-flight limit.
     paused: bool,
+    /// Requests sent to the owner and not answered yet.
+    inflight: u32,
     /// Unread input may remain (budget ran out): read again next round.
     backlogged: bool,
     /// No line has been read yet (a peer link announces itself on its first line).
@@ -103,6 +112,7 @@ pub struct IoLoop {
     dirty: Vec<usize>,
     backlog: Vec<usize>,
     accept_pending: bool,
+    answers_pending: bool,
     read_buf: Box<[u8]>,
 }
 
@@ -136,6 +146,7 @@ impl IoLoop {
             dirty: Vec::new(),
             backlog: Vec::new(),
             accept_pending: true,
+            answers_pending: false,
             read_buf: vec![0; READ_CHUNK].into_boxed_slice(),
         };
         Ok((io_loop, waker))
@@ -145,7 +156,7 @@ impl IoLoop {
     pub fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS_CAPACITY);
         while !self.shared.shutdown.load(Ordering::Acquire) {
-            let busy = self.accept_pending || !self.backlog.is_empty();
+            let busy = self.accept_pending || self.answers_pending || !self.backlog.is_empty();
             let timeout = busy.then_some(std::time::Duration::ZERO);
             if let Err(e) = self.poll.poll(&mut events, timeout)
                 && e.kind() != io::ErrorKind::Interrupted
@@ -276,6 +287,7 @@ impl IoLoop {
             forgotten: false,
             dirty: false,
             paused: false,
+            inflight: 0,
             backlogged: false,
             fresh: true,
         });
@@ -299,7 +311,7 @@ impl IoLoop {
             if conn.closing || conn.forgotten {
                 return;
             }
-            if conn.pending_output() > PAUSE_OUTPUT {
+            if conn.pending_output() > PAUSE_OUTPUT || conn.inflight >= self.shared.max_inflight {
                 conn.paused = true;
                 return;
             }
@@ -387,12 +399,18 @@ impl IoLoop {
             }
             let id = self.conns[slot].id;
             match result {
-                Ok(request) => self.batch.push(Inbound::Request(id, request)),
+                Ok(request) => {
+                    self.conns[slot].inflight += 1;
+                    self.batch.push(Inbound::Request(id, request));
+                }
                 Err(LineError::Blank) => {}
                 Err(LineError::Refused { op, key, reason }) => {
                     log::debug!("{id:?}: refused {op:?} {key:?}: {}", reason.as_str());
                     match key {
-                        Some(key) => self.batch.push(Inbound::Refused(id, op, Some(key), reason)),
+                        Some(key) => {
+                            self.conns[slot].inflight += 1;
+                            self.batch.push(Inbound::Refused(id, op, Some(key), reason));
+                        }
                         None => self.write_answer(
                             slot,
                             &Answer::Error {
@@ -451,7 +469,8 @@ impl IoLoop {
     }
 
     fn take_answers(&mut self) {
-        loop {
+        self.answers_pending = false;
+        for _ in 0..MAX_OWNER_BATCHES {
             match self.from_owner.try_recv() {
                 Ok(batch) => self.apply_owner_batch(batch),
                 Err(TryRecvError::Empty) => return,
@@ -461,12 +480,16 @@ impl IoLoop {
                 }
             }
         }
+        // More may wait: come back after a look at the other clients.
+        self.answers_pending = true;
     }
 
     fn apply_owner_batch(&mut self, batch: OwnerBatch) {
         for (id, answer) in &batch.answers {
-            if self.live_slot(*id).is_some() {
-                self.write_answer(id.slot(), answer);
+            if let Some(slot) = self.live_slot(*id) {
+                let conn = &mut self.conns[slot];
+                conn.inflight = conn.inflight.saturating_sub(1);
+                self.write_answer(slot, answer);
             }
         }
         for id in batch.forgotten {
@@ -555,7 +578,8 @@ impl IoLoop {
             return;
         }
         let conn = &mut self.conns[slot];
-        if conn.paused && pending <= PAUSE_OUTPUT / 2 {
+        let caught_up = conn.inflight <= self.shared.max_inflight / 2;
+        if conn.paused && pending <= PAUSE_OUTPUT / 2 && caught_up {
             conn.paused = false;
             self.schedule_read(slot);
         }

@@ -44,6 +44,9 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     pub max_conns: usize,
     pub max_lease_ms: u64,
+    /// Requests one connection may have sent to the owner and not had
+    /// answered (its waiters included) before it is no longer read.
+    pub max_inflight: u32,
     /// Benchmark floor mode (`--echo`): every line is echoed back.
     pub echo: bool,
     /// This node's name in `I` (its `--peers` entry, or bind:port).
@@ -58,6 +61,10 @@ pub struct Shared {
     /// Live standbys that hold this node's full state (by replication).
     pub synced_standbys: AtomicUsize,
 }
+
+/// Requests in flight a connection may have beyond its waiting acquires
+/// (so a client with many waiters can still release on that connection).
+const MAX_INFLIGHT_BEYOND_WAITING: u32 = 4096;
 
 /// A running node.
 pub struct Server {
@@ -91,6 +98,9 @@ impl Server {
             shutdown: AtomicBool::new(false),
             max_conns: config.max_conns,
             max_lease_ms: config.max_lease_ms,
+            max_inflight: config
+                .max_waiting
+                .saturating_add(MAX_INFLIGHT_BEYOND_WAITING),
             echo: config.echo,
             node: if config.peers.is_empty() {
                 SocketAddr::new(config.bind, local_addr.port()).to_string()
