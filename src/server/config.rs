@@ -28,6 +28,7 @@ USAGE:
   batond [--bind ADDR] [--port PORT] [--peers H:P,H:P,...] [--advertise H:P]
          [--threads N] [--max-lease SECS] [--max-conns N]
          [--max-waiting N] [--max-keys N] [--detect SECS]
+         [--promotion-grace SECS]
 
 FLAGS:
   --bind ADDR        address to listen on (default 0.0.0.0)
@@ -46,6 +47,11 @@ FLAGS:
   --max-keys N       keys held at once (default 10000000)
   --detect SECS      cluster failure detection: a peer silent this long is
                      dead (default 1; heartbeats go 4 times as often)
+  --promotion-grace SECS
+                     after a failover, the new active makes acquires of keys
+                     it does not know as held wait this long, so grants the
+                     old active made but never replicated run out first
+                     (default 0: off; set it to the longest lease you use)
   --echo             benchmark floor: answer every line with itself, through
                      the same I/O loops, without the lock table
   -h, --help         print this help
@@ -69,6 +75,8 @@ pub struct Config {
     pub detect_ms: u64,
     /// Benchmark floor: echo every line instead of serving locks.
     pub echo: bool,
+    /// After a failover, grants of keys not known as held wait this long.
+    pub promotion_grace_ms: u64,
 }
 
 impl Default for Config {
@@ -85,6 +93,7 @@ impl Default for Config {
             max_keys: DEFAULT_MAX_KEYS,
             detect_ms: DEFAULT_DETECT_MS,
             echo: false,
+            promotion_grace_ms: 0,
         }
     }
 }
@@ -159,6 +168,13 @@ impl Config {
             config.detect_ms = crate::protocol::parse_seconds(secs.as_bytes())
                 .filter(|&ms| ms >= 20)
                 .ok_or_else(|| format!("--detect: '{secs}' is not a number of seconds >= 0.02"))?;
+        }
+        if let Some(secs) = args
+            .opt_value_from_str::<_, String>("--promotion-grace")
+            .map_err(flag_error)?
+        {
+            config.promotion_grace_ms = crate::protocol::parse_seconds(secs.as_bytes())
+                .ok_or_else(|| format!("--promotion-grace: '{secs}' is not a number of seconds"))?;
         }
         let rest = args.finish();
         if !rest.is_empty() {
@@ -292,8 +308,11 @@ mod tests {
             "9",
             "--detect",
             "0.25",
+            "--promotion-grace",
+            "2.5",
         ]);
         assert_eq!(c.detect_ms, 250);
+        assert_eq!(c.promotion_grace_ms, 2500);
         assert_eq!(c.bind.to_string(), "127.0.0.1");
         assert_eq!((c.port, c.threads, c.max_lease_ms), (9000, 3, 1500));
         assert_eq!((c.max_conns, c.max_waiting, c.max_keys), (7, 8, 9));

@@ -184,6 +184,8 @@ pub struct LockTable {
     wheel: TimingWheel<Timer>,
     tokens: TokenSource,
     fired: Vec<(TimerId, Timer)>,
+    /// Until then, keys not held wait instead of being granted at once.
+    grace_until_ms: u64,
 }
 
 impl LockTable {
@@ -199,6 +201,7 @@ impl LockTable {
             wheel: TimingWheel::new(now_ms),
             tokens,
             fired: Vec::new(),
+            grace_until_ms: 0,
         }
     }
 
@@ -226,9 +229,24 @@ impl LockTable {
         wait_ms: u64,
         out: &mut Outbox,
     ) {
-        let Some(idx) = self.lookup_live(now_ms, &key, out) else {
-            self.grant_new(now_ms, conn, key, lease_ms, out);
-            return;
+        let idx = match self.lookup_live(now_ms, &key, out) {
+            Some(idx) => idx,
+            None if now_ms < self.grace_until_ms => {
+                // Promotion grace: a key this node does not know as held may
+                // still be held by a grant the old active never replicated.
+                // The request waits behind a placeholder (token 0) that runs
+                // out when the grace ends.
+                if self.is_full(conn, &key, out) {
+                    return;
+                }
+                self.insert_key(key.clone(), 0, self.grace_until_ms)
+            }
+            None => {
+                if !self.is_full(conn, &key, out) {
+                    self.grant_new(now_ms, conn, key, lease_ms, out);
+                }
+                return;
+            }
         };
         let state = self.conns.get(&conn);
         if state.is_some_and(|c| c.waiting >= self.limits.max_waiting_per_conn) {
@@ -408,20 +426,24 @@ impl LockTable {
         self.index.get(key).copied()
     }
 
-    fn grant_new(&mut self, now_ms: u64, conn: ConnId, key: Key, lease_ms: u64, out: &mut Outbox) {
-        if self.keys.len() >= self.limits.max_keys {
-            out.answer(
-                conn,
-                Answer::Error {
-                    op: Some(Op::Acquire),
-                    key: Some(key),
-                    reason: Reason::TooManyKeys,
-                },
-            );
-            return;
+    /// The table cannot take a new key: answer `too-many-keys`.
+    fn is_full(&self, conn: ConnId, key: &Key, out: &mut Outbox) -> bool {
+        if self.keys.len() < self.limits.max_keys {
+            return false;
         }
-        let token = self.tokens.issue();
-        let expiry_ms = now_ms.saturating_add(lease_ms);
+        out.answer(
+            conn,
+            Answer::Error {
+                op: Some(Op::Acquire),
+                key: Some(key.clone()),
+                reason: Reason::TooManyKeys,
+            },
+        );
+        true
+    }
+
+    /// A new key in the table, held by `token` until `expiry_ms`.
+    fn insert_key(&mut self, key: Key, token: u64, expiry_ms: u64) -> u32 {
         let entry = self.keys.vacant_entry();
         let idx = entry.key() as u32;
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
@@ -434,7 +456,20 @@ impl LockTable {
             queue_tail: NIL,
             queue_len: 0,
         });
-        self.index.insert(key.clone(), idx);
+        self.index.insert(key, idx);
+        idx
+    }
+
+    /// Grants of keys not known as held wait until `until_ms` (the
+    /// `--promotion-grace` of a node promoted after a failure).
+    pub fn set_grace_until(&mut self, until_ms: u64) {
+        self.grace_until_ms = until_ms;
+    }
+
+    fn grant_new(&mut self, now_ms: u64, conn: ConnId, key: Key, lease_ms: u64, out: &mut Outbox) {
+        let token = self.tokens.issue();
+        let expiry_ms = now_ms.saturating_add(lease_ms);
+        self.insert_key(key.clone(), token, expiry_ms);
         out.delta(|| Delta::Grant {
             key: key.clone(),
             token,
@@ -687,7 +722,7 @@ impl LockTable {
     pub fn snapshot(&self, now_ms: u64) -> Vec<Delta> {
         self.keys
             .iter()
-            .filter(|(_, state)| state.expiry_ms > now_ms)
+            .filter(|(_, state)| state.expiry_ms > now_ms && state.token != 0)
             .map(|(_, state)| Delta::Grant {
                 key: state.key.clone(),
                 token: state.token,
@@ -716,19 +751,7 @@ impl LockTable {
                         state.lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
                     }
                     None => {
-                        let entry = self.keys.vacant_entry();
-                        let idx = entry.key() as u32;
-                        let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
-                        entry.insert(KeyState {
-                            key: key.clone(),
-                            token,
-                            expiry_ms,
-                            lease_timer,
-                            queue_head: NIL,
-                            queue_tail: NIL,
-                            queue_len: 0,
-                        });
-                        self.index.insert(key, idx);
+                        self.insert_key(key, token, expiry_ms);
                     }
                 }
             }
@@ -1326,6 +1349,44 @@ mod tests {
         assert!(
             h.acquire(0, C2, "a", 1000, 0).is_empty(),
             "a held key still queues"
+        );
+    }
+
+    #[test]
+    fn during_a_promotion_grace_unknown_keys_wait_until_it_ends() {
+        let mut h = Harness::new();
+        let held = h.grant(0, C1, "known", 10_000);
+        h.table.set_grace_until(1000);
+        // A key it knows as held behaves as usual.
+        assert_eq!(h.release(10, C1, "known", held).len(), 1);
+        // A key it does not know waits for the grace, in FIFO order.
+        assert!(h.acquire(10, C2, "k", 500, 0).is_empty());
+        assert!(h.acquire(20, C3, "k", 500, 0).is_empty());
+        match h.query(30, C1, "k").as_slice() {
+            [
+                (
+                    _,
+                    Answer::Queried {
+                        token: 0,
+                        ms_left: 970,
+                        waiting: 2,
+                        ..
+                    },
+                ),
+            ] => {}
+            other => panic!("{other:?}"),
+        }
+        // A waiter whose wait ends during the grace gets T, nothing else.
+        assert!(h.acquire(30, C1, "w", 500, 100).is_empty());
+        assert_eq!(h.tick(130), vec![(C1, Answer::Timeout { key: key("w") })]);
+        assert!(h.tick(999).is_empty());
+        let g = granted(&h.tick(1000));
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].0, C2);
+        h.table.set_grace_until(0);
+        assert!(
+            h.grant(1001, C1, "fresh", 500) > 0,
+            "after the grace, grants are immediate"
         );
     }
 

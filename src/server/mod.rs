@@ -49,6 +49,8 @@ pub struct Shared {
     pub max_inflight: u32,
     /// Benchmark floor mode (`--echo`): every line is echoed back.
     pub echo: bool,
+    /// `--promotion-grace`, in ms.
+    pub promotion_grace_ms: u64,
     /// This node's name in `I` (its `--peers` entry, or bind:port).
     pub node: String,
     /// The largest token this node issued itself (written by the owner
@@ -102,6 +104,7 @@ impl Server {
                 .max_waiting
                 .saturating_add(MAX_INFLIGHT_BEYOND_WAITING),
             echo: config.echo,
+            promotion_grace_ms: config.promotion_grace_ms,
             node: if config.peers.is_empty() {
                 SocketAddr::new(config.bind, local_addr.port()).to_string()
             } else {

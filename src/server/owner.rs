@@ -132,6 +132,8 @@ pub struct Owner {
     ceiling: u64,
     /// A handoff finished this round: tell replication once answers are out.
     redirected_pending: bool,
+    /// `--promotion-grace`.
+    promotion_grace_ms: u64,
     outbox: Outbox,
     rounds: Vec<OwnerBatch>,
 }
@@ -148,6 +150,7 @@ impl Owner {
         shared: Arc<Shared>,
     ) -> Owner {
         let rounds = workers.iter().map(|_| OwnerBatch::default()).collect();
+        let promotion_grace_ms = shared.promotion_grace_ms;
         let mode = match repl {
             None => Mode::Active,
             Some(_) => Mode::Standby { active: None },
@@ -162,6 +165,7 @@ impl Owner {
             mode,
             ceiling: 0,
             redirected_pending: false,
+            promotion_grace_ms,
             outbox: Outbox::default(),
             rounds,
         }
@@ -279,9 +283,17 @@ impl Owner {
 
     fn handle_repl(&mut self, now_ms: u64, msg: ReplToOwner) {
         match msg {
-            ReplToOwner::BecomeActive { floor } => {
+            ReplToOwner::BecomeActive { floor, failover } => {
                 log::info!("lock owner: now active");
                 self.table.observe_token(floor);
+                if failover && self.promotion_grace_ms > 0 {
+                    log::info!(
+                        "lock owner: promotion grace: unknown keys wait {} ms",
+                        self.promotion_grace_ms
+                    );
+                    self.table
+                        .set_grace_until(now_ms.saturating_add(self.promotion_grace_ms));
+                }
                 self.ceiling = 0;
                 self.resume_serving(now_ms);
             }

@@ -81,8 +81,9 @@ pub enum OwnerToRepl {
 /// What the replication thread tells the lock owner.
 #[derive(Debug)]
 pub enum ReplToOwner {
-    /// Serve, with tokens above `floor`.
-    BecomeActive { floor: u64 },
+    /// Serve, with tokens above `floor`; `failover` when promoted by an
+    /// election (state may be missing), not by an orderly handoff.
+    BecomeActive { floor: u64, failover: bool },
     /// Do not serve; redirect clients to `active` (its address), or `M -`.
     Follow { active: Option<String> },
     /// Stop serving (hold requests back) and answer `HandoffReady`.
@@ -372,6 +373,9 @@ impl Replication {
             self.flush_deltas_in();
         }
         let mut changed = false;
+        let handoff = effects
+            .iter()
+            .any(|e| matches!(e, RoleEffect::SendTook { .. }));
         for effect in effects {
             log::info!(
                 "replication: {:?} (role now {:?})",
@@ -382,7 +386,10 @@ impl Replication {
             match effect {
                 RoleEffect::BecomeActive => {
                     let floor = crate::server::tokens::clock_floor(crate::server::unix_ms());
-                    self.tell_owner(ReplToOwner::BecomeActive { floor });
+                    self.tell_owner(ReplToOwner::BecomeActive {
+                        floor,
+                        failover: !handoff,
+                    });
                     for out in &mut self.outs {
                         out.snap_sent = false;
                     }
