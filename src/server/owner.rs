@@ -98,8 +98,23 @@ impl Clock {
             start: Instant::now(),
         }
     }
+    /// Milliseconds since the clock started, rounded down: the time to fire
+    /// timers at (a deadline fires once it has fully passed).
     pub fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
+    }
+
+    /// Milliseconds since the clock started, rounded up: the time requests
+    /// are stamped with, so a deadline set from it (now + lease) is never
+    /// before the moment the request really arrived + lease.
+    pub fn now_ms_ceil(&self) -> u64 {
+        let elapsed = self.start.elapsed();
+        let ms = elapsed.as_millis() as u64;
+        if elapsed.subsec_nanos() % 1_000_000 == 0 {
+            ms
+        } else {
+            ms + 1
+        }
     }
     pub fn instant_of(&self, ms: u64) -> Instant {
         self.start + std::time::Duration::from_millis(ms)
@@ -178,7 +193,7 @@ impl Owner {
             if !self.wait_for_input(&mut messages) {
                 break;
             }
-            let now_ms = self.clock.now_ms();
+            let now_ms = self.clock.now_ms_ceil();
             // Tokens follow the wall clock (unix ms × 2^20 at least), so a
             // token issued later by any node — even one cut off from the
             // others, or freshly promoted — is larger, clocks permitting.
@@ -186,7 +201,8 @@ impl Owner {
                 .observe_token(tokens::clock_floor(crate::server::unix_ms()));
             self.outbox.replicate =
                 self.repl.is_some() && !matches!(self.mode, Mode::Standby { .. });
-            self.table.poll_timers(now_ms, &mut self.outbox);
+            self.table
+                .poll_timers(self.clock.now_ms(), &mut self.outbox);
             for message in messages.drain(..) {
                 match message {
                     OwnerMsg::Clients(batch) => {
