@@ -1,11 +1,15 @@
 //! Test support shared by the integration tests: real `batond` processes on
-//! loopback ports, a line-oriented TCP client, and deadline-bounded polling.
+//! loopback ports, a line-oriented TCP client, and deadline-bounded polling;
+//! `faults` adds a proxy that cuts, stalls or refuses connections and a fake
+//! standby that answers `M`, for the client tests.
 //!
 //! Every process started here is killed (by its PID) when its handle drops,
 //! so a failing test leaves nothing running. Nothing here sleeps to
 //! synchronise: waits are polls with a deadline.
 
 #![allow(dead_code)]
+
+pub mod faults;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -64,7 +68,10 @@ impl Node {
     pub fn start_raw(args: &[&str], port: Option<u16>) -> Node {
         let mut child = Command::new(batond_path())
             .args(args)
-            .env("RUST_LOG", std::env::var("BATON_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("BATON_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -145,7 +152,10 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         // SIGCONT first, in case a test left it stopped, then SIGKILL.
-        let _ = Command::new("kill").arg("-CONT").arg(self.pid().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-CONT")
+            .arg(self.pid().to_string())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -205,8 +215,9 @@ impl LineClient {
             match self.stream.read(&mut chunk) {
                 Ok(0) => return None,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
                 Err(_) => return None,
             }
         }
@@ -229,8 +240,9 @@ impl LineClient {
             match self.stream.read(&mut chunk) {
                 Ok(0) => return true,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
                 Err(_) => return true,
             }
             if start.elapsed() > wait {
