@@ -229,6 +229,10 @@ impl Conn {
                 return;
             }
         };
+        if ctx.is_closed() {
+            // The client closed while this connection was being made.
+            let _ = stream.shutdown(Shutdown::Both);
+        }
         let why = self.read_loop(stream, ctx);
         self.go_down(why, ctx);
         let _ = writer.join();
@@ -307,6 +311,9 @@ impl Conn {
     /// The server said nothing for a request timeout: probe it if requests
     /// wait; give up on it if an earlier probe got no answer.
     fn on_silence(&self, probing: &mut bool, ctx: &Ctx) -> Result<(), String> {
+        if ctx.is_closed() {
+            return Err("the client is closed".into());
+        }
         if *probing {
             return Err(format!(
                 "no answer to a probe within {:?}",

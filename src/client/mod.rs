@@ -153,6 +153,13 @@ impl ClientBuilder {
 /// Check and normalise server addresses: `host:port` (`host` alone gets
 /// port 7373), trimmed, duplicates dropped, at least one.
 pub fn parse_servers<S: AsRef<str>>(servers: &[S]) -> Result<Vec<String>, Error> {
+    if servers.len() > pool::MAX_SERVERS {
+        return Err(Error::InvalidArgument(format!(
+            "{} servers given; at most {} are supported",
+            servers.len(),
+            pool::MAX_SERVERS
+        )));
+    }
     let mut out: Vec<String> = Vec::new();
     for server in servers {
         let server = server.as_ref().trim();

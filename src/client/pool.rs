@@ -3,7 +3,8 @@
 //!
 //! Owns: the registered servers (nodes) and their connections (one per
 //! address given, two when only one address is given, one for a node first
-//! learned from an `M` redirect), the round-robin turn, the node preferred
+//! learned from an `M` redirect; at most [`MAX_SERVERS`] servers), the
+//! round-robin turn, the node preferred
 //! after a redirect (the active one), and the [`Notifier`] that wakes callers
 //! waiting for a connection to come up.
 //!
@@ -31,6 +32,9 @@ use crate::client::grant::ConnectionStatus;
 
 /// Connections kept to a server when it is the only one given.
 pub const CONNECTIONS_FOR_ONE_SERVER: usize = 2;
+/// Servers one client registers, at most (those given plus those learned
+/// from redirects); a redirect to one more is refused.
+pub const MAX_SERVERS: usize = 64;
 /// Extra time a caller waits for a connection attempt past the connect
 /// timeout (name resolution, thread start).
 const CONNECT_SLACK: Duration = Duration::from_secs(1);
@@ -223,6 +227,9 @@ impl Pool {
         let mut nodes = self.nodes.write();
         match nodes.iter().position(|n| n.addr == addr) {
             Some(index) => Ok(index),
+            None if nodes.len() >= MAX_SERVERS => Err(Error::NoActive(format!(
+                "redirected to {addr}, but this client already knows {MAX_SERVERS} servers"
+            ))),
             None => {
                 log::info!("learned of server {addr} from a redirect");
                 self.add_node(&mut nodes, addr, 1)
