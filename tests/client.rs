@@ -571,3 +571,42 @@ fn a_stalled_server_costs_a_caller_no_more_than_its_deadline() {
         start.elapsed()
     );
 }
+
+#[test]
+fn dropping_the_last_handle_closes_the_connections() {
+    let n = node();
+    let p = Proxy::start(n.addr);
+    let c = client(&[p.server()]);
+    wait_up(&c, 2);
+    p.wait_live(2);
+    let guard = c.lock("k", LEASE, None).expect("locked");
+    drop(c);
+    assert_eq!(p.live(), 2, "the guard keeps the client alive");
+    drop(guard);
+    p.wait_live(0);
+    let direct = client(&[server(&n)]);
+    assert!(
+        direct.query("k").expect("query").is_free(),
+        "released on drop"
+    );
+}
+
+#[test]
+fn a_connection_the_server_turns_away_is_left_out() {
+    let n = Node::start(&["--threads", "1", "--max-conns", "1"]);
+    let c = client(&[server(&n)]);
+    wait_for("one connection up, one turned away", DEADLINE, || {
+        let conns = c.connections();
+        let turned_away = conns.iter().any(|c| {
+            c.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("too-many-connections"))
+        });
+        let up = conns.iter().filter(|c| c.connected).count();
+        (turned_away && up == 1).then_some(())
+    });
+    for _ in 0..10 {
+        c.query("k")
+            .expect("a query over the connection that is up");
+    }
+}

@@ -114,49 +114,87 @@ pub fn exchange(
     due: Option<Instant>,
     mut make: impl FnMut() -> Result<Request, Error>,
 ) -> Result<Exchanged, Failure> {
-    let mut failures = 0;
-    let mut delivered = false;
-    let mut redirects = Redirects::new(pool.request_timeout());
-    let fail = |error, maybe_delivered| Failure {
-        error,
-        maybe_delivered,
+    let mut call = Call {
+        failures: 0,
+        delivered: false,
+        redirects: Redirects::new(pool.request_timeout()),
     };
     loop {
-        let request = make().map_err(|e| fail(e, delivered))?;
-        match attempt(pool, target, &request, due) {
-            Attempt::Answered(Answer::Moved { active, .. }, _) => redirects
-                .follow(pool, active.as_deref(), due)
-                .map_err(|e| fail(e, delivered))?,
-            Attempt::Answered(
-                Answer::Error {
-                    reason: Reason::ShuttingDown,
-                    ..
-                },
-                _,
-            ) => failures += 1,
-            Attempt::Answered(answer, sent_at) => {
-                return Ok(Exchanged {
-                    answer,
-                    sent_at,
-                    earlier_maybe_delivered: delivered,
-                });
-            }
-            Attempt::Lost { sent } => {
-                delivered |= sent;
-                failures += 1;
-            }
-            Attempt::Overdue(why) => return Err(fail(Error::NoAnswer(why), true)),
-            Attempt::Unreachable(e) => return Err(fail(e, delivered)),
-        }
-        let limit = pool.connection_count(target);
-        if failures >= limit {
-            let why = format!(
-                "the connection failed on each of {failures} attempts: {}",
-                pool.describe(target)
-            );
-            return Err(fail(Error::NoConnection(why), delivered));
+        let request = make().map_err(|e| call.fail(e))?;
+        let outcome = attempt(pool, target, &request, due);
+        if let Some(done) = call.handle(pool, target, due, outcome)? {
+            return Ok(done);
         }
     }
+}
+
+/// What one call has been through so far.
+struct Call {
+    failures: usize,
+    delivered: bool,
+    redirects: Redirects,
+}
+
+impl Call {
+    fn fail(&self, error: Error) -> Failure {
+        Failure {
+            error,
+            maybe_delivered: self.delivered,
+        }
+    }
+
+    /// Some(final answer), None to try again, or the call's failure.
+    fn handle(
+        &mut self,
+        pool: &Pool,
+        target: Target,
+        due: Option<Instant>,
+        outcome: Attempt,
+    ) -> Result<Option<Exchanged>, Failure> {
+        match outcome {
+            Attempt::Answered(Answer::Moved { active, .. }, _) => {
+                let followed = self.redirects.follow(pool, active.as_deref(), due);
+                return followed.map(|()| None).map_err(|e| self.fail(e));
+            }
+            Attempt::Answered(answer, sent_at) if !is_shutting_down(&answer) => {
+                return Ok(Some(Exchanged {
+                    answer,
+                    sent_at,
+                    earlier_maybe_delivered: self.delivered,
+                }));
+            }
+            Attempt::Answered(..) => self.failures += 1,
+            Attempt::Lost { sent } => {
+                self.delivered |= sent;
+                self.failures += 1;
+            }
+            Attempt::Overdue(why) => {
+                self.delivered = true;
+                return Err(self.fail(Error::NoAnswer(why)));
+            }
+            Attempt::Unreachable(e) => return Err(self.fail(e)),
+        }
+        if self.failures < pool.connection_count(target) {
+            return Ok(None);
+        }
+        let why = format!(
+            "the connection failed on each of {} attempts: {}",
+            self.failures,
+            pool.describe(target)
+        );
+        Err(self.fail(Error::NoConnection(why)))
+    }
+}
+
+/// `E <op> <key> shutting-down`: this node is going away; try another.
+fn is_shutting_down(answer: &Answer) -> bool {
+    matches!(
+        answer,
+        Answer::Error {
+            reason: Reason::ShuttingDown,
+            ..
+        }
+    )
 }
 
 /// Following `M` answers within one call.
