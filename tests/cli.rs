@@ -439,3 +439,25 @@ fn a_signal_to_baton_reaches_the_command_and_the_key_is_released() {
     assert!(command.is_gone());
     assert_eq!(holder(&c, "k"), None);
 }
+
+#[test]
+fn a_run_that_waited_in_line_longer_than_its_lease_runs_its_command() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let c = library(&servers);
+    let held = c
+        .acquire("k", Duration::from_secs(30), None)
+        .expect("granted");
+    let run = start(
+        &servers,
+        &["run", "k", "--lease", "1", "--", "sleep", "0.5"],
+    );
+    wait_for("the run to wait in line", DEADLINE, || {
+        (c.query("k").expect("query").waiting == 1).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500)); // longer in line than the lease
+    c.release(&held).expect("released");
+    let out = run.finish();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stderr, "");
+}

@@ -610,3 +610,24 @@ fn a_connection_the_server_turns_away_is_left_out() {
             .expect("a query over the connection that is up");
     }
 }
+
+#[test]
+fn a_grant_that_waited_longer_than_its_lease_is_not_spent_on_arrival() {
+    let n = node();
+    let c = client(&[server(&n)]);
+    let held = c.acquire("k", LEASE, None).expect("granted");
+    let lease = Duration::from_secs(1);
+    let waiter = {
+        let c = c.clone();
+        thread::spawn(move || c.acquire("k", lease, None))
+    };
+    wait_for("the acquire to wait in line", DEADLINE, || {
+        (c.query("k").expect("query").waiting == 1).then_some(())
+    });
+    thread::sleep(Duration::from_millis(1500)); // longer in line than the lease
+    c.release(&held).expect("released");
+    let grant = waiter.join().expect("thread").expect("granted");
+    assert!(!grant.is_expired());
+    assert!(grant.time_left() > Duration::from_millis(700), "{grant:?}");
+    assert_eq!(holder_of(&c, "k"), Some(grant.token()));
+}

@@ -9,6 +9,9 @@
 //!   new) and send again; `M -`, or a redirect to a node that is down: wait
 //!   [`NO_ACTIVE_RETRY`] and send again, for up to the request timeout; at
 //!   most [`MAX_REDIRECTS`] redirects per call;
+//! - a grant answered after more than a third of its lease (it waited in
+//!   line) is confirmed at once with `K`, so that its lease, counted from a
+//!   send time as SPEC.md asks, does not look spent on arrival;
 //! - a release is retried for [`RELEASE_RETRY_WINDOW`] at
 //!   [`RELEASE_RETRY_INTERVAL`] while no connection can carry it; `N` after
 //!   an attempt that may have reached the server counts as released;
@@ -262,8 +265,37 @@ fn unexpected(answer: &Answer) -> Error {
 
 /// `A key lease wait`; `wait_ms` None waits without limit. A re-sent
 /// acquire asks only for the wait that is left.
+///
+/// A grant's lease is counted from when its acquire was sent; one that
+/// waited in line may have spent most of its lease that way by this count,
+/// though the server started it only at the hand-over. So a grant answered
+/// after more than a third of its lease is confirmed at once with `K`, whose
+/// send time becomes the lease start. A grant that ran out before it arrived
+/// is asked for again (at most [`ACQUIRE_ROUNDS`] times).
 pub fn acquire(pool: &Pool, key: Key, lease_ms: u64, wait_ms: Option<u64>) -> Result<Grant, Error> {
     let wait_end = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+    for _ in 0..ACQUIRE_ROUNDS {
+        let grant = acquire_once(pool, &key, lease_ms, wait_end)?;
+        if grant.lease_start().elapsed() <= grant.lease() / 3 {
+            return Ok(grant);
+        }
+        match confirm(pool, grant) {
+            Some(grant) => return Ok(grant),
+            None => log::info!("a grant of {key} ran out before it arrived; asking again"),
+        }
+    }
+    Err(Error::Expired)
+}
+
+/// Grants that ran out before they arrived, asked for again, at most.
+pub const ACQUIRE_ROUNDS: usize = 3;
+
+fn acquire_once(
+    pool: &Pool,
+    key: &Key,
+    lease_ms: u64,
+    wait_end: Option<Instant>,
+) -> Result<Grant, Error> {
     let make = || {
         let wait_left = match wait_end {
             None => 0,
@@ -286,6 +318,30 @@ pub fn acquire(pool: &Pool, key: Key, lease_ms: u64, wait_ms: Option<u64>) -> Re
         Answer::Error { reason, .. } => Err(Error::Refused(reason)),
         other => Err(unexpected(&other)),
     }
+}
+
+/// Restart a fresh grant's lease with `K`. None when the grant had already
+/// run out; the grant unchanged when no server could say.
+fn confirm(pool: &Pool, mut grant: Grant) -> Option<Grant> {
+    let lease_ms = millis_ceil(grant.lease());
+    let request = Request::Keep {
+        key: grant.key().clone(),
+        token: grant.token(),
+        lease_ms,
+    };
+    let due = Some(Instant::now() + pool.request_timeout());
+    match exchange(pool, Target::Any, due, || Ok(request.clone())) {
+        Ok(done) => match done.answer {
+            Answer::Kept { .. } => grant.renew(lease_ms, done.sent_at),
+            Answer::Error {
+                reason: Reason::NotHeld,
+                ..
+            } => return None,
+            other => log::warn!("confirming {}: unexpected {other:?}", grant.key()),
+        },
+        Err(failure) => log::warn!("confirming {}: {}", grant.key(), failure.error),
+    }
+    Some(grant)
 }
 
 /// `R key token`, retried while no connection can carry it.

@@ -264,6 +264,11 @@ impl Client {
     /// Acquire `key` for `lease`, waiting in line up to `wait` (None: without
     /// limit; `Some(Duration::ZERO)`: only if it is free right now).
     ///
+    /// The grant's lease is counted by the client's clock from when the
+    /// request that started it was sent. A grant that waited in line for more
+    /// than a third of its lease is confirmed with a keep (`K`) before it is
+    /// returned, and its lease counted from that keep.
+    ///
     /// Errors: [`Error::Timeout`] when the wait runs out (nothing is held),
     /// [`Error::Refused`] with the server's reason, [`Error::NoConnection`]
     /// when no connection could carry the request.

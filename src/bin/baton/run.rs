@@ -62,6 +62,13 @@ pub fn run(client: &Client, job: &Job<'_>) -> u8 {
         Ok(grant) => grant,
         Err(e) => return report(&acquire_failure(&name, job.wait, &e), &e),
     };
+    if grant.is_expired() {
+        eprintln!(
+            "baton: lost {name} before the command could start: no server confirmed the grant"
+        );
+        release_quietly(client, &grant);
+        return EXIT_ERROR;
+    }
     if let Err(e) = install_forwarding() {
         eprintln!("baton: cannot handle signals: {e}");
         release_quietly(client, &grant);
