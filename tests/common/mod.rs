@@ -1,11 +1,15 @@
 //! Test support shared by the integration tests: real `batond` processes on
-//! loopback ports, a line-oriented TCP client, and deadline-bounded polling.
+//! loopback ports, a line-oriented TCP client, and deadline-bounded polling;
+//! `faults` adds a proxy that cuts, stalls or refuses connections and a fake
+//! standby that answers `M`, for the client tests.
 //!
 //! Every process started here is killed (by its PID) when its handle drops,
 //! so a failing test leaves nothing running. Nothing here sleeps to
 //! synchronise: waits are polls with a deadline.
 
 #![allow(dead_code)]
+
+pub mod faults;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -1,0 +1,400 @@
+//! `baton`'s command line: turning arguments into a [`Cli`], with one clear
+//! message for anything wrong (SPEC.md section 6).
+//!
+//! Owns: flags (pico-args), their defaults — `--servers` from the flag, else
+//! `$BATON_SERVERS`, else `127.0.0.1:7373`; `--lease 30`; `--wait 0` (no
+//! limit) — and the help text. Runs once on the main thread.
+//!
+//! Never does: I/O, or look at anything after `--` (that is the command
+//! `run` starts, passed on untouched).
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::time::Duration;
+
+use baton::client::parse_servers;
+use baton::protocol::{Key, parse_seconds};
+
+/// Servers used when neither `--servers` nor `$BATON_SERVERS` names any.
+pub const DEFAULT_SERVERS: &str = "127.0.0.1:7373";
+/// Lease used when `--lease` is not given, in milliseconds.
+pub const DEFAULT_LEASE_MS: u64 = 30_000;
+
+/// The help text of `baton --help`.
+pub const HELP: &str = "\
+baton: the command-line client of the baton lock server
+
+USAGE:
+  baton [--servers H:P,...] acquire KEY [--lease S] [--wait S]
+  baton [--servers H:P,...] release KEY TOKEN
+  baton [--servers H:P,...] run KEY [--lease S] [--wait S] -- COMMAND [ARGS...]
+  baton [--servers H:P,...] status
+
+COMMANDS:
+  acquire   wait for KEY, print its fencing token; the key stays held until
+            `baton release` or until the lease runs out
+  release   release the grant TOKEN of KEY
+  run       hold KEY while COMMAND runs: COMMAND gets BATON_KEY and
+            BATON_TOKEN, the lease is kept alive (every third of it), the key
+            is released when COMMAND exits, and baton exits with its code;
+            if the key is lost, COMMAND gets SIGTERM (SIGKILL 10 s later)
+  status    print each server's role, active node and counts
+
+FLAGS:
+  --servers LIST  servers, comma-separated (default: $BATON_SERVERS, else
+                  127.0.0.1:7373)
+  --lease S       seconds the grant lasts if not released or kept (default 30;
+                  decimals allowed: 0.5)
+  --wait S        most seconds to wait in line; 0 waits without limit
+                  (default 0); a small value such as 0.001 takes the key only
+                  if it is free
+  -h, --help      print this help
+
+EXIT STATUS:
+  0 success; 1 error (unreachable, refused, not held, key lost); 2 bad usage;
+  75 the key was not granted within --wait. `run` exits with COMMAND's code
+  (128 + N when it is killed by signal N; 126/127 when it cannot start).
+";
+
+/// What the command line asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    Acquire {
+        key: Vec<u8>,
+        lease: Duration,
+        wait: Option<Duration>,
+    },
+    Release {
+        key: Vec<u8>,
+        token: u64,
+    },
+    Run {
+        key: Vec<u8>,
+        lease: Duration,
+        wait: Option<Duration>,
+        command: Vec<OsString>,
+    },
+    Status,
+    Help,
+}
+
+/// The parsed command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cli {
+    pub servers: Vec<String>,
+    pub command: Command,
+}
+
+/// Flags shared by `acquire` and `run`.
+struct Timing {
+    lease: Option<String>,
+    wait: Option<String>,
+}
+
+/// Parse the arguments (without the program name); `env_servers` is
+/// `$BATON_SERVERS`.
+pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, String> {
+    let (ours, command) = split_at_dashes(args);
+    let mut args = pico_args::Arguments::from_vec(ours);
+    if args.contains(["-h", "--help"]) {
+        return Ok(Cli {
+            servers: Vec::new(),
+            command: Command::Help,
+        });
+    }
+    let flag = |e: pico_args::Error| e.to_string();
+    let servers: Option<String> = args.opt_value_from_str("--servers").map_err(flag)?;
+    let timing = Timing {
+        lease: args.opt_value_from_str("--lease").map_err(flag)?,
+        wait: args.opt_value_from_str("--wait").map_err(flag)?,
+    };
+    let words = args.finish();
+    if let Some(unknown) = words.iter().find(|w| is_flag(w)) {
+        return Err(format!("unknown flag {}", unknown.to_string_lossy()));
+    }
+    let servers = choose_servers(servers.as_deref(), env_servers)?;
+    let command = command_from(words, timing, command)?;
+    Ok(Cli { servers, command })
+}
+
+/// Everything before the first `--`, and everything after it (None when
+/// there is no `--`).
+fn split_at_dashes(mut args: Vec<OsString>) -> (Vec<OsString>, Option<Vec<OsString>>) {
+    match args.iter().position(|a| a == "--") {
+        Some(at) => {
+            let after = args.split_off(at + 1);
+            args.pop();
+            (args, Some(after))
+        }
+        None => (args, None),
+    }
+}
+
+fn is_flag(word: &OsString) -> bool {
+    let bytes = word.as_encoded_bytes();
+    bytes.len() > 1 && bytes[0] == b'-'
+}
+
+/// `--servers`, else `$BATON_SERVERS` (when not empty), else the default.
+fn choose_servers(flag: Option<&str>, env: Option<&str>) -> Result<Vec<String>, String> {
+    let (list, source) = match (flag, env.filter(|e| !e.trim().is_empty())) {
+        (Some(list), _) => (list, "--servers"),
+        (None, Some(list)) => (list, "BATON_SERVERS"),
+        (None, None) => (DEFAULT_SERVERS, "the default"),
+    };
+    let entries: Vec<&str> = list.split(',').collect();
+    parse_servers(&entries).map_err(|e| format!("{source}: {e}"))
+}
+
+fn command_from(
+    words: Vec<OsString>,
+    timing: Timing,
+    after_dashes: Option<Vec<OsString>>,
+) -> Result<Command, String> {
+    let mut words = words.into_iter();
+    let Some(name) = words.next() else {
+        return Err("no command given: acquire, release, run or status".into());
+    };
+    let name = name.to_string_lossy().into_owned();
+    let rest: Vec<OsString> = words.collect();
+    if name != "run" && after_dashes.is_some() {
+        return Err(format!("`--` is only for `run`, not `{name}`"));
+    }
+    if !matches!(name.as_str(), "acquire" | "run")
+        && (timing.lease.is_some() || timing.wait.is_some())
+    {
+        return Err(format!(
+            "--lease and --wait are for acquire and run, not `{name}`"
+        ));
+    }
+    match name.as_str() {
+        "acquire" => {
+            let [key] = positional(rest, ["KEY"], &name)?;
+            let (lease, wait) = read_timing(&timing)?;
+            Ok(Command::Acquire {
+                key: check_key(key)?,
+                lease,
+                wait,
+            })
+        }
+        "release" => {
+            let [key, token] = positional(rest, ["KEY", "TOKEN"], &name)?;
+            Ok(Command::Release {
+                key: check_key(key)?,
+                token: check_token(&token)?,
+            })
+        }
+        "run" => run_command(rest, &timing, after_dashes),
+        "status" => {
+            let [] = positional(rest, [], &name)?;
+            Ok(Command::Status)
+        }
+        other => Err(format!(
+            "unknown command `{other}`: acquire, release, run or status"
+        )),
+    }
+}
+
+fn run_command(
+    rest: Vec<OsString>,
+    timing: &Timing,
+    after_dashes: Option<Vec<OsString>>,
+) -> Result<Command, String> {
+    let command = match after_dashes {
+        Some(command) if !command.is_empty() => command,
+        _ => {
+            return Err(
+                "run needs a command after `--`: baton run KEY -- COMMAND [ARGS...]".into(),
+            );
+        }
+    };
+    let [key] = positional(rest, ["KEY"], "run")
+        .map_err(|e| format!("{e} (the command goes after `--`)"))?;
+    let (lease, wait) = read_timing(timing)?;
+    Ok(Command::Run {
+        key: check_key(key)?,
+        lease,
+        wait,
+        command,
+    })
+}
+
+/// Exactly the named positional arguments.
+fn positional<const N: usize>(
+    words: Vec<OsString>,
+    names: [&str; N],
+    command: &str,
+) -> Result<[OsString; N], String> {
+    let usage = || {
+        let names = names.join(" ");
+        format!("usage: baton {command} {names}")
+            .trim_end()
+            .to_string()
+    };
+    match <[OsString; N]>::try_from(words) {
+        Ok(words) => Ok(words),
+        Err(words) if words.len() > N => Err(format!(
+            "unexpected argument {:?}; {}",
+            words[N].to_string_lossy(),
+            usage()
+        )),
+        Err(_) => Err(format!("missing {}; {}", names.join(" "), usage())),
+    }
+}
+
+fn check_key(key: OsString) -> Result<Vec<u8>, String> {
+    let bytes = key.into_vec();
+    match Key::new(&bytes) {
+        Ok(_) => Ok(bytes),
+        Err(_) => Err(format!(
+            "bad key {:?}: 1 to 250 bytes, no spaces or control characters",
+            String::from_utf8_lossy(&bytes)
+        )),
+    }
+}
+
+fn check_token(token: &OsString) -> Result<u64, String> {
+    match token.to_str().and_then(|t| t.parse::<u64>().ok()) {
+        Some(token) if token > 0 => Ok(token),
+        _ => Err(format!(
+            "bad token {:?}: a positive whole number, as `baton acquire` prints it",
+            token.to_string_lossy()
+        )),
+    }
+}
+
+fn read_timing(timing: &Timing) -> Result<(Duration, Option<Duration>), String> {
+    let lease_ms = match &timing.lease {
+        None => DEFAULT_LEASE_MS,
+        Some(text) => match parse_seconds(text.as_bytes()) {
+            Some(ms) if ms > 0 => ms,
+            _ => return Err(format!("--lease {text}: seconds above 0, like 30 or 0.5")),
+        },
+    };
+    let wait_ms = match &timing.wait {
+        None => 0,
+        Some(text) => parse_seconds(text.as_bytes())
+            .ok_or_else(|| format!("--wait {text}: seconds, like 10 or 0.5 (0: no limit)"))?,
+    };
+    let wait = (wait_ms > 0).then(|| Duration::from_millis(wait_ms));
+    Ok((Duration::from_millis(lease_ms), wait))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_with(args: &[&str], env: Option<&str>) -> Result<Cli, String> {
+        parse(args.iter().map(OsString::from).collect(), env)
+    }
+
+    fn command(args: &[&str]) -> Command {
+        parse_with(args, None).expect("valid command line").command
+    }
+
+    #[test]
+    fn servers_come_from_the_flag_then_the_environment_then_the_default() {
+        let servers = |args: &[&str], env| parse_with(args, env).expect("valid").servers;
+        assert_eq!(servers(&["status"], None), vec!["127.0.0.1:7373"]);
+        assert_eq!(servers(&["status"], Some(" ")), vec!["127.0.0.1:7373"]);
+        assert_eq!(servers(&["status"], Some("e:1,f:2")), vec!["e:1", "f:2"]);
+        assert_eq!(
+            servers(&["--servers", "a:1", "status"], Some("e:1")),
+            vec!["a:1"]
+        );
+        assert_eq!(servers(&["status", "--servers", "b:2"], None), vec!["b:2"]);
+        let bad = parse_with(&["status"], Some("nope:x")).expect_err("bad env");
+        assert!(bad.contains("BATON_SERVERS"), "{bad}");
+    }
+
+    #[test]
+    fn acquire_defaults_to_a_30_second_lease_and_no_wait_limit() {
+        assert_eq!(
+            command(&["acquire", "job"]),
+            Command::Acquire {
+                key: b"job".to_vec(),
+                lease: Duration::from_secs(30),
+                wait: None,
+            }
+        );
+        assert_eq!(
+            command(&["acquire", "job", "--lease", "1.5", "--wait", "0.25"]),
+            Command::Acquire {
+                key: b"job".to_vec(),
+                lease: Duration::from_millis(1500),
+                wait: Some(Duration::from_millis(250)),
+            }
+        );
+        assert!(matches!(
+            command(&["acquire", "job", "--wait", "0"]),
+            Command::Acquire { wait: None, .. }
+        ));
+    }
+
+    #[test]
+    fn run_takes_everything_after_the_dashes_untouched() {
+        assert_eq!(
+            command(&[
+                "run",
+                "job",
+                "--lease",
+                "9",
+                "--",
+                "sh",
+                "-c",
+                "x --lease 1",
+                "--"
+            ]),
+            Command::Run {
+                key: b"job".to_vec(),
+                lease: Duration::from_secs(9),
+                wait: None,
+                command: ["sh", "-c", "x --lease 1", "--"]
+                    .map(OsString::from)
+                    .to_vec(),
+            }
+        );
+    }
+
+    #[test]
+    fn release_and_status_take_their_arguments() {
+        assert_eq!(
+            command(&["release", "job", "42"]),
+            Command::Release {
+                key: b"job".to_vec(),
+                token: 42
+            }
+        );
+        assert_eq!(command(&["status"]), Command::Status);
+        assert_eq!(command(&["--help"]), Command::Help);
+        assert_eq!(command(&["run", "-h"]), Command::Help);
+    }
+
+    #[test]
+    fn mistakes_get_one_clear_message() {
+        let cases: &[(&[&str], &str)] = &[
+            (&[], "no command"),
+            (&["frobnicate"], "unknown command"),
+            (&["acquire"], "missing KEY"),
+            (&["acquire", "a", "b"], "unexpected argument"),
+            (&["acquire", "a b"], "bad key"),
+            (&["acquire", "k", "--lease", "0"], "--lease"),
+            (&["acquire", "k", "--lease", "-1"], "--lease"),
+            (&["acquire", "k", "--wait", "soon"], "--wait"),
+            (&["acquire", "k", "--bogus"], "unknown flag"),
+            (&["release", "k", "0"], "bad token"),
+            (&["release", "k"], "missing"),
+            (&["release", "k", "1", "--lease", "3"], "--lease and --wait"),
+            (&["status", "--", "x"], "only for `run`"),
+            (&["run", "k"], "needs a command"),
+            (&["run", "k", "--"], "needs a command"),
+            (&["run", "k", "sleep", "--", "x"], "after `--`"),
+            (&["--servers", "a:b", "status"], "--servers"),
+        ];
+        for (args, expected) in cases {
+            let message = parse_with(args, None).expect_err("a mistake");
+            assert!(message.contains(expected), "{args:?}: {message}");
+            assert!(!message.contains('\n'), "{args:?}: {message}");
+        }
+    }
+}

@@ -1,0 +1,524 @@
+//! The calls: how one request becomes one result, across dropped
+//! connections, redirects and deadlines (SPEC.md section 4).
+//!
+//! Owns the policies:
+//! - an attempt whose connection drops moves to the next connection; the
+//!   call fails only after as many failed attempts as there are registered
+//!   connections (an answer `E <op> <key> shutting-down` counts as failed);
+//! - `M host:port`: prefer that node from now on (registering it if it is
+//!   new) and send again; `M -`, or a redirect to a node that is down: wait
+//!   [`NO_ACTIVE_RETRY`] and send again, for up to the request timeout; at
+//!   most [`MAX_REDIRECTS`] redirects per call;
+//! - a grant answered after more than a third of its lease (it waited in
+//!   line) is confirmed at once with `K`, so that its lease, counted from a
+//!   send time as SPEC.md asks, does not look spent on arrival;
+//! - a release is retried for [`RELEASE_RETRY_WINDOW`] at
+//!   [`RELEASE_RETRY_INTERVAL`] while no connection can carry it; `N` after
+//!   an attempt that may have reached the server counts as released;
+//! - deadlines: a connection has the request timeout to answer (an acquire:
+//!   its wait plus the request timeout; an acquire without a wait limit: no
+//!   limit), else it is closed; the caller's own deadline may be earlier.
+//!
+//! Runs on the caller's thread; blocks it at most until the call's deadline.
+//!
+//! Never does: touch sockets (that is `conn.rs`) or choose connections (that
+//! is `pool.rs`).
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::client::Error;
+use crate::client::conn::Outcome;
+use crate::client::grant::{Grant, KeyStatus, NodeInfo, ReleaseOutcome};
+use crate::client::pool::{Pool, Target};
+use crate::protocol::{Answer, Key, Reason, Request};
+
+/// How long a release keeps trying while no connection can carry it.
+pub const RELEASE_RETRY_WINDOW: Duration = Duration::from_secs(5);
+/// Time between two release attempts.
+pub const RELEASE_RETRY_INTERVAL: Duration = Duration::from_millis(200);
+/// Time before sending again after `M -` (no active node known right now).
+pub const NO_ACTIVE_RETRY: Duration = Duration::from_millis(100);
+/// Redirects to a named node one call follows, at most.
+pub const MAX_REDIRECTS: u32 = 8;
+
+/// How one attempt on one connection ended.
+enum Attempt {
+    Answered(Answer, Instant),
+    /// The connection dropped; `sent` if the line may have gone out.
+    Lost {
+        sent: bool,
+    },
+    Overdue(String),
+    Unreachable(Error),
+}
+
+/// A final answer (not `M`), with when its request was sent and whether an
+/// earlier attempt of the same call may have reached the server.
+pub struct Exchanged {
+    pub answer: Answer,
+    pub sent_at: Instant,
+    pub earlier_maybe_delivered: bool,
+}
+
+/// A call that got no final answer.
+pub struct Failure {
+    pub error: Error,
+    pub maybe_delivered: bool,
+}
+
+/// The time a connection has to answer `request` before it is deemed dead.
+pub fn answer_budget(request: &Request, request_timeout: Duration) -> Option<Duration> {
+    match request {
+        Request::Acquire { wait_ms: 0, .. } => None,
+        Request::Acquire { wait_ms, .. } => Some(Duration::from_millis(*wait_ms) + request_timeout),
+        _ => Some(request_timeout),
+    }
+}
+
+/// Whole milliseconds in `d`, rounded up (so a short wait never becomes
+/// 0, which would mean no limit), saturating.
+pub fn millis_ceil(d: Duration) -> u64 {
+    let whole = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    u64::try_from(whole).unwrap_or(u64::MAX)
+}
+
+/// Milliseconds from now until `end`, rounded up; 0 once it has passed.
+fn millis_until(end: Instant) -> u64 {
+    millis_ceil(end.saturating_duration_since(Instant::now()))
+}
+
+fn attempt(pool: &Pool, target: Target, request: &Request, due: Option<Instant>) -> Attempt {
+    let conn = match pool.pick(target, due) {
+        Ok(conn) => conn,
+        Err(e) => return Attempt::Unreachable(e),
+    };
+    let Some(ticket) = conn.send(request) else {
+        return Attempt::Lost { sent: false };
+    };
+    let sent_at = ticket.sent_at;
+    let conn_due = answer_budget(request, pool.request_timeout()).map(|b| sent_at + b);
+    match ticket.wait(conn_due, due) {
+        Outcome::Answer(answer) => Attempt::Answered(answer, sent_at),
+        Outcome::Lost => Attempt::Lost { sent: true },
+        Outcome::Overdue => Attempt::Overdue(format!(
+            "{} did not answer within {:.1?}",
+            conn.addr,
+            sent_at.elapsed()
+        )),
+    }
+}
+
+/// Send the request `make` builds (again on each attempt) until a final
+/// answer comes, following redirects and moving on from dropped connections.
+pub fn exchange(
+    pool: &Pool,
+    target: Target,
+    due: Option<Instant>,
+    mut make: impl FnMut() -> Result<Request, Error>,
+) -> Result<Exchanged, Failure> {
+    let mut call = Call {
+        failures: 0,
+        delivered: false,
+        redirects: Redirects::new(pool.request_timeout()),
+    };
+    loop {
+        let request = make().map_err(|e| call.fail(e))?;
+        let outcome = attempt(pool, target, &request, due);
+        if let Some(done) = call.handle(pool, target, due, outcome)? {
+            return Ok(done);
+        }
+    }
+}
+
+/// What one call has been through so far.
+struct Call {
+    failures: usize,
+    delivered: bool,
+    redirects: Redirects,
+}
+
+impl Call {
+    fn fail(&self, error: Error) -> Failure {
+        Failure {
+            error,
+            maybe_delivered: self.delivered,
+        }
+    }
+
+    /// Some(final answer), None to try again, or the call's failure.
+    fn handle(
+        &mut self,
+        pool: &Pool,
+        target: Target,
+        due: Option<Instant>,
+        outcome: Attempt,
+    ) -> Result<Option<Exchanged>, Failure> {
+        match outcome {
+            Attempt::Answered(Answer::Moved { active, .. }, _) => {
+                let followed = self.redirects.follow(pool, active.as_deref(), due);
+                return followed.map(|()| None).map_err(|e| self.fail(e));
+            }
+            Attempt::Answered(answer, sent_at) if !is_shutting_down(&answer) => {
+                return Ok(Some(Exchanged {
+                    answer,
+                    sent_at,
+                    earlier_maybe_delivered: self.delivered,
+                }));
+            }
+            Attempt::Answered(..) => self.failures += 1,
+            Attempt::Lost { sent } => {
+                self.delivered |= sent;
+                self.failures += 1;
+            }
+            Attempt::Overdue(why) => {
+                self.delivered = true;
+                return Err(self.fail(Error::NoAnswer(why)));
+            }
+            Attempt::Unreachable(e) => return Err(self.fail(e)),
+        }
+        if self.failures < pool.connection_count(target) {
+            return Ok(None);
+        }
+        let why = format!(
+            "the connection failed on each of {} attempts: {}",
+            self.failures,
+            pool.describe(target)
+        );
+        Err(self.fail(Error::NoConnection(why)))
+    }
+}
+
+/// `E <op> <key> shutting-down`: this node is going away; try another.
+fn is_shutting_down(answer: &Answer) -> bool {
+    matches!(
+        answer,
+        Answer::Error {
+            reason: Reason::ShuttingDown,
+            ..
+        }
+    )
+}
+
+/// Following `M` answers within one call.
+struct Redirects {
+    hops: u32,
+    waiting_since: Option<Instant>,
+    patience: Duration,
+}
+
+impl Redirects {
+    fn new(patience: Duration) -> Redirects {
+        Redirects {
+            hops: 0,
+            waiting_since: None,
+            patience,
+        }
+    }
+
+    /// Act on `M <active>`: prefer that node, or wait a little when no
+    /// usable active node is named.
+    fn follow(
+        &mut self,
+        pool: &Pool,
+        active: Option<&str>,
+        due: Option<Instant>,
+    ) -> Result<(), Error> {
+        if let Some(addr) = active {
+            let node = pool.node_for(addr)?;
+            if pool.is_reachable(node) {
+                self.hops += 1;
+                if self.hops > MAX_REDIRECTS {
+                    return Err(Error::NoActive(format!(
+                        "redirected {MAX_REDIRECTS} times without reaching the active node (last: {addr})"
+                    )));
+                }
+                pool.prefer(node);
+                self.waiting_since = None;
+                return Ok(());
+            }
+        }
+        self.pause(active, due)
+    }
+
+    fn pause(&mut self, active: Option<&str>, due: Option<Instant>) -> Result<(), Error> {
+        let since = *self.waiting_since.get_or_insert_with(Instant::now);
+        let wake = Instant::now() + NO_ACTIVE_RETRY;
+        if since.elapsed() >= self.patience || due.is_some_and(|due| wake >= due) {
+            let why = match active {
+                Some(addr) => format!("redirected to {addr}, which cannot be reached"),
+                None => format!(
+                    "the servers know no active node (waited {:.1?})",
+                    since.elapsed()
+                ),
+            };
+            return Err(Error::NoActive(why));
+        }
+        thread::sleep(NO_ACTIVE_RETRY);
+        Ok(())
+    }
+}
+
+fn unexpected(answer: &Answer) -> Error {
+    Error::Protocol(format!("unexpected answer {answer:?}"))
+}
+
+/// `A key lease wait`; `wait_ms` None waits without limit. A re-sent
+/// acquire asks only for the wait that is left.
+///
+/// A grant's lease is counted from when its acquire was sent; one that
+/// waited in line may have spent most of its lease that way by this count,
+/// though the server started it only at the hand-over. So a grant answered
+/// after more than a third of its lease is confirmed at once with `K`, whose
+/// send time becomes the lease start. A grant that ran out before it arrived
+/// is asked for again (at most [`ACQUIRE_ROUNDS`] times).
+pub fn acquire(pool: &Pool, key: Key, lease_ms: u64, wait_ms: Option<u64>) -> Result<Grant, Error> {
+    let wait_end = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+    for _ in 0..ACQUIRE_ROUNDS {
+        let grant = acquire_once(pool, &key, lease_ms, wait_end)?;
+        if grant.lease_start().elapsed() <= grant.lease() / 3 {
+            return Ok(grant);
+        }
+        match confirm(pool, grant) {
+            Some(grant) => return Ok(grant),
+            None => log::info!("a grant of {key} ran out before it arrived; asking again"),
+        }
+    }
+    Err(Error::Expired)
+}
+
+/// Grants that ran out before they arrived, asked for again, at most.
+pub const ACQUIRE_ROUNDS: usize = 3;
+
+fn acquire_once(
+    pool: &Pool,
+    key: &Key,
+    lease_ms: u64,
+    wait_end: Option<Instant>,
+) -> Result<Grant, Error> {
+    let make = || {
+        let wait_left = match wait_end {
+            None => 0,
+            Some(end) => match millis_until(end) {
+                0 => return Err(Error::Timeout),
+                left => left,
+            },
+        };
+        Ok(Request::Acquire {
+            key: key.clone(),
+            lease_ms,
+            wait_ms: wait_left,
+        })
+    };
+    let due = wait_end.map(|end| end + pool.request_timeout());
+    let done = exchange(pool, Target::Any, due, make).map_err(|f| f.error)?;
+    match done.answer {
+        Answer::Granted { token, key } => Ok(Grant::new(key, token, lease_ms, done.sent_at)),
+        Answer::Timeout { .. } => Err(Error::Timeout),
+        Answer::Error { reason, .. } => Err(Error::Refused(reason)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Restart a fresh grant's lease with `K`. None when the grant had already
+/// run out; the grant unchanged when no server could say.
+fn confirm(pool: &Pool, mut grant: Grant) -> Option<Grant> {
+    let lease_ms = millis_ceil(grant.lease());
+    let request = Request::Keep {
+        key: grant.key().clone(),
+        token: grant.token(),
+        lease_ms,
+    };
+    let due = Some(Instant::now() + pool.request_timeout());
+    match exchange(pool, Target::Any, due, || Ok(request.clone())) {
+        Ok(done) => match done.answer {
+            Answer::Kept { .. } => grant.renew(lease_ms, done.sent_at),
+            Answer::Error {
+                reason: Reason::NotHeld,
+                ..
+            } => return None,
+            other => log::warn!("confirming {}: unexpected {other:?}", grant.key()),
+        },
+        Err(failure) => log::warn!("confirming {}: {}", grant.key(), failure.error),
+    }
+    Some(grant)
+}
+
+/// `R key token`, retried while no connection can carry it.
+pub fn release(pool: &Pool, key: Key, token: u64) -> Result<ReleaseOutcome, Error> {
+    let request = Request::Release { key, token };
+    let retry_end = Instant::now() + RELEASE_RETRY_WINDOW;
+    let due = Some(retry_end + pool.request_timeout());
+    let mut delivered = false;
+    loop {
+        match exchange(pool, Target::Any, due, || Ok(request.clone())) {
+            Ok(done) => return release_outcome(done, delivered),
+            Err(failure) => {
+                delivered |= failure.maybe_delivered;
+                let late = Instant::now() + RELEASE_RETRY_INTERVAL > retry_end;
+                if late || !failure.error.is_unreachable() {
+                    return Err(failure.error);
+                }
+                log::debug!(
+                    "release of token {token} failed, retrying: {}",
+                    failure.error
+                );
+            }
+        }
+        thread::sleep(RELEASE_RETRY_INTERVAL);
+    }
+}
+
+fn release_outcome(done: Exchanged, delivered: bool) -> Result<ReleaseOutcome, Error> {
+    let maybe_delivered = delivered || done.earlier_maybe_delivered;
+    match done.answer {
+        Answer::Released { .. } => Ok(ReleaseOutcome::Released),
+        Answer::NotHeld { .. } if maybe_delivered => Ok(ReleaseOutcome::Released),
+        Answer::NotHeld { .. } => Ok(ReleaseOutcome::NotHeld),
+        Answer::Error { reason, .. } => Err(Error::Refused(reason)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// `K key token lease`: extend `grant` to now + lease. Waits at most until
+/// the grant expires by the client's clock.
+pub fn keep(pool: &Pool, grant: &mut Grant, lease_ms: u64) -> Result<(), Error> {
+    if grant.is_expired() {
+        return Err(Error::Expired);
+    }
+    let request = Request::Keep {
+        key: grant.key().clone(),
+        token: grant.token(),
+        lease_ms,
+    };
+    let due = Some(grant.expires_at());
+    let done = match exchange(pool, Target::Any, due, || Ok(request.clone())) {
+        Ok(done) => done,
+        Err(_) if grant.is_expired() => return Err(Error::Expired),
+        Err(failure) => return Err(failure.error),
+    };
+    match done.answer {
+        Answer::Kept { .. } => {
+            grant.renew(lease_ms, done.sent_at);
+            Ok(())
+        }
+        Answer::Error {
+            reason: Reason::NotHeld,
+            ..
+        } => Err(Error::NotHeld),
+        Answer::Error { reason, .. } => Err(Error::Refused(reason)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// `Q key`.
+pub fn query(pool: &Pool, key: Key) -> Result<KeyStatus, Error> {
+    let due = Some(Instant::now() + pool.request_timeout());
+    let request = Request::Query { key };
+    let done = exchange(pool, Target::Any, due, || Ok(request.clone())).map_err(|f| f.error)?;
+    match done.answer {
+        Answer::Queried {
+            token,
+            ms_left,
+            waiting,
+            ..
+        } => Ok(KeyStatus {
+            token: (token != 0).then_some(token),
+            time_left: Duration::from_millis(ms_left),
+            waiting,
+        }),
+        Answer::Error { reason, .. } => Err(Error::Refused(reason)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// `I`, asked of one node.
+pub fn info(pool: &Pool, node: usize) -> Result<NodeInfo, Error> {
+    let due = Some(Instant::now() + pool.connect_timeout() + pool.request_timeout());
+    let done =
+        exchange(pool, Target::Node(node), due, || Ok(Request::Info)).map_err(|f| f.error)?;
+    match done.answer {
+        Answer::Info(pairs) => Ok(NodeInfo { pairs }),
+        Answer::Error { reason, .. } => Err(Error::Refused(reason)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> Key {
+        Key::new(b"k").expect("valid key")
+    }
+
+    #[test]
+    fn durations_round_up_to_whole_milliseconds() {
+        assert_eq!(millis_ceil(Duration::ZERO), 0);
+        assert_eq!(millis_ceil(Duration::from_nanos(1)), 1);
+        assert_eq!(millis_ceil(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis_ceil(Duration::from_micros(1500)), 2);
+        assert_eq!(millis_ceil(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn a_connection_has_the_wait_plus_the_request_timeout_to_answer_an_acquire() {
+        let rt = Duration::from_secs(5);
+        let forever = Request::Acquire {
+            key: key(),
+            lease_ms: 1000,
+            wait_ms: 0,
+        };
+        assert_eq!(answer_budget(&forever, rt), None);
+        let bounded = Request::Acquire {
+            key: key(),
+            lease_ms: 1000,
+            wait_ms: 2000,
+        };
+        assert_eq!(answer_budget(&bounded, rt), Some(Duration::from_secs(7)));
+        assert_eq!(answer_budget(&Request::Info, rt), Some(rt));
+    }
+
+    fn exchanged(answer: Answer, earlier: bool) -> Exchanged {
+        Exchanged {
+            answer,
+            sent_at: Instant::now(),
+            earlier_maybe_delivered: earlier,
+        }
+    }
+
+    #[test]
+    fn not_held_after_an_attempt_that_may_have_got_through_is_released() {
+        let not_held = || Answer::NotHeld { key: key() };
+        assert_eq!(
+            release_outcome(exchanged(not_held(), false), false),
+            Ok(ReleaseOutcome::NotHeld)
+        );
+        assert_eq!(
+            release_outcome(exchanged(not_held(), true), false),
+            Ok(ReleaseOutcome::Released)
+        );
+        assert_eq!(
+            release_outcome(exchanged(not_held(), false), true),
+            Ok(ReleaseOutcome::Released)
+        );
+        let released = Answer::Released { key: key() };
+        assert_eq!(
+            release_outcome(exchanged(released, false), false),
+            Ok(ReleaseOutcome::Released)
+        );
+    }
+
+    #[test]
+    fn a_refused_release_is_an_error() {
+        let refused = Answer::Error {
+            op: Some(crate::protocol::Op::Release),
+            key: Some(key()),
+            reason: Reason::BadToken,
+        };
+        assert_eq!(
+            release_outcome(exchanged(refused, false), false),
+            Err(Error::Refused(Reason::BadToken))
+        );
+    }
+}

@@ -1,0 +1,501 @@
+//! One persistent connection to one server, kept up in the background.
+//!
+//! Owns: the socket of one registered connection, its state (connecting, up,
+//! down), the requests sent on it that wait for their answer (a
+//! [`Pending`] table behind one mutex), and two threads:
+//!
+//! - the **manager** thread (`baton-conn <addr>`), for the client's whole
+//!   life: connects (bounded by the connect timeout), reads and dispatches
+//!   answers while the connection is up, and after a failed attempt or a drop
+//!   waits [`RECONNECT_INTERVAL`] before the next attempt;
+//! - a **writer** thread (`baton-write <addr>`) per connection lifetime, fed
+//!   by a channel, so that a caller never blocks on a socket write.
+//!
+//! Callers ([`Conn::send`]) register the request in the pending table and
+//! queue its line for the writer under the same lock, so answers are matched
+//! in the order the lines go out. An answer goes to its caller through a
+//! one-shot channel; when the connection drops, every waiting request's
+//! channel is closed and its caller moves on.
+//!
+//! Liveness: when the connection has requests waiting and the server has
+//! said nothing for the request timeout, the reader sends an `I` probe; no
+//! answer to it within another request timeout closes the connection. A
+//! caller whose request is overdue also closes it ([`Conn::kill`]).
+//!
+//! Limits: [`MAX_IN_FLIGHT`] requests waiting per connection (past it the
+//! connection takes no more and callers use another); [`WRITE_BATCH`] bytes
+//! per socket write; lines from the server are at most `MAX_LINE` bytes
+//! (protocol.rs), a longer one closes the connection.
+//!
+//! Never does: retry, redirect or decide anything about a call (that is
+//! `calls.rs`), block a caller on I/O, or unwrap anything read off the
+//! network: a line that does not parse, or an answer that matches no
+//! request, means the connection is out of step and it is closed.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
+
+use crate::client::pending::{Pending, Route, route};
+use crate::client::pool::Ctx;
+use crate::protocol::{self, Answer, LineError, Parsed, Request};
+
+/// Time between two connection attempts to a server that is down (SPEC.md
+/// section 4: "reconnected in the background every 3 seconds").
+pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(3);
+/// Requests waiting for an answer on one connection, at most.
+pub const MAX_IN_FLIGHT: usize = 65_536;
+/// Bytes the writer puts into one socket write, at most (more if one line
+/// alone is longer, which it never is).
+pub const WRITE_BATCH: usize = 64 * 1024;
+/// Bytes read from the socket at once.
+const READ_CHUNK: usize = 8 * 1024;
+
+/// Where a connection stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// An attempt to connect is under way.
+    Connecting,
+    /// Connected: requests may be sent.
+    Up,
+    /// Not connected; the next attempt comes within [`RECONNECT_INTERVAL`].
+    Down,
+}
+
+/// Who waits for an answer: a caller, or nobody (a probe, or the release of
+/// a grant nobody waited for).
+type Slot = Option<Sender<Answer>>;
+
+/// One registered connection.
+pub struct Conn {
+    /// Index of the server (node) in the pool.
+    pub node: usize,
+    /// The server's address as given (`host:port`).
+    pub addr: String,
+    state: Mutex<State>,
+}
+
+struct State {
+    phase: Phase,
+    /// Counts connections made; a ticket names the one it was sent on.
+    generation: u64,
+    /// Lines for the writer thread; Some while up.
+    writer: Option<Sender<Vec<u8>>>,
+    /// A clone of the socket, to shut it down from any thread.
+    stream: Option<TcpStream>,
+    pending: Pending<Slot>,
+    /// Why the last attempt failed or the last connection ended.
+    last_error: Option<String>,
+    /// Why a caller closed the connection (reported instead of the EOF).
+    kill_reason: Option<String>,
+}
+
+/// A request sent on a connection, waiting for its answer.
+pub struct Ticket {
+    conn: Arc<Conn>,
+    generation: u64,
+    rx: Receiver<Answer>,
+    /// When the line was queued for sending.
+    pub sent_at: Instant,
+}
+
+/// How waiting for an answer ended.
+pub enum Outcome {
+    Answer(Answer),
+    /// The connection dropped before the answer came.
+    Lost,
+    /// The deadline passed first.
+    Overdue,
+}
+
+impl Conn {
+    pub fn new(node: usize, addr: String) -> Conn {
+        Conn {
+            node,
+            addr,
+            state: Mutex::new(State {
+                phase: Phase::Connecting,
+                generation: 0,
+                writer: None,
+                stream: None,
+                pending: Pending::default(),
+                last_error: None,
+                kill_reason: None,
+            }),
+        }
+    }
+
+    /// Start the manager thread.
+    pub fn spawn(self: &Arc<Self>, ctx: Arc<Ctx>) -> io::Result<()> {
+        let conn = self.clone();
+        thread::Builder::new()
+            .name(format!("baton-conn {}", self.addr))
+            .spawn(move || conn.run(&ctx))
+            .map(drop)
+    }
+
+    /// The phase and the last error, for choosing and reporting.
+    pub fn status(&self) -> (Phase, Option<String>) {
+        let st = self.state.lock();
+        (st.phase, st.last_error.clone())
+    }
+
+    /// Queue `request` and register for its answer; None when the
+    /// connection is not up (or full).
+    pub fn send(self: &Arc<Self>, request: &Request) -> Option<Ticket> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut st = self.state.lock();
+        if !send_locked(&mut st, request, Some(tx)) {
+            return None;
+        }
+        Some(Ticket {
+            conn: self.clone(),
+            generation: st.generation,
+            rx,
+            sent_at: Instant::now(),
+        })
+    }
+
+    /// Close the connection made in `generation` (if it is still the current
+    /// one) because a request on it is overdue; it reconnects later.
+    pub fn kill(&self, generation: u64, why: String) {
+        let mut st = self.state.lock();
+        if st.generation != generation || st.phase != Phase::Up {
+            return;
+        }
+        log::warn!("{}: {why}; closing the connection", self.addr);
+        if let Some(stream) = &st.stream {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        st.kill_reason = Some(why);
+    }
+
+    /// Shut the socket down (the client is closing).
+    pub fn close(&self) {
+        if let Some(stream) = &self.state.lock().stream {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Stop waiting for an answer: take it if it has just arrived, else
+    /// leave the slot in place (answers must still be matched in order), so
+    /// that a grant arriving later is released by the reader.
+    fn abandon(&self, rx: Receiver<Answer>) -> Option<Answer> {
+        let _st = self.state.lock();
+        let answer = rx.try_recv().ok();
+        drop(rx);
+        answer
+    }
+
+    // --- manager thread -----------------------------------------------------
+
+    fn run(self: Arc<Self>, ctx: &Ctx) {
+        while !ctx.is_closed() {
+            self.set_phase(Phase::Connecting, None, ctx);
+            match open(&self.addr, ctx.connect_timeout) {
+                Ok(stream) => self.serve(stream, ctx),
+                Err(why) => self.set_phase(Phase::Down, Some(why), ctx),
+            }
+            if ctx.sleep(RECONNECT_INTERVAL) {
+                break;
+            }
+        }
+        self.set_phase(Phase::Down, Some("the client is closed".into()), ctx);
+    }
+
+    fn set_phase(&self, phase: Phase, error: Option<String>, ctx: &Ctx) {
+        {
+            let mut st = self.state.lock();
+            st.phase = phase;
+            if let Some(error) = error {
+                log::debug!("{}: {error}", self.addr);
+                st.last_error = Some(error);
+            }
+        }
+        ctx.notifier.bump();
+    }
+
+    /// One connection's life: start the writer, read until it ends, clean up.
+    fn serve(&self, stream: TcpStream, ctx: &Ctx) {
+        let writer = match self.start_writer(&stream, ctx) {
+            Ok(writer) => writer,
+            Err(e) => {
+                self.set_phase(Phase::Down, Some(format!("cannot start: {e}")), ctx);
+                return;
+            }
+        };
+        if ctx.is_closed() {
+            // The client closed while this connection was being made.
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        let why = self.read_loop(stream, ctx);
+        self.go_down(why, ctx);
+        let _ = writer.join();
+    }
+
+    fn start_writer(&self, stream: &TcpStream, ctx: &Ctx) -> io::Result<JoinHandle<()>> {
+        let out = stream.try_clone()?;
+        let killer = stream.try_clone()?;
+        out.set_write_timeout(Some(ctx.request_timeout))?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let writer = thread::Builder::new()
+            .name(format!("baton-write {}", self.addr))
+            .spawn(move || write_loop(rx, out))?;
+        {
+            let mut st = self.state.lock();
+            st.phase = Phase::Up;
+            st.generation += 1;
+            st.writer = Some(tx);
+            st.stream = Some(killer);
+            st.last_error = None;
+            st.kill_reason = None;
+        }
+        log::debug!("{}: connected", self.addr);
+        ctx.notifier.bump();
+        Ok(writer)
+    }
+
+    /// The connection ended: every waiting request's caller is told (its
+    /// channel closes), the writer stops once its channel is closed.
+    fn go_down(&self, why: String, ctx: &Ctx) {
+        let waiting = {
+            let mut st = self.state.lock();
+            st.phase = Phase::Down;
+            st.writer = None;
+            if let Some(stream) = st.stream.take() {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+            let why = st.kill_reason.take().unwrap_or(why);
+            log::info!("{}: connection lost: {why}", self.addr);
+            st.last_error = Some(why);
+            st.pending.drain()
+        };
+        drop(waiting);
+        ctx.notifier.bump();
+    }
+
+    /// Read and dispatch answers until the connection ends; why it ended.
+    fn read_loop(&self, mut stream: TcpStream, ctx: &Ctx) -> String {
+        if let Err(e) = stream.set_read_timeout(Some(ctx.request_timeout)) {
+            return format!("cannot set a read timeout: {e}");
+        }
+        let mut input = Vec::with_capacity(READ_CHUNK);
+        let mut chunk = [0u8; READ_CHUNK];
+        let mut probing = false;
+        loop {
+            match stream.read(&mut chunk) {
+                Ok(0) => return "closed by the server".into(),
+                Ok(n) => {
+                    probing = false;
+                    input.extend_from_slice(&chunk[..n]);
+                    if let Err(why) = self.take_answers(&mut input) {
+                        return why;
+                    }
+                }
+                Err(e) if is_timeout(&e) => {
+                    if let Err(why) = self.on_silence(&mut probing, ctx) {
+                        return why;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return plain(&e),
+            }
+        }
+    }
+
+    /// The server said nothing for a request timeout: probe it if requests
+    /// wait; give up on it if an earlier probe got no answer.
+    fn on_silence(&self, probing: &mut bool, ctx: &Ctx) -> Result<(), String> {
+        if ctx.is_closed() {
+            return Err("the client is closed".into());
+        }
+        if *probing {
+            return Err(format!(
+                "no answer to a probe within {:?}",
+                ctx.request_timeout
+            ));
+        }
+        let mut st = self.state.lock();
+        if !st.pending.is_empty() {
+            *probing = send_locked(&mut st, &Request::Info, None);
+        }
+        Ok(())
+    }
+
+    /// Dispatch every complete answer line in `input` and drop it from there.
+    fn take_answers(&self, input: &mut Vec<u8>) -> Result<(), String> {
+        let mut used = 0;
+        let result = loop {
+            match protocol::parse_answer(&input[used..]) {
+                Parsed::Incomplete => break Ok(()),
+                Parsed::Line { used: n, result } => {
+                    used += n;
+                    match result {
+                        Ok(answer) => {
+                            if let Err(why) = self.dispatch(answer) {
+                                break Err(why);
+                            }
+                        }
+                        Err(LineError::Blank) => {}
+                        Err(_) => break Err("the server sent a line that does not parse".into()),
+                    }
+                }
+            }
+        };
+        input.drain(..used);
+        result
+    }
+
+    /// Hand one answer to the request it belongs to.
+    fn dispatch(&self, answer: Answer) -> Result<(), String> {
+        let (op, key) = match route(&answer) {
+            Route::Reply(op, key) => (op, key),
+            Route::Fatal(reason) => return Err(format!("refused by the server: {reason}")),
+        };
+        let mut st = self.state.lock();
+        let Some(slot) = st.pending.take(op, key) else {
+            return Err(format!(
+                "the server sent an answer for no request: {answer:?}"
+            ));
+        };
+        if let Some(tx) = slot
+            && let Err(unwanted) = tx.send(answer)
+        {
+            release_orphan(&mut st, unwanted.into_inner(), &self.addr);
+        }
+        Ok(())
+    }
+}
+
+/// Queue a request line and its slot, under the state lock so that lines go
+/// out in the order their slots were registered. False when not up or full.
+fn send_locked(st: &mut State, request: &Request, slot: Slot) -> bool {
+    let Some(writer) = st.writer.as_ref() else {
+        return false;
+    };
+    if st.pending.len() >= MAX_IN_FLIGHT {
+        return false;
+    }
+    let mut line = Vec::with_capacity(64);
+    request.write_to(&mut line);
+    if writer.send(line).is_err() {
+        return false;
+    }
+    st.pending.push(request.op(), request.key().cloned(), slot);
+    true
+}
+
+/// A grant arrived for a caller that had given up: release it at once, so
+/// that the key does not stay blocked until its lease runs out.
+fn release_orphan(st: &mut State, answer: Answer, addr: &str) {
+    if let Answer::Granted { token, key } = answer {
+        log::info!("{addr}: releasing {key} (token {token}): its caller gave up");
+        let release = Request::Release { key, token };
+        send_locked(st, &release, None);
+    }
+}
+
+/// Resolve and connect, trying each address of the name in turn.
+fn open(addr: &str, timeout: Duration) -> Result<TcpStream, String> {
+    let candidates = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve: {}", plain(&e)))?;
+    let mut last = "the name resolves to no address".to_string();
+    for candidate in candidates {
+        match TcpStream::connect_timeout(&candidate, timeout) {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                return Ok(stream);
+            }
+            Err(e) => last = plain(&e),
+        }
+    }
+    Err(last)
+}
+
+/// An I/O error as a short lowercase phrase: "connection refused".
+fn plain(e: &io::Error) -> String {
+    let text = e.to_string();
+    let text = text.split(" (os error").next().unwrap_or_default();
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => format!("{:?}", e.kind()),
+    }
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// The writer thread: coalesce queued lines and write them; on a failed
+/// write, shut the socket so the reader notices.
+fn write_loop(lines: Receiver<Vec<u8>>, mut stream: TcpStream) {
+    let mut batch = Vec::with_capacity(4096);
+    while let Ok(first) = lines.recv() {
+        batch.clear();
+        batch.extend_from_slice(&first);
+        while batch.len() < WRITE_BATCH {
+            match lines.try_recv() {
+                Ok(more) => batch.extend_from_slice(&more),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = stream.write_all(&batch) {
+            log::debug!("write failed: {e}");
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
+    }
+}
+
+impl Ticket {
+    /// Wait for the answer until the earlier of `conn_due` (past it the
+    /// connection is deemed dead and closed) and `caller_due` (the caller's
+    /// own deadline); None waits without limit.
+    pub fn wait(self, conn_due: Option<Instant>, caller_due: Option<Instant>) -> Outcome {
+        let due = match (conn_due, caller_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let received = match due {
+            Some(due) => self.rx.recv_deadline(due).map_err(|e| e.is_disconnected()),
+            None => self.rx.recv().map_err(|_| true),
+        };
+        match received {
+            Ok(answer) => Outcome::Answer(answer),
+            Err(true) => Outcome::Lost,
+            Err(false) => self.give_up(conn_due),
+        }
+    }
+
+    fn give_up(self, conn_due: Option<Instant>) -> Outcome {
+        let Ticket {
+            conn,
+            generation,
+            rx,
+            sent_at,
+        } = self;
+        if let Some(answer) = conn.abandon(rx) {
+            return Outcome::Answer(answer);
+        }
+        if conn_due.is_some_and(|due| Instant::now() >= due) {
+            let waited = sent_at.elapsed();
+            conn.kill(generation, format!("no answer within {waited:.1?}"));
+        }
+        Outcome::Overdue
+    }
+}
+
+/// Sleep helper for the manager: true when the client closed meanwhile.
+pub fn sleep_or_stop(stop: &Receiver<()>, duration: Duration) -> bool {
+    !matches!(stop.recv_timeout(duration), Err(RecvTimeoutError::Timeout))
+}

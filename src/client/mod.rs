@@ -1,0 +1,481 @@
+//! The Rust client library of baton (SPEC.md section 4).
+//!
+//! Owns: the public API — [`Client`], [`ClientBuilder`], and what calls
+//! return ([`Grant`], [`LockGuard`], [`ReleaseOutcome`], [`KeyStatus`],
+//! [`NodeInfo`], [`Error`]). Calls run on the caller's thread and block it
+//! until their deadline at most; connections live on background threads.
+//!
+//! Layout, one file per concern:
+//! - `pending.rs`: matching answers to requests by (op, key), pure;
+//! - `conn.rs`: one connection, its reader/manager and writer threads;
+//! - `pool.rs`: the servers and connections, round-robin choice, waiting
+//!   for a connection to come up;
+//! - `calls.rs`: attempts, redirects, release retries, deadlines;
+//! - `grant.rs`: grants, the release-on-drop guard, plain results;
+//! - `error.rs`: the error type.
+//!
+//! Never does: speak the wire format itself (that is `protocol.rs`), use an
+//! async runtime, or block forever — except an acquire asked to wait
+//! without limit, which waits as long as its connection lives.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use baton::client::Client;
+//!
+//! # fn main() -> Result<(), baton::client::Error> {
+//! let client = Client::connect(["10.0.0.1:7373", "10.0.0.2:7373"])?;
+//! // Wait up to 10 s in line; the grant lasts 30 s unless released or kept.
+//! let grant = client.acquire("nightly-report", Duration::from_secs(30), Some(Duration::from_secs(10)))?;
+//! println!("got it, token {}", grant.token());
+//! client.release(&grant)?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod calls;
+mod conn;
+mod error;
+mod grant;
+mod pending;
+mod pool;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+
+pub use calls::{RELEASE_RETRY_INTERVAL, RELEASE_RETRY_WINDOW};
+pub use conn::RECONNECT_INTERVAL;
+pub use error::Error;
+pub use grant::{ConnectionStatus, Grant, KeyStatus, LockGuard, NodeInfo, ReleaseOutcome};
+
+use crate::protocol::Key;
+use pool::Pool;
+
+/// Default time to establish a TCP connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Default time a server has to answer a request that does not wait in line.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The port used when a server address has none.
+pub const DEFAULT_PORT: u16 = 7373;
+
+/// A connection to a baton service: one or more servers, each reached
+/// through persistent connections kept up in the background.
+///
+/// Cheap to clone (clones share the connections) and safe to share between
+/// threads: requests from many threads are pipelined on the same
+/// connections. The connections close when the last clone is dropped.
+///
+/// Every call has a deadline: an acquire waits at most its `wait` plus the
+/// request timeout (or without limit when `wait` is None); other calls wait
+/// at most the request timeout, a release up to 5 s more while it retries.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    /// Dropped with the client: wakes the connection threads to stop.
+    _stop: Sender<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.pool.close();
+    }
+}
+
+/// Settings for a [`Client`] beyond its servers.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # fn main() -> Result<(), baton::client::Error> {
+/// let client = baton::client::Client::builder(["10.0.0.1:7373"])
+///     .connect_timeout(Duration::from_secs(1))
+///     .request_timeout(Duration::from_secs(3))
+///     .connect()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct ClientBuilder {
+    servers: Vec<String>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl ClientBuilder {
+    /// How long one TCP connection attempt may take (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long a server has to answer a request that does not wait in line
+    /// (default 5 s). A connection that leaves a request unanswered that
+    /// long is closed and reconnected.
+    pub fn request_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Start the client. This does not wait for the connections: they are
+    /// made in the background, and the first call waits for them (bounded
+    /// by its deadline). Fails only on a malformed address list.
+    pub fn connect(self) -> Result<Client, Error> {
+        let servers = parse_servers(&self.servers)?;
+        for (name, value) in [
+            ("connect timeout", self.connect_timeout),
+            ("request timeout", self.request_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(Error::InvalidArgument(format!(
+                    "the {name} must be above 0"
+                )));
+            }
+        }
+        let (stop, stopped) = crossbeam_channel::bounded(0);
+        let pool = Pool::start(
+            &servers,
+            self.connect_timeout,
+            self.request_timeout,
+            stopped,
+        )?;
+        Ok(Client {
+            inner: Arc::new(Inner { pool, _stop: stop }),
+        })
+    }
+}
+
+/// Check and normalise server addresses: `host:port` (`host` alone gets
+/// port 7373), trimmed, duplicates dropped, at least one.
+pub fn parse_servers<S: AsRef<str>>(servers: &[S]) -> Result<Vec<String>, Error> {
+    if servers.len() > pool::MAX_SERVERS {
+        return Err(Error::InvalidArgument(format!(
+            "{} servers given; at most {} are supported",
+            servers.len(),
+            pool::MAX_SERVERS
+        )));
+    }
+    let mut out: Vec<String> = Vec::new();
+    for server in servers {
+        let server = server.as_ref().trim();
+        let addr = normalise_server(server)?;
+        if !out.contains(&addr) {
+            out.push(addr);
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::InvalidArgument("no server address given".into()));
+    }
+    Ok(out)
+}
+
+fn normalise_server(server: &str) -> Result<String, Error> {
+    let bad = || Error::InvalidArgument(format!("'{server}' is not host:port"));
+    if server.is_empty() || server.contains(char::is_whitespace) {
+        return Err(bad());
+    }
+    let (host, port) = match server.strip_prefix('[') {
+        Some(bracketed) => {
+            let (host, after) = bracketed.split_once(']').ok_or_else(bad)?;
+            let port = match after {
+                "" => None,
+                after => Some(after.strip_prefix(':').ok_or_else(bad)?),
+            };
+            (host, port)
+        }
+        None => match server.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (server, None),
+        },
+    };
+    if host.is_empty() {
+        return Err(bad());
+    }
+    match port {
+        None => Ok(format!("{server}:{DEFAULT_PORT}")),
+        Some(port) => {
+            port.parse::<u16>().map_err(|_| bad())?;
+            Ok(server.to_string())
+        }
+    }
+}
+
+fn check_key(key: &[u8]) -> Result<Key, Error> {
+    Key::new(key).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "bad key {:?}: 1 to 250 bytes, no spaces or control characters",
+            String::from_utf8_lossy(key)
+        ))
+    })
+}
+
+fn check_lease(lease: Duration) -> Result<u64, Error> {
+    match calls::millis_ceil(lease) {
+        0 => Err(Error::InvalidArgument("the lease must be above 0".into())),
+        ms => Ok(ms),
+    }
+}
+
+impl Client {
+    /// A client for these servers (`host:port` each; the port defaults to
+    /// 7373), with the default timeouts. One connection per server; two
+    /// when only one server is given.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let one = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let cluster = baton::client::Client::connect("a:7373,b:7373".split(','))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn connect<I, S>(servers: I) -> Result<Client, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Client::builder(servers).connect()
+    }
+
+    /// A builder, to set timeouts before connecting.
+    pub fn builder<I, S>(servers: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        ClientBuilder {
+            servers: servers
+                .into_iter()
+                .map(|s| s.as_ref().to_string())
+                .collect(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+
+    fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Acquire `key` for `lease`, waiting in line up to `wait` (None: without
+    /// limit; `Some(Duration::ZERO)`: only if it is free right now).
+    ///
+    /// The grant's lease is counted by the client's clock from when the
+    /// request that started it was sent. A grant that waited in line for more
+    /// than a third of its lease is confirmed with a keep (`K`) before it is
+    /// returned, and its lease counted from that keep.
+    ///
+    /// Errors: [`Error::Timeout`] when the wait runs out (nothing is held),
+    /// [`Error::Refused`] with the server's reason, [`Error::NoConnection`]
+    /// when no connection could carry the request.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::{Client, Error};
+    /// # fn main() -> Result<(), Error> {
+    /// let client = Client::connect(["127.0.0.1:7373"])?;
+    /// match client.acquire("backup", Duration::from_secs(60), Some(Duration::ZERO)) {
+    ///     Ok(grant) => {
+    ///         // ... work, passing grant.token() to whatever is protected ...
+    ///         client.release(&grant)?;
+    ///     }
+    ///     Err(Error::Timeout) => println!("someone else is running the backup"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Grant, Error> {
+        let key = check_key(key.as_ref())?;
+        let lease_ms = check_lease(lease)?;
+        let wait_ms = wait.map(|w| calls::millis_ceil(w).max(1));
+        calls::acquire(self.pool(), key, lease_ms, wait_ms)
+    }
+
+    /// Acquire like [`Client::acquire`], as a guard that releases the key
+    /// when dropped.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let mut guard = client.lock("ledger", Duration::from_secs(10), Some(Duration::from_secs(5)))?;
+    /// for batch in 0..100 {
+    ///     // ... long work ...
+    ///     if batch % 10 == 0 {
+    ///         guard.keep(Duration::from_secs(10))?; // still ours, lease renewed
+    ///     }
+    /// }
+    /// drop(guard); // released
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<LockGuard, Error> {
+        let grant = self.acquire(key, lease, wait)?;
+        Ok(LockGuard::new(self.clone(), grant))
+    }
+
+    /// Release a grant. Retried for 5 s at 200 ms intervals while no
+    /// connection can carry it. [`ReleaseOutcome::NotHeld`] when the grant
+    /// no longer held the key (its lease ran out, or it was released).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::{Client, ReleaseOutcome};
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = Client::connect(["127.0.0.1:7373"])?;
+    /// let grant = client.acquire("job", Duration::from_secs(30), None)?;
+    /// if client.release(&grant)? == ReleaseOutcome::NotHeld {
+    ///     eprintln!("the lease ran out before the work was done");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn release(&self, grant: &Grant) -> Result<ReleaseOutcome, Error> {
+        calls::release(self.pool(), grant.key().clone(), grant.token())
+    }
+
+    /// Release the grant that `token` names, as [`Client::release`] does
+    /// (for a token that came from elsewhere, say another process).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// client.release_token("job", 1_745_000_000_000_000_001)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn release_token(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: u64,
+    ) -> Result<ReleaseOutcome, Error> {
+        let key = check_key(key.as_ref())?;
+        if token == 0 {
+            return Err(Error::InvalidArgument("a token is never 0".into()));
+        }
+        calls::release(self.pool(), key, token)
+    }
+
+    /// Extend `grant`'s lease to now + `lease`; the token stays the same.
+    /// [`Error::NotHeld`] when the key was lost, [`Error::Expired`] when the
+    /// lease ran out (by the client's clock) before a server answered.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let mut grant = client.acquire("job", Duration::from_secs(30), None)?;
+    /// client.keep(&mut grant, Duration::from_secs(30))?;
+    /// assert!(grant.time_left() > Duration::from_secs(29));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn keep(&self, grant: &mut Grant, lease: Duration) -> Result<(), Error> {
+        let lease_ms = check_lease(lease)?;
+        calls::keep(self.pool(), grant, lease_ms)
+    }
+
+    /// Who holds `key`, for how long, and how many wait for it.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let status = client.query("job")?;
+    /// match status.token {
+    ///     Some(token) => println!("held by token {token}, {} waiting", status.waiting),
+    ///     None => println!("free"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn query(&self, key: impl AsRef<[u8]>) -> Result<crate::client::KeyStatus, Error> {
+        let key = check_key(key.as_ref())?;
+        calls::query(self.pool(), key)
+    }
+
+    /// Ask one server about itself (`I`): role, active node, counts. The
+    /// server is added to the client's list if it was not in it.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let info = client.info("127.0.0.1:7373")?;
+    /// println!("role {:?}, {:?} keys held", info.role(), info.get("held"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn info(&self, server: &str) -> Result<NodeInfo, Error> {
+        let addr = normalise_server(server.trim())?;
+        let node = match self.pool().find(&addr) {
+            Some(node) => node,
+            None => self.pool().node_for(&addr)?,
+        };
+        calls::info(self.pool(), node)
+    }
+
+    /// The servers this client knows (those given, then those learned from
+    /// redirects).
+    pub fn servers(&self) -> Vec<String> {
+        self.pool().servers()
+    }
+
+    /// Every connection and whether it is up.
+    pub fn connections(&self) -> Vec<ConnectionStatus> {
+        self.pool().statuses()
+    }
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("servers", &self.servers())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_addresses_are_checked_and_normalised() {
+        assert_eq!(
+            parse_servers(&[" a:1", "b", "a:1", "[::1]:9", "[::1]"]),
+            Ok(vec![
+                "a:1".to_string(),
+                "b:7373".to_string(),
+                "[::1]:9".to_string(),
+                "[::1]:7373".to_string()
+            ])
+        );
+        for bad in ["", "a:x", ":1", "a:70000", "a b:1", "::1"] {
+            assert!(parse_servers(&[bad]).is_err(), "{bad:?}");
+        }
+        assert!(parse_servers::<&str>(&[]).is_err());
+    }
+
+    #[test]
+    fn arguments_are_checked_before_anything_is_sent() {
+        assert!(check_key(b"").is_err());
+        assert!(check_key(b"a b").is_err());
+        assert!(check_key(&[b'x'; 251]).is_err());
+        assert!(check_key("日本".as_bytes()).is_ok());
+        assert!(check_lease(Duration::ZERO).is_err());
+        assert_eq!(check_lease(Duration::from_micros(1)), Ok(1));
+    }
+}

@@ -1,0 +1,437 @@
+//! The set of servers and connections a client keeps, and the choice of a
+//! connection for each request.
+//!
+//! Owns: the registered servers (nodes) and their connections (one per
+//! address given, two when only one address is given, one for a node first
+//! learned from an `M` redirect; at most [`MAX_SERVERS`] servers), the
+//! round-robin turn, the node preferred
+//! after a redirect (the active one), and the [`Notifier`] that wakes callers
+//! waiting for a connection to come up.
+//!
+//! Runs on the callers' threads ([`Pool::pick`]); the connections' own
+//! threads only report phase changes through the notifier.
+//!
+//! Choice ([`choose`], pure): the preferred node's connections first, if one
+//! is up; else any connection that is up, round-robin. A caller waits only
+//! while some connection it could use is connecting — bounded by its own
+//! deadline and by the connect timeout — and fails at once with
+//! [`Error::NoConnection`] when every one is down.
+//!
+//! Never does: send, retry or interpret answers (that is `calls.rs`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::client::Error;
+use crate::client::conn::{self, Conn, Phase};
+use crate::client::grant::ConnectionStatus;
+
+/// Connections kept to a server when it is the only one given.
+pub const CONNECTIONS_FOR_ONE_SERVER: usize = 2;
+/// Servers one client registers, at most (those given plus those learned
+/// from redirects); a redirect to one more is refused.
+pub const MAX_SERVERS: usize = 64;
+/// Extra time a caller waits for a connection attempt past the connect
+/// timeout (name resolution, thread start).
+const CONNECT_SLACK: Duration = Duration::from_secs(1);
+const NO_NODE: usize = usize::MAX;
+
+/// Settings and signals shared by the pool and its connections' threads.
+pub struct Ctx {
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub notifier: Notifier,
+    /// Never sent on: disconnects when the client is dropped.
+    stop: Receiver<()>,
+    closed: AtomicBool,
+}
+
+impl Ctx {
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Sleep for `duration` or until the client closes; true if it closed.
+    pub fn sleep(&self, duration: Duration) -> bool {
+        conn::sleep_or_stop(&self.stop, duration) || self.is_closed()
+    }
+}
+
+/// A counter bumped on every change of a connection's phase, with a condvar
+/// for callers waiting for one.
+#[derive(Default)]
+pub struct Notifier {
+    version: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Notifier {
+    pub fn version(&self) -> u64 {
+        *self.version.lock()
+    }
+
+    pub fn bump(&self) {
+        *self.version.lock() += 1;
+        self.changed.notify_all();
+    }
+
+    /// Wait until the version differs from `seen` or `until` passes; true if
+    /// it changed.
+    pub fn wait_change(&self, seen: u64, until: Instant) -> bool {
+        let mut version = self.version.lock();
+        while *version == seen {
+            if self.changed.wait_until(&mut version, until).timed_out() {
+                return *version != seen;
+            }
+        }
+        true
+    }
+}
+
+/// Which connections a request may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Any: the preferred node's if one is up, else round-robin.
+    Any,
+    /// Only this node's (for `I`, which asks one particular server).
+    Node(usize),
+}
+
+/// What [`choose`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// Use the connection at this index.
+    Use(usize),
+    /// None is up, but one is connecting: wait for it.
+    Wait,
+    /// None is up or connecting.
+    Nothing,
+}
+
+/// Pick a connection from `(node, phase)` pairs. The preferred node's up
+/// connections come first; while the preferred node is connecting and none
+/// of it is up, wait for it rather than go to a node that would redirect
+/// back. `turn` makes the choice round-robin.
+pub fn choose(
+    conns: &[(usize, Phase)],
+    target: Target,
+    preferred: Option<usize>,
+    turn: usize,
+) -> Choice {
+    let among = |node: Option<usize>| -> Choice {
+        let fits = |n: usize| node.is_none_or(|want| want == n);
+        let up: Vec<usize> = (0..conns.len())
+            .filter(|&i| fits(conns[i].0) && conns[i].1 == Phase::Up)
+            .collect();
+        if !up.is_empty() {
+            return Choice::Use(up[turn % up.len()]);
+        }
+        if conns
+            .iter()
+            .any(|&(n, phase)| fits(n) && phase == Phase::Connecting)
+        {
+            return Choice::Wait;
+        }
+        Choice::Nothing
+    };
+    match target {
+        Target::Node(node) => among(Some(node)),
+        Target::Any => match preferred.map(|node| among(Some(node))) {
+            Some(choice @ (Choice::Use(_) | Choice::Wait)) => choice,
+            _ => among(None),
+        },
+    }
+}
+
+struct Node {
+    addr: String,
+    conns: Vec<Arc<Conn>>,
+}
+
+/// The client's servers and connections.
+pub struct Pool {
+    ctx: Arc<Ctx>,
+    nodes: RwLock<Vec<Node>>,
+    preferred: AtomicUsize,
+    turn: AtomicUsize,
+}
+
+impl Pool {
+    /// Register `servers` and start connecting to them in the background.
+    /// `stop` disconnects when the client is dropped.
+    pub fn start(
+        servers: &[String],
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        stop: Receiver<()>,
+    ) -> Result<Pool, Error> {
+        let ctx = Arc::new(Ctx {
+            connect_timeout,
+            request_timeout,
+            notifier: Notifier::default(),
+            stop,
+            closed: AtomicBool::new(false),
+        });
+        let pool = Pool {
+            ctx,
+            nodes: RwLock::new(Vec::new()),
+            preferred: AtomicUsize::new(NO_NODE),
+            turn: AtomicUsize::new(0),
+        };
+        let per_node = if servers.len() == 1 {
+            CONNECTIONS_FOR_ONE_SERVER
+        } else {
+            1
+        };
+        for addr in servers {
+            pool.add_node(&mut pool.nodes.write(), addr, per_node)?;
+        }
+        Ok(pool)
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        self.ctx.request_timeout
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        self.ctx.connect_timeout
+    }
+
+    fn add_node(&self, nodes: &mut Vec<Node>, addr: &str, count: usize) -> Result<usize, Error> {
+        let index = nodes.len();
+        let mut conns = Vec::with_capacity(count);
+        for _ in 0..count {
+            let conn = Arc::new(Conn::new(index, addr.to_string()));
+            conn.spawn(self.ctx.clone())
+                .map_err(|e| Error::NoConnection(format!("cannot start a thread: {e}")))?;
+            conns.push(conn);
+        }
+        nodes.push(Node {
+            addr: addr.to_string(),
+            conns,
+        });
+        self.ctx.notifier.bump();
+        Ok(index)
+    }
+
+    /// The node with this address, registered (with one connection) if it
+    /// is new. Addresses are compared as text.
+    pub fn node_for(&self, addr: &str) -> Result<usize, Error> {
+        if let Some(index) = self.nodes.read().iter().position(|n| n.addr == addr) {
+            return Ok(index);
+        }
+        let mut nodes = self.nodes.write();
+        match nodes.iter().position(|n| n.addr == addr) {
+            Some(index) => Ok(index),
+            None if nodes.len() >= MAX_SERVERS => Err(Error::NoActive(format!(
+                "redirected to {addr}, but this client already knows {MAX_SERVERS} servers"
+            ))),
+            None => {
+                log::info!("learned of server {addr} from a redirect");
+                self.add_node(&mut nodes, addr, 1)
+            }
+        }
+    }
+
+    /// The node index of a registered address.
+    pub fn find(&self, addr: &str) -> Option<usize> {
+        self.nodes.read().iter().position(|n| n.addr == addr)
+    }
+
+    /// Send requests to this node first from now on.
+    pub fn prefer(&self, node: usize) {
+        self.preferred.store(node, Ordering::Relaxed);
+    }
+
+    fn preferred(&self) -> Option<usize> {
+        let node = self.preferred.load(Ordering::Relaxed);
+        (node != NO_NODE).then_some(node)
+    }
+
+    /// True when one of the node's connections is up or connecting.
+    pub fn is_reachable(&self, node: usize) -> bool {
+        self.nodes
+            .read()
+            .get(node)
+            .is_some_and(|n| n.conns.iter().any(|c| c.status().0 != Phase::Down))
+    }
+
+    /// How many connections a request for `target` may use.
+    pub fn connection_count(&self, target: Target) -> usize {
+        let nodes = self.nodes.read();
+        match target {
+            Target::Any => nodes.iter().map(|n| n.conns.len()).sum(),
+            Target::Node(node) => nodes.get(node).map_or(0, |n| n.conns.len()),
+        }
+    }
+
+    /// A connection that is up, waiting (until `due` at the latest) while
+    /// one is connecting; [`Error::NoConnection`] when none can be had.
+    pub fn pick(&self, target: Target, due: Option<Instant>) -> Result<Arc<Conn>, Error> {
+        let patience = Instant::now() + self.ctx.connect_timeout + CONNECT_SLACK;
+        let until = due.map_or(patience, |due| due.min(patience));
+        loop {
+            let seen = self.ctx.notifier.version();
+            let conns = self.all_conns();
+            let phases: Vec<(usize, Phase)> =
+                conns.iter().map(|c| (c.node, c.status().0)).collect();
+            let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+            match choose(&phases, target, self.preferred(), turn) {
+                Choice::Use(i) => return Ok(conns[i].clone()),
+                Choice::Nothing => return Err(Error::NoConnection(self.describe(target))),
+                Choice::Wait => {
+                    if !self.ctx.notifier.wait_change(seen, until) {
+                        return Err(Error::NoConnection(format!(
+                            "still connecting: {}",
+                            self.describe(target)
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    fn all_conns(&self) -> Vec<Arc<Conn>> {
+        self.nodes
+            .read()
+            .iter()
+            .flat_map(|n| n.conns.iter().cloned())
+            .collect()
+    }
+
+    /// "a:1 (connection refused); b:2 (not connected yet)": each server of
+    /// `target` and why it cannot be used.
+    pub fn describe(&self, target: Target) -> String {
+        let nodes = self.nodes.read();
+        let mut parts = Vec::new();
+        for (index, node) in nodes.iter().enumerate() {
+            if target != Target::Any && target != Target::Node(index) {
+                continue;
+            }
+            let why = node
+                .conns
+                .iter()
+                .find_map(|c| c.status().1)
+                .unwrap_or_else(|| "not connected yet".into());
+            parts.push(format!("{} ({why})", node.addr));
+        }
+        parts.join("; ")
+    }
+
+    /// Every connection's server, whether it is up, and its last error.
+    pub fn statuses(&self) -> Vec<ConnectionStatus> {
+        self.all_conns()
+            .iter()
+            .map(|c| {
+                let (phase, last_error) = c.status();
+                ConnectionStatus {
+                    server: c.addr.clone(),
+                    connected: phase == Phase::Up,
+                    last_error,
+                }
+            })
+            .collect()
+    }
+
+    /// The registered servers' addresses, in order.
+    pub fn servers(&self) -> Vec<String> {
+        self.nodes.read().iter().map(|n| n.addr.clone()).collect()
+    }
+
+    /// Stop every connection (the client is dropped).
+    pub fn close(&self) {
+        self.ctx.closed.store(true, Ordering::Release);
+        for conn in self.all_conns() {
+            conn.close();
+        }
+        self.ctx.notifier.bump();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Phase::{Connecting, Down, Up};
+
+    #[test]
+    fn up_connections_are_used_in_turn() {
+        let conns = [(0, Up), (0, Up), (1, Up)];
+        let picks: Vec<Choice> = (0..4)
+            .map(|t| choose(&conns, Target::Any, None, t))
+            .collect();
+        assert_eq!(
+            picks,
+            [
+                Choice::Use(0),
+                Choice::Use(1),
+                Choice::Use(2),
+                Choice::Use(0)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_connection_that_is_down_is_left_out() {
+        let conns = [(0, Down), (1, Up), (2, Connecting)];
+        for turn in 0..5 {
+            assert_eq!(choose(&conns, Target::Any, None, turn), Choice::Use(1));
+        }
+    }
+
+    #[test]
+    fn with_none_up_a_caller_waits_only_for_one_connecting() {
+        assert_eq!(
+            choose(&[(0, Down), (1, Connecting)], Target::Any, None, 0),
+            Choice::Wait
+        );
+        assert_eq!(
+            choose(&[(0, Down), (1, Down)], Target::Any, None, 0),
+            Choice::Nothing
+        );
+        assert_eq!(choose(&[], Target::Any, None, 0), Choice::Nothing);
+    }
+
+    #[test]
+    fn the_preferred_node_comes_first() {
+        let conns = [(0, Up), (1, Up), (1, Up)];
+        assert_eq!(choose(&conns, Target::Any, Some(1), 0), Choice::Use(1));
+        assert_eq!(choose(&conns, Target::Any, Some(1), 1), Choice::Use(2));
+    }
+
+    #[test]
+    fn a_connecting_preferred_node_is_waited_for() {
+        let conns = [(0, Up), (1, Connecting)];
+        assert_eq!(choose(&conns, Target::Any, Some(1), 0), Choice::Wait);
+    }
+
+    #[test]
+    fn a_preferred_node_that_is_down_is_skipped() {
+        let conns = [(0, Up), (1, Down)];
+        assert_eq!(choose(&conns, Target::Any, Some(1), 0), Choice::Use(0));
+    }
+
+    #[test]
+    fn a_request_for_one_node_uses_only_that_node() {
+        let conns = [(0, Up), (1, Down)];
+        assert_eq!(choose(&conns, Target::Node(1), None, 0), Choice::Nothing);
+        assert_eq!(choose(&conns, Target::Node(0), Some(1), 3), Choice::Use(0));
+        let conns = [(0, Up), (1, Connecting)];
+        assert_eq!(choose(&conns, Target::Node(1), None, 0), Choice::Wait);
+    }
+
+    #[test]
+    fn a_waiter_sees_a_change_or_its_deadline() {
+        let notifier = Arc::new(Notifier::default());
+        let seen = notifier.version();
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert!(!notifier.wait_change(seen, soon));
+        let bumper = notifier.clone();
+        let thread = std::thread::spawn(move || bumper.bump());
+        assert!(notifier.wait_change(seen, Instant::now() + Duration::from_secs(10)));
+        thread.join().expect("bumper thread");
+    }
+}

@@ -1,0 +1,463 @@
+//! The `baton` command-line tool against real `batond` processes (SPEC.md
+//! section 6). Every `baton` process is killed by its PID if a test fails.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use baton::client::{Client, Error, ReleaseOutcome};
+use common::{DEADLINE, Node, baton_path, wait_for};
+
+fn node() -> Node {
+    Node::start(&["--threads", "1"])
+}
+
+/// `baton --servers <servers> <args>`, started with piped output.
+fn start(servers: &str, args: &[&str]) -> Baton {
+    let mut all = vec!["--servers", servers];
+    all.extend_from_slice(args);
+    start_with(&all, None)
+}
+
+/// `baton <args>` with `$BATON_SERVERS` set to `env_servers` (or unset).
+fn start_with(args: &[&str], env_servers: Option<&str>) -> Baton {
+    let mut command = Command::new(baton_path());
+    command
+        .args(args)
+        .env_remove("BATON_SERVERS")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(servers) = env_servers {
+        command.env("BATON_SERVERS", servers);
+    }
+    Baton {
+        child: command.spawn().expect("spawn baton"),
+    }
+}
+
+/// A running `baton`, killed by PID when dropped.
+struct Baton {
+    child: Child,
+}
+
+/// How a `baton` process ended.
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Baton {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Wait for the exit (failing the test after `deadline`), then read the
+    /// output (small: it fits the pipes).
+    fn finish_within(mut self, deadline: Duration) -> Finished {
+        let status = wait_for("baton to exit", deadline, || {
+            self.child.try_wait().expect("try_wait")
+        });
+        let read = |pipe: Option<&mut dyn std::io::Read>| {
+            let mut text = String::new();
+            if let Some(pipe) = pipe {
+                pipe.read_to_string(&mut text).expect("read output");
+            }
+            text
+        };
+        let stdout = read(self.child.stdout.as_mut().map(|p| p as _));
+        let stderr = read(self.child.stderr.as_mut().map(|p| p as _));
+        Finished {
+            code: status.code(),
+            stdout,
+            stderr,
+        }
+    }
+
+    fn finish(self) -> Finished {
+        self.finish_within(DEADLINE)
+    }
+}
+
+impl Drop for Baton {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn baton(servers: &str, args: &[&str]) -> Finished {
+    start(servers, args).finish()
+}
+
+fn library(servers: &str) -> Client {
+    Client::connect([servers]).expect("a client")
+}
+
+fn holder(client: &Client, key: &str) -> Option<u64> {
+    client.query(key).expect("query").token
+}
+
+/// A fresh scratch directory, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("baton-cli-{}-{name}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn one_line(text: &str) -> bool {
+    text.lines().count() == 1 && text.ends_with('\n')
+}
+
+#[test]
+fn acquire_prints_only_the_token_and_release_frees_the_key() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let out = baton(&servers, &["acquire", "job", "--lease", "30"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let token: u64 = out
+        .stdout
+        .trim_end()
+        .parse()
+        .expect("only the token on stdout");
+    assert_eq!(out.stdout, format!("{token}\n"));
+    assert_eq!(out.stderr, "");
+    let c = library(&servers);
+    assert_eq!(holder(&c, "job"), Some(token), "held after baton exited");
+
+    let out = baton(&servers, &["release", "job", &token.to_string()]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), ""),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(holder(&c, "job"), None);
+
+    let out = baton(&servers, &["release", "job", &token.to_string()]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        one_line(&out.stderr) && out.stderr.contains("not held"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_timeout_is_one_line_on_stderr_and_exit_code_75() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let c = library(&servers);
+    let _held = c
+        .acquire("job", Duration::from_secs(30), None)
+        .expect("granted");
+    let out = baton(&servers, &["acquire", "job", "--wait", "0.2"]);
+    assert_eq!((out.code, out.stdout.as_str()), (Some(75), ""));
+    assert!(
+        one_line(&out.stderr) && out.stderr.contains("timed out"),
+        "{}",
+        out.stderr
+    );
+
+    let scratch = Scratch::new("timeout");
+    let marker = scratch.file("ran");
+    let out = baton(
+        &servers,
+        &["run", "job", "--wait", "0.2", "--", "touch", &marker],
+    );
+    assert_eq!(out.code, Some(75));
+    assert!(
+        one_line(&out.stderr) && out.stderr.contains("timed out"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        !std::path::Path::new(&marker).exists(),
+        "the command did not run"
+    );
+}
+
+#[test]
+fn servers_come_from_baton_servers_and_failures_are_one_line() {
+    let n = node();
+    let out = start_with(&["acquire", "envkey"], Some(&n.addr.to_string())).finish();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(holder(&library(&n.addr.to_string()), "envkey").is_some());
+
+    let nobody = format!("127.0.0.1:{}", common::free_port());
+    let start = Instant::now();
+    let out = baton(&nobody, &["acquire", "k"]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        one_line(&out.stderr) && out.stderr.contains("refused"),
+        "{}",
+        out.stderr
+    );
+    assert!(start.elapsed() < Duration::from_secs(5));
+
+    let out = baton(&nobody, &["acquire"]);
+    assert_eq!(out.code, Some(2));
+    assert!(one_line(&out.stderr), "{}", out.stderr);
+}
+
+#[test]
+fn status_prints_each_servers_role_and_counts() {
+    let (a, b) = (node(), node());
+    let c = library(&a.addr.to_string());
+    let _held = c
+        .acquire("k", Duration::from_secs(30), None)
+        .expect("granted");
+    let servers = format!("{},{}", a.addr, b.addr);
+    let out = baton(&servers, &["status"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", out.stdout);
+    assert!(
+        lines[0].starts_with(&format!("{} role=active", a.addr)),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[0].contains(" held=1") && lines[0].contains(" active="),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[1].contains(" held=0"), "{}", lines[1]);
+
+    let nobody = format!("127.0.0.1:{}", common::free_port());
+    let out = baton(&format!("{},{nobody}", a.addr), &["status"]);
+    assert_eq!(out.code, Some(1));
+    assert_eq!(out.stdout.lines().count(), 1);
+    assert!(
+        one_line(&out.stderr) && out.stderr.contains(&nobody),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn run_passes_key_token_and_exit_code_and_releases() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let script = r#"echo "$BATON_KEY $BATON_TOKEN"; exit 7"#;
+    let out = baton(&servers, &["run", "job", "--", "sh", "-c", script]);
+    assert_eq!(out.code, Some(7), "{}", out.stderr);
+    let (key, token) = out
+        .stdout
+        .trim_end()
+        .split_once(' ')
+        .expect("key and token");
+    assert_eq!(key, "job");
+    assert!(token.parse::<u64>().is_ok_and(|t| t > 0), "{token}");
+    assert_eq!(out.stderr, "");
+    assert_eq!(holder(&library(&servers), "job"), None, "released on exit");
+
+    let out = baton(&servers, &["run", "job", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.code, Some(128 + 15), "killed by a signal: 128 + N");
+    assert_eq!(
+        holder(&library(&servers), "job"),
+        None,
+        "released after a kill"
+    );
+}
+
+#[test]
+fn a_command_that_cannot_start_exits_127_and_releases() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let out = baton(&servers, &["run", "job", "--", "/nonexistent/command"]);
+    assert_eq!(out.code, Some(127));
+    assert!(one_line(&out.stderr), "{}", out.stderr);
+    assert_eq!(holder(&library(&servers), "job"), None);
+}
+
+#[test]
+fn two_runs_on_one_key_never_overlap() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let scratch = Scratch::new("overlap");
+    let log = scratch.file("log");
+    let script = format!(
+        r#"echo "start $BATON_TOKEN" >> {log}; sleep 0.3; echo "end $BATON_TOKEN" >> {log}"#
+    );
+    let runs: Vec<Baton> = (0..3)
+        .map(|_| start(&servers, &["run", "shared", "--", "sh", "-c", &script]))
+        .collect();
+    for run in runs {
+        let out = run.finish();
+        assert_eq!(out.code, Some(0), "{}", out.stderr);
+    }
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 6, "{text}");
+    let mut last = 0;
+    for pair in lines.chunks(2) {
+        let start = pair[0].strip_prefix("start ").expect("a start");
+        assert_eq!(pair[1], format!("end {start}"), "no overlap:\n{text}");
+        let token: u64 = start.parse().expect("a token");
+        assert!(token > last, "tokens grow:\n{text}");
+        last = token;
+    }
+}
+
+#[test]
+fn a_command_that_outlives_its_lease_keeps_the_key() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let c = library(&servers);
+    let run = start(
+        &servers,
+        &["run", "long", "--lease", "1", "--", "sleep", "3"],
+    );
+    let token = wait_for("the run to hold the key", DEADLINE, || holder(&c, "long"));
+    let start = Instant::now();
+    let wait = Some(Duration::from_millis(100));
+    while start.elapsed() < Duration::from_millis(2500) {
+        assert_eq!(holder(&c, "long"), Some(token), "the same grant all along");
+        assert_eq!(
+            c.acquire("long", Duration::from_secs(1), wait),
+            Err(Error::Timeout)
+        );
+    }
+    let out = run.finish();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(holder(&c, "long"), None);
+}
+
+/// The command started by a `run`, killed by its PID when dropped if a
+/// failing test left it running.
+struct RunCommand(u32);
+
+impl RunCommand {
+    fn is_gone(&self) -> bool {
+        !std::path::Path::new(&format!("/proc/{}", self.0)).exists()
+    }
+}
+
+impl Drop for RunCommand {
+    fn drop(&mut self) {
+        if !self.is_gone() {
+            let _ = Command::new("kill")
+                .args(["-KILL", &self.0.to_string()])
+                .status();
+        }
+    }
+}
+
+/// Start `run k [extra...]` of a command that sleeps 30 s and writes its PID
+/// to a file; wait until it holds the key. The run, its token and command.
+fn start_long_run(
+    servers: &str,
+    scratch: &Scratch,
+    c: &Client,
+    extra: &[&str],
+) -> (Baton, u64, RunCommand) {
+    let pid_file = scratch.file("pid");
+    let script = format!("echo $$ > {pid_file}; exec sleep 30");
+    let mut args = vec!["run", "k"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--", "sh", "-c", &script]);
+    let run = start(servers, &args);
+    let token = wait_for("the run to hold the key", DEADLINE, || holder(c, "k"));
+    let pid = wait_for("the command to start", DEADLINE, || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    (run, token, RunCommand(pid))
+}
+
+#[test]
+fn a_command_whose_key_is_lost_with_its_server_is_terminated() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let scratch = Scratch::new("lost");
+    let c = library(&servers);
+    let (run, _, command) = start_long_run(&servers, &scratch, &c, &["--lease", "1"]);
+    drop(n); // SIGKILL: no standby
+    let killed = Instant::now();
+    let out = run.finish();
+    assert_eq!(out.code, Some(1));
+    assert!(
+        killed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(out.stderr.contains("lost k"), "{}", out.stderr);
+    assert!(command.is_gone(), "the command was terminated");
+}
+
+#[test]
+fn a_command_whose_key_is_released_elsewhere_is_terminated() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let scratch = Scratch::new("stolen");
+    let c = library(&servers);
+    let (run, token, command) = start_long_run(&servers, &scratch, &c, &["--lease", "1"]);
+    assert_eq!(c.release_token("k", token), Ok(ReleaseOutcome::Released));
+    let out = run.finish_within(Duration::from_secs(3));
+    assert_eq!(out.code, Some(1));
+    assert!(one_line(&out.stderr), "{}", out.stderr);
+    assert!(out.stderr.contains("no longer held"), "{}", out.stderr);
+    assert!(command.is_gone(), "the command was terminated");
+}
+
+#[test]
+fn a_signal_to_baton_reaches_the_command_and_the_key_is_released() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let c = library(&servers);
+    let scratch = Scratch::new("signal");
+    let (run, _, command) = start_long_run(&servers, &scratch, &c, &[]);
+    let status = Command::new("kill")
+        .args(["-INT", &run.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let out = run.finish_within(Duration::from_secs(3));
+    assert_eq!(out.code, Some(128 + 2), "{}", out.stderr);
+    assert!(command.is_gone());
+    assert_eq!(holder(&c, "k"), None);
+}
+
+#[test]
+fn a_run_that_waited_in_line_longer_than_its_lease_runs_its_command() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let c = library(&servers);
+    let held = c
+        .acquire("k", Duration::from_secs(30), None)
+        .expect("granted");
+    let run = start(
+        &servers,
+        &["run", "k", "--lease", "1", "--", "sleep", "0.5"],
+    );
+    wait_for("the run to wait in line", DEADLINE, || {
+        (c.query("k").expect("query").waiting == 1).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500)); // longer in line than the lease
+    c.release(&held).expect("released");
+    let out = run.finish();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stderr, "");
+}
