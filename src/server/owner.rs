@@ -110,7 +110,7 @@ impl Clock {
     pub fn now_ms_ceil(&self) -> u64 {
         let elapsed = self.start.elapsed();
         let ms = elapsed.as_millis() as u64;
-        if elapsed.subsec_nanos() % 1_000_000 == 0 {
+        if elapsed.subsec_nanos().is_multiple_of(1_000_000) {
             ms
         } else {
             ms + 1
