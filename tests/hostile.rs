@@ -1,0 +1,767 @@
+//! Hostile-client reliability tests (SPEC.md section 3: bad input never
+//! crashes the server or affects other connections; a slow or silent client
+//! holds nothing but its own socket; limits answer with a clear `E`, never
+//! with unbounded memory).
+//!
+//! - property tests of the wire parser (round trips, no panics, framing that
+//!   stays in step whatever came before);
+//!
+//! The randomised tests print their seed (`BATON_TEST_SEED=<seed>` replays
+//! one). To see the numbers:
+//! `cargo test --release --test hostile -- --nocapture`.
+
+mod common;
+
+use baton::protocol::{
+    self, Answer, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason, Request,
+};
+use common::{Rng, test_seed};
+
+// ---------------------------------------------------------------------------
+// Almost-valid lines: a valid request with one mutation
+// ---------------------------------------------------------------------------
+
+/// Numbers that are out of range or not numbers at all, for any of lease,
+/// wait and token (the storm node runs with `--max-lease 2`).
+const BAD_NUMBERS: &[&str] = &[
+    "0",
+    "2.001",
+    "3",
+    "86401",
+    "18446744073709551616",
+    "99999999999999999999999",
+    "-1",
+    "+1",
+    "1e3",
+    "1.0001",
+    ".5",
+    "5.",
+    "0x10",
+    "1,5",
+    "\u{0661}",
+    "",
+];
+
+/// Join fields with single spaces.
+fn join_fields(fields: &[Vec<u8>]) -> Vec<u8> {
+    fields.join(&b' ')
+}
+
+/// Mutations that never make a line the server cannot understand (the
+/// connection stays open): a field duplicated, a number out of range, a key
+/// too long, a forbidden byte in the key.
+const GENTLE_MUTATIONS: [u64; 4] = [2, 3, 4, 9];
+
+/// The line of `fields` (valid request fields, op first, no line ending)
+/// with exactly one random mutation, ending in `\n` unless the mutation is
+/// to drop it. Many mutations give lines the server refuses (`E op key
+/// reason`, connection kept), some give lines it does not understand (`E - -
+/// reason`, connection closed), and a few happen to stay valid.
+fn mutate(rng: &mut Rng, fields: Vec<Vec<u8>>) -> Vec<u8> {
+    let kind = rng.below(13);
+    mutate_with(rng, kind, fields)
+}
+
+/// Like [`mutate`], with one of the [`GENTLE_MUTATIONS`].
+fn mutate_gently(rng: &mut Rng, fields: Vec<Vec<u8>>) -> Vec<u8> {
+    let kind = *rng.pick(&GENTLE_MUTATIONS);
+    mutate_with(rng, kind, fields)
+}
+
+/// Mutation number `kind` (0 to 12) of the line of `fields`.
+fn mutate_with(rng: &mut Rng, kind: u64, mut fields: Vec<Vec<u8>>) -> Vec<u8> {
+    let mut newline = true;
+    let line = match kind {
+        // A byte flipped to any other value.
+        0 => {
+            let mut line = join_fields(&fields);
+            let at = rng.index(line.len());
+            line[at] ^= rng.between(1, 255) as u8;
+            line
+        }
+        // A field dropped (the op included).
+        1 => {
+            let at = rng.index(fields.len());
+            fields.remove(at);
+            join_fields(&fields)
+        }
+        // A field duplicated.
+        2 => {
+            let at = rng.index(fields.len());
+            let copy = fields[at].clone();
+            fields.insert(at, copy);
+            join_fields(&fields)
+        }
+        // A number out of range, or not a number.
+        3 => {
+            let bad = rng.pick(BAD_NUMBERS).as_bytes().to_vec();
+            if fields.len() > 2 {
+                let at = rng.between(2, fields.len() as u64 - 1) as usize;
+                fields[at] = bad;
+            } else {
+                fields.push(bad);
+            }
+            join_fields(&fields)
+        }
+        // A key too long (the line still fits).
+        4 => {
+            let long = vec![b'k'; rng.between(MAX_KEY as u64 + 1, 600) as usize];
+            match fields.get_mut(1) {
+                Some(key) => *key = long,
+                None => fields.push(long),
+            }
+            join_fields(&fields)
+        }
+        // A line too long.
+        5 => {
+            let long = vec![b'L'; MAX_LINE + rng.index(200)];
+            fields.insert(1.min(fields.len()), long);
+            join_fields(&fields)
+        }
+        // A \r in the middle.
+        6 => {
+            let mut line = join_fields(&fields);
+            let at = rng.index(line.len() + 1);
+            line.insert(at, b'\r');
+            line
+        }
+        // A separator changed: two spaces, a tab, a leading or trailing space.
+        7 => {
+            let line = join_fields(&fields);
+            let spaces: Vec<usize> = (0..line.len()).filter(|&i| line[i] == b' ').collect();
+            match rng.below(4) {
+                0 if !spaces.is_empty() => {
+                    let mut line = line;
+                    line.insert(*rng.pick(&spaces), b' ');
+                    line
+                }
+                1 if !spaces.is_empty() => {
+                    let mut line = line;
+                    line[*rng.pick(&spaces)] = b'\t';
+                    line
+                }
+                2 => [b" ".as_slice(), &line].concat(),
+                _ => [line.as_slice(), b" "].concat(),
+            }
+        }
+        // The op changed: lowercase, another letter, doubled, empty.
+        8 => {
+            let op = fields[0][0];
+            fields[0] = match rng.below(4) {
+                0 => vec![op.to_ascii_lowercase()],
+                1 => vec![*rng.pick(b"BCEMNTXZ")],
+                2 => vec![op, op],
+                _ => Vec::new(),
+            };
+            join_fields(&fields)
+        }
+        // A forbidden byte in the key (or 0xFF, which is allowed).
+        9 => {
+            let byte = *rng.pick(&[0x00, 0x01, 0x1F, 0x7F, b'\t', 0xFF]);
+            match fields.get_mut(1) {
+                Some(key) => {
+                    let at = rng.index(key.len() + 1);
+                    key.insert(at, byte);
+                }
+                None => fields.push(vec![byte]),
+            }
+            join_fields(&fields)
+        }
+        // The newline dropped: the line runs into the next one.
+        10 => {
+            newline = false;
+            join_fields(&fields)
+        }
+        // A newline in the middle: the line is cut in two.
+        11 => {
+            let mut line = join_fields(&fields);
+            let at = rng.index(line.len() + 1);
+            line.insert(at, b'\n');
+            line
+        }
+        // Cut short.
+        _ => {
+            let mut line = join_fields(&fields);
+            line.truncate(rng.index(line.len() + 1));
+            line
+        }
+    };
+    let mut line = line;
+    if newline {
+        line.push(b'\n');
+    }
+    line
+}
+
+/// The fields of a request as `Request::write_to` writes it.
+fn request_fields(request: &Request) -> Vec<Vec<u8>> {
+    let mut line = Vec::new();
+    request.write_to(&mut line);
+    line.pop();
+    line.split(|&b| b == b' ').map(<[u8]>::to_vec).collect()
+}
+
+// ---------------------------------------------------------------------------
+// 2. Property tests of the wire parser
+// ---------------------------------------------------------------------------
+
+/// Random cases per property.
+const CASES: usize = 20_000;
+
+const OPS: [Op; 5] = [Op::Acquire, Op::Release, Op::Keep, Op::Query, Op::Info];
+
+const REASONS: [Reason; 16] = [
+    Reason::BadKey,
+    Reason::BadLease,
+    Reason::LeaseTooLong,
+    Reason::BadWait,
+    Reason::WaitTooLong,
+    Reason::BadToken,
+    Reason::ExtraFields,
+    Reason::MissingFields,
+    Reason::UnknownOp,
+    Reason::LineTooLong,
+    Reason::TooManyConnections,
+    Reason::TooManyWaiting,
+    Reason::TooManyKeys,
+    Reason::NotHeld,
+    Reason::ShuttingDown,
+    Reason::Other,
+];
+
+/// A `--max-lease` in milliseconds: the default, tiny ones, random ones and
+/// the largest the parser can take.
+fn arbitrary_max_ms(rng: &mut Rng) -> u64 {
+    match rng.below(5) {
+        0 => 86_400_000,
+        1 => rng.between(1, 1000),
+        2 => rng.between(1, 10_u64.pow(12)),
+        3 => rng.between(1, u64::MAX),
+        _ => u64::MAX,
+    }
+}
+
+/// A valid key: 1 byte, 250 bytes or in between; printable ASCII, `-`
+/// alone, or bytes >= 0x80 (which need not be UTF-8).
+fn arbitrary_key(rng: &mut Rng) -> Key {
+    if rng.chance(1, 20) {
+        return Key::new(b"-").expect("- is a key");
+    }
+    let len = match rng.below(4) {
+        0 => 1,
+        1 => MAX_KEY,
+        _ => rng.between(1, MAX_KEY as u64) as usize,
+    };
+    let bytes: Vec<u8> = (0..len)
+        .map(|_| match rng.below(3) {
+            0 => rng.between(0x80, 0xFF) as u8,
+            _ => rng.between(0x21, 0x7E) as u8,
+        })
+        .collect();
+    Key::new(&bytes).expect("generated keys are valid")
+}
+
+/// A token: never 0; edges (1, u64::MAX, powers of ten) and random values.
+fn arbitrary_token(rng: &mut Rng) -> u64 {
+    match rng.below(6) {
+        0 => 1,
+        1 => u64::MAX,
+        2 => u64::MAX - rng.below(3),
+        3 => 10_u64.pow(rng.below(20) as u32) - rng.below(2),
+        4 => rng.between(1, 1000),
+        _ => rng.between(1, u64::MAX),
+    }
+    .max(1)
+}
+
+/// Any u64, edges first.
+fn arbitrary_u64(rng: &mut Rng) -> u64 {
+    match rng.below(4) {
+        0 => 0,
+        1 => u64::MAX,
+        _ => rng.next_u64() >> rng.below(64),
+    }
+}
+
+/// A lease in `1..=max_ms`: the edges, whole seconds, and any millisecond.
+fn arbitrary_lease_ms(rng: &mut Rng, max_ms: u64) -> u64 {
+    let ms = match rng.below(6) {
+        0 => 1,
+        1 => max_ms,
+        2 => max_ms - rng.below(max_ms.min(2)),
+        3 => rng.between(1, 3) * 1000 + rng.below(3) - 1,
+        4 => rng.between(1, max_ms / 1000 + 1).saturating_mul(1000),
+        _ => rng.between(1, max_ms),
+    };
+    ms.clamp(1, max_ms)
+}
+
+/// A wait in `0..=max_ms`.
+fn arbitrary_wait_ms(rng: &mut Rng, max_ms: u64) -> u64 {
+    match rng.below(3) {
+        0 => 0,
+        _ => arbitrary_lease_ms(rng, max_ms),
+    }
+}
+
+fn arbitrary_request(rng: &mut Rng, max_ms: u64) -> Request {
+    match rng.pick(&OPS) {
+        Op::Acquire => Request::Acquire {
+            key: arbitrary_key(rng),
+            lease_ms: arbitrary_lease_ms(rng, max_ms),
+            wait_ms: arbitrary_wait_ms(rng, max_ms),
+        },
+        Op::Release => Request::Release {
+            key: arbitrary_key(rng),
+            token: arbitrary_token(rng),
+        },
+        Op::Keep => Request::Keep {
+            key: arbitrary_key(rng),
+            token: arbitrary_token(rng),
+            lease_ms: arbitrary_lease_ms(rng, max_ms),
+        },
+        Op::Query => Request::Query {
+            key: arbitrary_key(rng),
+        },
+        Op::Info => Request::Info,
+    }
+}
+
+/// Printable UTF-8 without spaces or `exclude`, `len` chars (>= 1).
+fn arbitrary_text(rng: &mut Rng, len: usize, exclude: char) -> String {
+    const WIDE: &[char] = &['é', 'ß', 'Ж', '名', '→', '🔒'];
+    let mut text = String::new();
+    while text.chars().count() < len {
+        let c = if rng.chance(1, 5) {
+            *rng.pick(WIDE)
+        } else {
+            char::from(rng.between(0x21, 0x7E) as u8)
+        };
+        if c != exclude {
+            text.push(c);
+        }
+    }
+    text
+}
+
+/// An answer as the server may send it (the ambiguous `-` key is only
+/// written for "no key", as protocol.rs documents).
+fn arbitrary_answer(rng: &mut Rng) -> Answer {
+    match rng.below(9) {
+        0 => Answer::Granted {
+            token: arbitrary_token(rng),
+            key: arbitrary_key(rng),
+        },
+        1 => Answer::Timeout {
+            key: arbitrary_key(rng),
+        },
+        2 => Answer::Released {
+            key: arbitrary_key(rng),
+        },
+        3 => Answer::NotHeld {
+            key: arbitrary_key(rng),
+        },
+        4 => Answer::Kept {
+            key: arbitrary_key(rng),
+        },
+        5 => Answer::Queried {
+            key: arbitrary_key(rng),
+            token: arbitrary_u64(rng),
+            ms_left: arbitrary_u64(rng),
+            waiting: arbitrary_u64(rng),
+        },
+        6 => {
+            let op = *rng.pick(&OPS);
+            let active = match rng.below(3) {
+                0 => None,
+                1 => Some(format!("127.0.0.1:{}", rng.between(1, 65535))),
+                _ => {
+                    let len = rng.between(1, 64) as usize;
+                    Some(arbitrary_text(rng, len, ' ')).filter(|host| host != "-")
+                }
+            };
+            let key = (op != Op::Info).then(|| arbitrary_key(rng));
+            Answer::Moved { active, op, key }
+        }
+        7 => {
+            let op = if rng.chance(1, 3) {
+                None
+            } else {
+                Some(*rng.pick(&OPS))
+            };
+            let reason = *rng.pick(&REASONS);
+            let no_key = matches!(op, None | Some(Op::Info)) || reason == Reason::BadKey;
+            let key = (!no_key).then(|| arbitrary_key(rng));
+            Answer::Error { op, key, reason }
+        }
+        _ => {
+            let mut pairs = Vec::new();
+            for _ in 0..rng.below(13) {
+                let len = rng.between(1, 12) as usize;
+                let name = arbitrary_text(rng, len, '=');
+                let len = rng.between(1, 20) as usize;
+                let value = match rng.below(4) {
+                    0 => String::new(),
+                    _ => arbitrary_text(rng, len, ' '),
+                };
+                pairs.push((name, value));
+            }
+            // Keep the line within MAX_LINE.
+            while answer_text(&Answer::Info(pairs.clone())).len() > MAX_LINE {
+                pairs.pop();
+            }
+            Answer::Info(pairs)
+        }
+    }
+}
+
+fn request_text(request: &Request) -> Vec<u8> {
+    let mut line = Vec::new();
+    request.write_to(&mut line);
+    line
+}
+
+fn answer_text(answer: &Answer) -> Vec<u8> {
+    let mut line = Vec::new();
+    answer.write_to(&mut line);
+    line
+}
+
+/// `line` with `\r\n` for its `\n`.
+fn with_crlf(line: &[u8]) -> Vec<u8> {
+    let mut crlf = line.to_vec();
+    crlf.insert(crlf.len() - 1, b'\r');
+    crlf
+}
+
+/// Bytes of every kind: random, from the protocol's alphabet, and of every
+/// length around MAX_LINE.
+fn arbitrary_bytes(rng: &mut Rng) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ARKQIETNM -=.:0123456789\r\n\x7f\x00\t\xff";
+    let len = match rng.below(4) {
+        0 => rng.below(16),
+        1 => rng.below(MAX_LINE as u64),
+        2 => rng.between(MAX_LINE as u64 - 2, MAX_LINE as u64 + 2),
+        _ => rng.below(3 * MAX_LINE as u64),
+    } as usize;
+    match rng.below(3) {
+        0 => rng.bytes(len),
+        1 => (0..len).map(|_| *rng.pick(ALPHABET)).collect(),
+        _ => (0..len)
+            .map(|_| {
+                if rng.chance(1, 2) {
+                    *rng.pick(ALPHABET)
+                } else {
+                    rng.next_u64() as u8
+                }
+            })
+            .collect(),
+    }
+}
+
+/// Parse `buf` line by line as requests, checking every invariant of one
+/// step; the results, with the bytes each used.
+fn parse_requests_checked(buf: &[u8], max_ms: u64) -> Vec<(usize, Result<Request, LineError>)> {
+    let mut steps = Vec::new();
+    let mut rest = buf;
+    loop {
+        match protocol::parse_request(rest, max_ms) {
+            Parsed::Incomplete => {
+                assert!(
+                    rest.len() < MAX_LINE && !rest.contains(&b'\n'),
+                    "Incomplete on {} bytes with a line in them: {rest:?}",
+                    rest.len()
+                );
+                return steps;
+            }
+            Parsed::Line { used, result } => {
+                assert!(
+                    (1..=rest.len().min(MAX_LINE)).contains(&used),
+                    "used {used} of {} bytes: {rest:?}",
+                    rest.len()
+                );
+                let line = &rest[..used];
+                check_request_result(line, &result, max_ms);
+                steps.push((used, result));
+                rest = &rest[used..];
+            }
+        }
+    }
+}
+
+/// What one parsed line may say, whatever its bytes.
+fn check_request_result(line: &[u8], result: &Result<Request, LineError>, max_ms: u64) {
+    match result {
+        Ok(request) => {
+            // What was understood formats to a line that parses the same.
+            let text = request_text(request);
+            assert_eq!(
+                protocol::parse_request(&text, max_ms),
+                Parsed::Line {
+                    used: text.len(),
+                    result: Ok(request.clone())
+                },
+                "{line:?} parsed as {request:?}"
+            );
+        }
+        Err(LineError::Blank) => {
+            assert!(line == b"\n" || line == b"\r\n", "blank: {line:?}");
+        }
+        Err(LineError::Fatal(reason)) => {
+            assert!(
+                matches!(
+                    reason,
+                    Reason::UnknownOp | Reason::MissingFields | Reason::LineTooLong
+                ),
+                "fatal {reason:?} for {line:?}"
+            );
+            assert!(reason.closes_connection());
+            assert_eq!(
+                *reason == Reason::LineTooLong,
+                line.len() == MAX_LINE && !line.contains(&b'\n'),
+                "line-too-long iff {} bytes without a newline: {line:?}",
+                MAX_LINE
+            );
+        }
+        Err(LineError::Refused { op, key, reason }) => {
+            assert!(!reason.closes_connection(), "refused with {reason:?}");
+            assert_eq!(line.first(), Some(&(op.as_char() as u8)), "{line:?}");
+            if *reason == Reason::BadKey || *op == Op::Info {
+                assert_eq!(key, &None, "{reason:?} for {line:?} names no key");
+            } else {
+                assert!(key.is_some(), "{reason:?} for {line:?} names its key");
+            }
+        }
+    }
+}
+
+/// Parse `buf` line by line as answers, checking every invariant of one step.
+fn parse_answers_checked(buf: &[u8]) -> Vec<(usize, Result<Answer, LineError>)> {
+    let mut steps = Vec::new();
+    let mut rest = buf;
+    loop {
+        match protocol::parse_answer(rest) {
+            Parsed::Incomplete => {
+                assert!(rest.len() < MAX_LINE && !rest.contains(&b'\n'));
+                return steps;
+            }
+            Parsed::Line { used, result } => {
+                assert!(
+                    (1..=rest.len().min(MAX_LINE)).contains(&used),
+                    "used {used} of {} bytes: {rest:?}",
+                    rest.len()
+                );
+                let line = &rest[..used];
+                match &result {
+                    Ok(answer) => {
+                        let text = answer_text(answer);
+                        assert_eq!(
+                            protocol::parse_answer(&text),
+                            Parsed::Line {
+                                used: text.len(),
+                                result: Ok(answer.clone())
+                            },
+                            "{line:?} parsed as {answer:?}"
+                        );
+                    }
+                    Err(LineError::Blank) => assert!(line == b"\n" || line == b"\r\n"),
+                    Err(LineError::Fatal(Reason::Other | Reason::LineTooLong)) => {}
+                    Err(other) => panic!("answer parser gave {other:?} for {line:?}"),
+                }
+                steps.push((used, result));
+                rest = &rest[used..];
+            }
+        }
+    }
+}
+
+#[test]
+fn every_valid_request_formats_and_parses_back_exactly_and_each_prefix_is_incomplete() {
+    let mut rng = Rng::new(test_seed("request round trip"));
+    let mut longest = 0;
+    for _ in 0..CASES {
+        let max_ms = arbitrary_max_ms(&mut rng);
+        let request = arbitrary_request(&mut rng, max_ms);
+        let line = request_text(&request);
+        longest = longest.max(line.len());
+        assert!(
+            line.len() <= MAX_LINE,
+            "{request:?} is {} bytes",
+            line.len()
+        );
+        for text in [line.clone(), with_crlf(&line)] {
+            assert_eq!(
+                protocol::parse_request(&text, max_ms),
+                Parsed::Line {
+                    used: text.len(),
+                    result: Ok(request.clone())
+                },
+                "{text:?} with max {max_ms} ms"
+            );
+            // Followed by anything, the line is still read alone.
+            let mut more = text.clone();
+            more.extend(arbitrary_bytes(&mut rng));
+            assert_eq!(
+                parse_requests_checked(&more, max_ms).first(),
+                Some(&(text.len(), Ok(request.clone())))
+            );
+        }
+        for end in 0..line.len() {
+            assert_eq!(
+                protocol::parse_request(&line[..end], max_ms),
+                Parsed::Incomplete,
+                "prefix of {end} bytes of {line:?}"
+            );
+        }
+    }
+    println!("{CASES} requests round-tripped; longest line {longest} bytes");
+}
+
+#[test]
+fn every_valid_answer_formats_and_parses_back_exactly_and_each_prefix_is_incomplete() {
+    let mut rng = Rng::new(test_seed("answer round trip"));
+    for _ in 0..CASES {
+        let answer = arbitrary_answer(&mut rng);
+        let line = answer_text(&answer);
+        assert!(line.len() <= MAX_LINE, "{answer:?} is {} bytes", line.len());
+        for text in [line.clone(), with_crlf(&line)] {
+            if text.len() > MAX_LINE {
+                continue;
+            }
+            assert_eq!(
+                protocol::parse_answer(&text),
+                Parsed::Line {
+                    used: text.len(),
+                    result: Ok(answer.clone())
+                },
+                "{text:?}"
+            );
+        }
+        for end in 0..line.len() {
+            assert_eq!(
+                protocol::parse_answer(&line[..end]),
+                Parsed::Incomplete,
+                "prefix of {end} bytes of {line:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn parsing_arbitrary_bytes_never_panics_and_always_moves_forward() {
+    let mut rng = Rng::new(test_seed("arbitrary bytes"));
+    let mut lines = 0;
+    for _ in 0..CASES {
+        let bytes = arbitrary_bytes(&mut rng);
+        let max_ms = arbitrary_max_ms(&mut rng);
+        lines += parse_requests_checked(&bytes, max_ms).len();
+        parse_answers_checked(&bytes);
+    }
+    println!("{CASES} buffers, {lines} request lines parsed");
+}
+
+#[test]
+fn parsing_almost_valid_requests_never_panics_and_always_moves_forward() {
+    let mut rng = Rng::new(test_seed("almost-valid requests"));
+    let (mut accepted, mut refused, mut fatal) = (0, 0, 0);
+    for _ in 0..CASES {
+        let max_ms = arbitrary_max_ms(&mut rng);
+        let request = arbitrary_request(&mut rng, max_ms);
+        let line = mutate(&mut rng, request_fields(&request));
+        for (_, result) in parse_requests_checked(&line, max_ms) {
+            match result {
+                Ok(_) => accepted += 1,
+                Err(LineError::Refused { .. }) => refused += 1,
+                Err(LineError::Fatal(_)) => fatal += 1,
+                Err(LineError::Blank) => {}
+            }
+        }
+        parse_answers_checked(&line);
+        // The gentle ones (half the storm's lines) never close a connection.
+        let line = mutate_gently(&mut rng, request_fields(&request));
+        for (_, result) in parse_requests_checked(&line, max_ms) {
+            assert!(
+                !matches!(result, Err(LineError::Fatal(_))),
+                "{line:?} is not understood: {result:?}"
+            );
+        }
+    }
+    println!("{CASES} mutated lines: {accepted} still valid, {refused} refused, {fatal} fatal");
+    assert!(accepted > 0 && refused > 0 && fatal > 0);
+}
+
+#[test]
+fn concatenated_valid_and_invalid_lines_parse_as_each_line_would_alone() {
+    let mut rng = Rng::new(test_seed("concatenations"));
+    for _ in 0..CASES / 10 {
+        let max_ms = arbitrary_max_ms(&mut rng);
+        let mut buf = Vec::new();
+        for _ in 0..rng.between(2, 24) {
+            match rng.below(4) {
+                0 | 1 => buf.extend(request_text(&arbitrary_request(&mut rng, max_ms))),
+                2 => {
+                    let request = arbitrary_request(&mut rng, max_ms);
+                    buf.extend(mutate(&mut rng, request_fields(&request)));
+                }
+                _ => {
+                    let mut junk = arbitrary_bytes(&mut rng);
+                    junk.truncate(rng.index(MAX_LINE));
+                    buf.extend(junk);
+                    buf.push(b'\n');
+                }
+            }
+        }
+        // Each line of the buffer (cut at every '\n') is read as it would be
+        // alone, up to the first one too long (where the server hangs up).
+        let steps = parse_requests_checked(&buf, max_ms);
+        let mut rest = buf.as_slice();
+        for (used, result) in steps {
+            let end = rest.iter().position(|&b| b == b'\n');
+            match end {
+                Some(end) if end < MAX_LINE => {
+                    let alone = &rest[..=end];
+                    assert_eq!(used, alone.len(), "line {alone:?}");
+                    assert_eq!(
+                        protocol::parse_request(alone, max_ms),
+                        Parsed::Line {
+                            used,
+                            result: result.clone()
+                        }
+                    );
+                }
+                _ => {
+                    assert_eq!(used, MAX_LINE);
+                    assert_eq!(result, Err(LineError::Fatal(Reason::LineTooLong)));
+                    break;
+                }
+            }
+            rest = &rest[used..];
+        }
+        // The same for a stream of answers with junk between them.
+        let mut answers = Vec::new();
+        let mut expected = Vec::new();
+        for _ in 0..rng.between(2, 24) {
+            if rng.chance(2, 3) {
+                let answer = arbitrary_answer(&mut rng);
+                answers.extend(answer_text(&answer));
+                expected.push(Some(answer));
+            } else {
+                let mut junk: Vec<u8> = arbitrary_bytes(&mut rng)
+                    .into_iter()
+                    .filter(|&b| b != b'\n')
+                    .collect();
+                junk.truncate(rng.index(MAX_LINE));
+                answers.extend(junk);
+                answers.push(b'\n');
+                expected.push(None);
+            }
+        }
+        let steps = parse_answers_checked(&answers);
+        assert_eq!(steps.len(), expected.len(), "one step per line");
+        for ((_, result), expected) in steps.into_iter().zip(expected) {
+            if let Some(answer) = expected {
+                assert_eq!(result, Ok(answer));
+            }
+        }
+    }
+}
