@@ -3,19 +3,81 @@
 //! holds nothing but its own socket; limits answer with a clear `E`, never
 //! with unbounded memory).
 //!
+//! - a storm of random bytes and almost-valid lines from several
+//!   connections, while a well-behaved client's latency is measured;
 //! - property tests of the wire parser (round trips, no panics, framing that
 //!   stays in step whatever came before);
 //!
 //! The randomised tests print their seed (`BATON_TEST_SEED=<seed>` replays
-//! one). To see the numbers:
+//! one). Tests that start a node take [`one_node_test_at_a_time`] so that
+//! their measurements do not disturb each other. To see the numbers:
 //! `cargo test --release --test hostile -- --nocapture`.
 
 mod common;
 
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
 use baton::protocol::{
     self, Answer, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason, Request,
 };
-use common::{Rng, test_seed};
+use common::{
+    DEADLINE, Latencies, LineClient, Node, Query, Rng, info_field, test_seed, token_of, wait_for,
+};
+
+/// A generous bound on a well-behaved client's p99 round trip under hostile
+/// load: the machine is shared and noisy, so this only catches a server
+/// that stalls its good clients, not one that is merely slower.
+const LOOSE_P99: Duration = Duration::from_millis(500);
+
+static NODE_TESTS: Mutex<()> = Mutex::new(());
+
+/// Held by every test that starts a node, so that one test's load does not
+/// show up in another's latency or memory numbers.
+fn one_node_test_at_a_time() -> MutexGuard<'static, ()> {
+    NODE_TESTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Acquire and release `key` on `client`, each round trip timed into `lat`.
+fn acquire_release(client: &mut LineClient, key: &str, lease: &str, lat: &mut Latencies) {
+    let answer = lat.time(|| client.ask(&format!("A {key} {lease} 0")));
+    let token = token_of(&answer);
+    assert_eq!(answer, format!("A {token} {key}"), "grant names the key");
+    let answer = lat.time(|| client.ask(&format!("R {key} {token}")));
+    assert_eq!(answer, format!("R {key}"), "release of {key} {token}");
+}
+
+/// A number from an `I` answer.
+fn info_number(info: &str, name: &str) -> u64 {
+    info_field(info, name)
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no number {name}= in {info:?}"))
+}
+
+/// Poll `I` on `client` until `name=` is `want` for every pair; the last `I`.
+fn wait_for_info(client: &mut LineClient, want: &[(&str, u64)]) -> String {
+    let what = format!("I to show {want:?}");
+    wait_for(&what, DEADLINE, || {
+        let info = client.info();
+        want.iter()
+            .all(|&(name, value)| info_number(&info, name) == value)
+            .then_some(info)
+    })
+}
+
+fn assert_p99_loose(what: &str, lat: &Latencies) {
+    assert!(
+        lat.percentile(99.0) < LOOSE_P99,
+        "{what}: p99 round trip {:?} is over {LOOSE_P99:?} ({})",
+        lat.percentile(99.0),
+        lat.summary()
+    );
+}
 
 // ---------------------------------------------------------------------------
 // Almost-valid lines: a valid request with one mutation
@@ -199,6 +261,261 @@ fn request_fields(request: &Request) -> Vec<Vec<u8>> {
     request.write_to(&mut line);
     line.pop();
     line.split(|&b| b == b' ').map(<[u8]>::to_vec).collect()
+}
+
+// ---------------------------------------------------------------------------
+// 1. A storm of random bytes and almost-valid lines
+// ---------------------------------------------------------------------------
+
+/// The storm node's `--max-lease`: short, so that whatever the storm manages
+/// to acquire runs out soon after it ends.
+const STORM_MAX_LEASE: &str = "2";
+const STORM_CLIENTS: u64 = 6;
+const STORM_TIME: Duration = Duration::from_secs(2);
+/// How long a storm client reads answers after a burst before sending more.
+const STORM_READ_PAUSE: Duration = Duration::from_millis(2);
+
+#[derive(Debug, Default)]
+struct StormStats {
+    connections: u64,
+    connect_failures: u64,
+    bytes: u64,
+    closed_by_server: u64,
+    answers: u64,
+    refusals: u64,
+    /// Answer lines that do not parse as an answer (should be none).
+    malformed: Vec<String>,
+}
+
+impl StormStats {
+    fn add(&mut self, other: StormStats) {
+        self.connections += other.connections;
+        self.connect_failures += other.connect_failures;
+        self.bytes += other.bytes;
+        self.closed_by_server += other.closed_by_server;
+        self.answers += other.answers;
+        self.refusals += other.refusals;
+        self.malformed.extend(other.malformed);
+    }
+}
+
+/// A valid request on the storm's keys, as fields.
+fn storm_request(rng: &mut Rng) -> Vec<Vec<u8>> {
+    let key = format!("s{}", rng.below(32));
+    let token = match rng.below(3) {
+        0 => rng.between(1, 1000),
+        _ => rng.between(1, u64::MAX),
+    }
+    .to_string();
+    let lease = *rng.pick(&["0.25", "0.5", "1", "1.5", "2"]);
+    let wait = *rng.pick(&["0", "0.05", "0.5", "2"]);
+    let fields: Vec<&str> = match rng.below(6) {
+        0 | 1 => vec!["A", key.as_str(), lease, wait],
+        2 => vec!["R", key.as_str(), token.as_str()],
+        3 => vec!["K", key.as_str(), token.as_str(), lease],
+        4 => vec!["Q", key.as_str()],
+        _ => vec!["I"],
+    };
+    fields.iter().map(|f| f.as_bytes().to_vec()).collect()
+}
+
+/// Bytes of noise: random bytes, bytes from the protocol's alphabet, and
+/// now and then a valid line so that the noise gets past the first check.
+fn storm_noise(rng: &mut Rng) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ARKQIETNM -=.:0123456789\r\n\x7f\x00\t\xff";
+    let mut out = Vec::new();
+    let len = rng.between(1, 4096) as usize;
+    while out.len() < len {
+        match rng.below(3) {
+            0 => {
+                let len = rng.between(1, 64) as usize;
+                out.extend(rng.bytes(len));
+            }
+            1 => {
+                for _ in 0..rng.between(1, 64) {
+                    out.push(*rng.pick(ALPHABET));
+                }
+            }
+            _ => {
+                out.extend(join_fields(&storm_request(rng)));
+                out.push(b'\n');
+            }
+        }
+    }
+    out
+}
+
+/// Read what the server has sent within `STORM_READ_PAUSE`, checking that
+/// every complete line is a well-formed answer. False once the server has
+/// closed the connection (or reset it).
+fn storm_drain(stream: &mut TcpStream, pending: &mut Vec<u8>, stats: &mut StormStats) -> bool {
+    let mut chunk = [0u8; 16 * 1024];
+    let open = loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => break false,
+            Ok(n) => pending.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                break true;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => break false,
+        }
+    };
+    let mut rest = pending.as_slice();
+    while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+        let line = &rest[..=end];
+        stats.answers += 1;
+        match protocol::parse_answer(line) {
+            Parsed::Line {
+                result: Ok(Answer::Error { .. }),
+                ..
+            } => stats.refusals += 1,
+            Parsed::Line { result: Ok(_), .. } => {}
+            _ => {
+                if stats.malformed.len() < 10 {
+                    stats
+                        .malformed
+                        .push(String::from_utf8_lossy(line).into_owned());
+                }
+            }
+        }
+        rest = &rest[end + 1..];
+    }
+    let used = pending.len() - rest.len();
+    pending.drain(..used);
+    open
+}
+
+/// One hostile client: connects again and again until `until`, each time
+/// sending a few bursts and reading what comes back, then hanging up
+/// (sometimes in the middle of a line). A `gentle` one sends long bursts of
+/// almost-valid lines that the server only refuses, so it parses many lines
+/// per connection; the others send noise or lines with any mutation, which
+/// the server soon hangs up on, so they connect many times.
+fn storm_client(addr: SocketAddr, seed: u64, gentle: bool, until: Instant) -> StormStats {
+    let mut rng = Rng::new(seed);
+    let mut stats = StormStats::default();
+    while Instant::now() < until {
+        let mut stream = match TcpStream::connect_timeout(&addr, DEADLINE) {
+            Ok(stream) => stream,
+            Err(_) => {
+                stats.connect_failures += 1;
+                continue;
+            }
+        };
+        stats.connections += 1;
+        let _ = stream.set_nodelay(true);
+        let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+        let _ = stream.set_read_timeout(Some(STORM_READ_PAUSE));
+        let noisy = !gentle && rng.chance(1, 2);
+        let mut pending = Vec::new();
+        let mut open = true;
+        for _ in 0..rng.between(1, 8) {
+            let burst = if noisy {
+                storm_noise(&mut rng)
+            } else {
+                let mut burst = Vec::new();
+                for _ in 0..rng.between(1, if gentle { 256 } else { 64 }) {
+                    let request = storm_request(&mut rng);
+                    burst.extend(if gentle {
+                        mutate_gently(&mut rng, request)
+                    } else {
+                        mutate(&mut rng, request)
+                    });
+                }
+                burst
+            };
+            if stream.write_all(&burst).is_err() {
+                open = false;
+                break;
+            }
+            stats.bytes += burst.len() as u64;
+            open = storm_drain(&mut stream, &mut pending, &mut stats);
+            if !open {
+                break;
+            }
+        }
+        if !open {
+            stats.closed_by_server += 1;
+        } else if rng.chance(1, 4) {
+            let _ = stream.write_all(b"A s1 1");
+        }
+    }
+    stats
+}
+
+#[test]
+fn a_storm_of_random_and_almost_valid_lines_does_not_disturb_a_well_behaved_client() {
+    let _one = one_node_test_at_a_time();
+    let seed = test_seed("storm");
+    let mut node = Node::start(&["--max-lease", STORM_MAX_LEASE]);
+    let mut probe = node.client();
+
+    let mut before = Latencies::new();
+    for _ in 0..300 {
+        acquire_release(&mut probe, "probe", STORM_MAX_LEASE, &mut before);
+    }
+
+    let until = Instant::now() + STORM_TIME;
+    let storm: Vec<JoinHandle<StormStats>> = (0..STORM_CLIENTS)
+        .map(|i| {
+            let addr = node.addr;
+            let seed = seed.wrapping_add(i);
+            let gentle = i % 2 == 1;
+            std::thread::spawn(move || storm_client(addr, seed, gentle, until))
+        })
+        .collect();
+    let mut during = Latencies::new();
+    while Instant::now() < until {
+        acquire_release(&mut probe, "probe", STORM_MAX_LEASE, &mut during);
+    }
+    let mut stats = StormStats::default();
+    for client in storm {
+        stats.add(client.join().expect("storm client"));
+    }
+
+    println!(
+        "storm: {STORM_CLIENTS} clients for {STORM_TIME:?}: {} connections ({} closed by the \
+         server, {} connects failed), {} KiB sent, {} answer lines read ({} refusals)",
+        stats.connections,
+        stats.closed_by_server,
+        stats.connect_failures,
+        stats.bytes / 1024,
+        stats.answers,
+        stats.refusals
+    );
+    println!(
+        "well-behaved client, per request, before the storm: {}",
+        before.summary()
+    );
+    println!(
+        "well-behaved client, per request, during the storm: {}",
+        during.summary()
+    );
+
+    assert!(
+        node.child.try_wait().expect("try_wait").is_none(),
+        "batond died in the storm:\n{}",
+        node.log()
+    );
+    assert!(
+        stats.malformed.is_empty(),
+        "the server sent lines that are not answers: {:?}",
+        stats.malformed
+    );
+    assert!(
+        stats.connections > STORM_CLIENTS && stats.refusals > 0,
+        "the storm hardly happened: {stats:?}"
+    );
+    assert_p99_loose("during the storm", &during);
+
+    // Afterwards: the storm's connections are gone, its waiters with them,
+    // and every key it got has run out (leases are at most 2 s).
+    let info = wait_for_info(&mut probe, &[("conns", 1), ("waiting", 0), ("held", 0)]);
+    println!("after the storm: {info}");
+    let mut after = Latencies::new();
+    acquire_release(&mut probe, "probe", STORM_MAX_LEASE, &mut after);
+    assert_eq!(probe.query("probe"), Query::FREE);
 }
 
 // ---------------------------------------------------------------------------
