@@ -7,6 +7,8 @@
 //!   connections, while a well-behaved client's latency is measured;
 //! - property tests of the wire parser (round trips, no panics, framing that
 //!   stays in step whatever came before);
+//! - thousands of idle connections up to `--max-conns` and a clear refusal
+//!   past it;
 //!
 //! The randomised tests print their seed (`BATON_TEST_SEED=<seed>` replays
 //! one). Tests that start a node take [`one_node_test_at_a_time`] so that
@@ -25,7 +27,8 @@ use baton::protocol::{
     self, Answer, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason, Request,
 };
 use common::{
-    DEADLINE, Latencies, LineClient, Node, Query, Rng, info_field, test_seed, token_of, wait_for,
+    DEADLINE, Latencies, LineClient, Node, Query, Received, Rng, info_field, raise_fd_limit,
+    test_seed, token_of, wait_for,
 };
 
 /// A generous bound on a well-behaved client's p99 round trip under hostile
@@ -1081,4 +1084,113 @@ fn concatenated_valid_and_invalid_lines_parse_as_each_line_would_alone() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// 3. Thousands of idle connections
+// ---------------------------------------------------------------------------
+
+/// Idle connections opened in the max-conns test (and its --max-conns).
+const IDLE_CONNS: usize = 3000;
+/// Connections opened (and checked with `I`) at a time.
+const OPEN_BATCH: usize = 200;
+
+/// A new connection that the node admits, or None if it refuses it.
+fn admitted(node: &Node) -> Option<LineClient> {
+    let mut client = node.client();
+    client.send("I");
+    match client.next_event(DEADLINE) {
+        Received::Line(line) if line.starts_with("I ") => Some(client),
+        Received::Line(line) => {
+            assert_eq!(line, "E - - too-many-connections");
+            None
+        }
+        _ => None,
+    }
+}
+
+fn assert_refused_as_too_many(node: &Node) {
+    let mut over = node.client();
+    assert_eq!(over.recv(), "E - - too-many-connections");
+    assert!(
+        over.closed_within(DEADLINE),
+        "a refused connection is closed"
+    );
+}
+
+#[test]
+fn thousands_of_idle_connections_are_admitted_up_to_max_conns_and_the_next_is_refused() {
+    let _one = one_node_test_at_a_time();
+    // This process holds one socket per connection, and batond (which
+    // inherits the limit) one more; leave room for their other files. The
+    // hard limit here is 20000; scale down on a machine where it is lower.
+    let soft = raise_fd_limit();
+    let max_conns = IDLE_CONNS.min(soft.saturating_sub(256) as usize);
+    if max_conns < IDLE_CONNS {
+        println!("RLIMIT_NOFILE is {soft}: scaled down to {max_conns} connections");
+    }
+    assert!(
+        max_conns >= 100,
+        "RLIMIT_NOFILE {soft} is too low for this test"
+    );
+    let node = Node::start(&["--max-conns", &max_conns.to_string()]);
+
+    // Open them in batches, each connection answering `I`: every one is admitted.
+    let start = Instant::now();
+    let mut idle: Vec<LineClient> = Vec::with_capacity(max_conns);
+    while idle.len() < max_conns {
+        let mut batch: Vec<LineClient> = (0..OPEN_BATCH.min(max_conns - idle.len()))
+            .map(|_| node.client())
+            .collect();
+        for client in &mut batch {
+            client.send("I");
+        }
+        for mut client in batch {
+            let answer = client.recv();
+            assert!(
+                answer.starts_with("I "),
+                "connection {} of {max_conns}: {answer:?}",
+                idle.len() + 1
+            );
+            idle.push(client);
+        }
+    }
+    println!("{max_conns} connections admitted in {:?}", start.elapsed());
+    let info = idle[0].info();
+    assert_eq!(info_number(&info, "conns"), max_conns as u64, "{info}");
+
+    // One more is refused, clearly, and closed.
+    assert_refused_as_too_many(&node);
+
+    // With thousands idle the node serves as usual, and every one of them
+    // is still served.
+    let mut lat = Latencies::new();
+    for _ in 0..200 {
+        acquire_release(&mut idle[max_conns / 2], "busy", "30", &mut lat);
+    }
+    println!(
+        "with {max_conns} idle connections, per request: {}",
+        lat.summary()
+    );
+    assert_p99_loose("with thousands of idle connections", &lat);
+    for client in &mut idle {
+        client.send("Q busy");
+    }
+    for client in &mut idle {
+        assert_eq!(client.recv(), "Q busy 0 0 0");
+    }
+
+    // Closing some lets as many new ones in, and no more.
+    let closed = 10;
+    idle.truncate(max_conns - closed);
+    for _ in 0..closed {
+        idle.push(wait_for(
+            "a new connection to be admitted",
+            DEADLINE,
+            || admitted(&node),
+        ));
+    }
+    assert_refused_as_too_many(&node);
+    let info = idle[0].info();
+    assert_eq!(info_number(&info, "conns"), max_conns as u64, "{info}");
 }
