@@ -9,6 +9,8 @@
 //!   stays in step whatever came before);
 //! - thousands of idle connections up to `--max-conns`, a clear refusal
 //!   past it, and what an idle connection keeps after a burst;
+//! - slowloris clients, finishing their lines a byte at a time (up to and
+//!   past the longest line allowed) or never;
 //!
 //! The randomised tests print their seed (`BATON_TEST_SEED=<seed>` replays
 //! one). Tests that start a node take [`one_node_test_at_a_time`] so that
@@ -1237,4 +1239,171 @@ fn an_idle_connection_does_not_keep_the_write_buffer_of_its_last_burst() {
         "each idle connection keeps {per_conn_kib} KiB after its burst"
     );
     wait_for_info(&mut probe, &[("conns", BURST_CONNS as u64 + 1)]);
+}
+
+// ---------------------------------------------------------------------------
+// 4. Slowloris
+// ---------------------------------------------------------------------------
+
+const SLOWLORIS: usize = 50;
+/// The pause between two bytes of a slowloris client.
+const DRIBBLE_PAUSE: Duration = Duration::from_millis(20);
+
+/// Send `lines[i][from..to]` on `clients[i]`, one byte per client per round,
+/// pausing between rounds.
+fn dribble(
+    clients: &mut [LineClient],
+    lines: &[Vec<u8>],
+    from: usize,
+    to: impl Fn(usize) -> usize,
+) {
+    let rounds = (0..lines.len()).map(&to).max().unwrap_or(0);
+    for at in from..rounds {
+        for (i, client) in clients.iter_mut().enumerate() {
+            if at < to(i) {
+                client.send_raw(&lines[i][at..=at]);
+            }
+        }
+        std::thread::sleep(DRIBBLE_PAUSE);
+    }
+}
+
+#[test]
+fn slowloris_clients_sending_a_byte_at_a_time_are_answered_and_do_not_hold_up_others() {
+    let _one = one_node_test_at_a_time();
+    let node = Node::start(&[]);
+    let mut normal = node.client();
+    let lines: Vec<Vec<u8>> = (0..SLOWLORIS)
+        .map(|i| {
+            let ending = if i % 2 == 0 { "\n" } else { "\r\n" };
+            format!("A slowloris-{i:02} 30 0{ending}").into_bytes()
+        })
+        .collect();
+    let mut slow: Vec<LineClient> = (0..SLOWLORIS).map(|_| node.client()).collect();
+
+    // Every line but its last byte, a byte at a time, while the normal
+    // client goes about its business.
+    let dribbler = std::thread::spawn(move || {
+        dribble(&mut slow, &lines, 0, |i| lines[i].len() - 1);
+        (slow, lines)
+    });
+    let mut lat = Latencies::new();
+    while !dribbler.is_finished() {
+        acquire_release(&mut normal, "normal", "30", &mut lat);
+    }
+    let (mut slow, lines) = dribbler.join().expect("dribbler");
+    println!(
+        "normal client while {SLOWLORIS} clients dribbled, per request: {}",
+        lat.summary()
+    );
+    assert!(
+        lat.len() >= 20,
+        "the normal client was answered only {} times while slow clients dribbled",
+        lat.len()
+    );
+    assert_p99_loose("while slow clients dribbled", &lat);
+
+    // Half-sent lines hold nothing, and nothing has been answered to them.
+    let info = normal.info();
+    assert_eq!(info_number(&info, "held"), 0, "{info}");
+    assert_eq!(info_number(&info, "waiting"), 0, "{info}");
+    assert_eq!(info_number(&info, "conns"), SLOWLORIS as u64 + 1, "{info}");
+    assert_eq!(normal.query("slowloris-00"), Query::FREE);
+    slow[0].assert_silent_for(Duration::from_millis(50));
+
+    // The last byte completes each line: each slow client gets its key.
+    for (client, line) in slow.iter_mut().zip(&lines) {
+        client.send_raw(&line[line.len() - 1..]);
+    }
+    let mut tokens = Vec::new();
+    for (i, client) in slow.iter_mut().enumerate() {
+        let answer = client.recv();
+        let token = token_of(&answer);
+        assert_eq!(answer, format!("A {token} slowloris-{i:02}"));
+        tokens.push(token);
+    }
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), SLOWLORIS, "every grant has its own token");
+    let info = normal.info();
+    assert_eq!(info_number(&info, "held"), SLOWLORIS as u64, "{info}");
+}
+
+#[test]
+fn a_slowloris_that_never_finishes_its_line_holds_nothing_but_its_socket() {
+    let _one = one_node_test_at_a_time();
+    let node = Node::start(&[]);
+    let mut normal = node.client();
+    // Unfinished lines, each naming a key; the last is one byte short of
+    // the longest line allowed (a 250-byte key, then a wait with leading
+    // zeros), so it is not too long yet either.
+    let mut lines: Vec<Vec<u8>> = (0..SLOWLORIS)
+        .map(|i| format!("A hang-{i:02} 30 0").into_bytes())
+        .collect();
+    let long_key = "h".repeat(MAX_KEY);
+    let mut long = format!("A {long_key} 30 ").into_bytes();
+    long.resize(MAX_LINE - 1, b'0');
+    lines.push(long);
+    let mut hangers: Vec<LineClient> = lines.iter().map(|_| node.client()).collect();
+    // A few bytes a byte at a time, then the rest of each line but its end.
+    dribble(&mut hangers, &lines, 0, |_| 5);
+    for (client, line) in hangers.iter_mut().zip(&lines) {
+        client.send_raw(&line[5..]);
+    }
+
+    // Once the node has read them (it counts the connections and the
+    // normal client's own request comes after them), nothing is held or
+    // waited for: every key named is free and granted at once to another
+    // client.
+    let info = wait_for_info(&mut normal, &[("conns", lines.len() as u64 + 1)]);
+    assert_eq!(info_number(&info, "held"), 0, "{info}");
+    assert_eq!(info_number(&info, "waiting"), 0, "{info}");
+    let mut lat = Latencies::new();
+    for i in 0..SLOWLORIS {
+        acquire_release(&mut normal, &format!("hang-{i:02}"), "30", &mut lat);
+    }
+    acquire_release(&mut normal, &long_key, "30", &mut lat);
+    println!(
+        "normal client with {} unfinished lines open, per request: {}",
+        lines.len(),
+        lat.summary()
+    );
+    assert_p99_loose("with unfinished lines open", &lat);
+    for hanger in &mut hangers {
+        hanger.assert_silent_for(Duration::from_millis(5));
+    }
+
+    // Hanging up frees the sockets, which is all they held.
+    drop(hangers);
+    wait_for_info(&mut normal, &[("conns", 1), ("held", 0), ("waiting", 0)]);
+}
+
+#[test]
+fn lines_dribbled_a_byte_at_a_time_up_to_and_past_max_line_are_read_and_refused_as_whole_lines() {
+    let _one = one_node_test_at_a_time();
+    let node = Node::start(&[]);
+    // Exactly MAX_LINE bytes, newline included: a 250-byte key and a wait
+    // padded with leading zeros.
+    let key = "x".repeat(MAX_KEY);
+    let mut line = format!("A {key} 30 ").into_bytes();
+    line.resize(MAX_LINE - 1, b'0');
+    line.push(b'\n');
+    let mut exact = node.client();
+    for byte in &line {
+        exact.send_raw(std::slice::from_ref(byte));
+    }
+    let answer = exact.recv();
+    assert_eq!(answer, format!("A {} {key}", token_of(&answer)));
+
+    // One byte more, and the line is too long: refused once MAX_LINE bytes
+    // have come without a newline, and the connection closed.
+    let mut over = node.client();
+    let mut too_long = line.clone();
+    too_long.insert(MAX_LINE - 2, b'0');
+    for byte in &too_long[..MAX_LINE] {
+        over.send_raw(std::slice::from_ref(byte));
+    }
+    assert_eq!(over.recv(), "E - - line-too-long");
+    assert!(over.closed_within(DEADLINE), "closed after line-too-long");
+    assert_eq!(exact.ask("Q other"), "Q other 0 0 0");
 }
