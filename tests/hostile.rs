@@ -11,6 +11,8 @@
 //!   past it, and what an idle connection keeps after a burst;
 //! - slowloris clients, finishing their lines a byte at a time (up to and
 //!   past the longest line allowed) or never;
+//! - a million held keys and a hundred thousand waiters, with the memory
+//!   they take measured.
 //!
 //! The randomised tests print their seed (`BATON_TEST_SEED=<seed>` replays
 //! one). Tests that start a node take [`one_node_test_at_a_time`] so that
@@ -19,8 +21,9 @@
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -1406,4 +1409,158 @@ fn lines_dribbled_a_byte_at_a_time_up_to_and_past_max_line_are_read_and_refused_
     assert_eq!(over.recv(), "E - - line-too-long");
     assert!(over.closed_within(DEADLINE), "closed after line-too-long");
     assert_eq!(exact.ask("Q other"), "Q other 0 0 0");
+}
+
+// ---------------------------------------------------------------------------
+// 5. A million held keys and a hundred thousand waiters
+// ---------------------------------------------------------------------------
+
+const HELD_KEYS: usize = 1_000_000;
+/// Connections the held keys are acquired over, pipelined.
+const FEED_CONNS: usize = 4;
+/// Bytes of requests written at a time by a feeding connection.
+const FEED_CHUNK: usize = 64 * 1024;
+const WAITED_KEYS: usize = 1_000;
+const WAITERS_PER_KEY: usize = 100;
+/// Connections the waiters are spread over: 2,000 each, within the default
+/// --max-waiting of 4096.
+const WAITER_CONNS: usize = 50;
+/// A very generous sanity bound on the node's memory in this test.
+const RSS_SANITY_KIB: u64 = 2 * 1024 * 1024;
+
+/// Acquire `m<i>` for every i in `range` over one pipelined connection (a
+/// writer thread, answers read here); checks each answer is the grant of a
+/// key of the range, each key once.
+fn acquire_range(addr: SocketAddr, range: Range<usize>) -> usize {
+    let stream = TcpStream::connect_timeout(&addr, DEADLINE).expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let reading = stream.try_clone().expect("clone stream");
+    reading.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    let to_send = range.clone();
+    let writer = std::thread::spawn(move || {
+        let mut stream = stream;
+        let mut chunk = Vec::with_capacity(FEED_CHUNK + 64);
+        for i in to_send {
+            writeln!(chunk, "A m{i} 86400 0").expect("format");
+            if chunk.len() >= FEED_CHUNK {
+                stream.write_all(&chunk).expect("send acquires");
+                chunk.clear();
+            }
+        }
+        stream.write_all(&chunk).expect("send acquires");
+        stream
+    });
+    let mut reader = BufReader::with_capacity(FEED_CHUNK, reading);
+    let mut seen = vec![false; range.len()];
+    let mut line = String::new();
+    for _ in range.clone() {
+        line.clear();
+        let n = reader.read_line(&mut line).expect("read a grant");
+        assert!(n > 0, "connection closed while acquiring");
+        let mut fields = line.trim_end().split(' ');
+        let (tag, token, key) = (fields.next(), fields.next(), fields.next());
+        let index = key
+            .and_then(|k| k.strip_prefix('m'))
+            .and_then(|k| k.parse::<usize>().ok());
+        match (tag, token.map(str::parse::<u64>), index) {
+            (Some("A"), Some(Ok(_)), Some(i)) if range.contains(&i) && !seen[i - range.start] => {
+                seen[i - range.start] = true;
+            }
+            _ => panic!("expected a grant of a new key m{range:?}, got {line:?}"),
+        }
+    }
+    drop(writer.join().expect("writer"));
+    range.len()
+}
+
+fn per_item_bytes(from_kib: u64, to_kib: u64, items: usize) -> f64 {
+    (to_kib as f64 - from_kib as f64) * 1024.0 / items as f64
+}
+
+#[test]
+fn a_million_held_keys_and_a_hundred_thousand_waiters_are_measured_and_drain_on_close() {
+    let _one = one_node_test_at_a_time();
+    let node = Node::start(&[]);
+    let mut probe = node.client();
+    probe.info();
+    let base_kib = node.rss_kib();
+
+    // A million keys held for a day, acquired over a few pipelined connections.
+    let start = Instant::now();
+    let per_conn = HELD_KEYS / FEED_CONNS;
+    let feeders: Vec<JoinHandle<usize>> = (0..FEED_CONNS)
+        .map(|c| {
+            let addr = node.addr;
+            let range = c * per_conn..if c + 1 == FEED_CONNS {
+                HELD_KEYS
+            } else {
+                (c + 1) * per_conn
+            };
+            std::thread::spawn(move || acquire_range(addr, range))
+        })
+        .collect();
+    let granted: usize = feeders.into_iter().map(|f| f.join().expect("feeder")).sum();
+    let fill_time = start.elapsed();
+    assert_eq!(granted, HELD_KEYS);
+    let info = wait_for_info(&mut probe, &[("held", HELD_KEYS as u64)]);
+    let held_kib = node.rss_kib();
+    println!(
+        "{HELD_KEYS} keys acquired in {fill_time:?} ({:.0}/s); RSS {base_kib} KiB -> {held_kib} \
+         KiB: {:.0} bytes per held key",
+        HELD_KEYS as f64 / fill_time.as_secs_f64(),
+        per_item_bytes(base_kib, held_kib, HELD_KEYS)
+    );
+    println!("  {info}");
+    assert!(held_kib < RSS_SANITY_KIB, "RSS {held_kib} KiB");
+
+    // A hundred thousand waiters: a hundred on each of a thousand held keys.
+    let start = Instant::now();
+    let mut waiters: Vec<LineClient> = (0..WAITER_CONNS).map(|_| node.client()).collect();
+    let per_conn_per_key = WAITERS_PER_KEY / WAITER_CONNS;
+    for client in &mut waiters {
+        let mut requests = Vec::new();
+        for k in 0..WAITED_KEYS {
+            for _ in 0..per_conn_per_key {
+                writeln!(requests, "A m{k} 86400 0").expect("format");
+            }
+        }
+        client.send_raw(&requests);
+    }
+    let total_waiters = (WAITED_KEYS * WAITERS_PER_KEY) as u64;
+    let info = wait_for_info(&mut probe, &[("waiting", total_waiters)]);
+    let queue_time = start.elapsed();
+    let waiters_kib = node.rss_kib();
+    println!(
+        "{total_waiters} waiters queued in {queue_time:?} over {WAITER_CONNS} connections; RSS \
+         {held_kib} KiB -> {waiters_kib} KiB: {:.0} bytes per waiter",
+        per_item_bytes(held_kib, waiters_kib, total_waiters as usize)
+    );
+    println!("  {info}");
+    assert!(waiters_kib < RSS_SANITY_KIB, "RSS {waiters_kib} KiB");
+    let m0 = probe.query("m0");
+    assert_eq!(m0.waiting, WAITERS_PER_KEY as u64, "{m0:?}");
+    for client in &mut waiters {
+        client.assert_silent_for(Duration::from_millis(1));
+    }
+
+    // Closing the waiters' connections drops every waiter, and nothing else.
+    let start = Instant::now();
+    drop(waiters);
+    let info = wait_for_info(
+        &mut probe,
+        &[("waiting", 0), ("conns", 1), ("held", HELD_KEYS as u64)],
+    );
+    println!(
+        "waiters gone {:?} after their connections closed; RSS now {} KiB",
+        start.elapsed(),
+        node.rss_kib()
+    );
+    println!("  {info}");
+    assert_eq!(probe.query("m0").waiting, 0);
+    let mut lat = Latencies::new();
+    for _ in 0..100 {
+        acquire_release(&mut probe, "after", "30", &mut lat);
+    }
+    println!("with a million keys held, per request: {}", lat.summary());
+    assert_p99_loose("with a million keys held", &lat);
 }
