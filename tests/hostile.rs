@@ -41,6 +41,11 @@ use common::{
 /// that stalls its good clients, not one that is merely slower.
 const LOOSE_P99: Duration = Duration::from_millis(500);
 
+/// A well-behaved client's pause between two acquire/release cycles, so
+/// that its round trips sample a whole period evenly, not mostly the
+/// moments when the node happens to be quick.
+const CLIENT_PACE: Duration = Duration::from_millis(2);
+
 static NODE_TESTS: Mutex<()> = Mutex::new(());
 
 /// Held by every test that starts a node, so that one test's load does not
@@ -460,8 +465,9 @@ fn a_storm_of_random_and_almost_valid_lines_does_not_disturb_a_well_behaved_clie
     let mut probe = node.client();
 
     let mut before = Latencies::new();
-    for _ in 0..300 {
+    for _ in 0..250 {
         acquire_release(&mut probe, "probe", STORM_MAX_LEASE, &mut before);
+        std::thread::sleep(CLIENT_PACE);
     }
 
     let until = Instant::now() + STORM_TIME;
@@ -476,6 +482,7 @@ fn a_storm_of_random_and_almost_valid_lines_does_not_disturb_a_well_behaved_clie
     let mut during = Latencies::new();
     while Instant::now() < until {
         acquire_release(&mut probe, "probe", STORM_MAX_LEASE, &mut during);
+        std::thread::sleep(CLIENT_PACE);
     }
     let mut stats = StormStats::default();
     for client in storm {
@@ -1293,6 +1300,7 @@ fn slowloris_clients_sending_a_byte_at_a_time_are_answered_and_do_not_hold_up_ot
     let mut lat = Latencies::new();
     while !dribbler.is_finished() {
         acquire_release(&mut normal, "normal", "30", &mut lat);
+        std::thread::sleep(CLIENT_PACE);
     }
     let (mut slow, lines) = dribbler.join().expect("dribbler");
     println!(
