@@ -1390,7 +1390,7 @@ fn a_slowloris_that_never_finishes_its_line_holds_nothing_but_its_socket() {
 }
 
 #[test]
-fn lines_dribbled_a_byte_at_a_time_up_to_and_past_max_line_are_read_and_refused_as_whole_lines() {
+fn a_line_dribbled_a_byte_at_a_time_is_read_at_exactly_max_line_and_refused_one_byte_past_it() {
     let _one = one_node_test_at_a_time();
     let node = Node::start(&[]);
     // Exactly MAX_LINE bytes, newline included: a 250-byte key and a wait
