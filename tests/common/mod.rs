@@ -155,6 +155,11 @@ impl Node {
         self.proc_status_kib("VmHWM")
     }
 
+    /// The memory the node has resident now, in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        self.proc_status_kib("VmRSS")
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
@@ -464,4 +469,157 @@ pub fn info_field(info: &str, name: &str) -> Option<String> {
     info.split(' ')
         .skip(1)
         .find_map(|kv| kv.strip_prefix(&format!("{name}=")).map(str::to_string))
+}
+
+/// Raise this process's soft limit on open files to its hard limit (children
+/// started afterwards inherit it); the soft limit now in force.
+pub fn raise_fd_limit() -> libc::rlim_t {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        assert_eq!(
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit),
+            0,
+            "getrlimit(RLIMIT_NOFILE)"
+        );
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
+/// The seed of a randomised test: `$BATON_TEST_SEED` if set, else one from
+/// the clock. Printed (captured output shows it when the test fails) so
+/// that a failure can be replayed.
+pub fn test_seed(test: &str) -> u64 {
+    let seed = match std::env::var("BATON_TEST_SEED") {
+        Ok(text) => text
+            .parse()
+            .unwrap_or_else(|_| panic!("BATON_TEST_SEED={text:?} is not a u64")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64),
+    };
+    println!("{test}: seed {seed} (replay with BATON_TEST_SEED={seed})");
+    seed
+}
+
+/// A small seeded generator (SplitMix64): the same seed gives the same
+/// sequence, so a failing random test can be replayed.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0, "below(0)");
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+
+    /// Uniform index into a collection of `len` items (`len > 0`).
+    pub fn index(&mut self, len: usize) -> usize {
+        self.below(len as u64) as usize
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        assert!(lo <= hi, "between({lo}, {hi})");
+        match (hi - lo).checked_add(1) {
+            Some(span) => lo + self.below(span),
+            None => self.next_u64(),
+        }
+    }
+
+    /// True with probability `num / den`.
+    pub fn chance(&mut self, num: u64, den: u64) -> bool {
+        self.below(den) < num
+    }
+
+    /// One item of a non-empty slice.
+    pub fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.index(items.len())]
+    }
+
+    /// `len` uniformly random bytes.
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next_u64() as u8).collect()
+    }
+}
+
+/// Round-trip times collected by a test, summarised as percentiles.
+#[derive(Clone, Debug, Default)]
+pub struct Latencies(Vec<Duration>);
+
+impl Latencies {
+    pub fn new() -> Latencies {
+        Latencies(Vec::new())
+    }
+
+    pub fn record(&mut self, sample: Duration) {
+        self.0.push(sample);
+    }
+
+    /// Time `f` and record it; its result.
+    pub fn time<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let result = f();
+        self.record(start.elapsed());
+        result
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The `p`-th percentile (0 to 100, nearest rank); zero when empty.
+    pub fn percentile(&self, p: f64) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        let mut sorted = self.0.clone();
+        sorted.sort_unstable();
+        let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+        sorted[rank.clamp(1, sorted.len()) - 1]
+    }
+
+    pub fn max(&self) -> Duration {
+        self.0.iter().copied().max().unwrap_or_default()
+    }
+
+    /// `n=… p50=… p99=… max=…`, for printing.
+    pub fn summary(&self) -> String {
+        format!(
+            "n={} p50={:?} p99={:?} max={:?}",
+            self.len(),
+            self.percentile(50.0),
+            self.percentile(99.0),
+            self.max()
+        )
+    }
 }
