@@ -1216,8 +1216,6 @@ const BURST_INFOS: usize = 1000;
 const IDLE_KEEP_KIB: u64 = 32;
 
 #[test]
-#[ignore = "server bug: an idle connection keeps the write buffer of its last burst \
-            (up to 256 KiB): io_loop.rs flush() shrinks it only above PAUSE_OUTPUT"]
 fn an_idle_connection_does_not_keep_the_write_buffer_of_its_last_burst() {
     let _one = one_node_test_at_a_time();
     let node = Node::start(&[]);

@@ -357,6 +357,8 @@ impl IoLoop {
             let used = self.parse_lines(slot, &partial);
             if let Some(used) = used {
                 partial.drain(..used);
+                // At most an unfinished line stays: give back the rest.
+                partial.shrink_to(protocol::MAX_LINE);
             }
             used
         };
@@ -559,7 +561,8 @@ impl IoLoop {
         if pending == 0 {
             conn.output.clear();
             conn.written = 0;
-            if conn.output.capacity() > PAUSE_OUTPUT {
+            if conn.output.capacity() > IDLE_OUTPUT_CAPACITY {
+                // An idle connection keeps little beyond its socket.
                 conn.output.shrink_to(IDLE_OUTPUT_CAPACITY);
             }
         }
