@@ -59,8 +59,47 @@ pub const MAX_KEY: usize = 250;
 
 /// A lock key: 1 to 250 bytes, none of them a space, a control byte (< 0x21)
 /// or 0x7F. Bytes >= 0x80 are allowed (UTF-8 is fine).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key(Box<[u8]>);
+///
+/// Keys of up to `INLINE_KEY` bytes are stored inline (no allocation: most
+/// keys are short, and every request carries one); longer ones on the heap.
+/// Equality, ordering and hashing are those of the bytes.
+#[derive(Clone)]
+pub struct Key(KeyRepr);
+
+/// Bytes a key may have and still be stored inline.
+pub const INLINE_KEY: usize = 22;
+
+#[derive(Clone)]
+enum KeyRepr {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Key) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Key) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
+}
 
 /// The five request operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -208,7 +247,16 @@ impl Key {
     /// Err(Reason::BadKey) otherwise.
     pub fn new(bytes: &[u8]) -> Result<Key, Reason> {
         if is_printable_field(bytes) && bytes.len() <= MAX_KEY {
-            Ok(Key(Box::from(bytes)))
+            Ok(Key(if bytes.len() <= INLINE_KEY {
+                let mut inline = [0u8; INLINE_KEY];
+                inline[..bytes.len()].copy_from_slice(bytes);
+                KeyRepr::Inline {
+                    len: bytes.len() as u8,
+                    bytes: inline,
+                }
+            } else {
+                KeyRepr::Heap(Box::from(bytes))
+            }))
         } else {
             Err(Reason::BadKey)
         }
@@ -216,7 +264,10 @@ impl Key {
 
     /// The key's bytes, as sent on the wire.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            KeyRepr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            KeyRepr::Heap(bytes) => bytes,
+        }
     }
 }
 
@@ -227,13 +278,13 @@ fn is_printable_field(bytes: &[u8]) -> bool {
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&String::from_utf8_lossy(&self.0))
+        f.write_str(&String::from_utf8_lossy(self.as_bytes()))
     }
 }
 
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
+        write!(f, "{:?}", String::from_utf8_lossy(self.as_bytes()))
     }
 }
 
@@ -2158,5 +2209,28 @@ mod tests {
             let line = &valid[rng.below(valid.len())];
             check_no_panic_and_progress(&mutate(&mut rng, line));
         }
+    }
+
+    #[test]
+    fn short_and_long_keys_compare_hash_and_order_by_their_bytes() {
+        use std::collections::hash_map::DefaultHasher;
+        use std::hash::{Hash, Hasher};
+        let hash = |k: &Key| {
+            let mut h = DefaultHasher::new();
+            k.hash(&mut h);
+            h.finish()
+        };
+        let short = Key::new(&[b'a'; INLINE_KEY]).expect("valid");
+        let long = Key::new(&[b'a'; INLINE_KEY + 1]).expect("valid");
+        assert_eq!(short.as_bytes().len(), INLINE_KEY);
+        assert_eq!(long.as_bytes().len(), INLINE_KEY + 1);
+        assert!(short < long, "a prefix sorts first, whatever the storage");
+        assert_eq!(short.clone(), short);
+        assert_eq!(
+            hash(&short),
+            hash(&Key::new(&[b'a'; INLINE_KEY]).expect("valid"))
+        );
+        assert_ne!(short, long);
+        assert_eq!(std::mem::size_of::<Key>(), 24);
     }
 }

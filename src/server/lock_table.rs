@@ -27,6 +27,9 @@
 //! beyond what `protocol.rs` already checked.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
 
 use slab::Slab;
 
@@ -114,6 +117,54 @@ impl Outbox {
 
 const NIL: u32 = u32::MAX;
 
+/// Key → slot of the table. It stores only slot numbers, hashed by the key
+/// kept in the slot, so each key's bytes are stored once (memory per held
+/// key is what a lock server is judged by). Hashing is keyed (SipHash with
+/// a random key), so keys chosen by clients cannot force collisions.
+#[derive(Default)]
+struct KeyIndex {
+    table: HashTable<u32>,
+    hasher: RandomState,
+}
+
+impl KeyIndex {
+    fn hash(&self, key: &Key) -> u64 {
+        self.hasher.hash_one(key.as_bytes())
+    }
+
+    fn get(&self, keys: &Slab<KeyState>, key: &Key) -> Option<u32> {
+        let hash = self.hash(key);
+        self.table
+            .find(hash, |&i| keys[i as usize].key == *key)
+            .copied()
+    }
+
+    /// Index slot `idx`, which must hold a key not indexed yet.
+    fn insert(&mut self, keys: &Slab<KeyState>, idx: u32) {
+        let hasher = &self.hasher;
+        let hash = hasher.hash_one(keys[idx as usize].key.as_bytes());
+        self.table.insert_unique(hash, idx, |&i| {
+            hasher.hash_one(keys[i as usize].key.as_bytes())
+        });
+    }
+
+    /// Forget slot `idx`, which held `key` (the slot may be gone already).
+    fn remove(&mut self, key: &Key, idx: u32) {
+        let hash = self.hash(key);
+        if let Ok(entry) = self.table.find_entry(hash, |&i| i == idx) {
+            entry.remove();
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn clear(&mut self) {
+        self.table.clear();
+    }
+}
+
 /// Counters for `I`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TableStats {
@@ -176,7 +227,7 @@ enum Timer {
 /// The lock table of one node. See the module doc.
 pub struct LockTable {
     limits: TableLimits,
-    index: HashMap<Key, u32>,
+    index: KeyIndex,
     keys: Slab<KeyState>,
     waiters: Slab<Waiter>,
     conns: HashMap<ConnId, ConnWaiting>,
@@ -193,7 +244,7 @@ impl LockTable {
     pub fn new(now_ms: u64, limits: TableLimits, tokens: TokenSource) -> LockTable {
         LockTable {
             limits,
-            index: HashMap::new(),
+            index: KeyIndex::default(),
             keys: Slab::new(),
             waiters: Slab::new(),
             conns: HashMap::new(),
@@ -346,7 +397,7 @@ impl LockTable {
     ) {
         match (op, key) {
             (Op::Acquire, Some(key)) => {
-                let idx = self.index.get(&key).copied();
+                let idx = self.index.get(&self.keys, &key);
                 self.refuse_acquire(conn, idx, key, reason, out);
             }
             (op, key) => out.answer(
@@ -415,7 +466,7 @@ impl LockTable {
     /// whose timer has not fired yet is expired here first, so the answer is
     /// the same whenever the timer happens to run.
     fn lookup_live(&mut self, now_ms: u64, key: &Key, out: &mut Outbox) -> Option<u32> {
-        let idx = *self.index.get(key)?;
+        let idx = self.index.get(&self.keys, key)?;
         let state = &self.keys[idx as usize];
         if state.expiry_ms > now_ms {
             return Some(idx);
@@ -423,7 +474,7 @@ impl LockTable {
         let timer = state.lease_timer;
         self.wheel.cancel(timer);
         self.hand_off(now_ms, idx, out);
-        self.index.get(key).copied()
+        self.index.get(&self.keys, key)
     }
 
     /// The table cannot take a new key: answer `too-many-keys`.
@@ -448,7 +499,7 @@ impl LockTable {
         let idx = entry.key() as u32;
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
         entry.insert(KeyState {
-            key: key.clone(),
+            key,
             token,
             expiry_ms,
             lease_timer,
@@ -456,7 +507,7 @@ impl LockTable {
             queue_tail: NIL,
             queue_len: 0,
         });
-        self.index.insert(key, idx);
+        self.index.insert(&self.keys, idx);
         idx
     }
 
@@ -578,7 +629,7 @@ impl LockTable {
         let head = self.keys[idx as usize].queue_head;
         if head == NIL {
             let state = self.keys.remove(idx as usize);
-            self.index.remove(&state.key);
+            self.index.remove(&state.key, idx);
             out.delta(|| Delta::Free {
                 key: state.key,
                 token: state.token,
@@ -742,7 +793,7 @@ impl LockTable {
             } => {
                 self.tokens.observe(token);
                 let expiry_ms = now_ms.saturating_add(ms_left);
-                match self.index.get(&key).copied() {
+                match self.index.get(&self.keys, &key) {
                     Some(idx) => {
                         let state = &mut self.keys[idx as usize];
                         self.wheel.cancel(state.lease_timer);
@@ -757,14 +808,14 @@ impl LockTable {
             }
             Delta::Free { key, token } => {
                 self.tokens.observe(token);
-                let Some(idx) = self.index.get(&key).copied() else {
+                let Some(idx) = self.index.get(&self.keys, &key) else {
                     return;
                 };
                 let state = &self.keys[idx as usize];
                 if state.token == token && state.queue_len == 0 {
                     let state = self.keys.remove(idx as usize);
                     self.wheel.cancel(state.lease_timer);
-                    self.index.remove(&state.key);
+                    self.index.remove(&state.key, idx);
                 }
             }
             Delta::Ceiling(ceiling) => self.tokens.observe(ceiling),
@@ -826,7 +877,7 @@ impl LockTable {
         assert_eq!(self.index.len(), self.keys.len(), "index and table agree");
         let mut queued = 0usize;
         for (idx, state) in &self.keys {
-            assert_eq!(self.index.get(&state.key), Some(&(idx as u32)));
+            assert_eq!(self.index.get(&self.keys, &state.key), Some(idx as u32));
             assert_eq!(
                 self.wheel.deadline(state.lease_timer),
                 Some(state.expiry_ms),
