@@ -347,7 +347,16 @@ fn systems_of(row: &Row, round: usize) -> Vec<System> {
             System::Ping,
             System::Echo1,
         ],
-        Section::Contended | Section::Expiry => vec![System::Baton, System::Redis, System::Baton1],
+        // The echo floors here are one connection's round trip, measured
+        // next to the row: the yardstick of its handoff latency.
+        Section::Contended => vec![
+            System::Baton,
+            System::Echo,
+            System::Redis,
+            System::Baton1,
+            System::Echo1,
+        ],
+        Section::Expiry => vec![System::Baton, System::Redis, System::Baton1],
     };
     if round % 2 == 1 {
         systems.reverse();
@@ -428,22 +437,30 @@ fn run_spec(
     sha: &[u8],
     run_no: u64,
 ) -> RunSpec {
-    let workload = match row.section {
-        Section::Sweep | Section::Pipelined => Workload::Uncontended { depth: row.depth },
-        Section::Contended => Workload::Contended {
+    let mut conns = row.conns;
+    let mut measure = options.measure;
+    let workload = match (row.section, system) {
+        (Section::Sweep | Section::Pipelined, _) => Workload::Uncontended { depth: row.depth },
+        (Section::Contended, System::Echo | System::Echo1) => {
+            // One connection's round trip through the same I/O loops.
+            conns = 1;
+            measure = (measure / 2).max(Duration::from_millis(500));
+            Workload::Uncontended { depth: 1 }
+        }
+        (Section::Contended, _) => Workload::Contended {
             hold: Duration::from_micros(row.hold_us),
         },
-        Section::Expiry => Workload::Expiry { keys: row.keys },
+        (Section::Expiry, _) => Workload::Expiry { keys: row.keys },
     };
     RunSpec {
         addr,
         proto: system.proto(),
-        conns: row.conns,
+        conns,
         workload,
         lease_ms: row.lease_ms,
         wait_ms: WAIT_MS,
         warmup: options.warmup,
-        measure: options.measure,
+        measure,
         drain: DRAIN,
         key_prefix: format!("r{run_no}:"),
         threads: options.client_threads,
