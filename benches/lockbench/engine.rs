@@ -91,6 +91,8 @@ pub struct RunSpec {
 pub struct Outcome {
     /// Length of the measure window (a fill: until the last grant).
     pub secs: f64,
+    /// Measure windows merged into this outcome (rounds).
+    pub windows: u64,
     /// Acquire/release pairs completed in the window.
     pub pairs: u64,
     /// Grants received in the window.
@@ -132,6 +134,7 @@ impl Outcome {
     pub fn new(clients: usize) -> Outcome {
         Outcome {
             secs: 0.0,
+            windows: 1,
             pairs: 0,
             grants: 0,
             requests: 0,
@@ -159,6 +162,7 @@ impl Outcome {
             self.secs = self.secs.max(other.secs);
         } else {
             self.secs += other.secs;
+            self.windows += other.windows;
         }
         self.pairs += other.pairs;
         self.grants += other.grants;
