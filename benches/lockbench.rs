@@ -1,0 +1,705 @@
+//! lockbench: the load harness that compares baton with a Redis lock.
+//!
+//! Owns: the options, the schedule of runs (every row runs against every
+//! system given, interleaved: baton, redis, echo, baton T=1, PING, echo T=1,
+//! the order reversed every other round), the memory rows (VmRSS of a fresh
+//! server holding a million keys, or a hundred thousand queued waiters), and
+//! the small blocking helpers that ask servers things (`SCRIPT LOAD`, `I`,
+//! `DBSIZE`). The load itself is engine.rs, the wire formats wire.rs, the
+//! tables report.rs. `scripts/bench.sh` starts the servers and runs this.
+//!
+//! Never does: start or stop a server (the script does), or run under
+//! `cargo test` (it is a `harness = false` bench; there are no timing
+//! thresholds in tests).
+
+#[path = "lockbench/engine.rs"]
+mod engine;
+#[path = "lockbench/report.rs"]
+mod report;
+#[path = "lockbench/wire.rs"]
+mod wire;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use engine::{RunSpec, Workload};
+use report::{Memory, MemoryRow, Results, Row, Section, System};
+use wire::Proto;
+
+const HELP: &str = "\
+lockbench: baton against a Redis lock, side by side (scripts/bench.sh runs it)
+
+USAGE:
+  cargo bench --bench lockbench -- [OPTIONS]
+
+SERVERS (each optional; rows of a server not given are left out):
+  --baton ADDR           batond with the default --threads
+  --baton1 ADDR          batond --threads 1
+  --echo ADDR            batond --echo (the floor of --baton)
+  --echo1 ADDR           batond --echo --threads 1 (the floor of --baton1)
+  --redis ADDR           redis-server: the Redis lock, and PING as its floor
+  --mem-baton ADDR --mem-baton-pid PID
+                         a fresh batond for the held-keys memory row
+  --mem-waiters ADDR --mem-waiters-pid PID
+                         a fresh batond for the queued-waiters memory row
+  --mem-redis ADDR --mem-redis-pid PID
+                         a fresh redis-server for the held-keys memory row
+  --default-threads N    batond's default --threads here (for the labels)
+  --redis-note TEXT      why there is no --redis (printed under the tables)
+
+SHAPE:
+  --quick                short windows, one round (about a minute in all)
+  --warmup SECS          per run, not recorded (default 0.5; quick 0.2)
+  --measure SECS         per run, recorded (default 2.5; quick 1)
+  --rounds N             runs per (row, system), interleaved (default 2; quick 1)
+  --client-threads N     load-generator threads (default 1)
+  --only LIST            sections to run: sweep,pipelined,contended,expiry,memory
+                         (default: all)
+  --sweep LIST           connections of the closed-loop sweep
+                         (default 1,10,50,100,200,500)
+  --depth N              pipeline depth of the pipelined row (default 16)
+  --mem-keys N           keys of the held-keys memory row (default 1000000)
+  --waiter-keys N        held keys of the waiters row (default 1000)
+  --waiters-per-key N    waiters on each (default 100)
+  --seed N               random keys and jitter (default: from the clock)
+
+HELPERS:
+  --free-ports N         print N free loopback TCP ports and exit
+  -h, --help             print this help
+
+Workloads: uncontended acquire+release of random keys (closed loop and
+pipelined); contended (C clients on one key, hold H µs); expiry lateness
+(holders never release, lease 50 ms); the same client code against
+`batond --echo` and Redis PING for the floor. A Redis lock is SET key token
+NX PX lease, retried after a jittered ~1 ms while the wait lasts, released
+by the compare-and-delete script through EVALSHA.
+";
+
+/// Lease and wait of the throughput rows: long, a safety net only.
+const LEASE_MS: u64 = 10_000;
+const WAIT_MS: u64 = 30_000;
+/// Expiry rows: short leases, keys × clients.
+const EXPIRY_LEASE_MS: u64 = 50;
+const EXPIRY_KEYS: usize = 8;
+const EXPIRY_CLIENTS_PER_KEY: usize = 2;
+/// The most a run may take to drain after its window.
+const DRAIN: Duration = Duration::from_secs(3);
+/// The most loading memory rows may take.
+const MEMORY_BOUND: Duration = Duration::from_secs(120);
+
+struct Options {
+    servers: HashMap<System, SocketAddr>,
+    mem_baton: Option<(SocketAddr, u32)>,
+    mem_waiters: Option<(SocketAddr, u32)>,
+    mem_redis: Option<(SocketAddr, u32)>,
+    default_threads: String,
+    redis_note: Option<String>,
+    warmup: Duration,
+    measure: Duration,
+    rounds: usize,
+    client_threads: usize,
+    only: Vec<String>,
+    sweep: Vec<usize>,
+    depth: usize,
+    mem_keys: u64,
+    waiter_keys: u64,
+    waiters_per_key: u64,
+    seed: u64,
+}
+
+fn main() -> ExitCode {
+    // `cargo bench` appends `--bench`; it means nothing here.
+    let args: Vec<_> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let mut args = pico_args::Arguments::from_vec(args);
+    if args.contains(["-h", "--help"]) {
+        print!("{HELP}");
+        return ExitCode::SUCCESS;
+    }
+    match args.opt_value_from_str::<_, usize>("--free-ports") {
+        Ok(Some(n)) => return print_free_ports(n),
+        Ok(None) => {}
+        Err(e) => return usage_error(&e.to_string()),
+    }
+    let options = match parse_options(args) {
+        Ok(options) => options,
+        Err(e) => return usage_error(&e),
+    };
+    match run_all(&options) {
+        Ok(results) => {
+            print!("{}", results.render());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("lockbench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn usage_error(e: &str) -> ExitCode {
+    eprintln!("lockbench: {e} (see --help)");
+    ExitCode::from(2)
+}
+
+fn parse_options(mut args: pico_args::Arguments) -> Result<Options, String> {
+    let err = |e: pico_args::Error| e.to_string();
+    let quick = args.contains("--quick");
+    let mut servers = HashMap::new();
+    for (flag, system) in [
+        ("--baton", System::Baton),
+        ("--baton1", System::Baton1),
+        ("--echo", System::Echo),
+        ("--echo1", System::Echo1),
+        ("--redis", System::Redis),
+    ] {
+        if let Some(addr) = args
+            .opt_value_from_str::<_, SocketAddr>(flag)
+            .map_err(err)?
+        {
+            servers.insert(system, addr);
+            if system == System::Redis {
+                servers.insert(System::Ping, addr);
+            }
+        }
+    }
+    let mut mem = |flag: &'static str, pid_flag: &'static str| -> Result<_, String> {
+        let addr = args
+            .opt_value_from_str::<_, SocketAddr>(flag)
+            .map_err(err)?;
+        let pid = args.opt_value_from_str::<_, u32>(pid_flag).map_err(err)?;
+        match (addr, pid) {
+            (Some(addr), Some(pid)) => Ok(Some((addr, pid))),
+            (None, None) => Ok(None),
+            _ => Err(format!("{flag} and {pid_flag} go together")),
+        }
+    };
+    let mem_baton = mem("--mem-baton", "--mem-baton-pid")?;
+    let mem_waiters = mem("--mem-waiters", "--mem-waiters-pid")?;
+    let mem_redis = mem("--mem-redis", "--mem-redis-pid")?;
+    let secs = |v: Option<f64>, default: f64| {
+        Duration::from_secs_f64(v.unwrap_or(default).clamp(0.0, 3600.0))
+    };
+    let warmup = secs(
+        args.opt_value_from_str("--warmup").map_err(err)?,
+        if quick { 0.2 } else { 0.5 },
+    );
+    let measure = secs(
+        args.opt_value_from_str("--measure").map_err(err)?,
+        if quick { 1.0 } else { 2.5 },
+    );
+    let list = |v: Option<String>| {
+        v.map(|s| {
+            s.split(',')
+                .map(|x| x.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+    };
+    let only = list(args.opt_value_from_str("--only").map_err(err)?).unwrap_or_default();
+    let sweep = match list(args.opt_value_from_str("--sweep").map_err(err)?) {
+        Some(items) => items
+            .iter()
+            .map(|s| {
+                s.parse::<usize>()
+                    .map_err(|_| format!("--sweep: '{s}' is not a number"))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![1, 10, 50, 100, 200, 500],
+    };
+    let seed = args
+        .opt_value_from_str("--seed")
+        .map_err(err)?
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        });
+    let options = Options {
+        servers,
+        mem_baton,
+        mem_waiters,
+        mem_redis,
+        default_threads: args
+            .opt_value_from_str("--default-threads")
+            .map_err(err)?
+            .unwrap_or_else(|| "default".to_string()),
+        redis_note: args.opt_value_from_str("--redis-note").map_err(err)?,
+        warmup,
+        measure: measure.max(Duration::from_millis(100)),
+        rounds: args
+            .opt_value_from_str("--rounds")
+            .map_err(err)?
+            .unwrap_or(if quick { 1 } else { 2 }),
+        client_threads: args
+            .opt_value_from_str("--client-threads")
+            .map_err(err)?
+            .unwrap_or(1),
+        only,
+        sweep,
+        depth: args
+            .opt_value_from_str("--depth")
+            .map_err(err)?
+            .unwrap_or(16),
+        mem_keys: args
+            .opt_value_from_str("--mem-keys")
+            .map_err(err)?
+            .unwrap_or(1_000_000),
+        waiter_keys: args
+            .opt_value_from_str("--waiter-keys")
+            .map_err(err)?
+            .unwrap_or(1000),
+        waiters_per_key: args
+            .opt_value_from_str("--waiters-per-key")
+            .map_err(err)?
+            .unwrap_or(100),
+        seed,
+    };
+    let rest = args.finish();
+    if !rest.is_empty() {
+        return Err(format!("unexpected argument {:?}", rest[0]));
+    }
+    if options.rounds == 0 || options.rounds > 20 {
+        return Err("--rounds must be 1 to 20".into());
+    }
+    if options.client_threads == 0 || options.client_threads > 16 {
+        return Err("--client-threads must be 1 to 16".into());
+    }
+    if options.sweep.iter().any(|&c| c == 0 || c > 5000)
+        || options.depth == 0
+        || options.depth > 4096
+    {
+        return Err("--sweep connections must be 1 to 5000, --depth 1 to 4096".into());
+    }
+    Ok(options)
+}
+
+fn print_free_ports(n: usize) -> ExitCode {
+    // Bind them all before closing any, so they are distinct.
+    let listeners: Vec<_> = (0..n.min(64))
+        .filter_map(|_| std::net::TcpListener::bind("127.0.0.1:0").ok())
+        .collect();
+    for listener in &listeners {
+        if let Ok(addr) = listener.local_addr() {
+            println!("{}", addr.port());
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+impl Options {
+    fn wants(&self, section: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|s| s == section)
+    }
+}
+
+/// The rows to run, in order.
+fn plan_rows(options: &Options) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let row = |section, conns, depth, hold_us| Row {
+        section,
+        conns,
+        depth,
+        hold_us,
+        keys: 0,
+        lease_ms: LEASE_MS,
+    };
+    if options.wants("sweep") {
+        for &c in &options.sweep {
+            rows.push(row(Section::Sweep, c, 1, 0));
+        }
+    }
+    if options.wants("pipelined") {
+        rows.push(row(Section::Pipelined, 50, options.depth, 0));
+    }
+    if options.wants("contended") {
+        for c in [16, 64] {
+            for hold_us in [0, 100] {
+                rows.push(row(Section::Contended, c, 1, hold_us));
+            }
+        }
+    }
+    if options.wants("expiry") {
+        rows.push(Row {
+            section: Section::Expiry,
+            conns: EXPIRY_KEYS * EXPIRY_CLIENTS_PER_KEY,
+            depth: 1,
+            hold_us: 0,
+            keys: EXPIRY_KEYS,
+            lease_ms: EXPIRY_LEASE_MS,
+        });
+    }
+    rows
+}
+
+/// The systems a row runs against, in interleaved order.
+fn systems_of(row: &Row, round: usize) -> Vec<System> {
+    let mut systems = match row.section {
+        Section::Sweep | Section::Pipelined => vec![
+            System::Baton,
+            System::Redis,
+            System::Echo,
+            System::Baton1,
+            System::Ping,
+            System::Echo1,
+        ],
+        // The echo floors here are one connection's round trip, measured
+        // next to the row: the yardstick of its handoff latency.
+        Section::Contended => vec![
+            System::Baton,
+            System::Echo,
+            System::Redis,
+            System::Baton1,
+            System::Echo1,
+        ],
+        Section::Expiry => vec![System::Baton, System::Redis, System::Baton1],
+    };
+    if round % 2 == 1 {
+        systems.reverse();
+    }
+    systems
+}
+
+fn run_all(options: &Options) -> Result<Results, String> {
+    let have_redis = options.servers.contains_key(&System::Redis);
+    let mut results = Results {
+        rows: plan_rows(options),
+        outcomes: HashMap::new(),
+        memory: Memory::default(),
+        notes: Vec::new(),
+        default_threads: options.default_threads.clone(),
+    };
+    if !have_redis {
+        let why = options.redis_note.as_deref().unwrap_or("no --redis given");
+        results.notes.push(format!(
+            "{why}: the Redis rows and every ratio to Redis are left out."
+        ));
+    }
+    let sha = match options.servers.get(&System::Redis) {
+        Some(&addr) => script_load(addr)?,
+        None => Vec::new(),
+    };
+    let started = Instant::now();
+    let mut run_no = 0u64;
+    for round in 0..options.rounds {
+        for i in 0..results.rows.len() {
+            let row = results.rows[i].clone();
+            for system in systems_of(&row, round) {
+                let Some(&addr) = options.servers.get(&system) else {
+                    continue;
+                };
+                run_no += 1;
+                let spec = run_spec(options, &row, system, addr, &sha, run_no);
+                eprintln!(
+                    "[{:>5.1}s] round {} {} C={} depth={} hold={}µs: {}",
+                    started.elapsed().as_secs_f64(),
+                    round + 1,
+                    row.section.name(),
+                    row.conns,
+                    row.depth,
+                    row.hold_us,
+                    system.name(&options.default_threads)
+                );
+                let outcome = engine::run(&spec).map_err(|e| {
+                    format!(
+                        "{} {} against {addr}: {e}",
+                        row.section.name(),
+                        system.name("")
+                    )
+                })?;
+                results.add(i, system, outcome);
+            }
+        }
+    }
+    if options.wants("memory") {
+        results.memory = run_memory(options, &sha)?;
+    }
+    results.notes.push(format!(
+        "{} round(s) of {:.1}s warmup + {:.1}s measured per (row, system), {} load thread(s), seed {}.",
+        options.rounds,
+        options.warmup.as_secs_f64(),
+        options.measure.as_secs_f64(),
+        options.client_threads,
+        options.seed
+    ));
+    Ok(results)
+}
+
+fn run_spec(
+    options: &Options,
+    row: &Row,
+    system: System,
+    addr: SocketAddr,
+    sha: &[u8],
+    run_no: u64,
+) -> RunSpec {
+    let mut conns = row.conns;
+    let mut measure = options.measure;
+    let workload = match (row.section, system) {
+        (Section::Sweep | Section::Pipelined, _) => Workload::Uncontended { depth: row.depth },
+        (Section::Contended, System::Echo | System::Echo1) => {
+            // One connection's round trip through the same I/O loops.
+            conns = 1;
+            measure = (measure / 2).max(Duration::from_millis(500));
+            Workload::Uncontended { depth: 1 }
+        }
+        (Section::Contended, _) => Workload::Contended {
+            hold: Duration::from_micros(row.hold_us),
+        },
+        (Section::Expiry, _) => Workload::Expiry { keys: row.keys },
+    };
+    RunSpec {
+        addr,
+        proto: system.proto(),
+        conns,
+        workload,
+        lease_ms: row.lease_ms,
+        wait_ms: WAIT_MS,
+        warmup: options.warmup,
+        measure,
+        drain: DRAIN,
+        key_prefix: format!("r{run_no}:"),
+        threads: options.client_threads,
+        sha: sha.to_vec(),
+        seed: options.seed ^ run_no.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Memory
+// ---------------------------------------------------------------------------
+
+fn run_memory(options: &Options, sha: &[u8]) -> Result<Memory, String> {
+    let mut memory = Memory {
+        keys: options.mem_keys,
+        waiters: options.waiter_keys * options.waiters_per_key,
+        ..Memory::default()
+    };
+    if let Some((addr, pid)) = options.mem_baton {
+        eprintln!("memory: {} held keys in batond", options.mem_keys);
+        memory.baton_keys = Some(fill_keys(options, Proto::Baton, addr, pid, sha)?);
+    }
+    if let Some((addr, pid)) = options.mem_redis {
+        eprintln!("memory: {} held keys in redis", options.mem_keys);
+        let sha = script_load(addr)?;
+        memory.redis_keys = Some(fill_keys(options, Proto::RedisLock, addr, pid, &sha)?);
+    }
+    if let Some((addr, pid)) = options.mem_waiters {
+        eprintln!("memory: {} queued waiters in batond", memory.waiters);
+        memory.baton_waiters = Some(queue_waiters(options, addr, pid)?);
+    }
+    Ok(memory)
+}
+
+/// Acquire `mem_keys` distinct keys with a long lease, pipelined, through
+/// the same engine, and measure the server's RSS before and after.
+fn fill_keys(
+    options: &Options,
+    proto: Proto,
+    addr: SocketAddr,
+    pid: u32,
+    sha: &[u8],
+) -> Result<MemoryRow, String> {
+    let rss_before = vm_rss(pid)?;
+    let spec = RunSpec {
+        addr,
+        proto,
+        conns: 8,
+        workload: Workload::Fill {
+            keys: options.mem_keys,
+            depth: 128,
+        },
+        lease_ms: 3_600_000,
+        wait_ms: WAIT_MS,
+        warmup: Duration::ZERO,
+        measure: MEMORY_BOUND,
+        drain: Duration::ZERO,
+        key_prefix: "mem:".into(),
+        threads: 1,
+        sha: sha.to_vec(),
+        seed: options.seed,
+    };
+    let outcome = engine::run(&spec)?;
+    if outcome.errors > 0 {
+        return Err(format!(
+            "filling keys: {} errors, the first: {}",
+            outcome.errors,
+            outcome.first_error.unwrap_or_default()
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_after = vm_rss(pid)?;
+    let check = match proto {
+        Proto::Baton => {
+            let info = info(addr)?;
+            format!("held={}", info.get("held").map_or("?", String::as_str))
+        }
+        _ => format!("dbsize={}", redis_dbsize(addr)?),
+    };
+    Ok(MemoryRow {
+        rss_before,
+        rss_after,
+        check,
+        load_secs: outcome.secs,
+    })
+}
+
+/// Hold `waiter_keys` keys, then queue `waiters_per_key` waiters on each,
+/// one connection per waiter rank (so each connection queues one request
+/// per key: well under --max-waiting), and measure the RSS once the server
+/// reports them all waiting.
+fn queue_waiters(options: &Options, addr: SocketAddr, pid: u32) -> Result<MemoryRow, String> {
+    let rss_before = vm_rss(pid)?;
+    let started = Instant::now();
+    let mut holder = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    let mut batch = Vec::new();
+    for k in 0..options.waiter_keys {
+        let key = format!("w:{k}");
+        wire::write_acquire(Proto::Baton, &mut batch, key.as_bytes(), 0, 3_600_000, 1000);
+    }
+    holder
+        .write_all(&batch)
+        .map_err(|e| format!("write: {e}"))?;
+    let mut reader = BufReader::new(holder.try_clone().map_err(|e| e.to_string())?);
+    holder
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    for _ in 0..options.waiter_keys {
+        line.clear();
+        reader
+            .read_line(&mut line)
+            .map_err(|e| format!("reading grants: {e}"))?;
+        if !line.starts_with("A ") {
+            return Err(format!("holding waiter keys: answer {line:?}"));
+        }
+    }
+    let mut waiters = Vec::new();
+    for _ in 0..options.waiters_per_key {
+        let mut conn = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+        conn.write_all(&waiting_batch(options.waiter_keys))
+            .map_err(|e| format!("write: {e}"))?;
+        waiters.push(conn);
+    }
+    let want = options.waiter_keys * options.waiters_per_key;
+    let deadline = Instant::now() + MEMORY_BOUND;
+    let waiting = loop {
+        let info = info(addr)?;
+        let waiting: u64 = info
+            .get("waiting")
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(0);
+        if waiting >= want || Instant::now() >= deadline {
+            break waiting;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let load_secs = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_after = vm_rss(pid)?;
+    drop(waiters);
+    Ok(MemoryRow {
+        rss_before,
+        rss_after,
+        check: format!("waiting={waiting}"),
+        load_secs,
+    })
+}
+
+fn waiting_batch(keys: u64) -> Vec<u8> {
+    let mut batch = Vec::new();
+    for k in 0..keys {
+        let key = format!("w:{k}");
+        wire::write_acquire(
+            Proto::Baton,
+            &mut batch,
+            key.as_bytes(),
+            0,
+            60_000,
+            3_600_000,
+        );
+    }
+    batch
+}
+
+/// VmRSS of a process, in bytes.
+fn vm_rss(pid: u32) -> Result<u64, String> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .ok_or_else(|| format!("{path}: no VmRSS"))
+}
+
+// ---------------------------------------------------------------------------
+// Blocking one-off requests
+// ---------------------------------------------------------------------------
+
+fn blocking_conn(addr: SocketAddr) -> Result<(TcpStream, BufReader<TcpStream>), String> {
+    let conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let reader = BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+    Ok((conn, reader))
+}
+
+/// baton's `I`, as name → value.
+fn info(addr: SocketAddr) -> Result<HashMap<String, String>, String> {
+    let (mut conn, mut reader) = blocking_conn(addr)?;
+    conn.write_all(b"I\n").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    reader.read_line(&mut line).map_err(|e| format!("I: {e}"))?;
+    Ok(line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect())
+}
+
+/// `SCRIPT LOAD` the release script; its SHA1.
+fn script_load(addr: SocketAddr) -> Result<Vec<u8>, String> {
+    let (mut conn, mut reader) = blocking_conn(addr)?;
+    let mut command = Vec::new();
+    wire::resp_command(
+        &mut command,
+        &[b"SCRIPT", b"LOAD", wire::RELEASE_SCRIPT.as_bytes()],
+    );
+    conn.write_all(&command).map_err(|e| e.to_string())?;
+    let mut header = String::new();
+    let mut sha = String::new();
+    reader
+        .read_line(&mut header)
+        .map_err(|e| format!("SCRIPT LOAD: {e}"))?;
+    reader
+        .read_line(&mut sha)
+        .map_err(|e| format!("SCRIPT LOAD: {e}"))?;
+    let sha = sha.trim();
+    if header.trim() != "$40" || sha.len() != 40 {
+        return Err(format!("SCRIPT LOAD answered {header:?} {sha:?}"));
+    }
+    Ok(sha.as_bytes().to_vec())
+}
+
+fn redis_dbsize(addr: SocketAddr) -> Result<u64, String> {
+    let (mut conn, mut reader) = blocking_conn(addr)?;
+    let mut command = Vec::new();
+    wire::resp_command(&mut command, &[b"DBSIZE"]);
+    conn.write_all(&command).map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    reader
+        .read_line(&mut line)
+        .map_err(|e| format!("DBSIZE: {e}"))?;
+    line.trim()
+        .strip_prefix(':')
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("DBSIZE answered {line:?}"))
+}

@@ -1,0 +1,303 @@
+//! The wire formats the load generator speaks, with no I/O.
+//!
+//! Owns: writing an acquire and a release, and reading one answer, for each
+//! system the harness drives — baton's line protocol (SPEC.md section 3),
+//! `batond --echo` (every line comes back as it was sent), a Redis lock in
+//! RESP (`SET key token NX PX lease`, released by the compare-and-delete
+//! script through `EVALSHA`), and Redis `PING` inline (the Redis floor).
+//! The engine (engine.rs) drives all four through the same code; only these
+//! functions differ.
+//!
+//! Never does: allocate per answer, or decide what a slot does next.
+
+use std::fmt;
+
+/// The compare-and-delete release, loaded with `SCRIPT LOAD`.
+pub const RELEASE_SCRIPT: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"del\",KEYS[1]) else return 0 end";
+
+/// Which system a connection talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    /// baton: `A key lease wait` / `R key token`; answers name (op, key).
+    Baton,
+    /// `batond --echo`: the same lines, each answered with itself.
+    Echo,
+    /// A Redis lock: `SET key token NX PX lease` / `EVALSHA sha 1 key token`.
+    RedisLock,
+    /// The Redis floor: `PING` inline for each of the two requests.
+    RedisPing,
+}
+
+impl Proto {
+    /// Answers come back in request order (so the engine matches them
+    /// first-in first-out); baton matches by (op, key) instead.
+    pub fn in_order(self) -> bool {
+        self != Proto::Baton
+    }
+
+    /// The server issues the token (baton); otherwise the client makes one.
+    pub fn server_tokens(self) -> bool {
+        self == Proto::Baton
+    }
+}
+
+/// The two requests of a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Acquire,
+    Release,
+}
+
+/// What an answer says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The key is ours; baton's token (0 where the client made the token).
+    Granted(u64),
+    /// Redis: the key is held by someone else (`SET NX` answered nil).
+    Busy,
+    /// baton: the wait ran out.
+    TimedOut,
+    /// Released.
+    Released,
+    /// The token did not hold the key.
+    NotHeld,
+    /// A floor answer (echo line or PONG).
+    Ack,
+    /// Anything else: `E`, `M`, `-ERR`, or a line we do not understand.
+    Error,
+}
+
+/// One answer, borrowed from the read buffer.
+#[derive(Debug)]
+pub struct Reply<'a> {
+    pub kind: Kind,
+    /// The op the answer belongs to, where the answer says so.
+    pub op: Option<Op>,
+    /// The key the answer names (baton and echo).
+    pub key: Option<&'a [u8]>,
+    /// The whole answer, line ending excluded (for error messages).
+    pub text: &'a [u8],
+    /// Bytes of the buffer this answer used.
+    pub used: usize,
+}
+
+/// A malformed answer: the server is not speaking the protocol we expect.
+#[derive(Debug)]
+pub struct BadAnswer(pub String);
+
+impl fmt::Display for BadAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Longest answer line accepted before calling the stream broken.
+const MAX_ANSWER: usize = 4096;
+
+/// Append an acquire of `key`. `token` is the client's token (Redis only);
+/// `lease_ms` and `wait_ms` as SPEC.md section 3 (Redis uses only the lease:
+/// the wait is the client's retry loop).
+pub fn write_acquire(
+    proto: Proto,
+    out: &mut Vec<u8>,
+    key: &[u8],
+    token: u64,
+    lease_ms: u64,
+    wait_ms: u64,
+) {
+    match proto {
+        Proto::Baton | Proto::Echo => {
+            out.extend_from_slice(b"A ");
+            out.extend_from_slice(key);
+            out.push(b' ');
+            write_seconds(lease_ms, out);
+            out.push(b' ');
+            write_seconds(wait_ms, out);
+            out.push(b'\n');
+        }
+        Proto::RedisLock => {
+            let mut token_text = [0u8; 20];
+            let token_text = decimal(token, &mut token_text);
+            let mut lease_text = [0u8; 20];
+            let lease_text = decimal(lease_ms, &mut lease_text);
+            resp_command(out, &[b"SET", key, token_text, b"NX", b"PX", lease_text]);
+        }
+        Proto::RedisPing => out.extend_from_slice(b"PING\r\n"),
+    }
+}
+
+/// Append a release of `key` held with `token`. `sha` is the release
+/// script's SHA1 (Redis lock only).
+pub fn write_release(proto: Proto, out: &mut Vec<u8>, key: &[u8], token: u64, sha: &[u8]) {
+    match proto {
+        Proto::Baton | Proto::Echo => {
+            out.extend_from_slice(b"R ");
+            out.extend_from_slice(key);
+            out.push(b' ');
+            let mut text = [0u8; 20];
+            out.extend_from_slice(decimal(token, &mut text));
+            out.push(b'\n');
+        }
+        Proto::RedisLock => {
+            let mut token_text = [0u8; 20];
+            let token_text = decimal(token, &mut token_text);
+            resp_command(out, &[b"EVALSHA", sha, b"1", key, token_text]);
+        }
+        Proto::RedisPing => out.extend_from_slice(b"PING\r\n"),
+    }
+}
+
+/// Read one answer from the front of `buf`: `Ok(None)` when no whole answer
+/// is there yet.
+pub fn parse_reply(proto: Proto, buf: &[u8]) -> Result<Option<Reply<'_>>, BadAnswer> {
+    let Some(end) = buf.iter().position(|&b| b == b'\n') else {
+        if buf.len() > MAX_ANSWER {
+            return Err(BadAnswer(format!("answer longer than {MAX_ANSWER} bytes")));
+        }
+        return Ok(None);
+    };
+    let used = end + 1;
+    let line = match &buf[..end] {
+        [head @ .., b'\r'] => head,
+        line => line,
+    };
+    let reply = match proto {
+        Proto::Baton => baton_answer(line, used),
+        Proto::Echo => echo_answer(line, used),
+        Proto::RedisLock | Proto::RedisPing => resp_answer(line, used)?,
+    };
+    Ok(Some(reply))
+}
+
+fn baton_answer(line: &[u8], used: usize) -> Reply<'_> {
+    let mut fields = line.split(|&b| b == b' ');
+    let tag = fields.next().unwrap_or_default();
+    let second = fields.next();
+    let third = fields.next();
+    let (kind, op, key) = match (tag, second, third) {
+        (b"A", Some(token), Some(key)) => match parse_u64(token) {
+            Some(token) if token != 0 => (Kind::Granted(token), Some(Op::Acquire), Some(key)),
+            _ => (Kind::Error, None, None),
+        },
+        (b"T", Some(key), None) => (Kind::TimedOut, Some(Op::Acquire), Some(key)),
+        (b"R", Some(key), None) => (Kind::Released, Some(Op::Release), Some(key)),
+        (b"N", Some(key), None) => (Kind::NotHeld, Some(Op::Release), Some(key)),
+        (b"E" | b"M", _, _) => {
+            // `E <op> <key> <reason>`, `M <addr> <op> <key>`.
+            let (op, key) = if tag == b"E" {
+                (second, third)
+            } else {
+                (third, fields.next())
+            };
+            let op = match op {
+                Some(b"A") => Some(Op::Acquire),
+                Some(b"R") => Some(Op::Release),
+                _ => None,
+            };
+            (Kind::Error, op, key.filter(|k| *k != b"-"))
+        }
+        _ => (Kind::Error, None, None),
+    };
+    Reply {
+        kind,
+        op,
+        key,
+        text: line,
+        used,
+    }
+}
+
+fn echo_answer(line: &[u8], used: usize) -> Reply<'_> {
+    let mut fields = line.split(|&b| b == b' ');
+    let op = match fields.next() {
+        Some(b"A") => Some(Op::Acquire),
+        Some(b"R") => Some(Op::Release),
+        _ => None,
+    };
+    Reply {
+        kind: if op.is_some() { Kind::Ack } else { Kind::Error },
+        op,
+        key: fields.next(),
+        text: line,
+        used,
+    }
+}
+
+fn resp_answer(line: &[u8], used: usize) -> Result<Reply<'_>, BadAnswer> {
+    let kind = match line {
+        b"+OK" => Kind::Granted(0),
+        b"+PONG" => Kind::Ack,
+        b"$-1" | b"_" => Kind::Busy,
+        b":1" => Kind::Released,
+        b":0" => Kind::NotHeld,
+        [b'-', ..] => Kind::Error,
+        _ => {
+            return Err(BadAnswer(format!(
+                "unexpected RESP answer {:?}",
+                String::from_utf8_lossy(line)
+            )));
+        }
+    };
+    Ok(Reply {
+        kind,
+        op: None,
+        key: None,
+        text: line,
+        used,
+    })
+}
+
+/// Append a RESP array of bulk strings.
+pub fn resp_command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    let mut text = [0u8; 20];
+    out.push(b'*');
+    out.extend_from_slice(decimal(args.len() as u64, &mut text));
+    out.extend_from_slice(b"\r\n");
+    for arg in args {
+        out.push(b'$');
+        out.extend_from_slice(decimal(arg.len() as u64, &mut text));
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// `n` in decimal, written into `buf`; returns the digits.
+pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// Milliseconds as baton's decimal seconds: 30000 -> "30", 50 -> "0.05".
+pub fn write_seconds(ms: u64, out: &mut Vec<u8>) {
+    let mut text = [0u8; 20];
+    out.extend_from_slice(decimal(ms / 1000, &mut text));
+    let millis = ms % 1000;
+    if millis != 0 {
+        let digits = [millis / 100, millis / 10 % 10, millis % 10].map(|d| b'0' + d as u8);
+        let len = 3 - digits.iter().rev().take_while(|&&d| d == b'0').count();
+        out.push(b'.');
+        out.extend_from_slice(&digits[..len]);
+    }
+}
+
+/// Decimal digits only, fitting a u64.
+pub fn parse_u64(field: &[u8]) -> Option<u64> {
+    if field.is_empty() || field.len() > 20 {
+        return None;
+    }
+    field.iter().try_fold(0u64, |n, &b| {
+        if b.is_ascii_digit() {
+            n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Benchmark baton and compare it with a Redis lock, side by side (issue 6).
+#
+#   scripts/bench.sh                  full run (about 8 minutes)
+#   scripts/bench.sh --quick          short windows, one round (1-2 minutes)
+#   scripts/bench.sh --no-redis       leave Redis out even if it is installed
+#   scripts/bench.sh [--quick] -- OPTIONS...
+#                                     more lockbench options, e.g. --only sweep
+#                                     (see: cargo bench --bench lockbench -- --help)
+#
+# Builds release; starts, on free 127.0.0.1 ports, batond with the default
+# --threads and with --threads 1, batond --echo (both settings: the floor),
+# fresh servers for the memory rows, and redis-server when it is installed
+# (the Redis rows are left out with a note when it is not); runs the harness
+# (benches/lockbench.rs); prints its Markdown tables on stdout (progress on
+# stderr); and stops every process it started, by PID, when it exits.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+harness_args=()
+shown_args=("$@")
+use_redis=yes
+while [ $# -gt 0 ]; do
+  case $1 in
+  --quick) harness_args+=(--quick) ;;
+  --no-redis) use_redis=no ;;
+  --)
+    shift
+    harness_args+=("$@")
+    break
+    ;;
+  -h | --help)
+    sed -n '2,17p' "$0"
+    exit 0
+    ;;
+  *)
+    echo "bench.sh: unknown option $1 (see --help)" >&2
+    exit 2
+    ;;
+  esac
+  shift
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/baton-bench.XXXXXX")
+pids=()
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "bench.sh: building (release)..." >&2
+cargo build --release --bin batond -q
+bench_bin=$(cargo bench --bench lockbench --no-run --message-format=json -q 2>/dev/null |
+  grep '"name":"lockbench"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+if [ -z "$bench_bin" ] || [ ! -x "$bench_bin" ]; then
+  echo "bench.sh: cannot find the lockbench binary" >&2
+  exit 1
+fi
+batond=target/release/batond
+threads=$(nproc)
+
+# start_batond NAME FLAGS...: sets last_pid and last_addr. batond binds
+# port 0 and logs the port it got, so there is no race for a free port.
+start_batond() {
+  local name=$1 log="$work/$1.log" addr=""
+  shift
+  RUST_LOG=info "$batond" --bind 127.0.0.1 --port 0 "$@" >/dev/null 2>"$log" &
+  last_pid=$!
+  pids+=("$last_pid")
+  for _ in $(seq 200); do
+    addr=$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9][0-9]*\).*/\1/p' "$log" | head -1)
+    [ -n "$addr" ] && break
+    if ! kill -0 "$last_pid" 2>/dev/null; then
+      echo "bench.sh: batond $* exited:" >&2
+      cat "$log" >&2
+      exit 1
+    fi
+    sleep 0.05
+  done
+  if [ -z "$addr" ]; then
+    echo "bench.sh: batond $* did not start within 10 s" >&2
+    exit 1
+  fi
+  last_addr=$addr
+  echo "bench.sh: $name: batond $* on $addr (pid $last_pid)" >&2
+}
+
+# start_redis NAME: sets last_pid and last_addr.
+start_redis() {
+  local name=$1 port pid
+  for _ in 1 2 3; do
+    port=$("$bench_bin" --free-ports 1)
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+      --daemonize no --dir "$work" --logfile "$work/$name.log" &
+    pid=$!
+    pids+=("$pid")
+    for _ in $(seq 100); do
+      if [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ]; then
+        last_pid=$pid
+        last_addr=127.0.0.1:$port
+        echo "bench.sh: $name: redis-server on $last_addr (pid $pid)" >&2
+        return 0
+      fi
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  echo "bench.sh: redis-server did not start; see $work/$name.log" >&2
+  exit 1
+}
+
+args=(--default-threads "$threads")
+start_batond baton
+args+=(--baton "$last_addr")
+start_batond baton1 --threads 1
+args+=(--baton1 "$last_addr")
+start_batond echo --echo
+args+=(--echo "$last_addr")
+start_batond echo1 --echo --threads 1
+args+=(--echo1 "$last_addr")
+start_batond mem-baton
+args+=(--mem-baton "$last_addr" --mem-baton-pid "$last_pid")
+start_batond mem-waiters
+args+=(--mem-waiters "$last_addr" --mem-waiters-pid "$last_pid")
+
+redis_note="redis-server not installed: Redis rows skipped"
+[ "$use_redis" = yes ] || redis_note="Redis left out (--no-redis)"
+if [ "$use_redis" = yes ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  start_redis redis
+  args+=(--redis "$last_addr")
+  start_redis mem-redis
+  args+=(--mem-redis "$last_addr" --mem-redis-pid "$last_pid")
+  redis_note=$(redis-server --version | sed 's/ sha=.*//')
+else
+  echo "bench.sh: $redis_note (apt-get install redis-server to compare)" >&2
+  harness_args+=(--redis-note "$redis_note")
+fi
+
+echo "## baton benchmark: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo
+echo "Command: \`scripts/bench.sh${shown_args[*]:+ ${shown_args[*]}}\`. Machine: $threads cores" \
+  "($(uname -sr)), shared with the load generator. $redis_note."
+"$bench_bin" "${args[@]}" "${harness_args[@]}"
