@@ -32,7 +32,7 @@
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use mio::net::{TcpListener, TcpStream};
@@ -108,6 +108,8 @@ pub struct IoLoop {
     /// Where peer links go (cluster nodes only).
     handover: Option<ReplLink>,
     shared: Arc<Shared>,
+    /// False while the loop may be asleep in `poll`: the owner wakes it only then.
+    awake: Arc<AtomicBool>,
     batch: Vec<Inbound>,
     dirty: Vec<usize>,
     backlog: Vec<usize>,
@@ -126,13 +128,15 @@ impl IoLoop {
         from_owner: Receiver<OwnerBatch>,
         handover: Option<ReplLink>,
         shared: Arc<Shared>,
-    ) -> io::Result<(IoLoop, Arc<Waker>)> {
+    ) -> io::Result<(IoLoop, Arc<Waker>, Arc<AtomicBool>)> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let mut listener = TcpListener::from_std(listener.try_clone()?);
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let awake = Arc::new(AtomicBool::new(true));
         let io_loop = IoLoop {
+            awake: awake.clone(),
             index,
             poll,
             listener,
@@ -149,7 +153,7 @@ impl IoLoop {
             answers_pending: false,
             read_buf: vec![0; READ_CHUNK].into_boxed_slice(),
         };
-        Ok((io_loop, waker))
+        Ok((io_loop, waker, awake))
     }
 
     /// Serve until shutdown is flagged.
@@ -157,8 +161,10 @@ impl IoLoop {
         let mut events = Events::with_capacity(EVENTS_CAPACITY);
         while !self.shared.shutdown.load(Ordering::Acquire) {
             let busy = self.accept_pending || self.answers_pending || !self.backlog.is_empty();
-            let timeout = busy.then_some(std::time::Duration::ZERO);
-            if let Err(e) = self.poll.poll(&mut events, timeout)
+            let timeout = self.may_sleep(busy.then_some(std::time::Duration::ZERO));
+            let polled = self.poll.poll(&mut events, timeout);
+            self.awake.store(true, Ordering::SeqCst);
+            if let Err(e) = polled
                 && e.kind() != io::ErrorKind::Interrupted
             {
                 log::error!("I/O loop {}: poll failed: {e}", self.index);
@@ -197,7 +203,7 @@ impl IoLoop {
         for slot in std::mem::take(&mut self.backlog) {
             if let Some(conn) = self.conns.get_mut(slot) {
                 conn.backlogged = false;
-                self.read_conn(slot);
+                self.read_conn(slot, true);
             }
         }
         if !self.batch.is_empty() {
@@ -211,6 +217,21 @@ impl IoLoop {
         self.flush_dirty();
     }
 
+    /// Tell the owner whether this loop may be asleep in `poll` (then it
+    /// must be woken) — and never sleep with answers waiting.
+    fn may_sleep(&mut self, timeout: Option<std::time::Duration>) -> Option<std::time::Duration> {
+        if timeout == Some(std::time::Duration::ZERO) {
+            return timeout;
+        }
+        self.awake.store(false, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.from_owner.is_empty() {
+            timeout
+        } else {
+            Some(std::time::Duration::ZERO)
+        }
+    }
+
     fn handle_event(&mut self, slot: usize, event: &mio::event::Event) {
         if !self.conns.contains(slot) {
             return;
@@ -219,7 +240,11 @@ impl IoLoop {
             self.mark_dirty(slot);
         }
         if event.is_readable() || event.is_read_closed() || event.is_error() {
-            self.read_conn(slot);
+            // A short read drained the socket: the next arrival raises a new
+            // edge, so stop there (saving a read that would block) unless
+            // the peer closed, which raises no further edge.
+            let until_blocked = event.is_read_closed() || event.is_error();
+            self.read_conn(slot, until_blocked);
         }
     }
 
@@ -304,7 +329,7 @@ impl IoLoop {
     }
 
     /// Read and parse up to READ_BUDGET bytes from one connection.
-    fn read_conn(&mut self, slot: usize) {
+    fn read_conn(&mut self, slot: usize, until_blocked: bool) {
         let mut budget = READ_BUDGET;
         loop {
             let conn = &mut self.conns[slot];
@@ -326,7 +351,8 @@ impl IoLoop {
                 }
                 Ok(n) => {
                     budget = budget.saturating_sub(n);
-                    if !self.take_input(slot, n) {
+                    let drained = n < self.read_buf.len();
+                    if !self.take_input(slot, n) || (drained && !until_blocked) {
                         return;
                     }
                 }

@@ -137,7 +137,7 @@ impl Server {
         let mut wakers = Vec::with_capacity(config.threads);
         for index in 0..config.threads {
             let (answers, from_owner) = crossbeam_channel::unbounded();
-            let (io_loop, waker) = IoLoop::new(
+            let (io_loop, waker, awake) = IoLoop::new(
                 index,
                 &listener,
                 to_owner.clone(),
@@ -152,6 +152,7 @@ impl Server {
             links.push(WorkerLink {
                 answers,
                 waker: waker.clone(),
+                awake,
             });
             wakers.push(waker);
         }

@@ -234,8 +234,11 @@ impl Replication {
 
     fn next_wake_ms(&self, now_ms: u64) -> u64 {
         let mut wake = self.next_beat_ms.min(self.roles.next_wake_ms(now_ms));
-        for out in &self.outs {
-            if let OutState::Idle { retry_at_ms } = out.state {
+        for (p, out) in self.outs.iter().enumerate() {
+            // This node has no link to itself (its entry stays idle).
+            if let OutState::Idle { retry_at_ms } = out.state
+                && p != self.me
+            {
                 wake = wake.min(retry_at_ms);
             }
         }
