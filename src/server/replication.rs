@@ -120,6 +120,8 @@ struct OutLink {
     /// The peer has this node's snapshot on this link.
     snap_sent: bool,
     snap_pending: bool,
+    /// When the snapshot went out (clock ms).
+    snap_sent_ms: u64,
 }
 
 struct InLink {
@@ -177,6 +179,7 @@ impl Replication {
                 written: 0,
                 snap_sent: false,
                 snap_pending: false,
+                snap_sent_ms: 0,
             })
             .collect();
         Replication {
@@ -346,20 +349,29 @@ impl Replication {
         self.send(peer, &PeerMsg::Delta(Delta::Ceiling(ceiling)));
         self.send(peer, &PeerMsg::SnapshotEnd);
         self.outs[peer].snap_sent = true;
+        self.outs[peer].snap_sent_ms = self.clock.now_ms();
     }
 
     /// Ask the owner for a snapshot for `p` when `p` follows this active
     /// node and has none on its current link.
     fn maybe_ask_snapshot(&mut self, p: usize) {
-        let follows_me = self
-            .roles
-            .peer_beat(p)
-            .is_some_and(|b| b.following == Some(self.me));
+        let beat = self.roles.peer_beat(p);
+        let follows_me = beat.is_some_and(|b| b.following == Some(self.me));
         let active = self.roles.role_name().is_active();
+        let now_ms = self.clock.now_ms();
         let out = &mut self.outs[p];
         if !follows_me || !active {
             out.snap_sent = false;
             return;
+        }
+        // A follower that still says it lacks the state a detection period
+        // after its snapshot went out did not get it (it switched to this
+        // node in between, say): send it again.
+        let stale = beat.is_some_and(|b| !b.synced)
+            && now_ms.saturating_sub(out.snap_sent_ms) > self.detect_ms;
+        if out.snap_sent && stale {
+            log::info!("replication: {} still lacks the state; sending it again", self.peers[p]);
+            out.snap_sent = false;
         }
         if out.snap_sent || out.snap_pending || !matches!(out.state, OutState::Connected) {
             return;
@@ -738,6 +750,11 @@ impl Replication {
                 last_token,
                 ceiling,
             } => {
+                if beat.following != Some(self.me) {
+                    // Whatever it had from this node is stale now (it may
+                    // follow this node again by its very next heartbeat).
+                    self.outs[p].snap_sent = false;
+                }
                 // Stay above every token any peer issued itself (one that
                 // was active during a split included), and above the ceiling
                 // of any active; an active never takes a standby's ceiling
