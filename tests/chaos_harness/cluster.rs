@@ -17,6 +17,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -198,7 +199,17 @@ impl Cluster {
         );
         let port = self.ports[i].to_string();
         self.record(i, Status::Running, "start", episode);
-        let child = Command::new(env!("CARGO_BIN_EXE_batond"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_batond"));
+        // SAFETY: prctl(2) is async-signal-safe. If the harness dies without
+        // running its Drop guards (SIGKILL, Ctrl+C of the script), the
+        // kernel kills the node too.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
             .args(&self.args)
             .args(["--port", &port])
             .env(

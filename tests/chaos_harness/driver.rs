@@ -225,9 +225,14 @@ fn settle(
             );
         }
         None => {
+            let view = observed
+                .lock()
+                .samples
+                .last()
+                .map_or(String::new(), Sample::view);
             findings.unsynced.push(format!(
                 "{what}: converged, but the active did not count every other running node \
-                 as a synced standby within {SYNC_BOUND:?} more"
+                 as a synced standby within {SYNC_BOUND:?} more (last view: {view})"
             ));
             let _ = write!(line, "converged {took:.3}s later, NOT synced");
         }

@@ -427,9 +427,14 @@ fn save_files(
         (e.at, line)
     }));
     timeline.sort_by_key(|(t, _)| *t);
-    let timeline: String = timeline
-        .iter()
-        .map(|(t, line)| format!("{:>9.3} {line}\n", at.s(*t)))
-        .collect();
-    let _ = std::fs::write(o.dir.join("timeline.log"), timeline);
+    let mut text = String::from(
+        "# seconds, then what node 0, 1, 2 answered to I (A<n>: serving with n synced \
+         standbys, H: handing off, S<i>: standby of node i, S-: standby of none, .: no \
+         answer), then what the harness had done to each (Running, Stopped, Leaving, Down); \
+         only rounds that differ from the one before, and the fault actions\n",
+    );
+    for (t, line) in &timeline {
+        let _ = writeln!(text, "{:>9.3} {line}", at.s(*t));
+    }
+    let _ = std::fs::write(o.dir.join("timeline.log"), text);
 }
