@@ -201,5 +201,5 @@ pub fn run(options: &Options) -> Report {
     }
 
     let recorded = driver::drive(o, &schedule, &mut out);
-    report::analyse(o, schedule.len(), recorded, out)
+    report::analyse(o, &schedule, recorded, out)
 }

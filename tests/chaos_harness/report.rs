@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use super::check::{self, Fencing, Overlap, SETUP, Window};
 use super::driver::{Recorded, episode_name};
 use super::monitor;
+use super::schedule::Episode;
 use super::workers::{self, Section, SlowCall, WorkerLog};
 use super::{CONVERGE_BOUND, Options, Report, secs};
 
@@ -21,7 +22,8 @@ use super::{CONVERGE_BOUND, Options, Report, secs};
 const LISTED: usize = 20;
 
 /// Check what was recorded; print the report after `out` and return it.
-pub fn analyse(o: &Options, planned: usize, rec: Recorded, mut out: String) -> Report {
+pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String) -> Report {
+    let planned = schedule.len();
     let mut report = Report {
         promotion_grace: o.promotion_grace,
         ran_for: rec.t1 - rec.t0,
@@ -105,6 +107,7 @@ pub fn analyse(o: &Options, planned: usize, rec: Recorded, mut out: String) -> R
     }
     let _ = writeln!(out, "seed {} reproduces this schedule", o.seed);
     save_files(o, &rec.events, &rec.samples, &at, &out);
+    save_overlaps(o, schedule, &overlaps, &at);
     report.failures = failures;
     report.text = out;
     report
@@ -437,4 +440,45 @@ fn save_files(
         let _ = writeln!(text, "{:>9.3} {line}", at.s(*t));
     }
     let _ = std::fs::write(o.dir.join("timeline.log"), text);
+}
+
+/// Save every overlap, with the fault windows it began in, as
+/// `overlaps.log` in the run's directory.
+fn save_overlaps(o: &Options, schedule: &[Episode], overlaps: &[Overlap], at: &Timing) {
+    let mut text = String::from(
+        "# key, then each worker's token and critical section [start, end] in seconds, then \
+         the fault windows the overlap began in\n",
+    );
+    for ov in overlaps {
+        let inside: Vec<String> = at
+            .windows
+            .iter()
+            .filter(|w| w.contains(ov.start()))
+            .map(|w| {
+                let fault = schedule
+                    .get(w.episode)
+                    .map_or(String::new(), |e| e.fault.to_string());
+                format!("#{} ({fault})", w.episode)
+            })
+            .collect();
+        let _ = writeln!(
+            text,
+            "{}: worker {} token {} [{:.3}, {:.3}], worker {} token {} [{:.3}, {:.3}]; in {}",
+            workers::key_name(&o.workload, ov.first.key),
+            ov.first.worker,
+            ov.first.token,
+            at.s(ov.first.start),
+            at.s(ov.first.end),
+            ov.second.worker,
+            ov.second.token,
+            at.s(ov.second.start),
+            at.s(ov.second.end),
+            if inside.is_empty() {
+                "NO fault window".to_string()
+            } else {
+                inside.join(", ")
+            }
+        );
+    }
+    let _ = std::fs::write(o.dir.join("overlaps.log"), text);
 }
