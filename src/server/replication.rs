@@ -370,7 +370,10 @@ impl Replication {
         let stale = beat.is_some_and(|b| !b.synced)
             && now_ms.saturating_sub(out.snap_sent_ms) > self.detect_ms;
         if out.snap_sent && stale {
-            log::info!("replication: {} still lacks the state; sending it again", self.peers[p]);
+            log::info!(
+                "replication: {} still lacks the state; sending it again",
+                self.peers[p]
+            );
             out.snap_sent = false;
         }
         if out.snap_sent || out.snap_pending || !matches!(out.state, OutState::Connected) {

@@ -1,0 +1,276 @@
+//! The checks of a chaos run, done after it from what was recorded: the
+//! fenced resource's write log, the workers' critical sections and slow
+//! calls, the fault actions and the monitor's samples.
+//!
+//! Owns: the fault windows and every verdict. A fault window, precisely:
+//! from the first action of an episode (the SIGKILL, SIGSTOP or SIGTERM) to
+//! the end of the first converged monitor round that started after the
+//! episode's last action (its restart or SIGCONT), plus [`WINDOW_MARGIN`];
+//! a chained episode's window therefore runs to the convergence after the
+//! chain. An episode whose cluster never converged keeps its window open to
+//! the end of the run (and fails the convergence check).
+//!
+//! Pure: no threads, no I/O, no clock — everything is passed in.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use super::cluster::Event;
+use super::monitor::{Level, Sample};
+use super::workers::{Section, Write};
+
+/// Added to the end of every fault window: a critical section that started
+/// just before the cluster converged may still be running, and the worker
+/// whose section overlaps it takes its timestamps a little after the grant.
+/// Critical sections last at most the workload's `max_work` (10 ms) plus
+/// scheduling, so a margin of 1 s is generous.
+pub const WINDOW_MARGIN: Duration = Duration::from_secs(1);
+
+/// One fault window.
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    pub episode: usize,
+    pub from: Instant,
+    /// The converged round's end, without the margin; None if never.
+    pub converged: Option<Instant>,
+    pub to: Instant,
+}
+
+impl Window {
+    pub fn contains(&self, t: Instant) -> bool {
+        self.from <= t && t <= self.to
+    }
+}
+
+/// Windows of every episode that ran, from its actions and the samples.
+pub fn windows(events: &[Event], samples: &[Sample], run_end: Instant) -> Vec<Window> {
+    let mut by_episode: Vec<(usize, Instant, u64)> = Vec::new();
+    for event in events
+        .iter()
+        .filter(|e| e.episode != SETUP && e.episode != CRASH)
+    {
+        match by_episode.last_mut() {
+            Some(last) if last.0 == event.episode => last.2 = event.epoch,
+            _ => by_episode.push((event.episode, event.at, event.epoch)),
+        }
+    }
+    by_episode
+        .into_iter()
+        .map(|(episode, from, last_epoch)| {
+            let converged = first_converged_after(samples, last_epoch);
+            Window {
+                episode,
+                from,
+                converged,
+                to: converged.map_or(run_end, |t| t + WINDOW_MARGIN),
+            }
+        })
+        .collect()
+}
+
+/// The episode index of the cluster's first start.
+pub const SETUP: usize = usize::MAX;
+/// The episode index of a node found to have exited by itself.
+pub const CRASH: usize = usize::MAX - 1;
+
+/// The end of the first converged round that started at or after `epoch`.
+pub fn first_converged_after(samples: &[Sample], epoch: u64) -> Option<Instant> {
+    samples
+        .iter()
+        .find(|s| s.level >= Level::Converged && s.epoch >= epoch)
+        .map(|s| s.at)
+}
+
+fn in_any(windows: &[Window], t: Instant) -> bool {
+    windows.iter().any(|w| w.contains(t))
+}
+
+/// Two workers in one key's critical section at once.
+#[derive(Clone, Copy, Debug)]
+pub struct Overlap {
+    pub first: Section,
+    pub second: Section,
+}
+
+impl Overlap {
+    /// When the overlap began: the later section's start.
+    pub fn start(&self) -> Instant {
+        self.second.start
+    }
+
+    pub fn length(&self) -> Duration {
+        self.first.end.min(self.second.end) - self.second.start
+    }
+}
+
+/// Every pair of sections of one key by different workers that intersect.
+pub fn overlaps(sections: &[Section]) -> Vec<Overlap> {
+    let mut by_key: HashMap<u32, Vec<Section>> = HashMap::new();
+    for s in sections {
+        by_key.entry(s.key).or_default().push(*s);
+    }
+    let mut found = Vec::new();
+    for (_, mut list) in by_key {
+        list.sort_by_key(|s| s.start);
+        // Sections still open at the current start, by end.
+        let mut open: Vec<Section> = Vec::new();
+        for s in list {
+            open.retain(|o| o.end > s.start);
+            for o in &open {
+                if o.worker != s.worker {
+                    found.push(Overlap {
+                        first: *o,
+                        second: s,
+                    });
+                }
+            }
+            open.push(s);
+        }
+    }
+    found.sort_by_key(|o| o.start());
+    found
+}
+
+/// The fencing verdicts.
+#[derive(Debug, Default)]
+pub struct Fencing {
+    pub accepted: u64,
+    pub rejected: u64,
+    /// Rejected writes outside every fault window (a token smaller than one
+    /// accepted before, with no fault to explain it).
+    pub rejected_outside: Vec<Write>,
+    /// Accepted writes whose token was not above the last accepted for the
+    /// key (the resource itself misbehaving: must never happen).
+    pub accepted_smaller: Vec<Write>,
+    /// Tokens granted twice (to two sections).
+    pub duplicate_tokens: Vec<u64>,
+}
+
+/// Check the resource's log and the tokens of every section.
+pub fn fencing(log: &[Write], sections: &[Section], windows: &[Window]) -> Fencing {
+    let mut out = Fencing::default();
+    let mut last: HashMap<u32, u64> = HashMap::new();
+    for w in log {
+        let prev = last.get(&w.key).copied().unwrap_or(0);
+        if w.accepted {
+            out.accepted += 1;
+            if w.token <= prev {
+                out.accepted_smaller.push(*w);
+            }
+            last.insert(w.key, w.token.max(prev));
+        } else {
+            out.rejected += 1;
+            if !in_any(windows, w.at) {
+                out.rejected_outside.push(*w);
+            }
+        }
+    }
+    let mut seen = HashSet::new();
+    for s in sections {
+        if !seen.insert(s.token) {
+            out.duplicate_tokens.push(s.token);
+        }
+    }
+    out
+}
+
+/// Overlaps split by whether they began in a fault window.
+pub fn overlaps_outside(overlaps: &[Overlap], windows: &[Window]) -> Vec<Overlap> {
+    overlaps
+        .iter()
+        .filter(|o| !in_any(windows, o.start()))
+        .copied()
+        .collect()
+}
+
+/// The longest stretch with no node serving: the longest interval between
+/// two monitor rounds that saw a node answer `role=active state=active`,
+/// with only rounds that saw none in between. Returns (length, when it
+/// began).
+pub fn longest_no_active(samples: &[Sample]) -> Option<(Duration, Instant)> {
+    let mut last_serving: Option<Instant> = None;
+    let mut gap_open = false;
+    let mut longest: Option<(Duration, Instant)> = None;
+    for s in samples {
+        if s.serving() {
+            if let (true, Some(since)) = (gap_open, last_serving) {
+                let gap = s.at - since;
+                if longest.is_none_or(|(l, _)| gap > l) {
+                    longest = Some((gap, since));
+                }
+            }
+            last_serving = Some(s.at);
+            gap_open = false;
+        } else {
+            gap_open = true;
+        }
+    }
+    longest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(
+        worker: u16,
+        key: u32,
+        token: u64,
+        t0: Instant,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Section {
+        Section {
+            worker,
+            key,
+            token,
+            start: t0 + Duration::from_millis(from_ms),
+            end: t0 + Duration::from_millis(to_ms),
+        }
+    }
+
+    #[test]
+    fn intersecting_sections_of_one_key_by_two_workers_overlap() {
+        let t0 = Instant::now();
+        let sections = [
+            section(0, 1, 10, t0, 0, 10),
+            section(1, 1, 11, t0, 10, 20), // touches, does not overlap
+            section(2, 1, 12, t0, 15, 30), // overlaps worker 1
+            section(3, 2, 13, t0, 0, 100), // another key
+            section(2, 1, 14, t0, 31, 40),
+        ];
+        let found = overlaps(&sections);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!((found[0].first.worker, found[0].second.worker), (1, 2));
+        assert_eq!(found[0].length(), Duration::from_millis(5));
+    }
+
+    #[test]
+    fn a_rejected_write_outside_every_window_is_reported() {
+        let t0 = Instant::now();
+        let w = |ms: u64, token: u64, accepted: bool| Write {
+            at: t0 + Duration::from_millis(ms),
+            key: 0,
+            token,
+            worker: 0,
+            accepted,
+        };
+        let log = [
+            w(0, 5, true),
+            w(10, 4, false),
+            w(200, 3, false),
+            w(300, 6, true),
+        ];
+        let windows = [Window {
+            episode: 0,
+            from: t0 + Duration::from_millis(5),
+            converged: None,
+            to: t0 + Duration::from_millis(50),
+        }];
+        let f = fencing(&log, &[], &windows);
+        assert_eq!((f.accepted, f.rejected), (2, 2));
+        assert_eq!(f.rejected_outside.len(), 1);
+        assert_eq!(f.rejected_outside[0].token, 3);
+        assert!(f.accepted_smaller.is_empty());
+    }
+}
