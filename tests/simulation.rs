@@ -1,16 +1,22 @@
 //! Deterministic simulation of a baton cluster: the real role state machine
-//! (`Roles`) and token counters (`TokenSource`) of 2 or 3 nodes, driven by a
-//! simulated millisecond clock and a simulated network (per-link FIFO with
-//! random delay, partitions, node crashes and restarts), from a seed.
+//! (`Roles`) and lock table (`LockTable`, with its token counter and timing
+//! wheel) of 2 or 3 nodes, driven by a simulated millisecond clock, simulated
+//! clients (acquires with and without waits, releases, connections closing)
+//! and a simulated network (per-link FIFO with random delay, partitions,
+//! node crashes and restarts), from a seed.
 //!
-//! The glue between them mirrors `replication.rs`: heartbeats every
-//! detect/4, a snapshot to each follower that is not synced, deltas (here:
-//! the tokens granted) to synced followers, a handoff after the last delta,
-//! a crashed node found dead at once when not partitioned (its port
-//! refuses), observations of ceilings as the replication thread makes them.
+//! The glue between them mirrors `replication.rs` and `owner.rs`:
+//! heartbeats every detect/4, a snapshot of the table to each follower that
+//! is not synced, the table's deltas to synced followers, a replicated token
+//! ceiling, a handoff after the last delta, waiters redirected when a node
+//! stops serving, a crashed node found dead at once when not partitioned
+//! (its port refuses), observations of ceilings as the replication thread
+//! makes them.
 //!
-//! Checked after every run of every seed:
-//! - no token is ever issued twice, and each node's tokens strictly grow;
+//! Checked after every step: every live node's table invariants
+//! (`check_invariants`: one holder per key, queues, timers, tokens); every
+//! grant's token was never issued before and is above the same node's
+//! previous ones. Checked after every run of every seed:
 //! - once faults stop and the network heals, the cluster converges within a
 //!   bound to exactly one active node: the highest-priority live one;
 //! - the first token issued after convergence is above every token issued
@@ -22,6 +28,8 @@
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
+use baton::protocol::{Answer, Key};
+use baton::server::lock_table::{ConnId, Delta, LockTable, Outbox, TableLimits};
 use baton::server::roles::{Beat, RoleEffect, RoleName, Roles};
 use baton::server::tokens::TokenSource;
 
@@ -57,10 +65,10 @@ enum Msg {
         ceiling: u64,
     },
     Snapshot {
-        last_token: u64,
+        entries: Vec<Delta>,
         ceiling: u64,
     },
-    Delta(u64),
+    Delta(Delta),
     Handoff,
     Took,
 }
@@ -69,7 +77,7 @@ struct Node {
     alive: bool,
     down_since: u64,
     roles: Roles,
-    tokens: TokenSource,
+    table: LockTable,
     ceiling: u64,
     /// Followers that have this node's snapshot (while it is active).
     snap_sent: Vec<bool>,
@@ -86,6 +94,8 @@ struct Sim {
     all_tokens: HashSet<u64>,
     max_token: u64,
     next_beat: u64,
+    /// Recent grants per node, for clients to release.
+    held: BTreeMap<usize, Vec<(Key, u64)>>,
 }
 
 impl Sim {
@@ -99,6 +109,7 @@ impl Sim {
             all_tokens: HashSet::new(),
             max_token: 0,
             next_beat: 0,
+            held: BTreeMap::new(),
         };
         for me in 0..n {
             let node = sim.fresh_node(me, n);
@@ -113,7 +124,11 @@ impl Sim {
             down_since: 0,
             roles: Roles::new(me, n, DETECT_MS, DETECT_MS, self.now),
             // The clock floor: simulated unix ms × 2^20.
-            tokens: TokenSource::new(me, baton::server::tokens::start_floor(1_000_000 + self.now)),
+            table: LockTable::new(
+                self.now,
+                TableLimits::default(),
+                TokenSource::new(me, baton::server::tokens::start_floor(1_000_000 + self.now)),
+            ),
             ceiling: 0,
             snap_sent: vec![false; n],
             issued: Vec::new(),
@@ -135,7 +150,7 @@ impl Sim {
         let node = &self.nodes[from];
         let msg = Msg::Beat {
             beat: node.roles.beat(),
-            last_token: node.tokens.last_issued(),
+            last_token: node.table.stats().last_issued,
             ceiling: node.ceiling,
         };
         for to in 0..self.nodes.len() {
@@ -149,8 +164,8 @@ impl Sim {
             eprintln!(
                 "{:>6} node {me}: {effects:?} last_issued {} last {}",
                 self.now,
-                self.nodes[me].tokens.last_issued(),
-                self.nodes[me].tokens.last()
+                self.nodes[me].table.stats().last_issued,
+                self.nodes[me].table.stats().last_token
             );
         }
         for effect in effects {
@@ -158,14 +173,18 @@ impl Sim {
                 RoleEffect::BecomeActive => {
                     let floor = (1_000_000 + self.now) << 20;
                     let node = &mut self.nodes[me];
-                    node.tokens.observe(floor);
+                    node.table.observe_token(floor);
                     node.snap_sent.iter_mut().for_each(|s| *s = false);
-                    node.ceiling = node.tokens.last() + RESERVE;
+                    node.ceiling = node.table.stats().last_token + RESERVE;
                 }
-                RoleEffect::Follow { .. } => {}
+                RoleEffect::Follow { .. } | RoleEffect::FinishHandoff { .. } => {
+                    // Not serving any more: waiters are answered M.
+                    let mut out = Outbox::default();
+                    self.nodes[me].table.redirect_waiters(None, &mut out);
+                    self.check_answers(me, out);
+                }
                 RoleEffect::StartHandoff { to } => self.send(me, to, Msg::Handoff),
                 RoleEffect::AbortHandoff => {}
-                RoleEffect::FinishHandoff { .. } => {}
                 RoleEffect::SendTook { to } => self.send(me, to, Msg::Took),
                 RoleEffect::Exit => {}
             }
@@ -205,22 +224,20 @@ impl Sim {
                 if !active || beat.role.is_active() {
                     floor = floor.max(ceiling);
                 }
-                node.tokens.observe(floor);
+                node.table.observe_token(floor);
                 node.roles.handle_beat(now, from, beat)
             }
-            Msg::Snapshot {
-                last_token,
-                ceiling,
-            } => {
+            Msg::Snapshot { entries, ceiling } => {
                 if node.roles.following() != Some(from) {
                     return;
                 }
-                node.tokens.observe(last_token.max(ceiling));
+                node.table.load_snapshot(now, entries);
+                node.table.observe_token(ceiling);
                 node.roles.handle_synced(now, from)
             }
-            Msg::Delta(token) => {
+            Msg::Delta(delta) => {
                 if node.roles.following() == Some(from) {
-                    node.tokens.observe(token);
+                    node.table.apply_delta(now, delta);
                 }
                 return;
             }
@@ -246,7 +263,7 @@ impl Sim {
                 self.nodes[me].snap_sent[p] = true;
                 let node = &self.nodes[me];
                 let msg = Msg::Snapshot {
-                    last_token: node.tokens.last(),
+                    entries: node.table.snapshot(self.now),
                     ceiling: node.ceiling,
                 };
                 self.send(me, p, msg);
@@ -254,29 +271,100 @@ impl Sim {
         }
     }
 
-    fn grant(&mut self, me: usize) {
-        let node = &mut self.nodes[me];
-        if node.roles.role_name() != RoleName::Active {
+    /// One client request on node `me` if it serves: an acquire (waiting or
+    /// not), a release of a grant it made, or a connection closing.
+    fn client_op(&mut self, me: usize) {
+        if self.nodes[me].roles.role_name() != RoleName::Active {
             return;
         }
+        let now = self.now;
+        let r = self.rng.next();
+        let conn = ConnId(1 + (r >> 8) % 6);
+        let key = Key::new(format!("k{}", r % 5).as_bytes()).expect("valid key");
+        let mut out = Outbox::default();
+        out.replicate = true;
+        let node = &mut self.nodes[me];
         // The lock owner lifts its counter to the clock floor every round.
-        node.tokens.observe((1_000_000 + self.now) << 20);
-        let token = node.tokens.issue();
-        if let Some(&last) = node.issued.last() {
-            assert!(token > last, "node {me}: tokens strictly grow");
+        node.table.observe_token((1_000_000 + now) << 20);
+        match (r >> 16) % 8 {
+            0..=3 => {
+                let lease = 20 + (r >> 24) % 300;
+                let wait = (r >> 40) % 200;
+                node.table
+                    .handle_acquire(now, conn, key, lease, wait, &mut out);
+            }
+            4..=6 => match self
+                .held
+                .get(&me)
+                .and_then(|held| held.get((r >> 24) as usize % held.len().max(1)))
+            {
+                Some((key, token)) => {
+                    let (key, token) = (key.clone(), *token);
+                    node.table.handle_release(now, conn, key, token, &mut out);
+                }
+                None => {}
+            },
+            _ => node.table.handle_disconnect(conn),
         }
-        node.issued.push(token);
-        if node.tokens.last() + RESERVE / 2 > node.ceiling {
-            node.ceiling = node.tokens.last() + RESERVE;
+        self.finish_round(me, out);
+    }
+
+    /// What a round of node `me` produced: grants are checked, deltas go to
+    /// its synced followers, the ceiling is kept ahead.
+    fn finish_round(&mut self, me: usize, out: Outbox) {
+        let deltas = out.deltas.clone();
+        self.check_answers(me, out);
+        let node = &mut self.nodes[me];
+        let mut deltas = deltas;
+        let last = node.table.stats().last_token;
+        if last + RESERVE / 2 > node.ceiling {
+            node.ceiling = last + RESERVE;
+            deltas.push(Delta::Ceiling(node.ceiling));
         }
-        node.ceiling = node.ceiling.max(node.tokens.last());
-        assert!(self.all_tokens.insert(token), "token {token} issued twice");
-        self.max_token = self.max_token.max(token);
         let synced: Vec<usize> = (0..self.nodes.len())
             .filter(|&p| self.nodes[me].snap_sent[p])
             .collect();
         for p in synced {
-            self.send(me, p, Msg::Delta(token));
+            for delta in &deltas {
+                self.send(me, p, Msg::Delta(delta.clone()));
+            }
+        }
+    }
+
+    /// An acquire of a key nobody holds, on node `me` if it serves.
+    fn grant_fresh(&mut self, me: usize) {
+        if self.nodes[me].roles.role_name() != RoleName::Active {
+            return;
+        }
+        let now = self.now;
+        let key = Key::new(format!("fresh-{now}").as_bytes()).expect("valid key");
+        let mut out = Outbox::default();
+        out.replicate = true;
+        let node = &mut self.nodes[me];
+        node.table.observe_token((1_000_000 + now) << 20);
+        node.table
+            .handle_acquire(now, ConnId(99), key, 100, 0, &mut out);
+        self.finish_round(me, out);
+    }
+
+    /// Every grant's token is new, and above the node's previous ones.
+    fn check_answers(&mut self, me: usize, out: Outbox) {
+        for (_, answer) in out.answers {
+            if let Answer::Granted { token, key } = answer {
+                let node = &mut self.nodes[me];
+                if let Some(&last) = node.issued.last() {
+                    assert!(token > last, "node {me}: tokens strictly grow");
+                }
+                node.issued.push(token);
+                assert!(self.all_tokens.insert(token), "token {token} issued twice");
+                self.max_token = self.max_token.max(token);
+                self.held.entry(me).or_default().push((key, token));
+            }
+        }
+        if let Some(held) = self.held.get_mut(&me) {
+            if held.len() > 64 {
+                held.drain(..32);
+            }
         }
     }
 
@@ -309,9 +397,15 @@ impl Sim {
             let effects = self.nodes[me].roles.poll(now);
             self.apply(me, effects);
             self.replicate(me);
-            if self.rng.chance(200_000) {
-                self.grant(me);
+            // Lease expiries and wait deadlines, on every node.
+            let mut out = Outbox::default();
+            out.replicate = self.nodes[me].roles.role_name().is_active();
+            self.nodes[me].table.poll_timers(now, &mut out);
+            self.finish_round(me, out);
+            if self.rng.chance(300_000) {
+                self.client_op(me);
             }
+            self.nodes[me].table.check_invariants();
         }
         if self.now >= self.next_beat {
             for me in 0..self.nodes.len() {
@@ -435,12 +529,17 @@ fn run(seed: u64, n: usize) {
     }
     let count = sim.nodes[0].issued.len();
     for _ in 0..100 {
-        sim.grant(0);
+        sim.grant_fresh(0);
         if sim.nodes[0].issued.len() > count {
             break;
         }
         sim.step();
     }
+    assert!(
+        sim.all_tokens.len() >= 20,
+        "seed {seed}: the clients got only {} grants: the run exercised too little",
+        sim.all_tokens.len()
+    );
     let first = sim.nodes[0].issued.get(count).copied();
     let first =
         first.unwrap_or_else(|| panic!("seed {seed}: the converged active granted nothing"));
