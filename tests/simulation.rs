@@ -281,8 +281,10 @@ impl Sim {
         let r = self.rng.next();
         let conn = ConnId(1 + (r >> 8) % 6);
         let key = Key::new(format!("k{}", r % 5).as_bytes()).expect("valid key");
-        let mut out = Outbox::default();
-        out.replicate = true;
+        let mut out = Outbox {
+            replicate: true,
+            ..Outbox::default()
+        };
         let node = &mut self.nodes[me];
         // The lock owner lifts its counter to the clock floor every round.
         node.table.observe_token((1_000_000 + now) << 20);
@@ -293,17 +295,16 @@ impl Sim {
                 node.table
                     .handle_acquire(now, conn, key, lease, wait, &mut out);
             }
-            4..=6 => match self
-                .held
-                .get(&me)
-                .and_then(|held| held.get((r >> 24) as usize % held.len().max(1)))
-            {
-                Some((key, token)) => {
+            4..=6 => {
+                if let Some((key, token)) = self
+                    .held
+                    .get(&me)
+                    .and_then(|held| held.get((r >> 24) as usize % held.len().max(1)))
+                {
                     let (key, token) = (key.clone(), *token);
                     node.table.handle_release(now, conn, key, token, &mut out);
                 }
-                None => {}
-            },
+            }
             _ => node.table.handle_disconnect(conn),
         }
         self.finish_round(me, out);
@@ -338,8 +339,10 @@ impl Sim {
         }
         let now = self.now;
         let key = Key::new(format!("fresh-{now}").as_bytes()).expect("valid key");
-        let mut out = Outbox::default();
-        out.replicate = true;
+        let mut out = Outbox {
+            replicate: true,
+            ..Outbox::default()
+        };
         let node = &mut self.nodes[me];
         node.table.observe_token((1_000_000 + now) << 20);
         node.table
@@ -361,10 +364,10 @@ impl Sim {
                 self.held.entry(me).or_default().push((key, token));
             }
         }
-        if let Some(held) = self.held.get_mut(&me) {
-            if held.len() > 64 {
-                held.drain(..32);
-            }
+        if let Some(held) = self.held.get_mut(&me)
+            && held.len() > 64
+        {
+            held.drain(..32);
         }
     }
 
@@ -398,8 +401,10 @@ impl Sim {
             self.apply(me, effects);
             self.replicate(me);
             // Lease expiries and wait deadlines, on every node.
-            let mut out = Outbox::default();
-            out.replicate = self.nodes[me].roles.role_name().is_active();
+            let mut out = Outbox {
+                replicate: self.nodes[me].roles.role_name().is_active(),
+                ..Outbox::default()
+            };
             self.nodes[me].table.poll_timers(now, &mut out);
             self.finish_round(me, out);
             if self.rng.chance(300_000) {
