@@ -334,7 +334,7 @@ impl fmt::Display for Op {
 }
 
 /// Every reason with a wire text of its own (all but `Other`).
-const KNOWN_REASONS: [Reason; 15] = [
+pub const KNOWN_REASONS: [Reason; 15] = [
     Reason::BadKey,
     Reason::BadLease,
     Reason::LeaseTooLong,

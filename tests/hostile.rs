@@ -29,7 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use baton::protocol::{
-    self, Answer, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason, Request,
+    self, Answer, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason, Request,
 };
 use common::{
     DEADLINE, Latencies, LineClient, Node, Query, Received, Rng, info_field, raise_fd_limit,
@@ -542,25 +542,6 @@ const CASES: usize = 20_000;
 
 const OPS: [Op; 5] = [Op::Acquire, Op::Release, Op::Keep, Op::Query, Op::Info];
 
-const REASONS: [Reason; 16] = [
-    Reason::BadKey,
-    Reason::BadLease,
-    Reason::LeaseTooLong,
-    Reason::BadWait,
-    Reason::WaitTooLong,
-    Reason::BadToken,
-    Reason::ExtraFields,
-    Reason::MissingFields,
-    Reason::UnknownOp,
-    Reason::LineTooLong,
-    Reason::TooManyConnections,
-    Reason::TooManyWaiting,
-    Reason::TooManyKeys,
-    Reason::NotHeld,
-    Reason::ShuttingDown,
-    Reason::Other,
-];
-
 /// A `--max-lease` in milliseconds: the default, tiny ones, random ones and
 /// the largest the parser can take.
 fn arbitrary_max_ms(rng: &mut Rng) -> u64 {
@@ -721,7 +702,12 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
             } else {
                 Some(*rng.pick(&OPS))
             };
-            let reason = *rng.pick(&REASONS);
+            // Every reason, `Other` included, equally likely.
+            let reason = if rng.chance(1, 16) {
+                Reason::Other
+            } else {
+                *rng.pick(&KNOWN_REASONS)
+            };
             let no_key = matches!(op, None | Some(Op::Info)) || reason == Reason::BadKey;
             let key = (!no_key).then(|| arbitrary_key(rng));
             Answer::Error { op, key, reason }
