@@ -968,34 +968,18 @@ fn with_a_promotion_grace_a_new_active_delays_grants_of_keys_it_does_not_know() 
     tokens.check();
 }
 
-/// CPU time (user + system) a process has used so far, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
-    // Fields after the command name (which is in parentheses): utime is the
-    // 12th and stime the 13th of those.
-    let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let num = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    num(11) + num(12)
-}
-
 #[test]
 fn an_idle_cluster_uses_almost_no_cpu() {
     let cluster = Cluster::start_all(2);
     cluster.wait_serving(0);
     cluster.wait_standby_of(1, 0);
     cluster.wait_synced_standbys(0, 1);
-    let pids = [cluster.node(0).pid(), cluster.node(1).pid()];
-    let before: Vec<u64> = pids.iter().map(|&pid| cpu_ticks(pid)).collect();
+    let nodes = [cluster.node(0), cluster.node(1)];
+    let before: Vec<u64> = nodes.iter().map(|node| node.cpu_ticks()).collect();
     // Showing that nothing happens takes a while by nature.
     std::thread::sleep(Duration::from_secs(1));
-    for (i, &pid) in pids.iter().enumerate() {
-        let used = cpu_ticks(pid) - before[i];
+    for (i, node) in nodes.iter().enumerate() {
+        let used = node.cpu_ticks() - before[i];
         // Clock ticks are 10 ms: heartbeats cost next to nothing (0-1
         // ticks), a busy loop up to 100 ticks a second (less on a machine
         // whose cores are shared, hence the low bound).

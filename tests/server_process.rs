@@ -20,6 +20,7 @@ fn help_lists_every_flag_and_exits_0() {
             "--max-conns",
             "--max-waiting",
             "--max-keys",
+            "--busy-poll-us",
             "--help",
         ] {
             assert!(run.stdout.contains(name), "--help lists {name}: {run:?}");
@@ -105,4 +106,27 @@ fn tokens_after_a_restart_are_larger_than_before_it() {
         after > before,
         "token after the restart {after} > last before it {before}"
     );
+}
+
+#[test]
+fn a_node_stops_busy_polling_when_traffic_stops() {
+    // Traffic at short intervals grows the I/O loops' polling windows to
+    // their longest; once it stops, the loops must go back to sleep.
+    let node = Node::start(&["--busy-poll-us", "10000", "--threads", "2"]);
+    let mut client = node.client();
+    let start = std::time::Instant::now();
+    while start.elapsed() < std::time::Duration::from_millis(300) {
+        let token = client.acquire_now("k", "10");
+        assert_eq!(client.ask(&format!("R k {token}")), "R k");
+    }
+    let before = node.cpu_ticks();
+    // Showing that nothing happens takes a while by nature.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let used = node.cpu_ticks() - before;
+    // Clock ticks are 10 ms: an idle node costs 0-1 ticks a second, plus up
+    // to one window (10 ms) of polling per loop after the last request; a
+    // loop that kept polling would cost up to 100 (less on a machine whose
+    // cores are shared, hence the low bound).
+    println!("{used} ticks of CPU in 1 s idle after traffic");
+    assert!(used <= 10, "used {used} ticks of CPU in 1 s while idle");
 }

@@ -4,7 +4,10 @@
 //! copy of the listening socket. Accepts, reads, parses lines into requests,
 //! forwards them to the lock owner in one batch per round, and writes the
 //! answers the owner sends back, coalesced into one write per connection per
-//! round. There are `--threads` of these.
+//! round. There are `--threads` of these. A loop that runs out of work
+//! polls without blocking for a while before it sleeps, when requests have
+//! been coming at short intervals (busy_poll.rs, `--busy-poll-us`): a wake
+//! from `epoll_wait` costs more than the lock server's own work.
 //!
 //! Limits, each with its policy:
 //! - `MAX_LINE` per line (protocol.rs): past it, `E - - line-too-long` and close;
@@ -33,6 +36,7 @@ use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use mio::net::{TcpListener, TcpStream};
@@ -41,6 +45,7 @@ use slab::Slab;
 
 use crate::protocol::{self, Answer, LineError, Parsed, Reason};
 use crate::server::Shared;
+use crate::server::busy_poll::BusyPoll;
 use crate::server::lock_table::ConnId;
 use crate::server::owner::{Inbound, OwnerBatch, OwnerMsg, ReplLink};
 use crate::server::peer_wire::is_peer_line;
@@ -116,6 +121,9 @@ pub struct IoLoop {
     accept_pending: bool,
     answers_pending: bool,
     read_buf: Box<[u8]>,
+    busy_poll: BusyPoll,
+    /// When the loop last ran out of work (None while it has work).
+    idle_since: Option<Instant>,
 }
 
 impl IoLoop {
@@ -135,6 +143,7 @@ impl IoLoop {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let awake = Arc::new(AtomicBool::new(true));
+        let busy_poll_max = shared.busy_poll;
         let io_loop = IoLoop {
             awake: awake.clone(),
             index,
@@ -152,6 +161,8 @@ impl IoLoop {
             accept_pending: true,
             answers_pending: false,
             read_buf: vec![0; READ_CHUNK].into_boxed_slice(),
+            busy_poll: BusyPoll::new(busy_poll_max),
+            idle_since: None,
         };
         Ok((io_loop, waker, awake))
     }
@@ -160,8 +171,7 @@ impl IoLoop {
     pub fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS_CAPACITY);
         while !self.shared.shutdown.load(Ordering::Acquire) {
-            let busy = self.accept_pending || self.answers_pending || !self.backlog.is_empty();
-            let timeout = self.may_sleep(busy.then_some(std::time::Duration::ZERO));
+            let timeout = self.poll_timeout();
             let polled = self.poll.poll(&mut events, timeout);
             self.awake.store(true, Ordering::SeqCst);
             if let Err(e) = polled
@@ -169,6 +179,9 @@ impl IoLoop {
             {
                 log::error!("I/O loop {}: poll failed: {e}", self.index);
                 break;
+            }
+            if !events.is_empty() || !self.from_owner.is_empty() {
+                self.end_idle();
             }
             for event in events.iter() {
                 match event.token() {
@@ -217,18 +230,39 @@ impl IoLoop {
         self.flush_dirty();
     }
 
+    /// How long the next `poll` may block: not at all while there is work
+    /// or while busy polling (see busy_poll.rs); else until an event.
+    fn poll_timeout(&mut self) -> Option<Duration> {
+        if self.accept_pending || self.answers_pending || !self.backlog.is_empty() {
+            self.idle_since = None;
+            return Some(Duration::ZERO);
+        }
+        let since = *self.idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < self.busy_poll.window() {
+            // Stay awake (so the owner need not wake us), but let any other
+            // thread that wants this CPU have it first.
+            std::thread::yield_now();
+            return Some(Duration::ZERO);
+        }
+        self.may_sleep()
+    }
+
+    /// Work arrived: an idle stretch, if any, is over.
+    fn end_idle(&mut self) {
+        if let Some(since) = self.idle_since.take() {
+            self.busy_poll.idle_ended(since.elapsed());
+        }
+    }
+
     /// Tell the owner whether this loop may be asleep in `poll` (then it
     /// must be woken) — and never sleep with answers waiting.
-    fn may_sleep(&mut self, timeout: Option<std::time::Duration>) -> Option<std::time::Duration> {
-        if timeout == Some(std::time::Duration::ZERO) {
-            return timeout;
-        }
+    fn may_sleep(&mut self) -> Option<Duration> {
         self.awake.store(false, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         if self.from_owner.is_empty() {
-            timeout
+            None
         } else {
-            Some(std::time::Duration::ZERO)
+            Some(Duration::ZERO)
         }
     }
 

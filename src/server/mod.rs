@@ -9,6 +9,7 @@
 //!
 //! Never does: decide anything about locks (that is the lock table's job).
 
+pub mod busy_poll;
 pub mod config;
 pub mod io_loop;
 pub mod lock_table;
@@ -51,6 +52,8 @@ pub struct Shared {
     pub echo: bool,
     /// `--promotion-grace`, in ms.
     pub promotion_grace_ms: u64,
+    /// `--busy-poll-us`: the longest an idle I/O loop polls before sleeping.
+    pub busy_poll: std::time::Duration,
     /// This node's name in `I` (its `--peers` entry, or bind:port).
     pub node: String,
     /// The largest token this node issued itself (written by the owner
@@ -105,6 +108,7 @@ impl Server {
                 .saturating_add(MAX_INFLIGHT_BEYOND_WAITING),
             echo: config.echo,
             promotion_grace_ms: config.promotion_grace_ms,
+            busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
             node: if config.peers.is_empty() {
                 SocketAddr::new(config.bind, local_addr.port()).to_string()
             } else {

@@ -150,6 +150,24 @@ impl Node {
             .unwrap_or_else(|| panic!("no {field} in {path}"))
     }
 
+    /// CPU time (user + system) the node has used so far, in clock ticks
+    /// (10 ms). Linux only.
+    pub fn cpu_ticks(&self) -> u64 {
+        let path = format!("/proc/{}/stat", self.pid());
+        let stat = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+        // Fields after the command name (which is in parentheses): utime is
+        // the 12th and stime the 13th of those.
+        let rest = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let num = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        num(11) + num(12)
+    }
+
     /// The most memory the node has had resident so far, in KiB.
     pub fn peak_rss_kib(&self) -> u64 {
         self.proc_status_kib("VmHWM")

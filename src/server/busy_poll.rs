@@ -1,0 +1,133 @@
+//! Adaptive busy polling: how long an idle I/O loop polls before it sleeps.
+//!
+//! Owns: one loop's polling window, a plain state machine with durations
+//! passed in (no clock, no I/O), so its rules are tested deterministically.
+//! The I/O loop that owns it asks [`BusyPoll::window`] when it runs out of
+//! work, polls its sockets and answers without blocking for that long, and
+//! reports with [`BusyPoll::idle_ended`] how long the idle stretch lasted.
+//!
+//! Why: waking a thread that sleeps in `epoll_wait` costs tens of
+//! microseconds on many machines (an idle core leaving its sleep state, a
+//! virtual CPU being rescheduled), more than the lock server's own work on a
+//! request. A loop that is still polling when the next request or answer
+//! arrives takes it at once. The rules are those of Linux's `haltpoll` idle
+//! governor: a stretch the window was too short for but `--busy-poll-us`
+//! would have covered doubles the window; a stretch longer than
+//! `--busy-poll-us` halves it, down to nothing. So a loop with traffic at
+//! short, regular intervals polls through the gaps, and an idle or
+//! sparsely used loop sleeps at once and costs no CPU.
+//!
+//! Never does: read the clock, block, or poll itself.
+
+use std::time::Duration;
+
+/// The first window after a stretch that polling would have covered.
+const GROW_START: Duration = Duration::from_micros(25);
+
+/// One I/O loop's polling window.
+#[derive(Debug, Clone)]
+pub struct BusyPoll {
+    max: Duration,
+    window: Duration,
+}
+
+impl BusyPoll {
+    /// Windows of at most `max`; `Duration::ZERO` never polls.
+    pub fn new(max: Duration) -> BusyPoll {
+        BusyPoll {
+            max,
+            window: Duration::ZERO,
+        }
+    }
+
+    /// How long to poll, from the start of an idle stretch, before sleeping.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// An idle stretch ended (work arrived) after `idle`.
+    pub fn idle_ended(&mut self, idle: Duration) {
+        if idle <= self.window {
+            // Polling caught it: keep the window.
+        } else if idle <= self.max {
+            // A longer window would have caught it.
+            self.window = (self.window * 2).max(GROW_START).min(self.max);
+        } else {
+            // No window allowed would have: stop wasting the CPU.
+            self.window /= 2;
+            if self.window < GROW_START {
+                self.window = Duration::ZERO;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    #[test]
+    fn a_fresh_loop_sleeps_at_once() {
+        assert_eq!(BusyPoll::new(us(500)).window(), Duration::ZERO);
+    }
+
+    #[test]
+    fn short_regular_gaps_grow_the_window_until_it_covers_them() {
+        let mut poll = BusyPoll::new(us(500));
+        let mut windows = Vec::new();
+        for _ in 0..6 {
+            poll.idle_ended(us(180));
+            windows.push(poll.window().as_micros());
+        }
+        // 25, 50, 100, 200 (covers 180), then kept.
+        assert_eq!(windows, [25, 50, 100, 200, 200, 200]);
+    }
+
+    #[test]
+    fn the_window_never_passes_the_flag() {
+        let mut poll = BusyPoll::new(us(60));
+        for _ in 0..10 {
+            poll.idle_ended(us(59));
+        }
+        assert_eq!(poll.window(), us(60));
+    }
+
+    #[test]
+    fn long_gaps_shrink_the_window_to_nothing() {
+        let mut poll = BusyPoll::new(us(400));
+        for _ in 0..10 {
+            poll.idle_ended(us(390));
+        }
+        assert_eq!(poll.window(), us(400));
+        let mut windows = Vec::new();
+        for _ in 0..5 {
+            poll.idle_ended(Duration::from_millis(20));
+            windows.push(poll.window().as_micros());
+        }
+        assert_eq!(windows, [200, 100, 50, 25, 0]);
+    }
+
+    #[test]
+    fn a_gap_caught_by_polling_keeps_the_window() {
+        let mut poll = BusyPoll::new(us(500));
+        poll.idle_ended(us(100));
+        poll.idle_ended(us(100));
+        let window = poll.window();
+        poll.idle_ended(us(1));
+        poll.idle_ended(window);
+        assert_eq!(poll.window(), window);
+    }
+
+    #[test]
+    fn zero_turns_polling_off() {
+        let mut poll = BusyPoll::new(Duration::ZERO);
+        for idle in [us(1), us(30), us(1000)] {
+            poll.idle_ended(idle);
+            assert_eq!(poll.window(), Duration::ZERO);
+        }
+    }
+}
