@@ -1,21 +1,23 @@
-//! Adaptive busy polling: how long an idle I/O loop polls before it sleeps.
+//! Adaptive busy polling: how long an idle thread polls before it sleeps.
 //!
-//! Owns: one loop's polling window, a plain state machine with durations
+//! Owns: one thread's polling window, a plain state machine with durations
 //! passed in (no clock, no I/O), so its rules are tested deterministically.
-//! The I/O loop that owns it asks [`BusyPoll::window`] when it runs out of
-//! work, polls its sockets and answers without blocking for that long, and
-//! reports with [`BusyPoll::idle_ended`] how long the idle stretch lasted.
+//! Each I/O loop and the lock owner has one: the thread asks
+//! [`BusyPoll::window`] when it runs out of work, polls its input without
+//! blocking for that long (yielding the CPU to any other thread that wants
+//! it), and reports with [`BusyPoll::idle_ended`] how long the idle stretch
+//! lasted when input came.
 //!
-//! Why: waking a thread that sleeps in `epoll_wait` costs tens of
-//! microseconds on many machines (an idle core leaving its sleep state, a
-//! virtual CPU being rescheduled), more than the lock server's own work on a
-//! request. A loop that is still polling when the next request or answer
-//! arrives takes it at once. The rules are those of Linux's `haltpoll` idle
-//! governor: a stretch the window was too short for but `--busy-poll-us`
+//! Why: waking a thread that sleeps in `epoll_wait` or on a channel costs
+//! tens of microseconds on many machines (an idle core leaving its sleep
+//! state, a virtual CPU being rescheduled), more than the lock server's own
+//! work on a request. A thread still polling when the next request or
+//! answer arrives takes it at once, and needs no wake-up call. The rules are
+//! those of Linux's `haltpoll` idle governor: a stretch the window was too short for but `--busy-poll-us`
 //! would have covered doubles the window; a stretch longer than
-//! `--busy-poll-us` halves it, down to nothing. So a loop with traffic at
+//! `--busy-poll-us` halves it, down to nothing. So a thread with traffic at
 //! short, regular intervals polls through the gaps, and an idle or
-//! sparsely used loop sleeps at once and costs no CPU.
+//! sparsely used thread sleeps at once and costs no CPU.
 //!
 //! Never does: read the clock, block, or poll itself.
 
@@ -24,7 +26,7 @@ use std::time::Duration;
 /// The first window after a stretch that polling would have covered.
 const GROW_START: Duration = Duration::from_micros(25);
 
-/// One I/O loop's polling window.
+/// One thread's polling window.
 #[derive(Debug, Clone)]
 pub struct BusyPoll {
     max: Duration,

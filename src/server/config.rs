@@ -19,7 +19,7 @@ pub const DEFAULT_MAX_WAITING: u32 = 4096;
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
 /// Default failure-detection time of a cluster, in milliseconds.
 pub const DEFAULT_DETECT_MS: u64 = 1000;
-/// Default longest busy-polling window of an idle I/O loop, in microseconds.
+/// Default longest busy-polling window of an idle thread, in microseconds.
 pub const DEFAULT_BUSY_POLL_US: u64 = 500;
 /// The largest `--busy-poll-us` accepted (10 ms).
 const MAX_BUSY_POLL_US: u64 = 10_000;
@@ -56,11 +56,11 @@ FLAGS:
                      it does not know as held wait this long, so grants the
                      old active made but never replicated run out first
                      (default 0: off; set it to the longest lease you use)
-  --busy-poll-us N   an I/O loop that runs out of work polls its clients for
-                     up to N microseconds before it sleeps, when requests
-                     have been arriving at shorter intervals than that:
-                     lower latency for some CPU (default 500; 0: always
-                     sleep at once, for the least CPU)
+  --busy-poll-us N   a thread (I/O loop, lock owner) that runs out of work
+                     polls for more for up to N microseconds before it
+                     sleeps, when work has been coming at shorter
+                     intervals than that: lower latency for some CPU
+                     (default 500; 0: always sleep at once, least CPU)
   --echo             benchmark floor: answer every line with itself, through
                      the same I/O loops, without the lock table
   -h, --help         print this help
@@ -86,7 +86,7 @@ pub struct Config {
     pub echo: bool,
     /// After a failover, grants of keys not known as held wait this long.
     pub promotion_grace_ms: u64,
-    /// The longest an idle I/O loop busy-polls before it sleeps.
+    /// The longest an idle I/O loop or lock owner busy-polls before it sleeps.
     pub busy_poll_us: u64,
 }
 

@@ -52,7 +52,7 @@ pub struct Shared {
     pub echo: bool,
     /// `--promotion-grace`, in ms.
     pub promotion_grace_ms: u64,
-    /// `--busy-poll-us`: the longest an idle I/O loop polls before sleeping.
+    /// `--busy-poll-us`: the longest an idle I/O loop or owner polls before sleeping.
     pub busy_poll: std::time::Duration,
     /// This node's name in `I` (its `--peers` entry, or bind:port).
     pub node: String,

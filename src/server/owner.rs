@@ -12,7 +12,10 @@
 //! with `M <active>` and applies what the active replicates; a node handing
 //! off holds requests back until its successor confirms, then redirects them.
 //!
-//! Sleeps only until the next timer is due (or input arrives). Exits when
+//! Sleeps only until the next timer is due (or input arrives), after
+//! polling its input for an adaptive window as the I/O loops do
+//! (busy_poll.rs: waking a sleeping thread costs more than a round of work
+//! when requests come at short intervals). Exits when
 //! every sender (I/O loops, replication) is gone, which is the shutdown
 //! signal.
 //!
@@ -27,6 +30,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use mio::Waker;
 
 use crate::protocol::{Answer, Key, Op, Reason, Request};
+use crate::server::busy_poll::BusyPoll;
 use crate::server::lock_table::{ConnId, Delta, LockTable, Outbox};
 use crate::server::replication::{OwnerToRepl, ReplToOwner, ToRepl};
 use crate::server::{Shared, tokens};
@@ -153,6 +157,7 @@ pub struct Owner {
     promotion_grace_ms: u64,
     outbox: Outbox,
     rounds: Vec<OwnerBatch>,
+    busy_poll: BusyPoll,
 }
 
 impl Owner {
@@ -168,6 +173,7 @@ impl Owner {
     ) -> Owner {
         let rounds = workers.iter().map(|_| OwnerBatch::default()).collect();
         let promotion_grace_ms = shared.promotion_grace_ms;
+        let busy_poll_max = shared.busy_poll;
         let mode = match repl {
             None => Mode::Active,
             Some(_) => Mode::Standby { active: None },
@@ -185,6 +191,7 @@ impl Owner {
             promotion_grace_ms,
             outbox: Outbox::default(),
             rounds,
+            busy_poll: BusyPoll::new(busy_poll_max),
         }
     }
 
@@ -230,17 +237,54 @@ impl Owner {
         self.take_more(messages)
     }
 
-    /// Block until input arrives or the next timer is due. (No spinning
-    /// first: on a small machine a spinning owner takes the core the I/O
-    /// loop needs to deliver its answers; measured slower on 2 cores.)
+    /// Block until input arrives or the next timer is due: busy-poll for
+    /// the adaptive window first (busy_poll.rs), then sleep.
     fn wait_first(&mut self) -> Result<Option<OwnerMsg>, ()> {
-        match self.table.next_wake_ms() {
-            Some(wake_ms) => match self.inbound.recv_deadline(self.clock.instant_of(wake_ms)) {
-                Ok(message) => Ok(Some(message)),
-                Err(RecvTimeoutError::Timeout) => Ok(None),
-                Err(RecvTimeoutError::Disconnected) => Err(()),
+        let idle_since = Instant::now();
+        let wake_at = self
+            .table
+            .next_wake_ms()
+            .map(|ms| self.clock.instant_of(ms));
+        let message = match self.poll_first(idle_since, wake_at)? {
+            Some(message) => Some(message),
+            None => match wake_at {
+                Some(at) => match self.inbound.recv_deadline(at) {
+                    Ok(message) => Some(message),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return Err(()),
+                },
+                None => Some(self.inbound.recv().map_err(|_| ())?),
             },
-            None => self.inbound.recv().map(Some).map_err(|_| ()),
+        };
+        if message.is_some() {
+            self.busy_poll.idle_ended(idle_since.elapsed());
+        }
+        Ok(message)
+    }
+
+    /// Poll the input without blocking until the polling window since
+    /// `idle_since` closes or a timer is due, yielding the CPU to any other
+    /// thread that wants it between looks.
+    fn poll_first(
+        &mut self,
+        idle_since: Instant,
+        wake_at: Option<Instant>,
+    ) -> Result<Option<OwnerMsg>, ()> {
+        let window = self.busy_poll.window();
+        if window.is_zero() {
+            return Ok(None);
+        }
+        let mut until = idle_since + window;
+        if let Some(at) = wake_at {
+            until = until.min(at);
+        }
+        loop {
+            match self.inbound.try_recv() {
+                Ok(message) => return Ok(Some(message)),
+                Err(TryRecvError::Disconnected) => return Err(()),
+                Err(TryRecvError::Empty) if Instant::now() >= until => return Ok(None),
+                Err(TryRecvError::Empty) => std::thread::yield_now(),
+            }
         }
     }
 
