@@ -321,8 +321,16 @@ impl LockTable {
                 let timer = self.keys[idx as usize].lease_timer;
                 let cancelled = self.wheel.cancel(timer);
                 debug_assert!(cancelled.is_some(), "a holder always has a lease timer");
-                out.answer(conn, Answer::Released { key });
-                self.hand_off(now_ms, idx, out);
+                let head = self.keys[idx as usize].queue_head;
+                if head != NIL && self.waiters[head as usize].conn != conn {
+                    // The next holder's grant is what everyone waits for:
+                    // it goes out first (its connection is written first).
+                    self.hand_off(now_ms, idx, out);
+                    out.answer(conn, Answer::Released { key });
+                } else {
+                    out.answer(conn, Answer::Released { key });
+                    self.hand_off(now_ms, idx, out);
+                }
             }
             _ => out.answer(conn, Answer::NotHeld { key }),
         }
@@ -1051,7 +1059,8 @@ mod tests {
         assert!(h.acquire(2, C3, "k", 5000, 0).is_empty());
         assert!(h.acquire(3, C1, "k", 5000, 0).is_empty());
         let answers = h.release(10, C1, "k", t1);
-        assert_eq!(answers[0], (C1, Answer::Released { key: key("k") }));
+        assert_eq!(answers.len(), 2);
+        assert_eq!(answers[1], (C1, Answer::Released { key: key("k") }));
         let g2 = granted(&answers);
         assert_eq!(g2.len(), 1);
         assert_eq!(g2[0].0, C2);
@@ -1067,6 +1076,28 @@ mod tests {
             0,
             "a released key with no waiter leaves the table"
         );
+    }
+
+    #[test]
+    fn a_release_answers_the_next_holder_before_the_releaser() {
+        // Across connections the grant goes out first: it is what the
+        // waiters are waiting for. On one connection, answers keep the order
+        // of the requests.
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "k", 10_000);
+        h.acquire(1, C2, "k", 5000, 0);
+        let answers = h.release(2, C1, "k", t1);
+        assert!(matches!(
+            answers[..],
+            [(C2, Answer::Granted { .. }), (C1, Answer::Released { .. })]
+        ));
+        let t2 = granted(&answers)[0].1;
+        h.acquire(3, C2, "k", 5000, 0);
+        let answers = h.release(4, C2, "k", t2);
+        assert!(matches!(
+            answers[..],
+            [(C2, Answer::Released { .. }), (C2, Answer::Granted { .. })]
+        ));
     }
 
     #[test]
