@@ -21,6 +21,7 @@
 //!
 //! Never does: read the clock, block, or poll itself.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// The first window after a stretch that polling would have covered.
@@ -61,6 +62,39 @@ impl BusyPoll {
                 self.window = Duration::ZERO;
             }
         }
+    }
+}
+
+/// How many of a node's threads may busy-poll at once: more pollers than
+/// cores would take turns on the cores for nothing and starve everything
+/// else on the machine.
+#[derive(Debug)]
+pub struct PollerSlots {
+    used: AtomicUsize,
+    max: usize,
+}
+
+impl PollerSlots {
+    pub fn new(max: usize) -> PollerSlots {
+        PollerSlots {
+            used: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// Take a slot to poll with; false if all are taken (then sleep).
+    pub fn try_take(&self) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used < self.max).then_some(used + 1)
+            })
+            .is_ok()
+    }
+
+    /// Give back a slot taken with [`PollerSlots::try_take`].
+    pub fn give_back(&self) {
+        let before = self.used.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "a slot given back was taken");
     }
 }
 
@@ -122,6 +156,17 @@ mod tests {
         poll.idle_ended(us(1));
         poll.idle_ended(window);
         assert_eq!(poll.window(), window);
+    }
+
+    #[test]
+    fn no_more_threads_poll_at_once_than_there_are_slots() {
+        let slots = PollerSlots::new(2);
+        assert!(slots.try_take());
+        assert!(slots.try_take());
+        assert!(!slots.try_take());
+        slots.give_back();
+        assert!(slots.try_take());
+        assert!(!slots.try_take());
     }
 
     #[test]

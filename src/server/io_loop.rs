@@ -124,6 +124,8 @@ pub struct IoLoop {
     busy_poll: BusyPoll,
     /// When the loop last ran out of work (None while it has work).
     idle_since: Option<Instant>,
+    /// Holds one of the node's polling slots (`Shared::pollers`).
+    polling: bool,
 }
 
 impl IoLoop {
@@ -163,6 +165,7 @@ impl IoLoop {
             read_buf: vec![0; READ_CHUNK].into_boxed_slice(),
             busy_poll: BusyPoll::new(busy_poll_max),
             idle_since: None,
+            polling: false,
         };
         Ok((io_loop, waker, awake))
     }
@@ -235,16 +238,28 @@ impl IoLoop {
     fn poll_timeout(&mut self) -> Option<Duration> {
         if self.accept_pending || self.answers_pending || !self.backlog.is_empty() {
             self.idle_since = None;
+            self.stop_polling();
             return Some(Duration::ZERO);
         }
         let since = *self.idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < self.busy_poll.window() {
+        if since.elapsed() < self.busy_poll.window()
+            && (self.polling || self.shared.pollers.try_take())
+        {
             // Stay awake (so the owner need not wake us), but let any other
             // thread that wants this CPU have it first.
+            self.polling = true;
             std::thread::yield_now();
             return Some(Duration::ZERO);
         }
+        self.stop_polling();
         self.may_sleep()
+    }
+
+    /// Give back the polling slot, if this loop has one.
+    fn stop_polling(&mut self) {
+        if std::mem::take(&mut self.polling) {
+            self.shared.pollers.give_back();
+        }
     }
 
     /// Work arrived: an idle stretch, if any, is over.

@@ -54,6 +54,8 @@ pub struct Shared {
     pub promotion_grace_ms: u64,
     /// `--busy-poll-us`: the longest an idle I/O loop or owner polls before sleeping.
     pub busy_poll: std::time::Duration,
+    /// Threads that may busy-poll at once (one per core).
+    pub pollers: busy_poll::PollerSlots,
     /// This node's name in `I` (its `--peers` entry, or bind:port).
     pub node: String,
     /// The largest token this node issued itself (written by the owner
@@ -109,6 +111,9 @@ impl Server {
             echo: config.echo,
             promotion_grace_ms: config.promotion_grace_ms,
             busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
+            pollers: busy_poll::PollerSlots::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
             node: if config.peers.is_empty() {
                 SocketAddr::new(config.bind, local_addr.port()).to_string()
             } else {

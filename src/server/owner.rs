@@ -271,21 +271,23 @@ impl Owner {
         wake_at: Option<Instant>,
     ) -> Result<Option<OwnerMsg>, ()> {
         let window = self.busy_poll.window();
-        if window.is_zero() {
+        if window.is_zero() || !self.shared.pollers.try_take() {
             return Ok(None);
         }
         let mut until = idle_since + window;
         if let Some(at) = wake_at {
             until = until.min(at);
         }
-        loop {
+        let polled = loop {
             match self.inbound.try_recv() {
-                Ok(message) => return Ok(Some(message)),
-                Err(TryRecvError::Disconnected) => return Err(()),
-                Err(TryRecvError::Empty) if Instant::now() >= until => return Ok(None),
+                Ok(message) => break Ok(Some(message)),
+                Err(TryRecvError::Disconnected) => break Err(()),
+                Err(TryRecvError::Empty) if Instant::now() >= until => break Ok(None),
                 Err(TryRecvError::Empty) => std::thread::yield_now(),
             }
-        }
+        };
+        self.shared.pollers.give_back();
+        polled
     }
 
     /// Add what else has arrived, up to the round's limit.
