@@ -236,7 +236,13 @@ impl IoLoop {
     /// How long the next `poll` may block: not at all while there is work
     /// or while busy polling (see busy_poll.rs); else until an event.
     fn poll_timeout(&mut self) -> Option<Duration> {
-        if self.accept_pending || self.answers_pending || !self.backlog.is_empty() {
+        // A close decided while flushing (a failed write) leaves its
+        // `Closed` in the batch after this round's send: send it next round.
+        let busy = self.accept_pending
+            || self.answers_pending
+            || !self.backlog.is_empty()
+            || !self.batch.is_empty();
+        if busy {
             self.idle_since = None;
             self.stop_polling();
             return Some(Duration::ZERO);
