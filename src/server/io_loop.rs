@@ -122,7 +122,8 @@ pub struct IoLoop {
     answers_pending: bool,
     read_buf: Box<[u8]>,
     busy_poll: BusyPoll,
-    /// When the loop last ran out of work (None while it has work).
+    /// When the loop last ran out of work; None from the moment work
+    /// arrives (an event, or answers from the owner).
     idle_since: Option<Instant>,
     /// Holds one of the node's polling slots (`Shared::pollers`).
     polling: bool,
@@ -183,7 +184,7 @@ impl IoLoop {
                 log::error!("I/O loop {}: poll failed: {e}", self.index);
                 break;
             }
-            if !events.is_empty() || !self.from_owner.is_empty() {
+            if !events.is_empty() {
                 self.end_idle();
             }
             for event in events.iter() {
@@ -195,6 +196,7 @@ impl IoLoop {
             }
             self.round();
         }
+        self.stop_polling();
         // Last answers (redirects after a handoff, say) go out before closing.
         self.take_answers();
         for slot in 0..self.conns.capacity() {
@@ -555,7 +557,10 @@ impl IoLoop {
         self.answers_pending = false;
         for _ in 0..MAX_OWNER_BATCHES {
             match self.from_owner.try_recv() {
-                Ok(batch) => self.apply_owner_batch(batch),
+                Ok(batch) => {
+                    self.end_idle();
+                    self.apply_owner_batch(batch);
+                }
                 Err(TryRecvError::Empty) => return,
                 Err(TryRecvError::Disconnected) => {
                     self.shared.shutdown.store(true, Ordering::Release);
@@ -674,5 +679,81 @@ impl IoLoop {
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.shared.conns.fetch_sub(1, Ordering::Relaxed);
         log::debug!("{:?}: closed", conn.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::Config;
+
+    /// A loop on a fresh loopback listener, with the owner's ends of its
+    /// channels; its first round is done (nothing to accept).
+    fn idle_loop(busy_poll_us: u64) -> (IoLoop, Receiver<OwnerMsg>, Sender<OwnerBatch>) {
+        let config = Config {
+            busy_poll_us,
+            ..Config::default()
+        };
+        let shared = Arc::new(Shared::new(&config, "test".into()));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let (to_owner, inbound) = crossbeam_channel::unbounded();
+        let (answers, from_owner) = crossbeam_channel::unbounded();
+        let (mut io_loop, _waker, _awake) =
+            IoLoop::new(0, &listener, to_owner, from_owner, None, shared).expect("a loop");
+        io_loop.round();
+        (io_loop, inbound, answers)
+    }
+
+    #[test]
+    fn a_loop_with_nothing_to_do_sleeps_until_an_event() {
+        let (mut io_loop, _inbound, _answers) = idle_loop(0);
+        assert_eq!(io_loop.poll_timeout(), None);
+        assert!(
+            !io_loop.awake.load(Ordering::SeqCst),
+            "the owner must wake it"
+        );
+    }
+
+    #[test]
+    fn a_loop_never_sleeps_with_a_close_still_to_send() {
+        let (mut io_loop, inbound, _answers) = idle_loop(0);
+        // As a write failing in the end-of-round flush leaves it.
+        io_loop.batch.push(Inbound::Closed(ConnId::new(0, 1, 1)));
+        assert_eq!(io_loop.poll_timeout(), Some(Duration::ZERO));
+        io_loop.round();
+        assert!(matches!(inbound.try_recv(), Ok(OwnerMsg::Clients(batch)) if batch.len() == 1));
+        assert_eq!(io_loop.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_loop_never_sleeps_with_answers_waiting() {
+        let (mut io_loop, _inbound, answers) = idle_loop(0);
+        answers.send(OwnerBatch::default()).expect("send");
+        assert_eq!(io_loop.poll_timeout(), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_polling_loop_holds_a_slot_and_gives_it_back_when_it_sleeps() {
+        let (mut io_loop, _inbound, _answers) = idle_loop(10_000);
+        io_loop.busy_poll.idle_ended(Duration::from_micros(5_000));
+        assert!(!io_loop.busy_poll.window().is_zero());
+        assert_eq!(io_loop.poll_timeout(), Some(Duration::ZERO));
+        assert!(io_loop.polling);
+        assert!(
+            io_loop.awake.load(Ordering::SeqCst),
+            "a polling loop needs no wake"
+        );
+        // The idle stretch outlasts the window: sleep, slot given back.
+        io_loop.idle_since = Some(Instant::now() - Duration::from_secs(1));
+        assert_eq!(io_loop.poll_timeout(), None);
+        assert!(!io_loop.polling);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for _ in 0..cores {
+            assert!(
+                io_loop.shared.pollers.try_take(),
+                "every slot is free again"
+            );
+        }
     }
 }

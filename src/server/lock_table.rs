@@ -324,7 +324,9 @@ impl LockTable {
                 let head = self.keys[idx as usize].queue_head;
                 if head != NIL && self.waiters[head as usize].conn != conn {
                     // The next holder's grant is what everyone waits for:
-                    // it goes out first (its connection is written first).
+                    // it goes first in the outbox, so that when both
+                    // connections are on one I/O loop (and the releaser's
+                    // has no earlier answer this round) it is written first.
                     self.hand_off(now_ms, idx, out);
                     out.answer(conn, Answer::Released { key });
                 } else {

@@ -69,6 +69,32 @@ pub struct Shared {
     pub synced_standbys: AtomicUsize,
 }
 
+impl Shared {
+    /// The shared state of a node starting with `config`, called `node` in `I`.
+    pub fn new(config: &Config, node: String) -> Shared {
+        Shared {
+            conns: AtomicUsize::new(0),
+            shutdown: AtomicBool::new(false),
+            max_conns: config.max_conns,
+            max_lease_ms: config.max_lease_ms,
+            max_inflight: config
+                .max_waiting
+                .saturating_add(MAX_INFLIGHT_BEYOND_WAITING),
+            echo: config.echo,
+            promotion_grace_ms: config.promotion_grace_ms,
+            busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
+            pollers: busy_poll::PollerSlots::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            ),
+            node,
+            last_issued: AtomicU64::new(0),
+            ceiling: AtomicU64::new(0),
+            heard_active_ms: AtomicU64::new(0),
+            synced_standbys: AtomicUsize::new(0),
+        }
+    }
+}
+
 /// Requests in flight a connection may have beyond its waiting acquires
 /// (so a client with many waiters can still release on that connection).
 const MAX_INFLIGHT_BEYOND_WAITING: u32 = 4096;
@@ -100,30 +126,12 @@ impl Server {
         let node_index = config
             .node_index()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let shared = Arc::new(Shared {
-            conns: AtomicUsize::new(0),
-            shutdown: AtomicBool::new(false),
-            max_conns: config.max_conns,
-            max_lease_ms: config.max_lease_ms,
-            max_inflight: config
-                .max_waiting
-                .saturating_add(MAX_INFLIGHT_BEYOND_WAITING),
-            echo: config.echo,
-            promotion_grace_ms: config.promotion_grace_ms,
-            busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
-            pollers: busy_poll::PollerSlots::new(
-                std::thread::available_parallelism().map_or(1, |n| n.get()),
-            ),
-            node: if config.peers.is_empty() {
-                SocketAddr::new(config.bind, local_addr.port()).to_string()
-            } else {
-                config.node_name()
-            },
-            last_issued: AtomicU64::new(0),
-            ceiling: AtomicU64::new(0),
-            heard_active_ms: AtomicU64::new(0),
-            synced_standbys: AtomicUsize::new(0),
-        });
+        let node = if config.peers.is_empty() {
+            SocketAddr::new(config.bind, local_addr.port()).to_string()
+        } else {
+            config.node_name()
+        };
+        let shared = Arc::new(Shared::new(config, node));
         let clock = Clock::new();
 
         // Every channel and waker first.

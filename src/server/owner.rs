@@ -158,6 +158,8 @@ pub struct Owner {
     outbox: Outbox,
     rounds: Vec<OwnerBatch>,
     busy_poll: BusyPoll,
+    /// Since when no message has come (None while messages are coming).
+    idle_since: Option<Instant>,
 }
 
 impl Owner {
@@ -192,6 +194,7 @@ impl Owner {
             outbox: Outbox::default(),
             rounds,
             busy_poll: BusyPoll::new(busy_poll_max),
+            idle_since: None,
         }
     }
 
@@ -238,9 +241,12 @@ impl Owner {
     }
 
     /// Block until input arrives or the next timer is due: busy-poll for
-    /// the adaptive window first (busy_poll.rs), then sleep.
+    /// the adaptive window first (busy_poll.rs), then sleep. The idle
+    /// stretch runs from the last message to the next one, across any timer
+    /// rounds between: so after the last request the owner polls one
+    /// window in all, however many leases run out after it.
     fn wait_first(&mut self) -> Result<Option<OwnerMsg>, ()> {
-        let idle_since = Instant::now();
+        let idle_since = *self.idle_since.get_or_insert_with(Instant::now);
         let wake_at = self
             .table
             .next_wake_ms()
@@ -257,6 +263,7 @@ impl Owner {
             },
         };
         if message.is_some() {
+            self.idle_since = None;
             self.busy_poll.idle_ended(idle_since.elapsed());
         }
         Ok(message)
@@ -270,13 +277,12 @@ impl Owner {
         idle_since: Instant,
         wake_at: Option<Instant>,
     ) -> Result<Option<OwnerMsg>, ()> {
-        let window = self.busy_poll.window();
-        if window.is_zero() || !self.shared.pollers.try_take() {
-            return Ok(None);
-        }
-        let mut until = idle_since + window;
+        let mut until = idle_since + self.busy_poll.window();
         if let Some(at) = wake_at {
             until = until.min(at);
+        }
+        if Instant::now() >= until || !self.shared.pollers.try_take() {
+            return Ok(None);
         }
         let polled = loop {
             match self.inbound.try_recv() {
