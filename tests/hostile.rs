@@ -31,9 +31,10 @@ use std::time::{Duration, Instant};
 use baton::protocol::{
     self, Answer, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason, Request,
 };
+use common::rng::Rng;
 use common::{
-    DEADLINE, Latencies, LineClient, Node, Query, Received, Rng, info_field, raise_fd_limit,
-    test_seed, token_of, wait_for,
+    DEADLINE, Latencies, LineClient, Node, Query, Received, info_field, raise_fd_limit, test_seed,
+    token_of, wait_for,
 };
 
 /// A generous bound on a well-behaved client's p99 round trip under hostile

@@ -26,36 +26,22 @@
 //! (add `BATON_SIM_TRACE=1` to see every role change and state transfer);
 //! `BATON_SIM_SEEDS=<n>` runs seeds 1..=n (default 1000).
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use baton::protocol::{Answer, Key};
 use baton::server::lock_table::{ConnId, Delta, LockTable, Outbox, TableLimits};
 use baton::server::roles::{Beat, RoleEffect, RoleName, Roles};
 use baton::server::tokens::TokenSource;
+use rng::Rng;
 
 const DETECT_MS: u64 = 400;
 const RESERVE: u64 = baton::server::tokens::LEAD_MS << 20;
 /// A crashed node stays down at least this long (a real restart takes
 /// longer than the tokens' lead over the clock, see tokens.rs).
 const MIN_DOWN_MS: u64 = 4 * baton::server::tokens::LEAD_MS;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, per_million: u64) -> bool {
-        self.below(1_000_000) < per_million
-    }
-}
 
 #[derive(Clone, Debug)]
 enum Msg {
@@ -81,6 +67,8 @@ struct Node {
     ceiling: u64,
     /// Followers that have this node's snapshot (while it is active).
     snap_sent: Vec<bool>,
+    /// When each follower's snapshot went out.
+    snap_sent_ms: Vec<u64>,
     issued: Vec<u64>,
 }
 
@@ -102,7 +90,7 @@ impl Sim {
     fn new(seed: u64, n: usize) -> Sim {
         let mut sim = Sim {
             now: 0,
-            rng: Rng(seed | 1),
+            rng: Rng::new(seed),
             nodes: Vec::new(),
             links: BTreeMap::new(),
             cut: HashSet::new(),
@@ -131,6 +119,7 @@ impl Sim {
             ),
             ceiling: 0,
             snap_sent: vec![false; n],
+            snap_sent_ms: vec![0; n],
             issued: Vec::new(),
         }
     }
@@ -253,14 +242,19 @@ impl Sim {
             return;
         }
         for p in 0..self.nodes.len() {
-            let follows = self.nodes[me]
-                .roles
-                .peer_beat(p)
-                .is_some_and(|b| b.following == Some(me));
+            let beat = self.nodes[me].roles.peer_beat(p);
+            let follows = beat.is_some_and(|b| b.following == Some(me));
+            // As replication.rs: a follower that still lacks the state a
+            // detection period after its snapshot went out did not get it
+            // (it followed this node only after the snapshot came), so it
+            // is sent again.
+            let stale = beat.is_some_and(|b| !b.synced)
+                && self.now.saturating_sub(self.nodes[me].snap_sent_ms[p]) > DETECT_MS;
             if !follows {
                 self.nodes[me].snap_sent[p] = false;
-            } else if !self.nodes[me].snap_sent[p] {
+            } else if !self.nodes[me].snap_sent[p] || stale {
                 self.nodes[me].snap_sent[p] = true;
+                self.nodes[me].snap_sent_ms[p] = self.now;
                 let node = &self.nodes[me];
                 let msg = Msg::Snapshot {
                     entries: node.table.snapshot(self.now),
@@ -278,7 +272,7 @@ impl Sim {
             return;
         }
         let now = self.now;
-        let r = self.rng.next();
+        let r = self.rng.next_u64();
         let conn = ConnId(1 + (r >> 8) % 6);
         let key = Key::new(format!("k{}", r % 5).as_bytes()).expect("valid key");
         let mut out = Outbox {
@@ -407,7 +401,7 @@ impl Sim {
             };
             self.nodes[me].table.poll_timers(now, &mut out);
             self.finish_round(me, out);
-            if self.rng.chance(300_000) {
+            if self.rng.chance(300_000, 1_000_000) {
                 self.client_op(me);
             }
             self.nodes[me].table.check_invariants();
@@ -498,7 +492,7 @@ fn run(seed: u64, n: usize) {
     let mut sim = Sim::new(seed, n);
     let fault_until = 4_000 + sim.rng.below(4_000);
     while sim.now < fault_until {
-        if sim.rng.chance(2_000) {
+        if sim.rng.chance(2_000, 1_000_000) {
             sim.random_fault();
         }
         sim.step();
