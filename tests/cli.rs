@@ -461,3 +461,77 @@ fn a_run_that_waited_in_line_longer_than_its_lease_runs_its_command() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(out.stderr, "");
 }
+
+/// A new pseudo-terminal: (master, slave).
+fn open_pty() -> (std::fs::File, std::fs::File) {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two new descriptors; the null arguments ask
+    // for the default name, settings (ISIG on, ^C as INTR) and size.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: both descriptors are new and owned by nothing else.
+    unsafe {
+        (
+            std::fs::File::from_raw_fd(master),
+            std::fs::File::from_raw_fd(slave),
+        )
+    }
+}
+
+#[test]
+fn a_ctrl_c_typed_in_the_terminal_stops_the_command_and_the_key_is_released() {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    let n = node();
+    let servers = n.addr.to_string();
+    let c = library(&servers);
+    let scratch = Scratch::new("ctrl-c");
+    let pid_file = scratch.file("pid");
+    let script = format!("echo $$ > {pid_file}; exec sleep 30");
+    let (mut master, slave) = open_pty();
+    let mut command = Command::new(baton_path());
+    command
+        .args(["--servers", &servers, "run", "k", "--", "sh", "-c", &script])
+        .env_remove("BATON_SERVERS")
+        .env_remove("RUST_LOG")
+        .stdin(slave)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid and ioctl are async-signal-safe. baton becomes the
+    // leader of a new session whose controlling terminal is the pty (its
+    // stdin), so its process group — shared with the command it starts —
+    // is the terminal's foreground group, as in an interactive shell.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let run = Baton {
+        child: command.spawn().expect("spawn baton on a pty"),
+    };
+    wait_for("the run to hold the key", DEADLINE, || holder(&c, "k"));
+    let pid = wait_for("the command to start", DEADLINE, || {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    });
+    let command = RunCommand(pid);
+    // Ctrl+C: the terminal sends SIGINT to its foreground process group,
+    // baton and the command alike (baton passes on only signals a process
+    // sent it, so the command gets this one once).
+    master.write_all(&[0x03]).expect("type ^C");
+    let out = run.finish_within(Duration::from_secs(3));
+    assert_eq!(out.code, Some(128 + 2), "{}", out.stderr);
+    assert!(command.is_gone(), "the command stopped");
+    assert_eq!(holder(&c, "k"), None, "the key was released");
+}
