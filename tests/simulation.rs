@@ -214,6 +214,11 @@ impl Sim {
                     floor = floor.max(ceiling);
                 }
                 node.table.observe_token(floor);
+                if beat.following != Some(to) {
+                    // As replication.rs: a peer that follows another node
+                    // needs a fresh snapshot when it follows this one again.
+                    node.snap_sent[from] = false;
+                }
                 node.roles.handle_beat(now, from, beat)
             }
             Msg::Snapshot { entries, ceiling } => {

@@ -158,7 +158,8 @@ pub struct Owner {
     outbox: Outbox,
     rounds: Vec<OwnerBatch>,
     busy_poll: BusyPoll,
-    /// Since when no message has come (None while messages are coming).
+    /// Since when no message has come and no client was answered (None
+    /// while messages are coming).
     idle_since: Option<Instant>,
 }
 
@@ -237,7 +238,19 @@ impl Owner {
             return false;
         };
         messages.extend(first);
-        self.take_more(messages)
+        let more = self.take_more(messages);
+        if !messages.is_empty() {
+            // Also when the wait timed out and messages came just after.
+            self.end_idle();
+        }
+        more
+    }
+
+    /// Messages arrived: the idle stretch, if any, is over.
+    fn end_idle(&mut self) {
+        if let Some(since) = self.idle_since.take() {
+            self.busy_poll.idle_ended(since.elapsed());
+        }
     }
 
     /// Block until input arrives or the next timer is due: busy-poll for
@@ -262,10 +275,6 @@ impl Owner {
                 None => Some(self.inbound.recv().map_err(|_| ())?),
             },
         };
-        if message.is_some() {
-            self.idle_since = None;
-            self.busy_poll.idle_ended(idle_since.elapsed());
-        }
         Ok(message)
     }
 
@@ -514,6 +523,11 @@ impl Owner {
     }
 
     fn end_round(&mut self) {
+        if !self.outbox.answers.is_empty() {
+            // Clients were answered (by a timer's grant, say): a request
+            // often follows, so a new idle stretch starts now.
+            self.idle_since = None;
+        }
         self.raise_ceiling();
         self.flush_deltas();
         self.shared
