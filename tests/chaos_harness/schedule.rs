@@ -14,21 +14,22 @@
 use std::fmt;
 use std::time::Duration;
 
-/// SplitMix64: small, fast, and good enough to draw a fault schedule.
+#[path = "../common/rng.rs"]
+mod splitmix;
+
+/// The schedule's generator: the tests' SplitMix64, with draws of its own
+/// (modulo, unit floats), so that a seed names the same schedule as the
+/// runs quoted in the README.
 #[derive(Clone, Debug)]
-pub struct Rng(u64);
+pub struct Rng(splitmix::Rng);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(splitmix::Rng::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (n > 0).
