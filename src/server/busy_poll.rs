@@ -19,10 +19,13 @@
 //! short, regular intervals polls through the gaps, and an idle or
 //! sparsely used thread sleeps at once and costs no CPU.
 //!
-//! Never does: read the clock, block, or poll itself.
+//! [`IdleStretch`] is the thin clock-reading part both threads share: when
+//! the current idle stretch began, and so when its polling window closes.
+//!
+//! Never does: block, or poll itself; only `IdleStretch` reads the clock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The first window after a stretch that polling would have covered.
 const GROW_START: Duration = Duration::from_micros(25);
@@ -62,6 +65,43 @@ impl BusyPoll {
                 self.window = Duration::ZERO;
             }
         }
+    }
+}
+
+/// One thread's current idle stretch and its polling window.
+#[derive(Debug)]
+pub struct IdleStretch {
+    pub(crate) window: BusyPoll,
+    /// When the stretch began (None while the thread has work).
+    pub(crate) since: Option<Instant>,
+}
+
+impl IdleStretch {
+    pub fn new(max: Duration) -> IdleStretch {
+        IdleStretch {
+            window: BusyPoll::new(max),
+            since: None,
+        }
+    }
+
+    /// The thread is out of work: the stretch begins now unless it already
+    /// has. When its polling window closes.
+    pub fn poll_until(&mut self) -> Instant {
+        *self.since.get_or_insert_with(Instant::now) + self.window.window()
+    }
+
+    /// Work arrived from outside: the stretch is over and the window adapts
+    /// to how long it lasted.
+    pub fn end(&mut self) {
+        if let Some(since) = self.since.take() {
+            self.window.idle_ended(since.elapsed());
+        }
+    }
+
+    /// The thread did work of its own: the next stretch begins when it next
+    /// runs out of work, and the window stays as it is.
+    pub fn restart(&mut self) {
+        self.since = None;
     }
 }
 

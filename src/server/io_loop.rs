@@ -45,7 +45,7 @@ use slab::Slab;
 
 use crate::protocol::{self, Answer, LineError, Parsed, Reason};
 use crate::server::Shared;
-use crate::server::busy_poll::BusyPoll;
+use crate::server::busy_poll::IdleStretch;
 use crate::server::lock_table::ConnId;
 use crate::server::owner::{Inbound, OwnerBatch, OwnerMsg, ReplLink};
 use crate::server::peer_wire::is_peer_line;
@@ -121,10 +121,9 @@ pub struct IoLoop {
     accept_pending: bool,
     answers_pending: bool,
     read_buf: Box<[u8]>,
-    busy_poll: BusyPoll,
-    /// When the loop last ran out of work; None from the moment work
-    /// arrives (an event, or answers from the owner).
-    idle_since: Option<Instant>,
+    /// Since when the loop has been out of work, and its polling window; the
+    /// stretch ends when an event or answers from the owner arrive.
+    idle: IdleStretch,
     /// Holds one of the node's polling slots (`Shared::pollers`).
     polling: bool,
 }
@@ -164,8 +163,7 @@ impl IoLoop {
             accept_pending: true,
             answers_pending: false,
             read_buf: vec![0; READ_CHUNK].into_boxed_slice(),
-            busy_poll: BusyPoll::new(busy_poll_max),
-            idle_since: None,
+            idle: IdleStretch::new(busy_poll_max),
             polling: false,
         };
         Ok((io_loop, waker, awake))
@@ -185,7 +183,7 @@ impl IoLoop {
                 break;
             }
             if !events.is_empty() {
-                self.end_idle();
+                self.idle.end();
             }
             for event in events.iter() {
                 match event.token() {
@@ -245,14 +243,12 @@ impl IoLoop {
             || !self.backlog.is_empty()
             || !self.batch.is_empty();
         if busy {
-            self.idle_since = None;
+            self.idle.restart();
             self.stop_polling();
             return Some(Duration::ZERO);
         }
-        let since = *self.idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < self.busy_poll.window()
-            && (self.polling || self.shared.pollers.try_take())
-        {
+        let window_closes = self.idle.poll_until();
+        if Instant::now() < window_closes && (self.polling || self.shared.pollers.try_take()) {
             // Stay awake (so the owner need not wake us), but let any other
             // thread that wants this CPU have it first.
             self.polling = true;
@@ -267,13 +263,6 @@ impl IoLoop {
     fn stop_polling(&mut self) {
         if std::mem::take(&mut self.polling) {
             self.shared.pollers.give_back();
-        }
-    }
-
-    /// Work arrived: an idle stretch, if any, is over.
-    fn end_idle(&mut self) {
-        if let Some(since) = self.idle_since.take() {
-            self.busy_poll.idle_ended(since.elapsed());
         }
     }
 
@@ -558,7 +547,7 @@ impl IoLoop {
         for _ in 0..MAX_OWNER_BATCHES {
             match self.from_owner.try_recv() {
                 Ok(batch) => {
-                    self.end_idle();
+                    self.idle.end();
                     self.apply_owner_batch(batch);
                 }
                 Err(TryRecvError::Empty) => return,
@@ -736,8 +725,8 @@ mod tests {
     #[test]
     fn a_polling_loop_holds_a_slot_and_gives_it_back_when_it_sleeps() {
         let (mut io_loop, _inbound, _answers) = idle_loop(10_000);
-        while io_loop.busy_poll.window() < Duration::from_millis(10) {
-            io_loop.busy_poll.idle_ended(Duration::from_millis(9));
+        while io_loop.idle.window.window() < Duration::from_millis(10) {
+            io_loop.idle.window.idle_ended(Duration::from_millis(9));
         }
         assert_eq!(io_loop.poll_timeout(), Some(Duration::ZERO));
         assert!(io_loop.polling);
@@ -746,7 +735,7 @@ mod tests {
             "a polling loop needs no wake"
         );
         // The idle stretch outlasts the window: sleep, slot given back.
-        io_loop.idle_since = Some(Instant::now() - Duration::from_secs(1));
+        io_loop.idle.since = Some(Instant::now() - Duration::from_secs(1));
         assert_eq!(io_loop.poll_timeout(), None);
         assert!(!io_loop.polling);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());

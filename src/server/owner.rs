@@ -30,7 +30,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use mio::Waker;
 
 use crate::protocol::{Answer, Key, Op, Reason, Request};
-use crate::server::busy_poll::BusyPoll;
+use crate::server::busy_poll::IdleStretch;
 use crate::server::lock_table::{ConnId, Delta, LockTable, Outbox};
 use crate::server::replication::{OwnerToRepl, ReplToOwner, ToRepl};
 use crate::server::{Shared, tokens};
@@ -157,10 +157,9 @@ pub struct Owner {
     promotion_grace_ms: u64,
     outbox: Outbox,
     rounds: Vec<OwnerBatch>,
-    busy_poll: BusyPoll,
-    /// Since when no message has come and no client was answered (None
-    /// while messages are coming).
-    idle_since: Option<Instant>,
+    /// Since when no message has come and no client was answered, and the
+    /// polling window.
+    idle: IdleStretch,
 }
 
 impl Owner {
@@ -194,8 +193,7 @@ impl Owner {
             promotion_grace_ms,
             outbox: Outbox::default(),
             rounds,
-            busy_poll: BusyPoll::new(busy_poll_max),
-            idle_since: None,
+            idle: IdleStretch::new(busy_poll_max),
         }
     }
 
@@ -241,16 +239,9 @@ impl Owner {
         let more = self.take_more(messages);
         if !messages.is_empty() {
             // Also when the wait timed out and messages came just after.
-            self.end_idle();
+            self.idle.end();
         }
         more
-    }
-
-    /// Messages arrived: the idle stretch, if any, is over.
-    fn end_idle(&mut self) {
-        if let Some(since) = self.idle_since.take() {
-            self.busy_poll.idle_ended(since.elapsed());
-        }
     }
 
     /// Block until input arrives or the next timer is due: busy-poll for
@@ -259,12 +250,12 @@ impl Owner {
     /// rounds between: so after the last request the owner polls one
     /// window in all, however many leases run out after it.
     fn wait_first(&mut self) -> Result<Option<OwnerMsg>, ()> {
-        let idle_since = *self.idle_since.get_or_insert_with(Instant::now);
+        let window_closes = self.idle.poll_until();
         let wake_at = self
             .table
             .next_wake_ms()
             .map(|ms| self.clock.instant_of(ms));
-        let message = match self.poll_first(idle_since, wake_at)? {
+        let message = match self.poll_first(window_closes, wake_at)? {
             Some(message) => Some(message),
             None => match wake_at {
                 Some(at) => match self.inbound.recv_deadline(at) {
@@ -278,15 +269,15 @@ impl Owner {
         Ok(message)
     }
 
-    /// Poll the input without blocking until the polling window since
-    /// `idle_since` closes or a timer is due, yielding the CPU to any other
-    /// thread that wants it between looks.
+    /// Poll the input without blocking until the polling window closes or
+    /// a timer is due, yielding the CPU to any other thread that wants it
+    /// between looks.
     fn poll_first(
         &mut self,
-        idle_since: Instant,
+        window_closes: Instant,
         wake_at: Option<Instant>,
     ) -> Result<Option<OwnerMsg>, ()> {
-        let mut until = idle_since + self.busy_poll.window();
+        let mut until = window_closes;
         if let Some(at) = wake_at {
             until = until.min(at);
         }
@@ -526,7 +517,7 @@ impl Owner {
         if !self.outbox.answers.is_empty() {
             // Clients were answered (by a timer's grant, say): a request
             // often follows, so a new idle stretch starts now.
-            self.idle_since = None;
+            self.idle.restart();
         }
         self.raise_ceiling();
         self.flush_deltas();
