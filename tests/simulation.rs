@@ -166,14 +166,14 @@ impl Sim {
                     node.snap_sent.iter_mut().for_each(|s| *s = false);
                     node.ceiling = node.table.stats().last_token + RESERVE;
                 }
-                RoleEffect::Follow { .. } | RoleEffect::FinishHandoff { .. } => {
+                RoleEffect::Follow { .. } | RoleEffect::FinishTransfer { .. } => {
                     // Not serving any more: waiters are answered M.
                     let mut out = Outbox::default();
                     self.nodes[me].table.redirect_waiters(None, &mut out);
                     self.check_answers(me, out);
                 }
-                RoleEffect::StartHandoff { to } => self.send(me, to, Msg::Handoff),
-                RoleEffect::AbortHandoff => {}
+                RoleEffect::StartTransfer { to } => self.send(me, to, Msg::Handoff),
+                RoleEffect::AbortTransfer => {}
                 RoleEffect::SendTook { to } => self.send(me, to, Msg::Took),
                 RoleEffect::Exit => {}
             }

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
@@ -47,9 +47,8 @@ use crate::protocol::{self, Answer, LineError, Parsed, Reason};
 use crate::server::Shared;
 use crate::server::busy_poll::IdleStretch;
 use crate::server::lock_table::ConnId;
-use crate::server::owner::{Inbound, OwnerBatch, OwnerMsg, ReplLink};
+use crate::server::messages::{Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl};
 use crate::server::peer_wire::is_peer_line;
-use crate::server::replication::ToRepl;
 
 const LISTENER: Token = Token(usize::MAX - 1);
 /// The token of the loop's `mio::Waker`.
@@ -108,7 +107,7 @@ pub struct IoLoop {
     listener: TcpListener,
     conns: Slab<Conn>,
     serial: u32,
-    to_owner: Sender<OwnerMsg>,
+    to_owner: Sender<ToOwner>,
     from_owner: Receiver<OwnerBatch>,
     /// Where peer links go (cluster nodes only).
     handover: Option<ReplLink>,
@@ -134,7 +133,7 @@ impl IoLoop {
     pub fn new(
         index: usize,
         listener: &std::net::TcpListener,
-        to_owner: Sender<OwnerMsg>,
+        to_owner: Sender<ToOwner>,
         from_owner: Receiver<OwnerBatch>,
         handover: Option<ReplLink>,
         shared: Arc<Shared>,
@@ -224,9 +223,15 @@ impl IoLoop {
         }
         if !self.batch.is_empty() {
             let batch = std::mem::take(&mut self.batch);
-            if self.to_owner.send(OwnerMsg::Clients(batch)).is_err() {
-                log::error!("I/O loop {}: the lock owner is gone", self.index);
-                self.shared.shutdown.store(true, Ordering::Release);
+            match self.to_owner.try_send(ToOwner::Clients(batch)) {
+                Ok(()) => {}
+                // The owner's channel is full: keep the batch (it goes
+                // first next round) and read no more until it has gone.
+                Err(TrySendError::Full(ToOwner::Clients(batch))) => self.batch = batch,
+                Err(_) => {
+                    log::error!("I/O loop {}: the lock owner is gone", self.index);
+                    self.shared.shutdown.store(true, Ordering::Release);
+                }
             }
         }
         self.take_answers();
@@ -382,6 +387,11 @@ impl IoLoop {
             if conn.closing || conn.forgotten {
                 return;
             }
+            if !self.batch.is_empty() && self.to_owner.is_full() {
+                // Backpressure: the owner's channel is full.
+                self.schedule_read(slot);
+                return;
+            }
             if conn.pending_output() > PAUSE_OUTPUT || conn.inflight >= self.shared.max_inflight {
                 conn.paused = true;
                 return;
@@ -480,20 +490,10 @@ impl IoLoop {
                 Err(LineError::Blank) => {}
                 Err(LineError::Refused { op, key, reason }) => {
                     log::debug!("{id:?}: refused {op:?} {key:?}: {}", reason.as_str());
-                    match key {
-                        Some(key) => {
-                            self.conns[slot].inflight += 1;
-                            self.batch.push(Inbound::Refused(id, op, Some(key), reason));
-                        }
-                        None => self.write_answer(
-                            slot,
-                            &Answer::Error {
-                                op: Some(op),
-                                key: None,
-                                reason,
-                            },
-                        ),
-                    }
+                    // Through the owner like every answer, so it leaves in
+                    // request order.
+                    self.conns[slot].inflight += 1;
+                    self.batch.push(Inbound::Refused(id, op, key, reason));
                 }
                 Err(LineError::Fatal(reason)) => {
                     log::debug!("{id:?}: line not understood: {}", reason.as_str());
@@ -519,9 +519,10 @@ impl IoLoop {
         self.shared.conns.fetch_sub(1, Ordering::Relaxed);
         if let Some(link) = &self.handover {
             let stream = std::net::TcpStream::from(conn.stream);
+            // A full channel closes the connection (the peer redials).
             if link
                 .tx
-                .send(ToRepl::Incoming(stream, input.to_vec()))
+                .try_send(ToRepl::AdoptPeerLink(stream, input.to_vec()))
                 .is_ok()
             {
                 let _ = link.waker.wake();
@@ -678,7 +679,7 @@ mod tests {
 
     /// A loop on a fresh loopback listener, with the owner's ends of its
     /// channels; its first round is done (nothing to accept).
-    fn idle_loop(busy_poll_us: u64) -> (IoLoop, Receiver<OwnerMsg>, Sender<OwnerBatch>) {
+    fn idle_loop(busy_poll_us: u64) -> (IoLoop, Receiver<ToOwner>, Sender<OwnerBatch>) {
         let config = Config {
             busy_poll_us,
             ..Config::default()
@@ -711,7 +712,7 @@ mod tests {
         io_loop.batch.push(Inbound::Closed(ConnId::new(0, 1, 1)));
         assert_eq!(io_loop.poll_timeout(), Some(Duration::ZERO));
         io_loop.round();
-        assert!(matches!(inbound.try_recv(), Ok(OwnerMsg::Clients(batch)) if batch.len() == 1));
+        assert!(matches!(inbound.try_recv(), Ok(ToOwner::Clients(batch)) if batch.len() == 1));
         assert_eq!(io_loop.poll_timeout(), None);
     }
 

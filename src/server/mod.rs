@@ -10,13 +10,17 @@
 //! Never does: decide anything about locks (that is the lock table's job).
 
 pub mod busy_poll;
+pub mod clock;
+pub mod cluster_core;
 pub mod config;
 pub mod io_loop;
 pub mod lock_table;
+pub mod messages;
 pub mod owner;
 pub mod peer_wire;
 pub mod replication;
 pub mod roles;
+pub mod table_core;
 pub mod tokens;
 pub mod wheel;
 
@@ -28,11 +32,14 @@ use std::thread::JoinHandle;
 
 use mio::Waker;
 
+use clock::Clock;
 pub use config::Config;
 use io_loop::IoLoop;
 use lock_table::{LockTable, TableLimits};
-use owner::{Clock, Owner, ReplLink, WorkerLink};
-use replication::{Replication, ToRepl};
+use messages::{IoLoopLink, ReplLink, ToRepl, capacity};
+use owner::Owner;
+use replication::Replication;
+use table_core::TableCore;
 use tokens::TokenSource;
 
 /// Flags and counters every thread may read. Only atomics: no thread waits
@@ -133,16 +140,17 @@ impl Server {
         };
         let shared = Arc::new(Shared::new(config, node));
         let clock = Clock::new();
+        install_panic_hook();
 
-        // Every channel and waker first.
-        let (to_owner, inbound) = crossbeam_channel::unbounded();
+        // Every channel and waker first (each bounded; see messages::capacity).
+        let (to_owner, inbound) = crossbeam_channel::bounded(capacity::TO_OWNER);
         let repl_parts = if config.peers.is_empty() {
             None
         } else {
             let poll = mio::Poll::new()?;
             let waker = Arc::new(Waker::new(poll.registry(), replication::REPL_WAKER)?);
-            let (tx, rx) = crossbeam_channel::unbounded();
-            let (exit_tx, exit_rx) = crossbeam_channel::bounded(1);
+            let (tx, rx) = crossbeam_channel::bounded(capacity::TO_REPL);
+            let (exit_tx, exit_rx) = crossbeam_channel::bounded(capacity::EXIT_SIGNAL);
             Some((poll, waker, tx, rx, exit_tx, exit_rx))
         };
         let handover = repl_parts.as_ref().map(|(_, waker, tx, ..)| ReplLink {
@@ -153,7 +161,7 @@ impl Server {
         let mut links = Vec::with_capacity(config.threads);
         let mut wakers = Vec::with_capacity(config.threads);
         for index in 0..config.threads {
-            let (answers, from_owner) = crossbeam_channel::unbounded();
+            let (answers, from_owner) = crossbeam_channel::bounded(capacity::TO_IO_LOOP);
             let (io_loop, waker, awake) = IoLoop::new(
                 index,
                 &listener,
@@ -166,7 +174,7 @@ impl Server {
                 shared.clone(),
             )?;
             loops.push(io_loop);
-            links.push(WorkerLink {
+            links.push(IoLoopLink {
                 answers,
                 waker: waker.clone(),
                 awake,
@@ -180,7 +188,13 @@ impl Server {
             max_keys: config.max_keys,
         };
         let table = LockTable::new(clock.now_ms(), limits, TokenSource::new(node_index, floor));
-        let owner = Owner::new(table, clock, inbound, links, handover, shared.clone());
+        let core = TableCore::new(
+            table,
+            handover.is_some(),
+            shared.node.clone(),
+            config.promotion_grace_ms,
+        );
+        let owner = Owner::new(core, clock, inbound, links, handover, shared.clone());
 
         // Then the threads: owner, replication, I/O loops.
         let owner_thread = std::thread::Builder::new()
@@ -281,9 +295,25 @@ impl Server {
     }
 }
 
-/// Milliseconds since the Unix epoch, by the wall clock.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+pub use clock::unix_ms;
+
+/// A panic in any of the node's threads (named `baton-…`) ends the process
+/// with a log line and a non-zero exit: a node that keeps listening with no
+/// lock owner or no replication would take requests it can never answer.
+/// (Release builds also abort on panic; this covers every build, and panics
+/// outside the node's threads — a test's, say — keep their usual course.)
+fn install_panic_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            let thread = std::thread::current();
+            let name = thread.name().unwrap_or("");
+            if name.starts_with("baton-") {
+                log::error!("thread {name} panicked: {info}; stopping the node");
+                std::process::exit(101);
+            }
+        }));
+    });
 }

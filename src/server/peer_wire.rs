@@ -173,6 +173,89 @@ fn parse_line(line: &[u8]) -> Option<PeerMsg> {
     Some(msg)
 }
 
+/// The framing of the bytes coming in on one peer link: bytes in,
+/// messages out. With [`PeerWriter`] this is the one seam between a peer
+/// link's socket and the cluster core, so that a layer (authentication,
+/// per-message MACs) can wrap it without touching either side.
+#[derive(Debug, Default)]
+pub struct PeerReader {
+    input: Vec<u8>,
+    used: usize,
+}
+
+/// Unparsed bytes from one peer past which its link is dropped (a line is
+/// at most MAX_LINE; this only bounds a broken peer).
+pub const MAX_PEER_INPUT: usize = 1024 * 1024;
+
+impl PeerReader {
+    /// A reader that starts with bytes already read off the socket.
+    pub fn with_bytes(bytes: Vec<u8>) -> PeerReader {
+        PeerReader {
+            input: bytes,
+            used: 0,
+        }
+    }
+
+    /// Bytes read off the socket. Err when the unparsed input is over its
+    /// bound (the caller drops the link).
+    pub fn push(&mut self, bytes: &[u8]) -> Result<(), &'static str> {
+        if self.used > 0 {
+            self.input.drain(..self.used);
+            self.used = 0;
+        }
+        self.input.extend_from_slice(bytes);
+        if self.input.len() > MAX_PEER_INPUT {
+            return Err("input over limit");
+        }
+        Ok(())
+    }
+
+    /// The next whole message: None when more bytes are needed,
+    /// Some(Err) for a line not understood.
+    pub fn next_msg(&mut self) -> Option<Result<PeerMsg, ()>> {
+        match parse_peer(&self.input[self.used..]) {
+            PeerParsed::Incomplete => None,
+            PeerParsed::Line { used, msg } => {
+                self.used += used;
+                Some(msg.ok_or(()))
+            }
+        }
+    }
+}
+
+/// The framing of the messages going out on one peer link: messages in,
+/// bytes out (see [`PeerReader`]).
+#[derive(Debug, Default)]
+pub struct PeerWriter {
+    output: Vec<u8>,
+    written: usize,
+}
+
+impl PeerWriter {
+    pub fn push(&mut self, msg: &PeerMsg) {
+        msg.write_to(&mut self.output);
+    }
+
+    /// Bytes not yet written to the socket.
+    pub fn pending(&self) -> &[u8] {
+        &self.output[self.written..]
+    }
+
+    /// `n` bytes were written to the socket.
+    pub fn consume(&mut self, n: usize) {
+        self.written = (self.written + n).min(self.output.len());
+        if self.written == self.output.len() {
+            self.output.clear();
+            self.written = 0;
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.output.clear();
+        self.written = 0;
+    }
+}
+
 fn flag(field: &[u8]) -> Option<bool> {
     match field {
         b"0" => Some(false),

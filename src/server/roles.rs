@@ -80,11 +80,11 @@ pub enum RoleEffect {
     /// active's snapshot and deltas.
     Follow { active: Option<usize> },
     /// Stop serving, and send `HANDOFF` to `to` after the last delta.
-    StartHandoff { to: usize },
+    StartTransfer { to: usize },
     /// The handoff failed: serve again.
-    AbortHandoff,
+    AbortTransfer,
     /// `to` took over: redirect every client to it and follow it.
-    FinishHandoff { to: usize },
+    FinishTransfer { to: usize },
     /// Tell `to` (the old active) that this node took over.
     SendTook { to: usize },
     /// Graceful shutdown can complete now.
@@ -257,7 +257,7 @@ impl Roles {
             synced: false,
             has_state: true,
         });
-        let mut effects = vec![RoleEffect::FinishHandoff { to }];
+        let mut effects = vec![RoleEffect::FinishTransfer { to }];
         if self.shutting_down {
             effects.push(RoleEffect::Exit);
         } else {
@@ -324,7 +324,7 @@ impl Roles {
                 }
                 if now_ms >= since_ms + self.detect_ms || !self.is_live(to, now_ms) {
                     self.role = Role::Active;
-                    let mut effects = vec![RoleEffect::AbortHandoff];
+                    let mut effects = vec![RoleEffect::AbortTransfer];
                     if self.shutting_down {
                         // The successor failed; try the next one, or just go.
                         effects.extend(self.handle_shutdown(now_ms));
@@ -378,7 +378,7 @@ impl Roles {
             to,
             since_ms: now_ms,
         };
-        vec![RoleEffect::StartHandoff { to }]
+        vec![RoleEffect::StartTransfer { to }]
     }
 
     fn follow(&mut self, active: usize) -> Vec<RoleEffect> {
@@ -572,12 +572,12 @@ mod tests {
         // Once it has n1's whole state, n1 hands over.
         assert_eq!(
             n1.handle_beat(200, 0, standby_of(1)),
-            vec![RoleEffect::StartHandoff { to: 0 }]
+            vec![RoleEffect::StartTransfer { to: 0 }]
         );
         assert_eq!(n1.role_name(), RoleName::HandingOff);
         assert_eq!(
             n1.handle_took(210, 0),
-            vec![RoleEffect::FinishHandoff { to: 0 }]
+            vec![RoleEffect::FinishTransfer { to: 0 }]
         );
         assert_eq!(n1.role_name(), RoleName::Standby);
         assert_eq!(n1.following(), Some(0));
@@ -598,7 +598,7 @@ mod tests {
         n1.handle_peer_dead(0, 0);
         n1.handle_beat(100, 0, standby_of(1));
         n1.handle_beat(900, 0, standby_of(1));
-        assert_eq!(n1.poll(1100), vec![RoleEffect::AbortHandoff]);
+        assert_eq!(n1.poll(1100), vec![RoleEffect::AbortTransfer]);
         assert_eq!(n1.role_name(), RoleName::Active);
     }
 
@@ -639,11 +639,11 @@ mod tests {
         n0.handle_beat(10, 1, beat(RoleName::Standby, Some(0), false, false));
         assert_eq!(
             n0.handle_shutdown(20),
-            vec![RoleEffect::StartHandoff { to: 2 }]
+            vec![RoleEffect::StartTransfer { to: 2 }]
         );
         assert_eq!(
             n0.handle_took(25, 2),
-            vec![RoleEffect::FinishHandoff { to: 2 }, RoleEffect::Exit]
+            vec![RoleEffect::FinishTransfer { to: 2 }, RoleEffect::Exit]
         );
     }
 

@@ -1,0 +1,158 @@
+//! Every message that crosses a thread boundary inside a node, in one place.
+//!
+//! Owns: the types on the node's channels — I/O loop → lock owner
+//! ([`ToOwner`]), lock owner → I/O loop ([`OwnerBatch`]), lock owner ⇄
+//! replication ([`TableToCluster`], [`ClusterToTable`]), anyone →
+//! replication ([`ToRepl`]) — and the capacity of each channel with the
+//! policy for when it fills ([`capacity`]). The threads import these from
+//! here, never from each other, so no thread module depends on another.
+//!
+//! Three different things are called a "handoff" in a lock server; the
+//! names here keep them apart:
+//! - *adopting a link*: an I/O loop passes a connection that turned out to
+//!   be a peer's to the replication thread ([`ToRepl::AdoptPeerLink`]);
+//! - *granting to the next waiter*: a release or an expiry gives the key to
+//!   the front of its queue (the lock table's business, no message here);
+//! - *transferring the active role*: an active node gives the role to a
+//!   higher-priority or surviving standby ([`ClusterToTable::StartTransfer`]
+//!   and the rest of that family).
+//!
+//! Never does: anything but define data.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use crossbeam_channel::Sender;
+use mio::Waker;
+
+use crate::protocol::{Answer, Key, Op, Reason, Request};
+use crate::server::lock_table::{ConnId, Delta};
+
+/// Channel capacities (in messages) and what a sender does when one is full.
+/// Every channel of the node is bounded by one of these.
+pub mod capacity {
+    /// I/O loop → lock owner, one batch of requests per message. Full: the
+    /// loop keeps its batch, stops reading its clients, and retries on its
+    /// next round (backpressure reaches the clients through TCP).
+    pub const TO_OWNER: usize = 4096;
+    /// Lock owner → one I/O loop, one batch of answers per message. Full:
+    /// the owner keeps the batch (answers stay in order behind it) and
+    /// retries on its next round, which comes within a millisecond.
+    pub const TO_IO_LOOP: usize = 1024;
+    /// Anything → replication. Full: the lock owner keeps its messages in
+    /// order and retries on its next round; an I/O loop closes the peer
+    /// connection it wanted to pass on (the peer redials).
+    pub const TO_REPL: usize = 4096;
+    /// The replication thread's "handoff done, exit now" signal: one message.
+    pub const EXIT_SIGNAL: usize = 1;
+}
+
+/// What an I/O loop tells the lock owner about one connection.
+#[derive(Debug)]
+pub enum Inbound {
+    /// A well-formed request.
+    Request(ConnId, Request),
+    /// A request the parser refused, routed through the owner so that its
+    /// `E` leaves in request order with the connection's other answers.
+    Refused(ConnId, Op, Option<Key>, Reason),
+    /// The connection is closing: drop its waiters and acknowledge, after
+    /// which no more answers for it will come.
+    Closed(ConnId),
+}
+
+/// Everything the lock owner receives.
+#[derive(Debug)]
+pub enum ToOwner {
+    Clients(Vec<Inbound>),
+    Cluster(ClusterToTable),
+}
+
+/// What the lock owner sends one I/O loop per round.
+#[derive(Debug, Default)]
+pub struct OwnerBatch {
+    /// Answers in the order they must be written.
+    pub answers: Vec<(ConnId, Answer)>,
+    /// Connections the owner has forgotten (acknowledged closes, or cut off
+    /// by the owner): flush what is pending, then close.
+    pub forgotten: Vec<ConnId>,
+}
+
+impl OwnerBatch {
+    pub fn is_empty(&self) -> bool {
+        self.answers.is_empty() && self.forgotten.is_empty()
+    }
+}
+
+/// The lock owner's link to one I/O loop.
+pub struct IoLoopLink {
+    pub answers: Sender<OwnerBatch>,
+    pub waker: Arc<Waker>,
+    /// False while the loop may be asleep in `poll`.
+    pub awake: Arc<AtomicBool>,
+}
+
+/// A link to the replication thread (from the owner or an I/O loop).
+pub struct ReplLink {
+    pub tx: Sender<ToRepl>,
+    pub waker: Arc<Waker>,
+}
+
+/// What the replication thread is told.
+pub enum ToRepl {
+    /// From the lock owner.
+    Table(TableToCluster),
+    /// From an I/O loop: a connection that opened with a peer line, and the
+    /// bytes already read from it (adopting a peer link).
+    AdoptPeerLink(std::net::TcpStream, Vec<u8>),
+    /// Graceful shutdown asked for (SIGINT/SIGTERM).
+    Shutdown,
+    /// Stop now (the last step of shutdown).
+    Stop,
+}
+
+/// What the lock owner's core tells the cluster core.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TableToCluster {
+    /// State changes while active, in order.
+    Deltas(Vec<Delta>),
+    /// The whole table, for a standby that asked.
+    Snapshot {
+        peer: usize,
+        entries: Vec<Delta>,
+        ceiling: u64,
+    },
+    /// Every delta before this one has been sent: the role transfer message
+    /// may go to `to`.
+    TransferReady { to: usize },
+    /// Clients have been redirected after the role was transferred (or the
+    /// node retired).
+    Redirected,
+}
+
+/// What the cluster core tells the lock owner's core.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterToTable {
+    /// Serve, with tokens above `floor`; `failover` when promoted by an
+    /// election (state may be missing), not by a role transfer.
+    BecomeActive { floor: u64, failover: bool },
+    /// Do not serve; redirect clients to `active` (its address), or `M -`.
+    Follow { active: Option<String> },
+    /// Transferring the active role to `to`: hold requests back, and answer
+    /// `TransferReady` after this round's deltas.
+    StartTransfer { to: usize },
+    /// The transfer failed: serve again.
+    AbortTransfer,
+    /// `to` took the role over: redirect every held request and waiter to it.
+    FinishTransfer { to: String },
+    /// Shutting down with no successor: answer every waiter `M -`, then
+    /// answer `Redirected`.
+    Retire,
+    /// Replace the table with the active's.
+    Snapshot(Vec<Delta>),
+    /// Apply the active's deltas.
+    Deltas(Vec<Delta>),
+    /// Lift the token counter above this.
+    Observe(u64),
+    /// Send a snapshot for `peer`.
+    SnapshotWanted { peer: usize },
+}

@@ -1,0 +1,739 @@
+//! The lock owner's core: every decision of the lock-owner thread, with no
+//! I/O and no clock reads.
+//!
+//! Owns: the node's [`LockTable`] and its serving mode (active, standby,
+//! transferring the active role), the requests held back during a role
+//! transfer, the replicated token ceiling, and the `I` answer. Events come
+//! in with the time passed in ([`Now`]): a client's request, refusal or
+//! close ([`Inbound`]), a message from the cluster core
+//! ([`ClusterToTable`]), and the start and end of a round (timers, the
+//! clock's token floor, the ceiling). Effects go out in [`TableEffects`]:
+//! answers per connection in the order they must leave, connections to
+//! forget, and messages for the cluster core. [`TableCore::next_wake_ms`]
+//! says when a timer is due next.
+//!
+//! Modes: an active node serves; a standby answers every request but `I`
+//! with `M <active>` and applies what the active replicates; a node
+//! transferring its role holds every request back (in order) until its
+//! successor confirms, then redirects them.
+//!
+//! Run by the lock-owner thread (owner.rs, which only moves messages) and,
+//! for every simulated node, by the deterministic simulation.
+//!
+//! Never does: I/O, clock reads, logging of internal types at info level.
+
+use crate::protocol::{Answer, Request};
+use crate::server::clock::Now;
+use crate::server::lock_table::{Delta, LockTable, Outbox};
+use crate::server::messages::{ClusterToTable, Inbound, TableToCluster};
+use crate::server::tokens;
+
+/// Tokens reserved ahead of the last one issued: the ceiling replicated to
+/// the standbys, so a promoted node starts above anything issued but not yet
+/// replicated. Raised when half is used. Tokens follow the clock, so this is
+/// `LEAD_MS` of clock: small, so that tokens never run far ahead of the
+/// clock (a node restarting without memory starts `LEAD_MS` ahead).
+pub const TOKEN_RESERVE: u64 = tokens::LEAD_MS << 20;
+/// Requests held back during a role transfer, at most; past it they are
+/// redirected at once (`M -`). Closes are always held, so that a held
+/// request of a closed connection is never served.
+pub const MAX_HELD_BACK: usize = 100_000;
+
+/// Figures the core reports in `I` but does not decide: read by the shell
+/// from the other threads' counters and passed in each round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gauges {
+    /// Open client connections.
+    pub conns: usize,
+    /// When a standby last heard from its active (monotonic ms).
+    pub heard_active_ms: u64,
+    /// Live standbys that hold this node's full state.
+    pub synced_standbys: usize,
+}
+
+/// What a round of the core asks its shell to do, in this order: send
+/// `to_cluster`, deliver `answers` and `forgotten`, then (if set) tell the
+/// cluster core `Redirected`.
+#[derive(Debug, Default)]
+pub struct TableEffects {
+    /// Answers in the order they must be written (per connection).
+    pub answers: Vec<(crate::server::lock_table::ConnId, Answer)>,
+    /// Connections to forget once their answers are written.
+    pub forgotten: Vec<crate::server::lock_table::ConnId>,
+    /// Messages for the cluster core, in order.
+    pub to_cluster: Vec<TableToCluster>,
+    /// Clients were redirected this round (the role went elsewhere): tell
+    /// the cluster core once the answers are out.
+    pub redirected: bool,
+}
+
+impl TableEffects {
+    pub fn is_empty(&self) -> bool {
+        self.answers.is_empty()
+            && self.forgotten.is_empty()
+            && self.to_cluster.is_empty()
+            && !self.redirected
+    }
+}
+
+/// How this node treats client requests right now.
+#[derive(Debug)]
+enum Mode {
+    Active,
+    Standby { active: Option<String> },
+    Transferring { held: Vec<Inbound> },
+}
+
+/// The lock owner's core. See the module doc.
+pub struct TableCore {
+    table: LockTable,
+    mode: Mode,
+    /// A cluster node (replicates while active) rather than a single node.
+    clustered: bool,
+    ceiling: u64,
+    promotion_grace_ms: u64,
+    node: String,
+    gauges: Gauges,
+    outbox: Outbox,
+    effects: TableEffects,
+}
+
+impl TableCore {
+    /// A single node starts active; a cluster node starts as a standby that
+    /// knows no active, until the cluster core decides.
+    pub fn new(table: LockTable, clustered: bool, node: String, promotion_grace_ms: u64) -> Self {
+        let mode = if clustered {
+            Mode::Standby { active: None }
+        } else {
+            Mode::Active
+        };
+        TableCore {
+            table,
+            mode,
+            clustered,
+            ceiling: 0,
+            promotion_grace_ms,
+            node,
+            gauges: Gauges::default(),
+            outbox: Outbox::default(),
+            effects: TableEffects::default(),
+        }
+    }
+
+    /// The lock table (read only: invariants, stats).
+    pub fn table(&self) -> &LockTable {
+        &self.table
+    }
+
+    /// Serving clients now (active, not transferring the role).
+    pub fn is_serving(&self) -> bool {
+        matches!(self.mode, Mode::Active)
+    }
+
+    /// The largest token this node issued itself (for heartbeats).
+    pub fn last_issued(&self) -> u64 {
+        self.table.stats().last_issued
+    }
+
+    /// The replicated token ceiling (0 before any).
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+
+    /// The next time a timer is due.
+    pub fn next_wake_ms(&self) -> Option<u64> {
+        self.table.next_wake_ms()
+    }
+
+    /// The start of a round: tokens go above the wall clock's floor (so a
+    /// token issued later by any node, even one cut off from the others, is
+    /// larger, clocks permitting), and due timers fire.
+    pub fn begin_round(&mut self, now: Now, gauges: Gauges) {
+        self.gauges = gauges;
+        self.table.observe_token(tokens::clock_floor(now.unix_ms));
+        self.outbox.replicate = self.replicating();
+        self.table.poll_timers(now.ms, &mut self.outbox);
+    }
+
+    /// One event from a client connection.
+    pub fn handle_inbound(&mut self, now: Now, inbound: Inbound) {
+        match (&mut self.mode, inbound) {
+            (_, Inbound::Request(conn, Request::Info)) => {
+                let info = self.info(now);
+                self.outbox.answers.push((conn, info));
+            }
+            (Mode::Transferring { held }, inbound) => {
+                if held.len() < MAX_HELD_BACK || matches!(inbound, Inbound::Closed(_)) {
+                    held.push(inbound);
+                } else if let Inbound::Request(conn, request) = &inbound {
+                    self.outbox.answers.push((*conn, moved(None, request)));
+                } else {
+                    self.handle_now(now, inbound);
+                }
+            }
+            (_, inbound) => self.handle_now(now, inbound),
+        }
+    }
+
+    fn handle_now(&mut self, now: Now, inbound: Inbound) {
+        match inbound {
+            Inbound::Refused(conn, op, key, reason) => {
+                self.table
+                    .handle_refused(conn, op, key, reason, &mut self.outbox)
+            }
+            Inbound::Closed(conn) => {
+                self.table.handle_disconnect(conn);
+                self.outbox.closes.push(conn);
+            }
+            Inbound::Request(conn, request) => match &self.mode {
+                Mode::Standby { active } => {
+                    let answer = moved(active.clone(), &request);
+                    self.outbox.answers.push((conn, answer));
+                }
+                _ => self.serve(now, conn, request),
+            },
+        }
+    }
+
+    fn serve(&mut self, now: Now, conn: crate::server::lock_table::ConnId, request: Request) {
+        let out = &mut self.outbox;
+        let now_ms = now.ms_ceil;
+        match request {
+            Request::Acquire {
+                key,
+                lease_ms,
+                wait_ms,
+            } => self
+                .table
+                .handle_acquire(now_ms, conn, key, lease_ms, wait_ms, out),
+            Request::Release { key, token } => {
+                self.table.handle_release(now_ms, conn, key, token, out)
+            }
+            Request::Keep {
+                key,
+                token,
+                lease_ms,
+            } => self
+                .table
+                .handle_keep(now_ms, conn, key, token, lease_ms, out),
+            Request::Query { key } => self.table.handle_query(now_ms, conn, key, out),
+            Request::Info => {}
+        }
+    }
+
+    /// One message from the cluster core.
+    pub fn handle_cluster(&mut self, now: Now, msg: ClusterToTable) {
+        match msg {
+            ClusterToTable::BecomeActive { floor, failover } => {
+                log::info!("lock owner: now active");
+                self.table.observe_token(floor);
+                if failover && self.promotion_grace_ms > 0 {
+                    log::info!(
+                        "lock owner: promotion grace: unknown keys wait {} ms",
+                        self.promotion_grace_ms
+                    );
+                    self.table
+                        .set_grace_until(now.ms.saturating_add(self.promotion_grace_ms));
+                }
+                self.ceiling = 0;
+                self.resume_serving(now);
+            }
+            ClusterToTable::Follow { active } => {
+                log::info!(
+                    "lock owner: now a standby of {}",
+                    active.as_deref().unwrap_or("no known active")
+                );
+                self.stop_serving(now, active);
+            }
+            ClusterToTable::StartTransfer { to } => {
+                log::info!("lock owner: transferring the active role; holding requests back");
+                if matches!(self.mode, Mode::Active) {
+                    self.mode = Mode::Transferring { held: Vec::new() };
+                }
+                // After this round's deltas, so the successor has them all.
+                self.flush_deltas();
+                self.effects
+                    .to_cluster
+                    .push(TableToCluster::TransferReady { to });
+            }
+            ClusterToTable::AbortTransfer => {
+                log::warn!("lock owner: role transfer abandoned; serving again");
+                self.resume_serving(now);
+            }
+            ClusterToTable::FinishTransfer { to } => {
+                log::info!("lock owner: {to} took the active role over; redirecting clients");
+                self.stop_serving(now, Some(to));
+                self.effects.redirected = true;
+            }
+            ClusterToTable::Retire => {
+                log::info!("lock owner: no successor; answering waiters M -");
+                self.stop_serving(now, None);
+                self.effects.redirected = true;
+            }
+            ClusterToTable::Snapshot(entries) => {
+                let active = match &self.mode {
+                    Mode::Standby { active } => active.clone(),
+                    _ => None,
+                };
+                self.table
+                    .redirect_waiters(active.as_deref(), &mut self.outbox);
+                self.table.load_snapshot(now.ms, entries);
+            }
+            ClusterToTable::Deltas(deltas) => {
+                if !matches!(self.mode, Mode::Active) {
+                    for delta in deltas {
+                        self.table.apply_delta(now.ms, delta);
+                    }
+                }
+            }
+            ClusterToTable::Observe(token) => self.table.observe_token(token),
+            ClusterToTable::SnapshotWanted { peer } => {
+                self.flush_deltas();
+                self.raise_ceiling();
+                let entries = self.table.snapshot(now.ms);
+                self.effects.to_cluster.push(TableToCluster::Snapshot {
+                    peer,
+                    entries,
+                    ceiling: self.ceiling,
+                });
+            }
+        }
+    }
+
+    /// The end of a round: keep the ceiling ahead, send the round's deltas;
+    /// then hand the round's effects to the shell.
+    pub fn end_round(&mut self) -> &mut TableEffects {
+        self.raise_ceiling();
+        self.flush_deltas();
+        self.effects.answers.append(&mut self.outbox.answers);
+        self.effects.forgotten.append(&mut self.outbox.closes);
+        &mut self.effects
+    }
+
+    fn replicating(&self) -> bool {
+        self.clustered && !matches!(self.mode, Mode::Standby { .. })
+    }
+
+    /// Serve again (promotion, or an abandoned transfer): requests held back
+    /// are served in their order.
+    fn resume_serving(&mut self, now: Now) {
+        let previous = std::mem::replace(&mut self.mode, Mode::Active);
+        self.outbox.replicate = self.clustered;
+        self.raise_ceiling();
+        if let Mode::Transferring { held } = previous {
+            for inbound in held {
+                self.handle_now(now, inbound);
+            }
+        }
+    }
+
+    /// Stop serving: held-back requests and waiters are redirected.
+    fn stop_serving(&mut self, now: Now, active: Option<String>) {
+        let previous = std::mem::replace(
+            &mut self.mode,
+            Mode::Standby {
+                active: active.clone(),
+            },
+        );
+        if let Mode::Transferring { held } = previous {
+            for inbound in held {
+                self.handle_now(now, inbound);
+            }
+        }
+        self.table
+            .redirect_waiters(active.as_deref(), &mut self.outbox);
+        self.outbox.deltas.clear();
+        self.outbox.replicate = false;
+    }
+
+    /// Keep the replicated ceiling TOKEN_RESERVE ahead of the last token.
+    fn raise_ceiling(&mut self) {
+        if !self.replicating() {
+            return;
+        }
+        let last = self.table.stats().last_token;
+        let Some(half) = last.checked_add(TOKEN_RESERVE / 2) else {
+            return;
+        };
+        if half > self.ceiling
+            && let Some(ceiling) = last.checked_add(TOKEN_RESERVE)
+        {
+            self.ceiling = ceiling;
+            self.outbox.deltas.push(Delta::Ceiling(ceiling));
+        }
+    }
+
+    fn flush_deltas(&mut self) {
+        if self.outbox.deltas.is_empty() {
+            return;
+        }
+        let deltas = std::mem::take(&mut self.outbox.deltas);
+        if self.replicating() {
+            self.effects.to_cluster.push(TableToCluster::Deltas(deltas));
+        }
+    }
+
+    /// The `I` answer.
+    fn info(&self, now: Now) -> Answer {
+        let stats = self.table.stats();
+        let (role, state, active) = match &self.mode {
+            Mode::Active => ("active", "active", Some(self.node.clone())),
+            Mode::Transferring { .. } => ("active", "handing-off", Some(self.node.clone())),
+            Mode::Standby { active } => ("standby", "standby", active.clone()),
+        };
+        let lag_ms = match &self.mode {
+            Mode::Standby { active: Some(_) } => now.ms.saturating_sub(self.gauges.heard_active_ms),
+            _ => 0,
+        };
+        let standbys = match self.mode {
+            Mode::Standby { .. } => 0,
+            _ => self.gauges.synced_standbys,
+        };
+        let pairs = [
+            ("role", role.to_string()),
+            ("node", self.node.clone()),
+            ("active", active.unwrap_or_else(|| "-".to_string())),
+            ("token", stats.last_token.to_string()),
+            ("held", stats.held.to_string()),
+            ("waiting", stats.waiting.to_string()),
+            ("conns", self.gauges.conns.to_string()),
+            ("state", state.to_string()),
+            ("ceiling", self.ceiling.max(stats.last_token).to_string()),
+            ("lag_ms", lag_ms.to_string()),
+            ("standbys", standbys.to_string()),
+        ];
+        Answer::Info(
+            pairs
+                .into_iter()
+                .map(|(name, value)| (name.to_string(), value))
+                .collect(),
+        )
+    }
+}
+
+/// `M <active> <op> <key>` for a request this node does not serve.
+fn moved(active: Option<String>, request: &Request) -> Answer {
+    Answer::Moved {
+        active,
+        op: request.op(),
+        key: request.key().cloned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Key, Op, Reason};
+    use crate::server::lock_table::{ConnId, TableLimits};
+    use crate::server::tokens::TokenSource;
+
+    const UNIX: u64 = 1_700_000_000_000;
+
+    fn core(clustered: bool) -> TableCore {
+        let table = LockTable::new(0, TableLimits::default(), TokenSource::new(0, 0));
+        TableCore::new(table, clustered, "n0:1".into(), 0)
+    }
+
+    fn at(ms: u64) -> Now {
+        Now::at(ms, UNIX + ms)
+    }
+
+    fn key(k: &str) -> Key {
+        Key::new(k.as_bytes()).expect("valid key")
+    }
+
+    fn acquire(k: &str, wait_ms: u64) -> Request {
+        Request::Acquire {
+            key: key(k),
+            lease_ms: 1000,
+            wait_ms,
+        }
+    }
+
+    /// One round with these client events; the answers it decided.
+    fn round(core: &mut TableCore, now: Now, inbound: Vec<Inbound>) -> TableEffects {
+        core.begin_round(now, Gauges::default());
+        for i in inbound {
+            core.handle_inbound(now, i);
+        }
+        std::mem::take(core.end_round())
+    }
+
+    fn cluster(core: &mut TableCore, now: Now, msg: ClusterToTable) -> TableEffects {
+        core.begin_round(now, Gauges::default());
+        core.handle_cluster(now, msg);
+        std::mem::take(core.end_round())
+    }
+
+    const C: ConnId = ConnId(1);
+    const D: ConnId = ConnId(2);
+
+    #[test]
+    fn a_refusal_leaves_after_the_answers_to_earlier_requests() {
+        // `I\nI x\n`: the `I` answer first, then `E I - extra-fields`.
+        let mut core = core(false);
+        let out = round(
+            &mut core,
+            at(1),
+            vec![
+                Inbound::Request(C, Request::Info),
+                Inbound::Refused(C, Op::Info, None, Reason::ExtraFields),
+            ],
+        );
+        assert_eq!(out.answers.len(), 2);
+        assert!(matches!(out.answers[0].1, Answer::Info(_)));
+        assert!(matches!(
+            out.answers[1].1,
+            Answer::Error {
+                op: Some(Op::Info),
+                key: None,
+                reason: Reason::ExtraFields
+            }
+        ));
+    }
+
+    #[test]
+    fn a_single_node_serves_at_once_and_replicates_nothing() {
+        let mut core = core(false);
+        let out = round(&mut core, at(1), vec![Inbound::Request(C, acquire("k", 0))]);
+        assert!(matches!(out.answers[0].1, Answer::Granted { .. }));
+        assert!(out.to_cluster.is_empty());
+        assert!(core.last_issued() > tokens::clock_floor(UNIX));
+    }
+
+    #[test]
+    fn a_cluster_node_redirects_until_it_is_made_active() {
+        let mut core = core(true);
+        let out = round(&mut core, at(1), vec![Inbound::Request(C, acquire("k", 0))]);
+        assert!(matches!(
+            &out.answers[0].1,
+            Answer::Moved { active: None, .. }
+        ));
+        let out = cluster(
+            &mut core,
+            at(2),
+            ClusterToTable::Follow {
+                active: Some("n1:1".into()),
+            },
+        );
+        assert!(out.answers.is_empty());
+        let out = round(&mut core, at(3), vec![Inbound::Request(C, acquire("k", 0))]);
+        assert!(matches!(&out.answers[0].1, Answer::Moved { active: Some(a), .. } if a == "n1:1"));
+        cluster(
+            &mut core,
+            at(4),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        let out = round(&mut core, at(5), vec![Inbound::Request(C, acquire("k", 0))]);
+        assert!(matches!(out.answers[0].1, Answer::Granted { .. }));
+    }
+
+    #[test]
+    fn an_active_cluster_node_replicates_its_grants_and_keeps_a_ceiling_ahead() {
+        let mut core = core(true);
+        let out = cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        let ceiling = core.ceiling();
+        assert!(ceiling >= core.table().stats().last_token + TOKEN_RESERVE / 2);
+        assert_eq!(
+            out.to_cluster,
+            vec![TableToCluster::Deltas(vec![Delta::Ceiling(ceiling)])]
+        );
+        let out = round(&mut core, at(2), vec![Inbound::Request(C, acquire("k", 0))]);
+        let Answer::Granted { token, .. } = out.answers[0].1 else {
+            panic!("granted");
+        };
+        assert!(
+            token < core.ceiling(),
+            "every token stays below the ceiling"
+        );
+        assert!(matches!(
+            &out.to_cluster[..],
+            [TableToCluster::Deltas(d)] if matches!(d[0], Delta::Grant { .. })
+        ));
+    }
+
+    #[test]
+    fn a_ceiling_near_the_end_of_the_token_space_never_wraps() {
+        let mut core = core(true);
+        cluster(&mut core, at(1), ClusterToTable::Observe(u64::MAX - 10));
+        cluster(
+            &mut core,
+            at(2),
+            ClusterToTable::BecomeActive {
+                floor: 0,
+                failover: false,
+            },
+        );
+        // No room for a reserve: no ceiling is made up, nothing wraps.
+        assert_eq!(core.ceiling(), 0);
+    }
+
+    #[test]
+    fn during_a_role_transfer_requests_wait_in_order_then_go_to_the_successor() {
+        let mut core = core(true);
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        let out = cluster(&mut core, at(2), ClusterToTable::StartTransfer { to: 1 });
+        assert_eq!(
+            out.to_cluster.last(),
+            Some(&TableToCluster::TransferReady { to: 1 })
+        );
+        let out = round(
+            &mut core,
+            at(3),
+            vec![
+                Inbound::Request(C, acquire("k", 0)),
+                Inbound::Refused(C, Op::Acquire, Some(key("k")), Reason::BadLease),
+                Inbound::Request(D, Request::Info),
+            ],
+        );
+        // Only `I` is answered at once.
+        assert_eq!(out.answers.len(), 1);
+        assert_eq!(out.answers[0].0, D);
+        let out = cluster(
+            &mut core,
+            at(4),
+            ClusterToTable::FinishTransfer { to: "n1:1".into() },
+        );
+        assert!(out.redirected);
+        assert!(
+            matches!(&out.answers[0], (C, Answer::Moved { active: Some(a), op: Op::Acquire, .. }) if a == "n1:1")
+        );
+        assert!(matches!(
+            &out.answers[1],
+            (
+                C,
+                Answer::Error {
+                    reason: Reason::BadLease,
+                    ..
+                }
+            )
+        ));
+    }
+
+    #[test]
+    fn a_connection_closed_during_a_transfer_is_never_served_when_it_fails() {
+        let mut core = core(true);
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        round(&mut core, at(2), vec![Inbound::Request(C, acquire("k", 0))]);
+        cluster(&mut core, at(3), ClusterToTable::StartTransfer { to: 1 });
+        // D asks for the held key, then closes, while requests are held.
+        round(&mut core, at(4), vec![Inbound::Request(D, acquire("k", 0))]);
+        let out = round(&mut core, at(5), vec![Inbound::Closed(D)]);
+        assert!(out.forgotten.is_empty(), "the close waits its turn");
+        let out = cluster(&mut core, at(6), ClusterToTable::AbortTransfer);
+        assert!(out.answers.is_empty());
+        assert_eq!(out.forgotten, vec![D]);
+        assert_eq!(
+            core.table().stats().waiting,
+            0,
+            "D's request left the queue"
+        );
+        core.table().check_invariants();
+    }
+
+    #[test]
+    fn a_standby_applies_a_snapshot_and_deltas_and_redirects_its_waiters() {
+        let mut core = core(true);
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::Follow {
+                active: Some("n1:1".into()),
+            },
+        );
+        let grant = Delta::Grant {
+            key: key("k"),
+            token: 77,
+            ms_left: 500,
+        };
+        cluster(&mut core, at(2), ClusterToTable::Snapshot(vec![grant]));
+        assert_eq!(core.table().stats().held, 1);
+        cluster(
+            &mut core,
+            at(3),
+            ClusterToTable::Deltas(vec![Delta::Free {
+                key: key("k"),
+                token: 77,
+            }]),
+        );
+        assert_eq!(core.table().stats().held, 0);
+        core.table().check_invariants();
+    }
+
+    #[test]
+    fn a_snapshot_asked_for_carries_the_table_and_the_ceiling() {
+        let mut core = core(true);
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        round(&mut core, at(2), vec![Inbound::Request(C, acquire("k", 0))]);
+        let out = cluster(&mut core, at(3), ClusterToTable::SnapshotWanted { peer: 1 });
+        let Some(TableToCluster::Snapshot {
+            peer: 1,
+            entries,
+            ceiling,
+        }) = out.to_cluster.last()
+        else {
+            panic!("a snapshot for peer 1");
+        };
+        assert_eq!(entries.len(), 1);
+        assert_eq!(*ceiling, core.ceiling());
+    }
+
+    #[test]
+    fn info_reports_the_gauges_passed_in() {
+        let mut core = core(true);
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::Follow {
+                active: Some("n1:1".into()),
+            },
+        );
+        let gauges = Gauges {
+            conns: 3,
+            heard_active_ms: 90,
+            synced_standbys: 2,
+        };
+        core.begin_round(at(100), gauges);
+        core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
+        let out = std::mem::take(core.end_round());
+        let Answer::Info(pairs) = &out.answers[0].1 else {
+            panic!("info");
+        };
+        let get = |n: &str| pairs.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        assert_eq!(get("role"), Some("standby"));
+        assert_eq!(get("conns"), Some("3"));
+        assert_eq!(get("lag_ms"), Some("10"));
+        assert_eq!(get("standbys"), Some("0"));
+    }
+}
