@@ -1,89 +1,163 @@
-//! Deterministic simulation of a baton cluster: the real role state machine
-//! (`Roles`) and lock table (`LockTable`, with its token counter and timing
-//! wheel) of 2 or 3 nodes, driven by a simulated millisecond clock, simulated
-//! clients (acquires with and without waits, releases, connections closing)
-//! and a simulated network (per-link FIFO with random delay, partitions,
-//! node crashes and restarts), from a seed.
+//! Deterministic simulation of a baton cluster that runs the node's REAL
+//! cores: for every simulated node, the lock owner's core (`TableCore`) and
+//! the cluster core (`ClusterCore`) that the server's threads run, joined
+//! the way the threads join them (queues of `ClusterToTable` and
+//! `TableToCluster` messages), with no decision copied into this file.
+//! What is simulated is only what the shells do with I/O: a millisecond
+//! clock per node (skewed wall clocks, monotonic clocks that start at boot),
+//! client connections, and a network of TCP links between the nodes.
 //!
-//! The glue between them mirrors `replication.rs` and `owner.rs`:
-//! heartbeats every detect/4, a snapshot of the table to each follower that
-//! is not synced, the table's deltas to synced followers, a replicated token
-//! ceiling, a handoff after the last delta, waiters redirected when a node
-//! stops serving, a crashed node found dead at once when not partitioned
-//! (its port refuses), observations of ceilings as the replication thread
-//! makes them.
+//! The network: each link is one TCP connection from one node to another
+//! (as the real nodes use them: one direction each), FIFO with a random
+//! delay; faults are link resets (a message dropped with everything behind
+//! it, as TCP loses data only with the connection), duplicated messages,
+//! one-way and two-way partitions (either a black hole, where data waits
+//! until the partition heals as TCP retransmits it, or a firewall that
+//! resets the links), paused nodes (SIGSTOP: the kernel still accepts
+//! connections and buffers data), crashes and restarts, and forged or
+//! malformed messages from a stranger.
 //!
-//! Checked after every step: every live node's table invariants
-//! (`check_invariants`: one holder per key, queues, timers, tokens); every
-//! grant's token was never issued before and is above the same node's
-//! previous ones. Checked after every run of every seed:
-//! - once faults stop and the network heals, the cluster converges within a
-//!   bound to exactly one active node: the highest-priority live one;
-//! - the first token issued after convergence is above every token issued
-//!   before, by any node (split brain never leaves a smaller token behind).
+//! Checked after every step, on every node that runs:
+//! - the lock table's own invariants (`check_invariants`);
+//! - every grant's token was never issued before, by any node, and is above
+//!   the same node's previous grants;
+//! - no connection gets more answers for an (op, key) than it sent requests,
+//!   and none after the owner forgot it;
+//! - a serving node has answered every request but its waiters (nothing is
+//!   lost or stuck), and a standby none are left waiting.
+//!
+//! Checked at the end of every random run, once faults stop and everything
+//! heals: the cluster converges within a bound to exactly one active node,
+//! the highest-priority one, and the first token it issues is above every
+//! token issued before by any node.
 //!
 //! A failure prints its seed; `BATON_SIM_SEED=<seed>` replays exactly it
-//! (add `BATON_SIM_TRACE=1` to see every role change and state transfer);
-//! `BATON_SIM_SEEDS=<n>` runs seeds 1..=n (default 1000).
+//! (add `BATON_SIM_TRACE=1` to see every role change and link event);
+//! `BATON_SIM_SEEDS=<n>` runs seeds 1..=n (default 2000). Seeds that once
+//! failed are pinned in `REGRESSION_SEEDS`.
 
 #[path = "common/rng.rs"]
 mod rng;
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use baton::protocol::{Answer, Key};
-use baton::server::lock_table::{ConnId, Delta, LockTable, Outbox, TableLimits};
-use baton::server::roles::{Beat, RoleEffect, RoleName, Roles};
-use baton::server::tokens::TokenSource;
+use baton::protocol::{Answer, Key, Op, Reason, Request};
+use baton::server::clock::Now;
+use baton::server::cluster_core::{ClusterCore, ClusterEffect, LinkId, OutDown};
+use baton::server::lock_table::{ConnId, LockTable, TableLimits};
+use baton::server::messages::{ClusterToTable, Inbound, TableToCluster};
+use baton::server::peer_wire::PeerMsg;
+use baton::server::roles::RoleName;
+use baton::server::table_core::{Gauges, TableCore};
+use baton::server::tokens::{self, TokenSource};
 use rng::Rng;
 
 const DETECT_MS: u64 = 400;
-const RESERVE: u64 = baton::server::tokens::LEAD_MS << 20;
 /// A crashed node stays down at least this long (a real restart takes
 /// longer than the tokens' lead over the clock, see tokens.rs).
-const MIN_DOWN_MS: u64 = 4 * baton::server::tokens::LEAD_MS;
+const MIN_DOWN_MS: u64 = 4 * tokens::LEAD_MS;
+/// A dial across a partition fails after this long (SYN retries give up).
+const CONNECT_TIMEOUT_MS: u64 = 1_000;
+/// The wall clock of the simulated world at time 0.
+const UNIX_BASE: u64 = 1_700_000_000_000;
+/// Most a node's wall clock is off, either way.
+const MAX_SKEW_MS: u64 = 30;
+/// Seeds that once failed, replayed on every run.
+const REGRESSION_SEEDS: &[u64] = &[];
 
-#[derive(Clone, Debug)]
-enum Msg {
-    Beat {
-        beat: Beat,
-        last_token: u64,
-        ceiling: u64,
+fn trace() -> bool {
+    std::env::var("BATON_SIM_TRACE").is_ok()
+}
+
+/// What the network hands a node (its shell would see these as socket events).
+#[derive(Debug)]
+enum NetEvent {
+    LinkUp(usize),
+    LinkDown(usize, OutDown),
+    Opened(LinkId),
+    Peer(LinkId, PeerMsg),
+    Malformed(LinkId),
+    Closed(LinkId),
+}
+
+#[derive(Debug)]
+enum Item {
+    Msg(PeerMsg),
+    /// The sender closed the connection (FIN after the data).
+    Fin,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum LinkState {
+    Connecting {
+        since: u64,
+        ready_at: u64,
     },
-    Snapshot {
-        entries: Vec<Delta>,
-        ceiling: u64,
-    },
-    Delta(Delta),
-    Handoff,
-    Took,
+    Up,
+    /// The receiving process died: the sender learns it (RST) once the
+    /// path back to it is open.
+    Broken,
+}
+
+/// One TCP connection from `from` to `to`.
+struct Link {
+    from: usize,
+    to: usize,
+    state: LinkState,
+    queue: VecDeque<(u64, Item)>,
+    /// The receiver's core has been told of the connection.
+    opened: bool,
+}
+
+/// What a client connection has asked and been answered, per (op, key).
+#[derive(Default)]
+struct ConnBook {
+    pending: HashMap<(Op, Option<Key>), u32>,
 }
 
 struct Node {
-    alive: bool,
+    up: bool,
+    paused_until: Option<u64>,
     down_since: u64,
-    roles: Roles,
-    table: LockTable,
-    ceiling: u64,
-    /// Followers that have this node's snapshot (while it is active).
-    snap_sent: Vec<bool>,
-    /// When each follower's snapshot went out.
-    snap_sent_ms: Vec<u64>,
-    issued: Vec<u64>,
+    boot_ms: u64,
+    skew_ms: i64,
+    table: TableCore,
+    cluster: ClusterCore,
+    inbox: VecDeque<NetEvent>,
+    to_table: VecDeque<ClusterToTable>,
+    to_cluster: VecDeque<TableToCluster>,
+    client_in: Vec<Inbound>,
+    /// Open client connections.
+    conns: Vec<u64>,
+    books: BTreeMap<u64, ConnBook>,
+    forgotten: HashSet<u64>,
+    last_granted: u64,
+    exited: bool,
+}
+
+struct Faults {
+    /// Per million messages sent: the link resets at this message.
+    reset_ppm: u64,
+    /// Per million messages sent: the message is delivered twice.
+    duplicate_ppm: u64,
 }
 
 struct Sim {
     now: u64,
     rng: Rng,
+    names: Vec<String>,
     nodes: Vec<Node>,
-    /// Per ordered pair (from, to): messages in flight with delivery times.
-    links: BTreeMap<(usize, usize), VecDeque<(u64, Msg)>>,
+    links: BTreeMap<LinkId, Link>,
+    out_of: BTreeMap<(usize, usize), LinkId>,
+    next_link: LinkId,
+    /// Directed pairs whose packets are lost (a black hole).
     cut: HashSet<(usize, usize)>,
     all_tokens: HashSet<u64>,
     max_token: u64,
-    next_beat: u64,
-    /// Recent grants per node, for clients to release.
-    held: BTreeMap<usize, Vec<(Key, u64)>>,
+    next_conn: u64,
+    /// Recent grants: (node, key, token), for clients to release or keep.
+    held: VecDeque<(usize, Key, u64)>,
+    faults: Faults,
 }
 
 impl Sim {
@@ -91,486 +165,1033 @@ impl Sim {
         let mut sim = Sim {
             now: 0,
             rng: Rng::new(seed),
+            names: (0..n).map(|i| format!("node{i}:7373")).collect(),
             nodes: Vec::new(),
             links: BTreeMap::new(),
+            out_of: BTreeMap::new(),
+            next_link: 1,
             cut: HashSet::new(),
             all_tokens: HashSet::new(),
             max_token: 0,
-            next_beat: 0,
-            held: BTreeMap::new(),
+            next_conn: 1,
+            held: VecDeque::new(),
+            faults: Faults {
+                reset_ppm: 0,
+                duplicate_ppm: 0,
+            },
         };
-        for me in 0..n {
-            let node = sim.fresh_node(me, n);
-            sim.nodes.push(node);
-        }
+        let skews: Vec<i64> = (0..n)
+            .map(|_| sim.rng.between(0, 2 * MAX_SKEW_MS) as i64 - MAX_SKEW_MS as i64)
+            .collect();
+        sim.boot(&skews);
         sim
     }
 
-    fn fresh_node(&self, me: usize, n: usize) -> Node {
-        Node {
-            alive: true,
-            down_since: 0,
-            roles: Roles::new(me, n, DETECT_MS, DETECT_MS, self.now),
-            // The clock floor: simulated unix ms × 2^20.
-            table: LockTable::new(
-                self.now,
-                TableLimits::default(),
-                TokenSource::new(me, baton::server::tokens::start_floor(1_000_000 + self.now)),
-            ),
-            ceiling: 0,
-            snap_sent: vec![false; n],
-            snap_sent_ms: vec![0; n],
-            issued: Vec::new(),
-        }
-    }
-
-    fn send(&mut self, from: usize, to: usize, msg: Msg) {
-        if from == to || !self.nodes[from].alive {
-            return;
-        }
-        let delay = 1 + self.rng.below(8);
-        let queue = self.links.entry((from, to)).or_default();
-        // FIFO per link: never deliver before the message ahead.
-        let at = queue.back().map_or(0, |(t, _)| *t).max(self.now + delay);
-        queue.push_back((at, msg));
-    }
-
-    fn broadcast_beat(&mut self, from: usize) {
-        let node = &self.nodes[from];
-        let msg = Msg::Beat {
-            beat: node.roles.beat(),
-            last_token: node.table.stats().last_issued,
-            ceiling: node.ceiling,
-        };
-        for to in 0..self.nodes.len() {
-            self.send(from, to, msg.clone());
-        }
-    }
-
-    fn apply(&mut self, me: usize, effects: Vec<RoleEffect>) {
-        let changed = !effects.is_empty();
-        if changed && std::env::var("BATON_SIM_TRACE").is_ok() {
-            eprintln!(
-                "{:>6} node {me}: {effects:?} last_issued {} last {}",
-                self.now,
-                self.nodes[me].table.stats().last_issued,
-                self.nodes[me].table.stats().last_token
-            );
-        }
-        for effect in effects {
-            match effect {
-                RoleEffect::BecomeActive => {
-                    let floor = (1_000_000 + self.now) << 20;
-                    let node = &mut self.nodes[me];
-                    node.table.observe_token(floor);
-                    node.snap_sent.iter_mut().for_each(|s| *s = false);
-                    node.ceiling = node.table.stats().last_token + RESERVE;
-                }
-                RoleEffect::Follow { .. } | RoleEffect::FinishTransfer { .. } => {
-                    // Not serving any more: waiters are answered M.
-                    let mut out = Outbox::default();
-                    self.nodes[me].table.redirect_waiters(None, &mut out);
-                    self.check_answers(me, out);
-                }
-                RoleEffect::StartTransfer { to } => self.send(me, to, Msg::Handoff),
-                RoleEffect::AbortTransfer => {}
-                RoleEffect::SendTook { to } => self.send(me, to, Msg::Took),
-                RoleEffect::Exit => {}
-            }
-        }
-        if changed {
-            self.broadcast_beat(me);
-        }
-    }
-
-    fn deliver(&mut self, from: usize, to: usize, msg: Msg) {
-        if std::env::var("BATON_SIM_TRACE").is_ok()
-            && !matches!(msg, Msg::Beat { .. } | Msg::Delta(_))
-        {
-            eprintln!(
-                "{:>6} {from} -> {to}: {msg:?} (alive {}, cut {})",
-                self.now,
-                self.nodes[to].alive,
-                self.cut.contains(&(from, to))
-            );
-        }
-        if !self.nodes[to].alive || self.cut.contains(&(from, to)) {
-            // The link is broken: the active sends a snapshot again on the
-            // next one (as replication.rs does after a reconnect).
-            self.nodes[from].snap_sent[to] = false;
-            return;
-        }
-        let now = self.now;
-        let node = &mut self.nodes[to];
-        let effects = match msg {
-            Msg::Beat {
-                beat,
-                last_token,
-                ceiling,
-            } => {
-                let active = node.roles.role_name().is_active();
-                let mut floor = last_token;
-                if !active || beat.role.is_active() {
-                    floor = floor.max(ceiling);
-                }
-                node.table.observe_token(floor);
-                if beat.following != Some(to) {
-                    // As replication.rs: a peer that follows another node
-                    // needs a fresh snapshot when it follows this one again.
-                    node.snap_sent[from] = false;
-                }
-                node.roles.handle_beat(now, from, beat)
-            }
-            Msg::Snapshot { entries, ceiling } => {
-                if node.roles.following() != Some(from) {
-                    return;
-                }
-                node.table.load_snapshot(now, entries);
-                node.table.observe_token(ceiling);
-                node.roles.handle_synced(now, from)
-            }
-            Msg::Delta(delta) => {
-                if node.roles.following() == Some(from) {
-                    node.table.apply_delta(now, delta);
-                }
-                return;
-            }
-            Msg::Handoff => node.roles.handle_handoff(now, from),
-            Msg::Took => node.roles.handle_took(now, from),
-        };
-        self.apply(to, effects);
-    }
-
-    /// The active side of replication: snapshots to unsynced followers.
-    fn replicate(&mut self, me: usize) {
-        if !self.nodes[me].roles.role_name().is_active() {
-            return;
-        }
-        for p in 0..self.nodes.len() {
-            let beat = self.nodes[me].roles.peer_beat(p);
-            let follows = beat.is_some_and(|b| b.following == Some(me));
-            // As replication.rs: a follower that still lacks the state a
-            // detection period after its snapshot went out did not get it
-            // (it followed this node only after the snapshot came), so it
-            // is sent again.
-            let stale = beat.is_some_and(|b| !b.synced)
-                && self.now.saturating_sub(self.nodes[me].snap_sent_ms[p]) > DETECT_MS;
-            if !follows {
-                self.nodes[me].snap_sent[p] = false;
-            } else if !self.nodes[me].snap_sent[p] || stale {
-                self.nodes[me].snap_sent[p] = true;
-                self.nodes[me].snap_sent_ms[p] = self.now;
-                let node = &self.nodes[me];
-                let msg = Msg::Snapshot {
-                    entries: node.table.snapshot(self.now),
-                    ceiling: node.ceiling,
-                };
-                self.send(me, p, msg);
-            }
-        }
-    }
-
-    /// One client request on node `me` if it serves: an acquire (waiting or
-    /// not), a release of a grant it made, or a connection closing.
-    fn client_op(&mut self, me: usize) {
-        if self.nodes[me].roles.role_name() != RoleName::Active {
-            return;
-        }
-        let now = self.now;
-        let r = self.rng.next_u64();
-        let conn = ConnId(1 + (r >> 8) % 6);
-        let key = Key::new(format!("k{}", r % 5).as_bytes()).expect("valid key");
-        let mut out = Outbox {
-            replicate: true,
-            ..Outbox::default()
-        };
-        let node = &mut self.nodes[me];
-        // The lock owner lifts its counter to the clock floor every round.
-        node.table.observe_token((1_000_000 + now) << 20);
-        match (r >> 16) % 8 {
-            0..=3 => {
-                let lease = 20 + (r >> 24) % 300;
-                let wait = (r >> 40) % 200;
-                node.table
-                    .handle_acquire(now, conn, key, lease, wait, &mut out);
-            }
-            4..=6 => {
-                if let Some((key, token)) = self
-                    .held
-                    .get(&me)
-                    .and_then(|held| held.get((r >> 24) as usize % held.len().max(1)))
-                {
-                    let (key, token) = (key.clone(), *token);
-                    node.table.handle_release(now, conn, key, token, &mut out);
-                }
-            }
-            _ => node.table.handle_disconnect(conn),
-        }
-        self.finish_round(me, out);
-    }
-
-    /// What a round of node `me` produced: grants are checked, deltas go to
-    /// its synced followers, the ceiling is kept ahead.
-    fn finish_round(&mut self, me: usize, out: Outbox) {
-        let deltas = out.deltas.clone();
-        self.check_answers(me, out);
-        let node = &mut self.nodes[me];
-        let mut deltas = deltas;
-        let last = node.table.stats().last_token;
-        if last + RESERVE / 2 > node.ceiling {
-            node.ceiling = last + RESERVE;
-            deltas.push(Delta::Ceiling(node.ceiling));
-        }
-        let synced: Vec<usize> = (0..self.nodes.len())
-            .filter(|&p| self.nodes[me].snap_sent[p])
+    /// Start every node afresh, node `i` with its wall clock `skews[i]` ms off.
+    fn boot(&mut self, skews: &[i64]) {
+        self.nodes = (0..skews.len())
+            .map(|me| self.fresh_node(me, skews[me]))
             .collect();
-        for p in synced {
-            for delta in &deltas {
-                self.send(me, p, Msg::Delta(delta.clone()));
-            }
+    }
+
+    fn fresh_node(&self, me: usize, skew_ms: i64) -> Node {
+        let now = Now::at(0, unix_at(self.now, skew_ms));
+        let table = LockTable::new(
+            0,
+            TableLimits::default(),
+            TokenSource::new(me, tokens::start_floor(now.unix_ms)),
+        );
+        Node {
+            up: true,
+            paused_until: None,
+            down_since: 0,
+            boot_ms: self.now,
+            skew_ms,
+            table: TableCore::new(table, true, self.names[me].clone(), 0),
+            cluster: ClusterCore::new(me, self.names.clone(), DETECT_MS, now),
+            inbox: VecDeque::new(),
+            to_table: VecDeque::new(),
+            to_cluster: VecDeque::new(),
+            client_in: Vec::new(),
+            conns: Vec::new(),
+            books: BTreeMap::new(),
+            forgotten: HashSet::new(),
+            last_granted: 0,
+            exited: false,
         }
     }
 
-    /// An acquire of a key nobody holds, on node `me` if it serves.
-    fn grant_fresh(&mut self, me: usize) {
-        if self.nodes[me].roles.role_name() != RoleName::Active {
-            return;
-        }
-        let now = self.now;
-        let key = Key::new(format!("fresh-{now}").as_bytes()).expect("valid key");
-        let mut out = Outbox {
-            replicate: true,
-            ..Outbox::default()
-        };
-        let node = &mut self.nodes[me];
-        node.table.observe_token((1_000_000 + now) << 20);
-        node.table
-            .handle_acquire(now, ConnId(99), key, 100, 0, &mut out);
-        self.finish_round(me, out);
+    /// Node `i`'s clocks now.
+    fn now_of(&self, i: usize) -> Now {
+        let node = &self.nodes[i];
+        Now::at(self.now - node.boot_ms, unix_at(self.now, node.skew_ms))
     }
 
-    /// Every grant's token is new, and above the node's previous ones.
-    fn check_answers(&mut self, me: usize, out: Outbox) {
-        for (_, answer) in out.answers {
-            if let Answer::Granted { token, key } = answer {
-                let node = &mut self.nodes[me];
-                if let Some(&last) = node.issued.last() {
-                    assert!(token > last, "node {me}: tokens strictly grow");
-                }
-                node.issued.push(token);
-                assert!(self.all_tokens.insert(token), "token {token} issued twice");
-                self.max_token = self.max_token.max(token);
-                self.held.entry(me).or_default().push((key, token));
-            }
-        }
-        if let Some(held) = self.held.get_mut(&me)
-            && held.len() > 64
-        {
-            held.drain(..32);
-        }
+    fn runs(&self, i: usize) -> bool {
+        self.nodes[i].up && self.nodes[i].paused_until.is_none()
     }
+
+    fn delay(&mut self) -> u64 {
+        1 + self.rng.below(8)
+    }
+
+    // ----- one step: the network, then every running node -----
 
     fn step(&mut self) {
         self.now += 1;
-        let due: Vec<(usize, usize)> = self
-            .links
-            .iter()
-            .filter(|(_, q)| q.front().is_some_and(|(t, _)| *t <= self.now))
-            .map(|(k, _)| *k)
-            .collect();
-        for (from, to) in due {
-            while let Some((t, _)) = self.links[&(from, to)].front() {
-                if *t > self.now {
-                    break;
-                }
-                let (_, msg) = self
-                    .links
-                    .get_mut(&(from, to))
-                    .and_then(VecDeque::pop_front)
-                    .expect("front exists");
-                self.deliver(from, to, msg);
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].paused_until.is_some_and(|t| t <= self.now) {
+                self.nodes[i].paused_until = None;
             }
         }
-        for me in 0..self.nodes.len() {
-            if !self.nodes[me].alive {
-                continue;
+        self.net_step();
+        for i in 0..self.nodes.len() {
+            if self.runs(i) {
+                self.node_step(i);
             }
-            let now = self.now;
-            let effects = self.nodes[me].roles.poll(now);
-            self.apply(me, effects);
-            self.replicate(me);
-            // Lease expiries and wait deadlines, on every node.
-            let mut out = Outbox {
-                replicate: self.nodes[me].roles.role_name().is_active(),
-                ..Outbox::default()
+        }
+    }
+
+    fn node_step(&mut self, i: usize) {
+        let now = self.now_of(i);
+        // The replication thread: socket events, a tick, the owner's messages.
+        while let Some(event) = self.nodes[i].inbox.pop_front() {
+            let cluster = &mut self.nodes[i].cluster;
+            match event {
+                NetEvent::LinkUp(p) => cluster.handle_link_up(now, p),
+                NetEvent::LinkDown(p, why) => cluster.handle_link_down(now, p, why, "simulated"),
+                NetEvent::Opened(link) => cluster.handle_in_opened(link),
+                NetEvent::Peer(link, msg) => cluster.handle_peer_msg(now, link, msg),
+                NetEvent::Malformed(link) => cluster.handle_in_malformed(now, link),
+                NetEvent::Closed(link) => cluster.handle_in_closed(now, link, "closed"),
+            }
+            self.carry_out(i);
+            if !self.nodes[i].up {
+                return;
+            }
+        }
+        let (last_issued, ceiling) = (
+            self.nodes[i].table.last_issued(),
+            self.nodes[i].table.ceiling(),
+        );
+        self.nodes[i].cluster.set_tokens(last_issued, ceiling);
+        self.nodes[i].cluster.handle_tick(now);
+        self.carry_out(i);
+        while let Some(msg) = self.nodes[i].to_cluster.pop_front() {
+            self.nodes[i].cluster.handle_table(now, msg);
+            self.carry_out(i);
+        }
+        if !self.nodes[i].up {
+            return;
+        }
+        // The lock owner: one round.
+        let node = &mut self.nodes[i];
+        let gauges = Gauges {
+            conns: node.conns.len(),
+            heard_active_ms: node.cluster.heard_active_ms(),
+            synced_standbys: node.cluster.synced_standbys(now),
+        };
+        node.table.begin_round(now, gauges);
+        while let Some(msg) = node.to_table.pop_front() {
+            node.table.handle_cluster(now, msg);
+        }
+        for inbound in std::mem::take(&mut node.client_in) {
+            node.table.handle_inbound(now, inbound);
+        }
+        let effects = std::mem::take(node.table.end_round());
+        node.to_cluster.extend(effects.to_cluster);
+        for (conn, answer) in effects.answers {
+            self.check_answer(i, conn, answer);
+        }
+        let node = &mut self.nodes[i];
+        for conn in effects.forgotten {
+            node.books.remove(&conn.0);
+            node.forgotten.insert(conn.0);
+        }
+        if effects.redirected {
+            node.to_cluster.push_back(TableToCluster::Redirected);
+        }
+        self.check_node(i);
+    }
+
+    /// Carry out node `i`'s cluster effects as replication.rs does.
+    fn carry_out(&mut self, i: usize) {
+        loop {
+            let effects: Vec<ClusterEffect> = self.nodes[i].cluster.poll_effects().collect();
+            if effects.is_empty() {
+                return;
+            }
+            for effect in effects {
+                match effect {
+                    ClusterEffect::Dial { peer } => self.dial(i, peer),
+                    ClusterEffect::Send { peer, msg } => self.send(i, peer, msg),
+                    ClusterEffect::DropOut { peer } => self.close_out(i, peer),
+                    ClusterEffect::DropIn { link } => self.drop_in(link),
+                    ClusterEffect::ToTable(msg) => {
+                        if trace() {
+                            eprintln!("{:>6} node {i}: to table {msg:?}", self.now);
+                        }
+                        self.nodes[i].to_table.push_back(msg)
+                    }
+                    ClusterEffect::Exit => {
+                        if trace() {
+                            eprintln!("{:>6} node {i}: exits", self.now);
+                        }
+                        self.nodes[i].exited = true;
+                        self.crash(i);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    // ----- the network -----
+
+    fn blocked(&self, a: usize, b: usize) -> bool {
+        self.cut.contains(&(a, b))
+    }
+
+    fn dial(&mut self, a: usize, b: usize) {
+        let id = self.next_link;
+        self.next_link += 1;
+        let ready_at = self.now + self.delay();
+        self.links.insert(
+            id,
+            Link {
+                from: a,
+                to: b,
+                state: LinkState::Connecting {
+                    since: self.now,
+                    ready_at,
+                },
+                queue: VecDeque::new(),
+                opened: false,
+            },
+        );
+        if let Some(old) = self.out_of.insert((a, b), id) {
+            panic!("node {a} dialed {b} with link {old} still current");
+        }
+    }
+
+    fn send(&mut self, a: usize, b: usize, msg: PeerMsg) {
+        let Some(&id) = self.out_of.get(&(a, b)) else {
+            // The link is gone; the sender's core hears of it next.
+            return;
+        };
+        if self.rng.chance(self.faults.reset_ppm, 1_000_000) {
+            return self.reset(id);
+        }
+        let copies = if self.rng.chance(self.faults.duplicate_ppm, 1_000_000) {
+            2
+        } else {
+            1
+        };
+        let delay = self.delay();
+        let link = self.links.get_mut(&id).expect("a current link exists");
+        if link.state == LinkState::Broken {
+            // The receiver died; the sender has not heard yet.
+            return;
+        }
+        assert_eq!(link.state, LinkState::Up, "node {a} sent on a link not up");
+        for _ in 0..copies {
+            let at = link
+                .queue
+                .back()
+                .map_or(0, |(t, _)| *t)
+                .max(self.now + delay);
+            link.queue.push_back((at, Item::Msg(msg.clone())));
+        }
+    }
+
+    /// The sender closes its outgoing link: the data in flight, then FIN.
+    fn close_out(&mut self, a: usize, b: usize) {
+        if let Some(id) = self.out_of.remove(&(a, b)) {
+            let link = self.links.get_mut(&id).expect("a current link exists");
+            if link.state == LinkState::Up {
+                let at = link.queue.back().map_or(self.now, |(t, _)| *t);
+                link.queue.push_back((at, Item::Fin));
+            } else {
+                self.links.remove(&id);
+            }
+        }
+    }
+
+    /// The receiver closes an incoming link: the sender sees the link fail.
+    fn drop_in(&mut self, id: LinkId) {
+        let Some(link) = self.links.remove(&id) else {
+            return;
+        };
+        if self.out_of.get(&(link.from, link.to)) == Some(&id) {
+            self.out_of.remove(&(link.from, link.to));
+            self.nodes[link.from]
+                .inbox
+                .push_back(NetEvent::LinkDown(link.to, OutDown::Failed));
+        }
+    }
+
+    /// The connection is reset: both ends learn it, the data is lost.
+    fn reset(&mut self, id: LinkId) {
+        let Some(link) = self.links.remove(&id) else {
+            return;
+        };
+        if self.out_of.get(&(link.from, link.to)) == Some(&id) {
+            self.out_of.remove(&(link.from, link.to));
+            if self.nodes[link.from].up {
+                self.nodes[link.from]
+                    .inbox
+                    .push_back(NetEvent::LinkDown(link.to, OutDown::Failed));
+            }
+        }
+        if link.opened && self.nodes[link.to].up {
+            self.nodes[link.to].inbox.push_back(NetEvent::Closed(id));
+        }
+    }
+
+    fn net_step(&mut self) {
+        let ids: Vec<LinkId> = self.links.keys().copied().collect();
+        for id in ids {
+            let Some(link) = self.links.get(&id) else {
+                continue;
             };
-            self.nodes[me].table.poll_timers(now, &mut out);
-            self.finish_round(me, out);
-            if self.rng.chance(300_000, 1_000_000) {
-                self.client_op(me);
-            }
-            self.nodes[me].table.check_invariants();
-        }
-        if self.now >= self.next_beat {
-            for me in 0..self.nodes.len() {
-                if self.nodes[me].alive {
-                    self.broadcast_beat(me);
+            let (a, b) = (link.from, link.to);
+            match link.state {
+                LinkState::Connecting { since, ready_at } => {
+                    if self.now < ready_at {
+                        continue;
+                    }
+                    if self.blocked(a, b) || self.blocked(b, a) {
+                        if self.now >= since + CONNECT_TIMEOUT_MS {
+                            self.links.remove(&id);
+                            self.out_of.remove(&(a, b));
+                            self.nodes[a]
+                                .inbox
+                                .push_back(NetEvent::LinkDown(b, OutDown::Failed));
+                        }
+                    } else if self.nodes[b].up {
+                        self.links.get_mut(&id).expect("link").state = LinkState::Up;
+                        self.nodes[a].inbox.push_back(NetEvent::LinkUp(b));
+                    } else {
+                        self.links.remove(&id);
+                        self.out_of.remove(&(a, b));
+                        self.nodes[a]
+                            .inbox
+                            .push_back(NetEvent::LinkDown(b, OutDown::Refused));
+                    }
                 }
-            }
-            self.next_beat = self.now + DETECT_MS / 4;
-        }
-    }
-
-    fn crash(&mut self, victim: usize) {
-        if std::env::var("BATON_SIM_TRACE").is_ok() {
-            eprintln!("{:>6} node {victim}: crash", self.now);
-        }
-        self.nodes[victim].alive = false;
-        self.nodes[victim].down_since = self.now;
-        self.break_links(victim, None);
-        // Peers that can reach its port find it refusing at once.
-        for p in 0..self.nodes.len() {
-            if p != victim && self.nodes[p].alive && !self.cut.contains(&(p, victim)) {
-                let now = self.now;
-                let effects = self.nodes[p].roles.handle_peer_dead(now, victim);
-                self.apply(p, effects);
-            }
-        }
-    }
-
-    /// TCP links between `a` and `b` (or every peer) break: what was in
-    /// flight is lost, and a snapshot must be sent again on the next link.
-    fn break_links(&mut self, a: usize, b: Option<usize>) {
-        for p in 0..self.nodes.len() {
-            if p == a || b.is_some_and(|b| b != p) {
-                continue;
-            }
-            self.nodes[p].snap_sent[a] = false;
-            self.nodes[a].snap_sent[p] = false;
-            for key in [(a, p), (p, a)] {
-                if let Some(queue) = self.links.get_mut(&key) {
-                    queue.clear();
+                LinkState::Broken => {
+                    if !self.blocked(b, a) {
+                        self.links.remove(&id);
+                        if self.out_of.get(&(a, b)) == Some(&id) {
+                            self.out_of.remove(&(a, b));
+                            self.nodes[a]
+                                .inbox
+                                .push_back(NetEvent::LinkDown(b, OutDown::Failed));
+                        }
+                    }
+                }
+                LinkState::Up => {
+                    if !self.blocked(a, b) {
+                        self.deliver(id);
+                    }
                 }
             }
         }
     }
 
-    fn restart(&mut self, victim: usize) {
-        if std::env::var("BATON_SIM_TRACE").is_ok() {
-            eprintln!("{:>6} node {victim}: restart", self.now);
+    fn deliver(&mut self, id: LinkId) {
+        let now = self.now;
+        let link = self.links.get_mut(&id).expect("link");
+        let to = link.to;
+        while link.queue.front().is_some_and(|(t, _)| *t <= now) {
+            let (_, item) = link.queue.pop_front().expect("front");
+            let inbox = &mut self.nodes[to].inbox;
+            if !link.opened {
+                link.opened = true;
+                inbox.push_back(NetEvent::Opened(id));
+            }
+            match item {
+                Item::Msg(msg) => inbox.push_back(NetEvent::Peer(id, msg)),
+                Item::Fin => {
+                    inbox.push_back(NetEvent::Closed(id));
+                    self.links.remove(&id);
+                    return;
+                }
+            }
         }
+    }
+
+    // ----- faults -----
+
+    fn crash(&mut self, x: usize) {
+        if trace() {
+            eprintln!("{:>6} node {x}: down", self.now);
+        }
+        let node = &mut self.nodes[x];
+        node.up = false;
+        node.paused_until = None;
+        node.down_since = self.now;
+        node.inbox.clear();
+        let ids: Vec<LinkId> = self.links.keys().copied().collect();
+        for id in ids {
+            let link = self.links.get_mut(&id).expect("link");
+            if link.from == x {
+                // The kernel sends what was written, then FIN.
+                self.out_of.remove(&(link.from, link.to));
+                if link.state == LinkState::Up {
+                    let at = link.queue.back().map_or(self.now, |(t, _)| *t);
+                    link.queue.push_back((at, Item::Fin));
+                } else {
+                    self.links.remove(&id);
+                }
+            } else if link.to == x && link.state == LinkState::Up {
+                link.state = LinkState::Broken;
+                link.queue.clear();
+            }
+        }
+    }
+
+    fn restart(&mut self, x: usize) {
+        if trace() {
+            eprintln!("{:>6} node {x}: restart", self.now);
+        }
+        let skew = self.nodes[x].skew_ms;
+        self.nodes[x] = self.fresh_node(x, skew);
+    }
+
+    fn pause(&mut self, x: usize, until: u64) {
+        if trace() {
+            eprintln!("{:>6} node {x}: paused until {until}", self.now);
+        }
+        self.nodes[x].paused_until = Some(until);
+    }
+
+    /// Cut `a -> b` (and `b -> a` if `both`); `reset` also resets every
+    /// link between them (a firewall that rejects), else packets just vanish.
+    fn partition(&mut self, a: usize, b: usize, both: bool, reset: bool) {
+        if trace() {
+            eprintln!(
+                "{:>6} partition {a} -> {b} (both ways {both}, reset {reset})",
+                self.now
+            );
+        }
+        self.cut.insert((a, b));
+        if both {
+            self.cut.insert((b, a));
+        }
+        if reset {
+            let ids: Vec<LinkId> = self
+                .links
+                .iter()
+                .filter(|(_, l)| (l.from, l.to) == (a, b) || (l.from, l.to) == (b, a))
+                .map(|(id, _)| *id)
+                .collect();
+            for id in ids {
+                self.reset(id);
+            }
+        }
+    }
+
+    fn heal(&mut self) {
+        if trace() && !self.cut.is_empty() {
+            eprintln!("{:>6} partitions heal", self.now);
+        }
+        self.cut.clear();
+    }
+
+    /// A stranger connects to node `x` and sends a forged or malformed line.
+    fn forge(&mut self, x: usize) {
+        let id = self.next_link;
+        self.next_link += 1;
         let n = self.nodes.len();
-        self.nodes[victim] = self.fresh_node(victim, n);
+        let inbox = &mut self.nodes[x].inbox;
+        inbox.push_back(NetEvent::Opened(id));
+        match self.rng.below(4) {
+            0 => inbox.push_back(NetEvent::Malformed(id)),
+            1 => inbox.push_back(NetEvent::Peer(
+                id,
+                PeerMsg::Beat {
+                    beat: baton::server::roles::Beat {
+                        role: RoleName::Active,
+                        following: None,
+                        synced: true,
+                        has_state: true,
+                    },
+                    last_token: u64::MAX,
+                    ceiling: u64::MAX,
+                },
+            )),
+            2 => inbox.push_back(NetEvent::Peer(id, PeerMsg::Hello { from: x, nodes: n })),
+            _ => inbox.push_back(NetEvent::Peer(
+                id,
+                PeerMsg::Hello {
+                    from: 0,
+                    nodes: n + 1,
+                },
+            )),
+        }
     }
 
     fn random_fault(&mut self) {
         let n = self.nodes.len();
-        let victim = self.rng.below(n as u64) as usize;
-        match self.rng.below(4) {
-            0 if self.nodes.iter().filter(|x| x.alive).count() > 1 && self.nodes[victim].alive => {
-                self.crash(victim)
-            }
-            1 if !self.nodes[victim].alive
+        let victim = self.rng.index(n);
+        let other = (victim + 1 + self.rng.index(n - 1)) % n;
+        let alive = self.nodes.iter().filter(|x| x.up).count();
+        match self.rng.below(8) {
+            0 if alive > 1 && self.nodes[victim].up => self.crash(victim),
+            1 if !self.nodes[victim].up
                 && self.now >= self.nodes[victim].down_since + MIN_DOWN_MS =>
             {
                 self.restart(victim)
             }
             2 => {
-                // Cut both ways between two nodes (a partition, or a stopped process).
-                let other = (victim + 1 + self.rng.below(n as u64 - 1) as usize) % n;
-                self.cut.insert((victim, other));
-                self.cut.insert((other, victim));
-                self.break_links(victim, Some(other));
+                let reset = self.rng.chance(1, 2);
+                self.partition(victim, other, true, reset);
             }
-            _ => self.cut.clear(),
+            3 => self.partition(victim, other, false, false),
+            4 if self.runs(victim) => {
+                let until = self.now + self.rng.between(50, 2 * DETECT_MS);
+                self.pause(victim, until);
+            }
+            5 => self.forge(victim),
+            _ => self.heal(),
         }
+    }
+
+    // ----- clients -----
+
+    /// One client event on a random running node (active or not).
+    fn client_op(&mut self) {
+        let running: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.runs(i)).collect();
+        if running.is_empty() {
+            return;
+        }
+        let i = *self.rng.pick(&running);
+        if self.nodes[i].conns.len() < 6 {
+            let id = self.next_conn;
+            self.next_conn += 1;
+            self.nodes[i].conns.push(id);
+            self.nodes[i].books.insert(id, ConnBook::default());
+        }
+        let c = self.rng.index(self.nodes[i].conns.len());
+        let conn = self.nodes[i].conns[c];
+        let key = Key::new(format!("k{}", self.rng.below(5)).as_bytes()).expect("key");
+        let request = match self.rng.below(16) {
+            0..=6 => Request::Acquire {
+                key,
+                lease_ms: self.rng.between(20, 320),
+                wait_ms: self.rng.below(200),
+            },
+            7..=10 => match self.pick_held(i) {
+                Some((key, token)) => Request::Release { key, token },
+                None => Request::Query { key },
+            },
+            11 => match self.pick_held(i) {
+                Some((key, token)) => Request::Keep {
+                    key,
+                    token,
+                    lease_ms: self.rng.between(20, 320),
+                },
+                None => Request::Info,
+            },
+            12 => Request::Query { key },
+            13 => {
+                let book = self.nodes[i].books.get_mut(&conn).expect("book");
+                *book
+                    .pending
+                    .entry((Op::Acquire, Some(key.clone())))
+                    .or_default() += 1;
+                self.nodes[i].client_in.push(Inbound::Refused(
+                    ConnId(conn),
+                    Op::Acquire,
+                    Some(key),
+                    Reason::BadLease,
+                ));
+                return;
+            }
+            14 => Request::Info,
+            _ => {
+                self.nodes[i].conns.swap_remove(c);
+                self.nodes[i].client_in.push(Inbound::Closed(ConnId(conn)));
+                return;
+            }
+        };
+        let book = self.nodes[i].books.get_mut(&conn).expect("book");
+        *book
+            .pending
+            .entry((request.op(), request.key().cloned()))
+            .or_default() += 1;
+        self.nodes[i]
+            .client_in
+            .push(Inbound::Request(ConnId(conn), request));
+    }
+
+    fn pick_held(&mut self, i: usize) -> Option<(Key, u64)> {
+        let mine: Vec<&(usize, Key, u64)> = self.held.iter().filter(|h| h.0 == i).collect();
+        if mine.is_empty() {
+            return None;
+        }
+        let (_, key, token) = mine[self.rng.index(mine.len())];
+        Some((key.clone(), *token))
+    }
+
+    /// An acquire of a key nobody holds, on node `i`.
+    fn grant_fresh(&mut self, i: usize) {
+        let key = Key::new(format!("fresh-{}", self.now).as_bytes()).expect("key");
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        self.nodes[i].conns.push(conn);
+        let mut book = ConnBook::default();
+        book.pending.insert((Op::Acquire, Some(key.clone())), 1);
+        self.nodes[i].books.insert(conn, book);
+        self.nodes[i].client_in.push(Inbound::Request(
+            ConnId(conn),
+            Request::Acquire {
+                key,
+                lease_ms: 5_000,
+                wait_ms: 0,
+            },
+        ));
+    }
+
+    // ----- invariants -----
+
+    fn check_answer(&mut self, i: usize, conn: ConnId, answer: Answer) {
+        let node = &mut self.nodes[i];
+        assert!(
+            !node.forgotten.contains(&conn.0),
+            "node {i}: an answer to connection {} after it was forgotten: {answer:?}",
+            conn.0
+        );
+        let book = node
+            .books
+            .get_mut(&conn.0)
+            .unwrap_or_else(|| panic!("node {i}: an answer to an unknown connection"));
+        let (op, key) = answered(&answer);
+        let pending = book.pending.entry((op, key.clone())).or_default();
+        assert!(
+            *pending > 0,
+            "node {i}: connection {} got {answer:?} with no request pending",
+            conn.0
+        );
+        *pending -= 1;
+        if let Answer::Granted { token, key } = answer {
+            assert!(
+                token > node.last_granted,
+                "node {i}: token {token} not above its previous {}",
+                node.last_granted
+            );
+            node.last_granted = token;
+            assert!(self.all_tokens.insert(token), "token {token} issued twice");
+            self.max_token = self.max_token.max(token);
+            self.held.push_back((i, key, token));
+            if self.held.len() > 64 {
+                self.held.pop_front();
+            }
+        }
+    }
+
+    /// After node `i`'s round: its table is sound, and nothing a client sent
+    /// is stuck: a serving node owes answers to its waiters only, a standby
+    /// to nobody (requests held back during a role transfer excepted).
+    fn check_node(&self, i: usize) {
+        let node = &self.nodes[i];
+        node.table.table().check_invariants();
+        if node.table.is_transferring() || !node.client_in.is_empty() {
+            return;
+        }
+        let mut acquires = 0u64;
+        for (conn, book) in &node.books {
+            for ((op, key), count) in &book.pending {
+                if *op == Op::Acquire {
+                    acquires += u64::from(*count);
+                } else {
+                    assert_eq!(
+                        *count, 0,
+                        "node {i}: connection {conn} never got its {op:?} {key:?} answered"
+                    );
+                }
+            }
+        }
+        let waiting = node.table.table().stats().waiting as u64;
+        assert!(
+            acquires >= waiting && (waiting > 0 || acquires == 0),
+            "node {i}: {acquires} acquires unanswered, {waiting} waiting in the table"
+        );
     }
 
     fn actives(&self) -> Vec<usize> {
         (0..self.nodes.len())
-            .filter(|&i| self.nodes[i].alive && self.nodes[i].roles.role_name().is_active())
+            .filter(|&i| self.nodes[i].up && self.nodes[i].cluster.roles().role_name().is_active())
             .collect()
+    }
+
+    fn converged_on(&self, want: usize) -> bool {
+        self.actives() == vec![want]
+            && (0..self.nodes.len())
+                .all(|i| self.nodes[i].up && self.nodes[i].cluster.roles().active() == Some(want))
+    }
+
+    fn roles(&self) -> Vec<&'static str> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                if n.up {
+                    n.cluster.roles().role_name().as_str()
+                } else {
+                    "down"
+                }
+            })
+            .collect()
+    }
+
+    /// Step until `done` holds; panic with `what` if not within `bound_ms`.
+    fn run_until(&mut self, bound_ms: u64, what: &str, done: impl Fn(&Sim) -> bool) {
+        let bound = self.now + bound_ms;
+        while !done(self) {
+            assert!(
+                self.now < bound,
+                "{what}: not by {} ms; roles {:?}",
+                self.now,
+                self.roles()
+            );
+            self.step();
+        }
+    }
+
+    fn steps(&mut self, ms: u64) {
+        for _ in 0..ms {
+            self.step();
+        }
+    }
+
+    /// Node `i` grants a fresh key; its token.
+    fn fresh_token(&mut self, i: usize) -> u64 {
+        let before = self.nodes[i].last_granted;
+        self.grant_fresh(i);
+        self.step();
+        let after = self.nodes[i].last_granted;
+        assert!(after > before, "node {i} granted nothing");
+        after
     }
 }
 
-fn run(seed: u64, n: usize) {
+fn unix_at(now: u64, skew_ms: i64) -> u64 {
+    (UNIX_BASE + now).saturating_add_signed(skew_ms)
+}
+
+/// The (op, key) an answer belongs to.
+fn answered(answer: &Answer) -> (Op, Option<Key>) {
+    match answer {
+        Answer::Granted { key, .. } | Answer::Timeout { key } => (Op::Acquire, Some(key.clone())),
+        Answer::Released { key } | Answer::NotHeld { key } => (Op::Release, Some(key.clone())),
+        Answer::Kept { key } => (Op::Keep, Some(key.clone())),
+        Answer::Queried { key, .. } => (Op::Query, Some(key.clone())),
+        Answer::Moved { op, key, .. } => (*op, key.clone()),
+        Answer::Error { op, key, .. } => (op.expect("the core names the op"), key.clone()),
+        Answer::Info(_) => (Op::Info, None),
+    }
+}
+
+/// One random run: faults for a while, then everything heals; the cluster
+/// must converge on node 0 and its next token be above every earlier one.
+fn run(seed: u64) {
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let n = 2 + rng.index(2);
     let mut sim = Sim::new(seed, n);
+    sim.faults = Faults {
+        reset_ppm: rng.below(3) * 500,
+        duplicate_ppm: rng.below(3) * 2_000,
+    };
     let fault_until = 4_000 + sim.rng.below(4_000);
     while sim.now < fault_until {
         if sim.rng.chance(2_000, 1_000_000) {
             sim.random_fault();
         }
+        if sim.rng.chance(300_000, 1_000_000) {
+            sim.client_op();
+        }
         sim.step();
     }
-    // Heal: no more faults, every crashed node restarted.
-    sim.cut.clear();
-    for _ in 0..MIN_DOWN_MS {
-        sim.step();
-    }
+    // Heal: no more faults, every node running again.
+    sim.faults = Faults {
+        reset_ppm: 0,
+        duplicate_ppm: 0,
+    };
+    sim.heal();
     for i in 0..n {
-        if !sim.nodes[i].alive {
+        sim.nodes[i].paused_until = None;
+    }
+    sim.steps(MIN_DOWN_MS);
+    for i in 0..n {
+        if !sim.nodes[i].up {
             sim.restart(i);
         }
     }
-    let bound = sim.now + 10 * DETECT_MS;
-    while sim.actives() != vec![0] || (0..n).any(|i| sim.nodes[i].roles.active() != Some(0)) {
-        assert!(
-            sim.now < bound,
-            "seed {seed}, {n} nodes: no convergence to node 0 by {} ms: actives {:?}, roles {:?}",
-            sim.now,
-            sim.actives(),
-            (0..n)
-                .map(|i| sim.nodes[i].roles.role_name())
-                .collect::<Vec<_>>()
-        );
-        sim.step();
-    }
+    sim.run_until(
+        10 * DETECT_MS,
+        &format!("seed {seed}, {n} nodes: convergence to node 0"),
+        |s| s.converged_on(0),
+    );
     // Tokens issued from one heartbeat round after convergence on (the
     // demoted node's last heartbeat has reached the active by then).
     let before = sim.max_token;
-    for _ in 0..DETECT_MS / 2 {
-        sim.step();
-    }
-    let count = sim.nodes[0].issued.len();
-    for _ in 0..100 {
-        sim.grant_fresh(0);
-        if sim.nodes[0].issued.len() > count {
-            break;
-        }
-        sim.step();
-    }
+    sim.steps(DETECT_MS / 2);
     assert!(
         sim.all_tokens.len() >= 20,
         "seed {seed}: the clients got only {} grants: the run exercised too little",
         sim.all_tokens.len()
     );
-    let first = sim.nodes[0].issued.get(count).copied();
-    let first =
-        first.unwrap_or_else(|| panic!("seed {seed}: the converged active granted nothing"));
+    let first = sim.fresh_token(0);
     assert!(
         first > before,
         "seed {seed}: token {first} after convergence is not above {before}"
     );
 }
 
+fn run_seed_reporting(seed: u64) {
+    let result = std::panic::catch_unwind(|| run(seed));
+    if result.is_err() {
+        panic!("simulation failed: replay with BATON_SIM_SEED={seed}");
+    }
+}
+
 #[test]
 fn random_faults_never_repeat_a_token_and_the_cluster_converges_to_the_first_node() {
     if let Ok(seed) = std::env::var("BATON_SIM_SEED") {
-        let seed: u64 = seed.parse().expect("BATON_SIM_SEED is a number");
-        run(seed, 2);
-        run(seed, 3);
+        run(seed.parse().expect("BATON_SIM_SEED is a number"));
         return;
     }
     let seeds: u64 = std::env::var("BATON_SIM_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1000);
-    for seed in 1..=seeds {
-        for n in [2, 3] {
-            let result = std::panic::catch_unwind(|| run(seed, n));
-            if result.is_err() {
-                panic!("simulation failed: replay with BATON_SIM_SEED={seed} ({n} nodes)");
-            }
+        .unwrap_or(2000);
+    // Seeds are independent: spread them over the cores.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            scope.spawn(move || {
+                let mut seed = 1 + t;
+                while seed <= seeds {
+                    run_seed_reporting(seed);
+                    seed += threads;
+                }
+            });
         }
+    });
+}
+
+#[test]
+fn pinned_regression_seeds_still_pass() {
+    for &seed in REGRESSION_SEEDS {
+        run_seed_reporting(seed);
     }
+}
+
+// ----- named scenarios -----
+
+/// A cluster of `n` that has settled on node 0, every standby synced.
+fn settled(n: usize) -> Sim {
+    let mut sim = Sim::new(7, n);
+    sim.run_until(5 * DETECT_MS, "a fresh cluster settles on node 0", |s| {
+        s.converged_on(0) && (1..n).all(|i| s.nodes[i].cluster.roles().beat().synced)
+    });
+    sim
+}
+
+#[test]
+fn a_fresh_cluster_settles_on_the_first_node_with_every_standby_synced() {
+    let mut sim = settled(3);
+    let t = sim.fresh_token(0);
+    assert_eq!(t % tokens::MAX_NODES as u64, 0, "node 0's token");
+}
+
+#[test]
+fn standby_promotes_when_active_is_killed_and_its_tokens_go_above() {
+    let mut sim = settled(2);
+    let before = sim.fresh_token(0);
+    sim.steps(20);
+    sim.crash(0);
+    // Its port refuses: found dead at once, not after the detection time.
+    sim.run_until(DETECT_MS / 2, "node 1 promotes", |s| s.actives() == vec![1]);
+    let after = sim.fresh_token(1);
+    assert!(after > before);
+}
+
+#[test]
+fn a_restarted_first_node_takes_the_role_back_by_an_orderly_transfer() {
+    let mut sim = settled(2);
+    sim.fresh_token(0);
+    sim.steps(20);
+    sim.crash(0);
+    sim.run_until(DETECT_MS, "node 1 promotes", |s| s.actives() == vec![1]);
+    let held = sim.fresh_token(1);
+    sim.steps(MIN_DOWN_MS);
+    sim.restart(0);
+    sim.run_until(5 * DETECT_MS, "node 0 takes over", |s| s.converged_on(0));
+    // The grant made on node 1 came over with the state.
+    assert_eq!(sim.nodes[0].table.table().stats().held, 2);
+    assert!(sim.fresh_token(0) > held);
+}
+
+#[test]
+fn a_two_way_partition_heals_into_one_active_with_tokens_above_both_sides() {
+    let mut sim = settled(3);
+    sim.partition(0, 1, true, false);
+    sim.partition(0, 2, true, false);
+    sim.run_until(
+        3 * DETECT_MS,
+        "the cut-off side elects its own active",
+        |s| s.actives().len() == 2,
+    );
+    let t0 = sim.fresh_token(0);
+    let t1 = sim.fresh_token(1);
+    sim.heal();
+    sim.run_until(4 * DETECT_MS, "split brain ends", |s| s.converged_on(0));
+    sim.steps(DETECT_MS / 2);
+    let after = sim.fresh_token(0);
+    assert!(after > t0 && after > t1);
+}
+
+#[test]
+fn a_one_way_partition_heals_into_one_active() {
+    let mut sim = settled(2);
+    // The active's messages stop reaching the standby, not the reverse.
+    sim.partition(0, 1, false, false);
+    sim.run_until(3 * DETECT_MS, "the standby promotes", |s| {
+        s.actives().len() == 2
+    });
+    let t1 = sim.fresh_token(1);
+    sim.heal();
+    sim.run_until(4 * DETECT_MS, "one active again", |s| s.converged_on(0));
+    sim.steps(DETECT_MS / 2);
+    assert!(sim.fresh_token(0) > t1);
+}
+
+#[test]
+fn a_partition_that_resets_links_heals_and_resyncs_the_standby() {
+    let mut sim = settled(2);
+    sim.partition(0, 1, true, true);
+    sim.steps(2 * DETECT_MS);
+    sim.heal();
+    sim.run_until(4 * DETECT_MS, "one active, standby synced", |s| {
+        s.converged_on(0) && s.nodes[1].cluster.roles().beat().synced
+    });
+}
+
+#[test]
+fn a_paused_active_steps_back_when_it_resumes() {
+    let mut sim = settled(2);
+    let t0 = sim.fresh_token(0);
+    let until = sim.now + 3 * DETECT_MS;
+    sim.pause(0, until);
+    sim.run_until(3 * DETECT_MS, "node 1 promotes", |s| {
+        s.nodes[1].cluster.roles().role_name().is_active()
+    });
+    let t1 = sim.fresh_token(1);
+    assert!(t1 > t0);
+    // Node 0 resumes still believing it is active; the two settle.
+    sim.run_until(6 * DETECT_MS, "one active again", |s| s.converged_on(0));
+    sim.steps(DETECT_MS / 2);
+    assert!(sim.fresh_token(0) > t1);
+}
+
+#[test]
+fn graceful_shutdown_transfers_the_role_to_the_synced_standby_before_exit() {
+    let mut sim = settled(2);
+    sim.fresh_token(0);
+    // A waiter on node 0: it is redirected to node 1 when the role moves.
+    let conn = sim.next_conn;
+    sim.next_conn += 1;
+    sim.nodes[0].conns.push(conn);
+    sim.nodes[0].books.insert(conn, ConnBook::default());
+    let key = Key::new(b"busy").expect("key");
+    for _ in 0..2 {
+        sim.nodes[0]
+            .books
+            .get_mut(&conn)
+            .expect("book")
+            .pending
+            .entry((Op::Acquire, Some(key.clone())))
+            .and_modify(|c| *c += 1)
+            .or_insert(1);
+        sim.nodes[0].client_in.push(Inbound::Request(
+            ConnId(conn),
+            Request::Acquire {
+                key: key.clone(),
+                lease_ms: 10_000,
+                wait_ms: 0,
+            },
+        ));
+        sim.step();
+    }
+    assert_eq!(sim.nodes[0].table.table().stats().waiting, 1);
+    let now = sim.now_of(0);
+    sim.nodes[0].cluster.handle_shutdown(now);
+    sim.carry_out(0);
+    sim.run_until(2 * DETECT_MS, "node 0 exits after the transfer", |s| {
+        s.nodes[0].exited
+    });
+    assert_eq!(sim.actives(), vec![1]);
+    assert_eq!(sim.nodes[1].table.table().stats().held, 2);
+}
+
+#[test]
+fn forged_and_malformed_peer_messages_are_refused_and_change_nothing() {
+    let mut sim = settled(2);
+    let token = sim.fresh_token(0);
+    for _ in 0..40 {
+        sim.forge(1);
+        sim.forge(0);
+        sim.step();
+    }
+    sim.steps(DETECT_MS);
+    assert!(sim.converged_on(0));
+    let next = sim.fresh_token(0);
+    assert!(next > token);
+    assert!(
+        next < tokens::clock_floor(UNIX_BASE + sim.now + MAX_SKEW_MS + 10 * tokens::LEAD_MS),
+        "no forged token or ceiling lifted the counter"
+    );
+}
+
+#[test]
+fn duplicated_messages_and_link_resets_still_converge() {
+    let mut sim = settled(3);
+    sim.faults = Faults {
+        reset_ppm: 2_000,
+        duplicate_ppm: 50_000,
+    };
+    for _ in 0..3_000 {
+        if sim.rng.chance(300_000, 1_000_000) {
+            sim.client_op();
+        }
+        sim.step();
+    }
+    sim.faults = Faults {
+        reset_ppm: 0,
+        duplicate_ppm: 0,
+    };
+    sim.run_until(5 * DETECT_MS, "one active", |s| s.converged_on(0));
+}
+
+#[test]
+fn skewed_wall_clocks_still_give_every_grant_a_new_growing_token() {
+    let mut sim = Sim::new(11, 3);
+    let skew = MAX_SKEW_MS as i64;
+    sim.boot(&[skew, 0, -skew]);
+    sim.run_until(5 * DETECT_MS, "settles on node 0, standbys synced", |s| {
+        s.converged_on(0) && (1..3).all(|i| s.nodes[i].cluster.roles().beat().synced)
+    });
+    // Each active's ceiling reaches the standbys before it dies.
+    let t0 = sim.fresh_token(0);
+    sim.steps(20);
+    sim.crash(0);
+    sim.run_until(DETECT_MS, "node 1 promotes", |s| s.actives() == vec![1]);
+    let t1 = sim.fresh_token(1);
+    assert!(t1 > t0, "{t1} > {t0}");
+    sim.steps(20);
+    sim.crash(1);
+    sim.run_until(DETECT_MS, "node 2 promotes", |s| s.actives() == vec![2]);
+    assert!(sim.fresh_token(2) > t1);
 }

@@ -615,7 +615,15 @@ impl ClusterCore {
             );
             match effect {
                 RoleEffect::BecomeActive => {
-                    let floor = tokens::clock_floor(now.unix_ms);
+                    // After a failover, start as far ahead of the clock as
+                    // a fresh node does: an active that died before its
+                    // first ceiling reached anyone issued at most that far
+                    // ahead (clocks permitting).
+                    let floor = if transferred {
+                        tokens::clock_floor(now.unix_ms)
+                    } else {
+                        tokens::start_floor(now.unix_ms)
+                    };
                     self.tell_table(ClusterToTable::BecomeActive {
                         floor,
                         failover: !transferred,

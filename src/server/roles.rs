@@ -231,6 +231,15 @@ impl Roles {
         self.role = Role::Active;
         self.following = None;
         self.synced = false;
+        // The old active handed its role over: it is not active any more,
+        // whatever its last heartbeat said (else a lower-priority successor,
+        // on a graceful shutdown, would step back to it at once).
+        self.peers[from].beat = Some(Beat {
+            role: RoleName::Standby,
+            following: Some(self.me),
+            synced: false,
+            has_state: true,
+        });
         let mut effects = vec![RoleEffect::BecomeActive, RoleEffect::SendTook { to: from }];
         effects.extend(self.decide(now_ms));
         effects
@@ -645,6 +654,21 @@ mod tests {
             n0.handle_took(25, 2),
             vec![RoleEffect::FinishTransfer { to: 2 }, RoleEffect::Exit]
         );
+    }
+
+    #[test]
+    fn a_lower_priority_successor_stays_active_after_taking_the_role_over() {
+        // Node 1 follows node 0, synced; node 0 shuts down and hands over.
+        let mut n1 = Roles::new(1, 2, DETECT, 500, 0);
+        n1.handle_beat(1, 0, active());
+        n1.handle_synced(2, 0);
+        n1.handle_beat(3, 0, beat(RoleName::HandingOff, None, false, true));
+        assert_eq!(
+            n1.handle_handoff(4, 0),
+            vec![RoleEffect::BecomeActive, RoleEffect::SendTook { to: 0 }]
+        );
+        assert_eq!(n1.role_name(), RoleName::Active);
+        assert!(n1.poll(5).is_empty(), "it does not step back to node 0");
     }
 
     #[test]

@@ -130,6 +130,11 @@ impl TableCore {
         matches!(self.mode, Mode::Active)
     }
 
+    /// Transferring the active role: requests are held back.
+    pub fn is_transferring(&self) -> bool {
+        matches!(self.mode, Mode::Transferring { .. })
+    }
+
     /// The largest token this node issued itself (for heartbeats).
     pub fn last_issued(&self) -> u64 {
         self.table.stats().last_issued
