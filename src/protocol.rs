@@ -288,6 +288,18 @@ impl fmt::Debug for Key {
     }
 }
 
+/// Every op of the protocol, in one table: its letter on the wire and how
+/// many fields its request line has (the op included), in the order of
+/// [`Op`]'s variants. A new op is a row here, a [`Request`] variant with its
+/// arm in the parser, and its handler in the node's table core.
+const OPS: [(Op, &[u8; 1], usize); 5] = [
+    (Op::Acquire, b"A", 4),
+    (Op::Release, b"R", 3),
+    (Op::Keep, b"K", 4),
+    (Op::Query, b"Q", 2),
+    (Op::Info, b"I", 1),
+];
+
 impl Op {
     /// The op's letter on the wire: 'A', 'R', 'K', 'Q' or 'I'.
     pub fn as_char(self) -> char {
@@ -296,34 +308,22 @@ impl Op {
 
     /// The op named by a letter, case-sensitive.
     pub fn from_byte(b: u8) -> Option<Op> {
-        match b {
-            b'A' => Some(Op::Acquire),
-            b'R' => Some(Op::Release),
-            b'K' => Some(Op::Keep),
-            b'Q' => Some(Op::Query),
-            b'I' => Some(Op::Info),
-            _ => None,
-        }
+        OPS.iter()
+            .find(|(_, letter, _)| letter[0] == b)
+            .map(|(op, _, _)| *op)
+    }
+
+    fn row(self) -> &'static (Op, &'static [u8; 1], usize) {
+        &OPS[self as usize]
     }
 
     fn as_byte(self) -> u8 {
-        match self {
-            Op::Acquire => b'A',
-            Op::Release => b'R',
-            Op::Keep => b'K',
-            Op::Query => b'Q',
-            Op::Info => b'I',
-        }
+        self.row().1[0]
     }
 
     /// How many fields a request line of this op has, the op included.
     fn field_count(self) -> usize {
-        match self {
-            Op::Acquire | Op::Keep => 4,
-            Op::Release => 3,
-            Op::Query => 2,
-            Op::Info => 1,
-        }
+        self.row().2
     }
 }
 
@@ -913,13 +913,7 @@ impl Answer {
 
 /// The op letter as a one-byte slice.
 fn op_text(op: Op) -> &'static [u8] {
-    match op {
-        Op::Acquire => b"A",
-        Op::Release => b"R",
-        Op::Keep => b"K",
-        Op::Query => b"Q",
-        Op::Info => b"I",
-    }
+    op.row().1
 }
 
 /// Appends `<tag> <key>` (no line ending).
@@ -1022,6 +1016,14 @@ mod tests {
     }
 
     // --- keys --------------------------------------------------------------
+
+    #[test]
+    fn the_op_table_is_in_the_order_of_the_ops() {
+        for (i, (op, letter, _)) in OPS.iter().enumerate() {
+            assert_eq!(*op as usize, i);
+            assert_eq!(Op::from_byte(letter[0]), Some(*op));
+        }
+    }
 
     #[test]
     fn key_of_1_to_250_bytes_is_valid() {

@@ -197,6 +197,17 @@ fn extra_fields_are_refused_and_the_connection_stays_open() {
 }
 
 #[test]
+fn a_refusal_leaves_in_request_order_with_the_answers_before_it() {
+    let node = start_node();
+    let mut c = node.client();
+    c.send_raw(b"I\nI x\nA bad-key\x01 30 0\nQ k\n");
+    assert!(c.recv().starts_with("I "), "the I answer comes first");
+    assert_eq!(c.recv(), "E I - extra-fields");
+    assert_eq!(c.recv(), "E A - bad-key");
+    assert_eq!(c.recv(), "Q k 0 0 0");
+}
+
+#[test]
 fn bad_numbers_are_refused_and_the_connection_stays_open() {
     // The node runs with --max-lease 60.
     let node = start_node();
