@@ -375,9 +375,18 @@ impl ClusterCore {
             }
             (None, _) => Verdict::Refuse("no hello first"),
             (Some(_), PeerMsg::Hello { .. }) => Verdict::Refuse("a second hello"),
-            (Some(_), PeerMsg::Beat { beat, .. }) => {
+            (
+                Some(_),
+                PeerMsg::Beat {
+                    beat,
+                    last_token,
+                    ceiling,
+                },
+            ) => {
                 if beat.following.is_some_and(|f| f >= nodes) {
                     Verdict::Refuse("a heartbeat naming an unknown node")
+                } else if *last_token > tokens::MAX_TOKEN || *ceiling > tokens::MAX_TOKEN {
+                    Verdict::Refuse("a token beyond the limit")
                 } else {
                     Verdict::Accept
                 }
@@ -386,6 +395,12 @@ impl ClusterCore {
                 Some(_),
                 PeerMsg::Delta(Delta::Grant { token: 0, .. } | Delta::Free { token: 0, .. }),
             ) => Verdict::Refuse("token 0"),
+            (
+                Some(_),
+                PeerMsg::Delta(
+                    Delta::Grant { token, .. } | Delta::Free { token, .. } | Delta::Ceiling(token),
+                ),
+            ) if *token > tokens::MAX_TOKEN => Verdict::Refuse("a token beyond the limit"),
             (Some(_), _) => Verdict::Accept,
         }
     }
@@ -828,6 +843,25 @@ mod tests {
             core.check_peer_msg(7, &PeerMsg::Hello { from: 1, nodes: 2 }),
             Verdict::Refuse("a second hello")
         );
+        let huge = PeerMsg::Beat {
+            beat: Beat {
+                role: RoleName::Active,
+                following: None,
+                synced: true,
+                has_state: true,
+            },
+            last_token: u64::MAX,
+            ceiling: 1,
+        };
+        assert_eq!(
+            core.check_peer_msg(7, &huge),
+            Verdict::Refuse("a token beyond the limit")
+        );
+        let ceiling = PeerMsg::Delta(Delta::Ceiling(u64::MAX));
+        assert_eq!(
+            core.check_peer_msg(7, &ceiling),
+            Verdict::Refuse("a token beyond the limit")
+        );
     }
 
     #[test]
@@ -1049,7 +1083,7 @@ mod tests {
         let out = effects(&mut core);
         assert!(
             out.contains(&ClusterEffect::ToTable(ClusterToTable::BecomeActive {
-                floor: tokens::clock_floor(5_000),
+                floor: tokens::start_floor(5_000),
                 failover: true
             }))
         );

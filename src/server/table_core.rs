@@ -570,7 +570,12 @@ mod tests {
     #[test]
     fn a_ceiling_near_the_end_of_the_token_space_never_wraps() {
         let mut core = core(true);
-        cluster(&mut core, at(1), ClusterToTable::Observe(u64::MAX - 10));
+        cluster(&mut core, at(1), ClusterToTable::Observe(u64::MAX));
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::Observe(tokens::MAX_TOKEN - 10),
+        );
         cluster(
             &mut core,
             at(2),
@@ -579,8 +584,11 @@ mod tests {
                 failover: false,
             },
         );
-        // No room for a reserve: no ceiling is made up, nothing wraps.
-        assert_eq!(core.ceiling(), 0);
+        assert!(core.ceiling() > tokens::MAX_TOKEN);
+        let out = round(&mut core, at(3), vec![Inbound::Request(C, acquire("k", 0))]);
+        assert!(
+            matches!(out.answers[0].1, Answer::Granted { token, .. } if token > tokens::MAX_TOKEN - 10)
+        );
     }
 
     #[test]

@@ -24,6 +24,13 @@ pub const MAX_NODES: usize = 1 << NODE_BITS;
 /// that starts without memory.
 pub const LEAD_MS: u64 = 64;
 
+/// The largest token or ceiling a node takes from anywhere (a peer's
+/// heartbeat, a delta, a snapshot): half the token space. Larger values are
+/// refused by the cluster core's check of peer messages and never lift the
+/// counter, so issuing a token can never run out of room (at the clock
+/// floor's pace, half the space lasts past the year 2200).
+pub const MAX_TOKEN: u64 = u64::MAX >> 1;
+
 /// The wall clock as a token: the lock owner keeps every new token above
 /// this, so tokens issued later, by any node, are larger (clocks permitting).
 pub fn clock_floor(unix_ms: u64) -> u64 {
@@ -70,7 +77,9 @@ impl TokenSource {
 
     /// A token issued elsewhere (or a ceiling): later tokens go above it.
     pub fn observe(&mut self, token: u64) {
-        self.last = self.last.max(token);
+        if token <= MAX_TOKEN {
+            self.last = self.last.max(token);
+        }
     }
 
     /// The largest token issued or observed.
@@ -117,6 +126,16 @@ mod tests {
         let mut b = TokenSource::new(1, 77);
         let from_a: std::collections::HashSet<u64> = (0..500).map(|_| a.issue()).collect();
         assert!((0..500).map(|_| b.issue()).all(|t| !from_a.contains(&t)));
+    }
+
+    #[test]
+    fn a_token_beyond_the_limit_never_lifts_the_counter() {
+        let mut tokens = TokenSource::new(1, 5);
+        tokens.observe(u64::MAX);
+        tokens.observe(MAX_TOKEN + 1);
+        assert!(tokens.issue() < 100);
+        tokens.observe(MAX_TOKEN);
+        assert!(tokens.issue() > MAX_TOKEN, "and issuing never overflows");
     }
 
     #[test]
