@@ -1,5 +1,5 @@
-//! The `baton` command-line tool against real `batond` processes (SPEC.md
-//! section 6). Every `baton` process is killed by its PID if a test fails.
+//! The `baton` command-line tool against real `batond` processes. Every
+//! `baton` process is killed by its PID if a test fails.
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! The official client against a real cluster: a graceful restart of any
-//! node, active or standby, causes no failed request at all (SPEC.md
-//! section 5, issue 4), and redirects (`M`) are followed to the active.
+//! node, active or standby, causes no failed request at all (issue
+//! 4), and redirects (`M`) are followed to the active.
 //!
 //! Real `batond` processes on loopback, killed by PID when the test ends.
 

@@ -1,5 +1,4 @@
-//! `baton`: the command-line client (SPEC.md section 6), built on the
-//! client library.
+//! `baton`: the command-line client, built on the client library.
 //!
 //! Owns: the process — arguments (`baton/args.rs`), one command per run,
 //! the exit code, and the one-line messages on stderr. `run` lives in

@@ -1,5 +1,5 @@
 //! The calls: how one request becomes one result, across dropped
-//! connections, redirects and deadlines (SPEC.md section 4).
+//! connections, redirects and deadlines.
 //!
 //! Owns the policies:
 //! - an attempt whose connection drops moves to the next connection; the
@@ -11,7 +11,7 @@
 //!   most [`MAX_REDIRECTS`] redirects per call;
 //! - a grant answered after more than a third of its lease (it waited in
 //!   line) is confirmed at once with `K`, so that its lease, counted from a
-//!   send time as SPEC.md asks, does not look spent on arrival;
+//!   send time, does not look spent on arrival;
 //! - a release is retried for [`RELEASE_RETRY_WINDOW`] at
 //!   [`RELEASE_RETRY_INTERVAL`] while no connection can carry it; `N` after
 //!   an attempt that may have reached the server counts as released;

@@ -38,15 +38,14 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
+use crate::client::ctx::Ctx;
 use crate::client::pending::{Pending, Route, route};
-use crate::client::pool::Ctx;
 use crate::protocol::{self, Answer, LineError, Parsed, Request};
 
-/// Time between two connection attempts to a server that is down (SPEC.md
-/// section 4: "reconnected in the background every 3 seconds").
+/// Time between two connection attempts to a server that is down.
 pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(3);
 /// Requests waiting for an answer on one connection, at most.
 pub const MAX_IN_FLIGHT: usize = 65_536;
@@ -493,9 +492,4 @@ impl Ticket {
         }
         Outcome::Overdue
     }
-}
-
-/// Sleep helper for the manager: true when the client closed meanwhile.
-pub fn sleep_or_stop(stop: &Receiver<()>, duration: Duration) -> bool {
-    !matches!(stop.recv_timeout(duration), Err(RecvTimeoutError::Timeout))
 }

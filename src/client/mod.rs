@@ -1,4 +1,4 @@
-//! The Rust client library of baton (SPEC.md section 4).
+//! The Rust client library of baton.
 //!
 //! Owns: the public API — [`Client`], [`ClientBuilder`], and what calls
 //! return ([`Grant`], [`LockGuard`], [`ReleaseOutcome`], [`KeyStatus`],
@@ -7,6 +7,8 @@
 //!
 //! Layout, one file per concern:
 //! - `pending.rs`: matching answers to requests by (op, key), pure;
+//! - `ctx.rs`: settings and phase-change signals shared by the
+//!   connections and the callers;
 //! - `conn.rs`: one connection, its reader/manager and writer threads;
 //! - `pool.rs`: the servers and connections, round-robin choice, waiting
 //!   for a connection to come up;
@@ -36,6 +38,7 @@
 
 mod calls;
 mod conn;
+mod ctx;
 mod error;
 mod grant;
 mod pending;

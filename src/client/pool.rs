@@ -4,9 +4,9 @@
 //! Owns: the registered servers (nodes) and their connections (one per
 //! address given, two when only one address is given, one for a node first
 //! learned from an `M` redirect; at most [`MAX_SERVERS`] servers), the
-//! round-robin turn, the node preferred
-//! after a redirect (the active one), and the [`Notifier`] that wakes callers
-//! waiting for a connection to come up.
+//! round-robin turn and the node preferred after a redirect (the active
+//! one); callers waiting for a connection to come up wait on the
+//! [`Notifier`](crate::client::ctx::Notifier).
 //!
 //! Runs on the callers' threads ([`Pool::pick`]); the connections' own
 //! threads only report phase changes through the notifier.
@@ -20,14 +20,15 @@
 //! Never does: send, retry or interpret answers (that is `calls.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::RwLock;
 
 use crate::client::Error;
-use crate::client::conn::{self, Conn, Phase};
+use crate::client::conn::{Conn, Phase};
+use crate::client::ctx::Ctx;
 use crate::client::grant::ConnectionStatus;
 
 /// Connections kept to a server when it is the only one given.
@@ -39,58 +40,6 @@ pub const MAX_SERVERS: usize = 64;
 /// timeout (name resolution, thread start).
 const CONNECT_SLACK: Duration = Duration::from_secs(1);
 const NO_NODE: usize = usize::MAX;
-
-/// Settings and signals shared by the pool and its connections' threads.
-pub struct Ctx {
-    pub connect_timeout: Duration,
-    pub request_timeout: Duration,
-    pub notifier: Notifier,
-    /// Never sent on: disconnects when the client is dropped.
-    stop: Receiver<()>,
-    closed: AtomicBool,
-}
-
-impl Ctx {
-    pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    /// Sleep for `duration` or until the client closes; true if it closed.
-    pub fn sleep(&self, duration: Duration) -> bool {
-        conn::sleep_or_stop(&self.stop, duration) || self.is_closed()
-    }
-}
-
-/// A counter bumped on every change of a connection's phase, with a condvar
-/// for callers waiting for one.
-#[derive(Default)]
-pub struct Notifier {
-    version: Mutex<u64>,
-    changed: Condvar,
-}
-
-impl Notifier {
-    pub fn version(&self) -> u64 {
-        *self.version.lock()
-    }
-
-    pub fn bump(&self) {
-        *self.version.lock() += 1;
-        self.changed.notify_all();
-    }
-
-    /// Wait until the version differs from `seen` or `until` passes; true if
-    /// it changed.
-    pub fn wait_change(&self, seen: u64, until: Instant) -> bool {
-        let mut version = self.version.lock();
-        while *version == seen {
-            if self.changed.wait_until(&mut version, until).timed_out() {
-                return *version != seen;
-            }
-        }
-        true
-    }
-}
 
 /// Which connections a request may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,13 +118,7 @@ impl Pool {
         request_timeout: Duration,
         stop: Receiver<()>,
     ) -> Result<Pool, Error> {
-        let ctx = Arc::new(Ctx {
-            connect_timeout,
-            request_timeout,
-            notifier: Notifier::default(),
-            stop,
-            closed: AtomicBool::new(false),
-        });
+        let ctx = Arc::new(Ctx::new(connect_timeout, request_timeout, stop));
         let pool = Pool {
             ctx,
             nodes: RwLock::new(Vec::new()),
@@ -344,11 +287,10 @@ impl Pool {
 
     /// Stop every connection (the client is dropped).
     pub fn close(&self) {
-        self.ctx.closed.store(true, Ordering::Release);
+        self.ctx.close();
         for conn in self.all_conns() {
             conn.close();
         }
-        self.ctx.notifier.bump();
     }
 }
 
@@ -421,17 +363,5 @@ mod tests {
         assert_eq!(choose(&conns, Target::Node(0), Some(1), 3), Choice::Use(0));
         let conns = [(0, Up), (1, Connecting)];
         assert_eq!(choose(&conns, Target::Node(1), None, 0), Choice::Wait);
-    }
-
-    #[test]
-    fn a_waiter_sees_a_change_or_its_deadline() {
-        let notifier = Arc::new(Notifier::default());
-        let seen = notifier.version();
-        let soon = Instant::now() + Duration::from_millis(20);
-        assert!(!notifier.wait_change(seen, soon));
-        let bumper = notifier.clone();
-        let thread = std::thread::spawn(move || bumper.bump());
-        assert!(notifier.wait_change(seen, Instant::now() + Duration::from_secs(10)));
-        thread.join().expect("bumper thread");
     }
 }

@@ -1,5 +1,5 @@
 //! `baton`'s command line: turning arguments into a [`Cli`], with one clear
-//! message for anything wrong (SPEC.md section 6).
+//! message for anything wrong.
 //!
 //! Owns: flags (pico-args), their defaults — `--servers` from the flag, else
 //! `$BATON_SERVERS`, else `127.0.0.1:7373`; `--lease 30`; `--wait 0` (no
