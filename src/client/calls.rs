@@ -386,22 +386,39 @@ pub fn keep(pool: &Pool, grant: &mut Grant, lease_ms: u64) -> Result<(), Error> 
     if grant.is_expired() {
         return Err(Error::Expired);
     }
-    let request = Request::Keep {
-        key: grant.key().clone(),
-        token: grant.token(),
-        lease_ms,
-    };
-    let due = Some(grant.expires_at());
-    let done = match exchange(pool, Target::Any, due, || Ok(request.clone())) {
-        Ok(done) => done,
-        Err(_) if grant.is_expired() => return Err(Error::Expired),
-        Err(failure) => return Err(failure.error),
-    };
-    match done.answer {
-        Answer::Kept { .. } => {
-            grant.renew(lease_ms, done.sent_at);
+    let due = grant.expires_at();
+    match keep_token(pool, grant.key().clone(), grant.token(), lease_ms, due) {
+        Ok(sent_at) => {
+            grant.renew(lease_ms, sent_at);
             Ok(())
         }
+        Err(e) if e.is_unreachable() && grant.is_expired() => Err(Error::Expired),
+        Err(e) => Err(e),
+    }
+}
+
+/// `K key token lease`, waiting for an answer until `due`; when the keep
+/// that got through was sent.
+pub fn keep_token(
+    pool: &Pool,
+    key: Key,
+    token: u64,
+    lease_ms: u64,
+    due: Instant,
+) -> Result<Instant, Error> {
+    let request = Request::Keep {
+        key,
+        token,
+        lease_ms,
+    };
+    let done =
+        exchange(pool, Target::Any, Some(due), || Ok(request.clone())).map_err(|f| f.error)?;
+    keep_outcome(done)
+}
+
+fn keep_outcome(done: Exchanged) -> Result<Instant, Error> {
+    match done.answer {
+        Answer::Kept { .. } => Ok(done.sent_at),
         Answer::Error {
             reason: Reason::NotHeld,
             ..

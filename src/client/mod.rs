@@ -393,6 +393,34 @@ impl Client {
         calls::keep(self.pool(), grant, lease_ms)
     }
 
+    /// Extend the lease of the grant that `token` names to now + `lease`,
+    /// as [`Client::keep`] does, for a token that came from elsewhere (say
+    /// the process that acquired it). Waits at most the request timeout.
+    /// [`Error::NotHeld`] when the token no longer holds the key.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// client.keep_token("job", 1_745_000_000_000_000_001, Duration::from_secs(60))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn keep_token(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: u64,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let key = check_key(key.as_ref())?;
+        if token == 0 {
+            return Err(Error::InvalidArgument("a token is never 0".into()));
+        }
+        let lease_ms = check_lease(lease)?;
+        let due = std::time::Instant::now() + self.pool().request_timeout();
+        calls::keep_token(self.pool(), key, token, lease_ms, due).map(drop)
+    }
+
     /// Who holds `key`, for how long, and how many wait for it.
     ///
     /// ```no_run
