@@ -11,7 +11,7 @@
 //! `conn.rs` and `pool.rs` each depend on it and not on each other.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Waker;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
@@ -98,6 +98,19 @@ impl Notifier {
             }
         }
         true
+    }
+
+    /// Ready once the version differs from `seen`; else the waker is woken
+    /// at the next change.
+    pub fn poll_change(&self, seen: u64, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.state.lock();
+        if st.version != seen {
+            return Poll::Ready(());
+        }
+        if !st.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            st.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
     }
 }
 
