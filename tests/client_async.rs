@@ -42,6 +42,10 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
+fn assert_send<T: Send>(_: &T) {}
+
+fn assert_static_send<T: Send + 'static>(_: &T) {}
+
 /// Fail the test instead of hanging when a future never completes.
 async fn bounded<F: Future>(future: F) -> F::Output {
     tokio::time::timeout(DEADLINE, future)
@@ -62,11 +66,18 @@ fn the_async_calls_work_end_to_end_under_tokio() {
         let status = bounded(c.query_async("job")).await.expect("query");
         assert_eq!((status.token, status.waiting), (Some(grant.token()), 0));
 
-        bounded(c.keep_async(&mut grant, LEASE))
-            .await
-            .expect("kept");
+        let keep = c.keep_async(&mut grant, LEASE);
+        assert_send(&keep);
+        bounded(keep).await.expect("kept");
         let status = bounded(c.query_async("job")).await.expect("query");
         assert!(status.time_left > Duration::from_secs(2), "{status:?}");
+        // Every async call is Send, and 'static where it owns its arguments.
+        let key = String::from("job");
+        assert_static_send(&c.acquire_async(key.as_str(), LEASE, None));
+        assert_static_send(&c.lock_async(key.as_str(), LEASE, None));
+        assert_static_send(&c.query_async(key.as_str()));
+        assert_static_send(&c.release_async(&grant));
+        assert_static_send(&c.hold_async(key.as_str(), LEASE, None));
 
         let released = bounded(c.release_async(&grant)).await;
         assert_eq!(released, Ok(ReleaseOutcome::Released));

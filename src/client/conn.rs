@@ -105,6 +105,9 @@ pub struct Ticket {
     conn: Arc<Conn>,
     generation: u64,
     rx: oneshot::Receiver<Answer>,
+    /// True once the answer was taken or the connection dropped: nothing
+    /// can arrive for this ticket any more.
+    settled: bool,
     /// When the line was queued for sending.
     pub sent_at: Instant,
 }
@@ -162,6 +165,7 @@ impl Conn {
             conn: self.clone(),
             generation: st.generation,
             rx,
+            settled: false,
             sent_at: Instant::now(),
         })
     }
@@ -187,14 +191,10 @@ impl Conn {
         }
     }
 
-    /// Stop waiting for an answer: take it if it has just arrived, else
-    /// leave the slot in place (answers must still be matched in order), so
-    /// that a grant arriving later is released by the reader.
-    fn abandon(&self, rx: oneshot::Receiver<Answer>) -> Option<Answer> {
+    /// The answer if it has just arrived (the caller's deadline passed).
+    fn take_late(&self, rx: &oneshot::Receiver<Answer>) -> Option<Answer> {
         let _st = self.state.lock();
-        let answer = rx.try_recv();
-        drop(rx);
-        answer
+        rx.try_recv()
     }
 
     // --- manager thread -----------------------------------------------------
@@ -495,29 +495,53 @@ impl Ticket {
         self.outcome(received, conn_due)
     }
 
-    fn outcome(self, received: Result<Answer, RecvError>, conn_due: Option<Instant>) -> Outcome {
+    fn outcome(
+        mut self,
+        received: Result<Answer, RecvError>,
+        conn_due: Option<Instant>,
+    ) -> Outcome {
         match received {
-            Ok(answer) => Outcome::Answer(answer),
-            Err(RecvError::Closed) => Outcome::Lost,
+            Ok(answer) => {
+                self.settled = true;
+                Outcome::Answer(answer)
+            }
+            Err(RecvError::Closed) => {
+                self.settled = true;
+                Outcome::Lost
+            }
             Err(RecvError::Timeout) => self.give_up(conn_due),
         }
     }
 
-    fn give_up(self, conn_due: Option<Instant>) -> Outcome {
-        let Ticket {
-            conn,
-            generation,
-            rx,
-            sent_at,
-        } = self;
-        if let Some(answer) = conn.abandon(rx) {
+    fn give_up(mut self, conn_due: Option<Instant>) -> Outcome {
+        if let Some(answer) = self.conn.take_late(&self.rx) {
+            self.settled = true;
             return Outcome::Answer(answer);
         }
         if conn_due.is_some_and(|due| Instant::now() >= due) {
-            let waited = sent_at.elapsed();
-            conn.kill(generation, format!("no answer within {waited:.1?}"));
+            let waited = self.sent_at.elapsed();
+            self.conn
+                .kill(self.generation, format!("no answer within {waited:.1?}"));
         }
         Outcome::Overdue
+    }
+}
+
+impl Drop for Ticket {
+    /// A caller that stops waiting (a deadline, or a dropped async call)
+    /// leaves its slot in place, since answers must still be matched in
+    /// order: closed under the state lock, so that an answer the reader is
+    /// dispatching either finds the receiver gone (and the reader releases
+    /// a grant nobody wants) or was delivered already and is released here.
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut st = self.conn.state.lock();
+        self.rx.close();
+        if let Some(answer) = self.rx.try_recv() {
+            release_orphan(&mut st, answer, &self.conn.addr);
+        }
     }
 }
 

@@ -147,11 +147,19 @@ impl<T> Receiver<T> {
     }
 }
 
-impl<T> Drop for Receiver<T> {
-    fn drop(&mut self) {
+impl<T> Receiver<T> {
+    /// Refuse values from now on: a later [`Sender::send`] gets its value
+    /// back. A value sent before stays here for [`Receiver::try_recv`].
+    pub fn close(&self) {
         let mut st = self.shared.state.lock();
         st.receiver_gone = true;
         st.waker = None;
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -215,6 +223,17 @@ mod tests {
         let (tx, rx) = channel();
         drop(rx);
         assert_eq!(tx.send(9), Err(9));
+        let (tx, rx) = channel();
+        rx.close();
+        assert_eq!(tx.send(10), Err(10));
+    }
+
+    #[test]
+    fn a_value_sent_before_close_is_still_there() {
+        let (tx, rx) = channel();
+        assert_eq!(tx.send(11), Ok(()));
+        rx.close();
+        assert_eq!(rx.try_recv(), Some(11));
     }
 
     #[test]
