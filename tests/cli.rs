@@ -1,5 +1,5 @@
-//! The `baton` command-line tool against real `batond` processes (SPEC.md
-//! section 6). Every `baton` process is killed by its PID if a test fails.
+//! The `baton` command-line tool against real `batond` processes. Every
+//! `baton` process is killed by its PID if a test fails.
 
 mod common;
 
@@ -197,6 +197,130 @@ fn a_timeout_is_one_line_on_stderr_and_exit_code_75() {
         !std::path::Path::new(&marker).exists(),
         "the command did not run"
     );
+}
+
+#[test]
+fn nonblock_takes_a_free_key_and_gives_up_at_once_on_a_held_one() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let out = baton(&servers, &["acquire", "-n", "job"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let token: u64 = out.stdout.trim_end().parse().expect("the token");
+
+    // Held now (nobody released it): -n does not wait in line.
+    for flag in ["-n", "--nonblock"] {
+        let out = baton(&servers, &["acquire", "job", flag]);
+        assert_eq!((out.code, out.stdout.as_str()), (Some(75), ""));
+        assert!(
+            one_line(&out.stderr) && out.stderr.contains("busy"),
+            "{}",
+            out.stderr
+        );
+    }
+    let c = library(&servers);
+    let status = c.query("job").expect("query");
+    assert_eq!(status.token, Some(token), "the holder kept the key");
+    assert_eq!(status.waiting, 0, "nobody was left in line");
+
+    // -q: nothing at all on a busy key, the exit code says it.
+    let scratch = Scratch::new("nonblock");
+    let marker = scratch.file("ran");
+    for args in [
+        &["-q", "acquire", "job", "-n"][..],
+        &["acquire", "--quiet", "job", "--wait", "0.05"][..],
+        &["run", "-n", "-q", "job", "--", "touch", &marker][..],
+    ] {
+        let out = baton(&servers, args);
+        assert_eq!(
+            (out.code, out.stdout.as_str(), out.stderr.as_str()),
+            (Some(75), "", ""),
+            "{args:?}"
+        );
+    }
+    assert!(
+        !std::path::Path::new(&marker).exists(),
+        "the command did not run"
+    );
+
+    // -q does not hide real failures.
+    let nobody = format!("127.0.0.1:{}", common::free_port());
+    let out = baton(&nobody, &["-q", "acquire", "-n", "job"]);
+    assert_eq!(out.code, Some(1));
+    assert!(one_line(&out.stderr), "{}", out.stderr);
+
+    // Once released, -n takes it and run -n runs the command.
+    assert_eq!(c.release_token("job", token), Ok(ReleaseOutcome::Released));
+    let out = baton(&servers, &["run", "-n", "job", "--", "touch", &marker]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(std::path::Path::new(&marker).exists(), "the command ran");
+}
+
+#[test]
+fn query_prints_the_holder_and_keep_extends_a_lease_by_token() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let out = baton(&servers, &["query", "job"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (Some(0), "free 0 0 0\n", "")
+    );
+
+    let out = baton(&servers, &["acquire", "job", "--lease", "2"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let token = out.stdout.trim_end().to_string();
+    let out = baton(&servers, &["query", "job"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let fields: Vec<&str> = out.stdout.split_whitespace().collect();
+    assert_eq!(fields.len(), 4, "{}", out.stdout);
+    assert_eq!(
+        (fields[0], fields[1], fields[3]),
+        ("held", token.as_str(), "0")
+    );
+    let left: f64 = fields[2].parse().expect("seconds left");
+    assert!(left > 0.0 && left <= 2.0, "{left}");
+
+    // keep: the lease becomes 60 s from now, far above the 2 s it had.
+    let out = baton(&servers, &["keep", "job", &token, "--lease", "60"]);
+    assert_eq!(
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (Some(0), "", "")
+    );
+    let status = library(&servers).query("job").expect("query");
+    assert_eq!(status.token.map(|t| t.to_string()), Some(token.clone()));
+    assert!(status.time_left > Duration::from_secs(2), "{status:?}");
+
+    // A token that does not hold the key: one line, exit 1.
+    let wrong = (token.parse::<u64>().expect("token") + 1).to_string();
+    let out = baton(&servers, &["keep", "job", &wrong]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        one_line(&out.stderr) && out.stderr.contains("not held"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn timeout_bounds_each_request_and_version_prints_the_version() {
+    // A server that takes connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let servers = silent.local_addr().expect("addr").to_string();
+    // The default request timeout is 5 s; 0.3 s must end well before 4 s.
+    let out = start(&servers, &["--timeout", "0.3", "query", "job"])
+        .finish_within(Duration::from_secs(4));
+    assert_eq!(out.code, Some(1));
+    assert!(
+        one_line(&out.stderr) && out.stderr.contains("no answer"),
+        "{}",
+        out.stderr
+    );
+    drop(silent);
+
+    for flag in ["--version", "-V"] {
+        let out = baton("127.0.0.1:1", &[flag]);
+        assert_eq!(out.code, Some(0));
+        assert_eq!(out.stdout, format!("baton {}\n", env!("CARGO_PKG_VERSION")));
+    }
 }
 
 #[test]

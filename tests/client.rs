@@ -1,6 +1,5 @@
-//! The client library against real `batond` processes (SPEC.md section 4),
-//! with faults injected by the proxy and the fake standby of
-//! `common/faults.rs`.
+//! The client library against real `batond` processes, with faults
+//! injected by the proxy and the fake standby of `common/faults.rs`.
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! The official client against a real cluster: a graceful restart of any
-//! node, active or standby, causes no failed request at all (SPEC.md
-//! section 5, issue 4), and redirects (`M`) are followed to the active.
+//! node, active or standby, causes no failed request at all (issue
+//! 4), and redirects (`M`) are followed to the active.
 //!
 //! Real `batond` processes on loopback, killed by PID when the test ends.
 
@@ -181,4 +181,40 @@ fn the_client_follows_a_standby_redirect_to_the_active() {
         "the active holds the grant: {q}"
     );
     client.release(&grant).expect("release");
+}
+
+#[test]
+fn the_async_client_follows_redirects_and_moves_on_when_the_active_dies() {
+    let mut pair = Pair::start();
+    pair.wait_settled(0);
+    let client = Client::connect([pair.name(1)]).expect("client");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    let lease = Duration::from_secs(5);
+    let wait = Some(Duration::from_secs(5));
+    let first = rt
+        .block_on(client.acquire_async("redirected", lease, wait))
+        .expect("granted through the redirect");
+    let mut raw = LineClient::connect(std::net::SocketAddr::from(([127, 0, 0, 1], pair.ports[0])));
+    let q = raw.ask("Q redirected");
+    assert!(
+        q.starts_with(&format!("Q redirected {} ", first.token())),
+        "the active holds the grant: {q}"
+    );
+
+    // The active dies: the standby is promoted and the same client, whose
+    // preferred node is now gone, is served by it.
+    let mut active = pair.nodes[0].take().expect("node 0 runs");
+    active.signal("KILL");
+    active.wait_exit(DEADLINE);
+    let second = rt
+        .block_on(client.acquire_async("after-failover", lease, wait))
+        .expect("granted by the promoted node");
+    assert!(second.token() > first.token(), "tokens only grow");
+    let status = rt
+        .block_on(client.query_async("after-failover"))
+        .expect("query");
+    assert_eq!(status.token, Some(second.token()));
 }

@@ -1,9 +1,9 @@
-//! `baton`: the command-line client (SPEC.md section 6), built on the
-//! client library.
+//! `baton`: the command-line client, built on the client library.
 //!
 //! Owns: the process — arguments (`baton/args.rs`), one command per run,
-//! the exit code, and the one-line messages on stderr. `run` lives in
-//! `baton/run.rs`. Logs of the library are off unless `RUST_LOG` asks.
+//! the exit code, and the one-line messages on stderr (none for a busy key
+//! under `-q`). `run` lives in `baton/run.rs`. Logs of the library are off
+//! unless `RUST_LOG` asks.
 //!
 //! Never does: print anything but the token on stdout for `acquire`, or
 //! more than one line on stderr for a failure.
@@ -16,7 +16,7 @@ mod run;
 use std::process::ExitCode;
 
 use args::{Cli, Command, HELP};
-use baton::client::{Client, Error, ReleaseOutcome};
+use baton::client::{Client, Error, KeyStatus, ReleaseOutcome};
 
 /// Exit code for every failure but a timeout.
 pub const EXIT_ERROR: u8 = 1;
@@ -42,17 +42,33 @@ fn main() -> ExitCode {
 }
 
 fn execute(cli: Cli) -> u8 {
-    if cli.command == Command::Help {
-        print!("{HELP}");
-        return 0;
+    match cli.command {
+        Command::Help => {
+            print!("{HELP}");
+            return 0;
+        }
+        Command::Version => {
+            println!("baton {}", env!("CARGO_PKG_VERSION"));
+            return 0;
+        }
+        _ => {}
     }
-    let client = match Client::connect(&cli.servers) {
+    let mut builder = Client::builder(&cli.servers);
+    if let Some(timeout) = cli.timeout {
+        builder = builder
+            .request_timeout(timeout)
+            .connect_timeout(timeout.min(baton::client::DEFAULT_CONNECT_TIMEOUT));
+    }
+    let client = match builder.connect() {
         Ok(client) => client,
         Err(e) => return report(&format!("cannot start the client: {e}"), &e),
     };
+    let quiet = cli.quiet;
     match cli.command {
-        Command::Acquire { key, lease, wait } => acquire(&client, &key, lease, wait),
+        Command::Acquire { key, lease, wait } => acquire(&client, &key, lease, wait, quiet),
         Command::Release { key, token } => release(&client, &key, token),
+        Command::Keep { key, token, lease } => keep(&client, &key, token, lease),
+        Command::Query { key } => query(&client, &key),
         Command::Run {
             key,
             lease,
@@ -65,20 +81,35 @@ fn execute(cli: Cli) -> u8 {
                 lease,
                 wait,
                 command: &command,
+                quiet,
             },
         ),
         Command::Status => status(&client, &cli.servers),
-        Command::Help => 0,
+        Command::Help | Command::Version => 0,
     }
 }
 
 /// Print one line for a failure; its exit code.
 pub fn report(line: &str, e: &Error) -> u8 {
     eprintln!("baton: {line}");
+    exit_code(e)
+}
+
+/// The exit code for a failure: 75 when the key was busy, else 1.
+pub fn exit_code(e: &Error) -> u8 {
     match e {
         Error::Timeout => EXIT_TIMEOUT,
         _ => EXIT_ERROR,
     }
+}
+
+/// Report a failed acquire: one line, or nothing when the key was busy and
+/// `-q` was given.
+pub fn acquire_failed(key: &str, wait: Option<std::time::Duration>, e: &Error, quiet: bool) -> u8 {
+    if quiet && *e == Error::Timeout {
+        return EXIT_TIMEOUT;
+    }
+    report(&run::acquire_failure(key, wait, e), e)
 }
 
 fn acquire(
@@ -86,6 +117,7 @@ fn acquire(
     key: &[u8],
     lease: std::time::Duration,
     wait: Option<std::time::Duration>,
+    quiet: bool,
 ) -> u8 {
     let name = String::from_utf8_lossy(key);
     match client.acquire(key, lease, wait) {
@@ -93,7 +125,44 @@ fn acquire(
             println!("{}", grant.token());
             0
         }
-        Err(e) => report(&run::acquire_failure(&name, wait, &e), &e),
+        Err(e) => acquire_failed(&name, wait, &e, quiet),
+    }
+}
+
+fn keep(client: &Client, key: &[u8], token: u64, lease: std::time::Duration) -> u8 {
+    let name = String::from_utf8_lossy(key);
+    match client.keep_token(key, token, lease) {
+        Ok(()) => 0,
+        Err(Error::NotHeld) => {
+            eprintln!(
+                "baton: {name} is not held by token {token} (released already, or its lease ran out)"
+            );
+            EXIT_ERROR
+        }
+        Err(e) => report(&format!("cannot keep {name}: {e}"), &e),
+    }
+}
+
+/// `held TOKEN SECONDS_LEFT WAITING` or `free 0 0 WAITING`.
+fn query(client: &Client, key: &[u8]) -> u8 {
+    let name = String::from_utf8_lossy(key);
+    match client.query(key) {
+        Ok(status) => {
+            println!("{}", query_line(&status));
+            0
+        }
+        Err(e) => report(&format!("cannot query {name}: {e}"), &e),
+    }
+}
+
+fn query_line(status: &KeyStatus) -> String {
+    match status.token {
+        Some(token) => format!(
+            "held {token} {:.3} {}",
+            status.time_left.as_secs_f64(),
+            status.waiting
+        ),
+        None => format!("free 0 0 {}", status.waiting),
     }
 }
 
@@ -129,4 +198,32 @@ fn status(client: &Client, servers: &[String]) -> u8 {
         }
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_query_is_one_line_of_four_fields() {
+        let held = KeyStatus {
+            token: Some(42),
+            time_left: Duration::from_millis(2500),
+            waiting: 3,
+        };
+        assert_eq!(query_line(&held), "held 42 2.500 3");
+        let free = KeyStatus {
+            token: None,
+            time_left: Duration::ZERO,
+            waiting: 0,
+        };
+        assert_eq!(query_line(&free), "free 0 0 0");
+    }
+
+    #[test]
+    fn quiet_silences_only_a_busy_key() {
+        assert_eq!(exit_code(&Error::Timeout), EXIT_TIMEOUT);
+        assert_eq!(exit_code(&Error::NotHeld), EXIT_ERROR);
+    }
 }

@@ -1,5 +1,5 @@
 //! The calls: how one request becomes one result, across dropped
-//! connections, redirects and deadlines (SPEC.md section 4).
+//! connections, redirects and deadlines.
 //!
 //! Owns the policies:
 //! - an attempt whose connection drops moves to the next connection; the
@@ -11,7 +11,7 @@
 //!   most [`MAX_REDIRECTS`] redirects per call;
 //! - a grant answered after more than a third of its lease (it waited in
 //!   line) is confirmed at once with `K`, so that its lease, counted from a
-//!   send time as SPEC.md asks, does not look spent on arrival;
+//!   send time, does not look spent on arrival;
 //! - a release is retried for [`RELEASE_RETRY_WINDOW`] at
 //!   [`RELEASE_RETRY_INTERVAL`] while no connection can carry it; `N` after
 //!   an attempt that may have reached the server counts as released;
@@ -19,7 +19,11 @@
 //!   its wait plus the request timeout; an acquire without a wait limit: no
 //!   limit), else it is closed; the caller's own deadline may be earlier.
 //!
-//! Runs on the caller's thread; blocks it at most until the call's deadline.
+//! Each call comes twice: blocking, on the caller's thread (it blocks it at
+//! most until the call's deadline), and `*_async`, in the caller's task (an
+//! answer wakes it from the connection's reader thread; a deadline or a
+//! pause from the client's timer thread). Both share every decision: only
+//! the waiting differs.
 //!
 //! Never does: touch sockets (that is `conn.rs`) or choose connections (that
 //! is `pool.rs`).
@@ -28,7 +32,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::Error;
-use crate::client::conn::Outcome;
+use crate::client::conn::{Conn, Outcome};
 use crate::client::grant::{Grant, KeyStatus, NodeInfo, ReleaseOutcome};
 use crate::client::pool::{Pool, Target};
 use crate::protocol::{Answer, Key, Reason, Request};
@@ -43,7 +47,7 @@ pub const NO_ACTIVE_RETRY: Duration = Duration::from_millis(100);
 pub const MAX_REDIRECTS: u32 = 8;
 
 /// How one attempt on one connection ended.
-enum Attempt {
+pub enum Attempt {
     Answered(Answer, Instant),
     /// The connection dropped; `sent` if the line may have gone out.
     Lost {
@@ -98,7 +102,31 @@ fn attempt(pool: &Pool, target: Target, request: &Request, due: Option<Instant>)
     };
     let sent_at = ticket.sent_at;
     let conn_due = answer_budget(request, pool.request_timeout()).map(|b| sent_at + b);
-    match ticket.wait(conn_due, due) {
+    attempted(&conn, sent_at, ticket.wait(conn_due, due))
+}
+
+/// [`attempt`] for async callers.
+pub async fn attempt_async(
+    pool: &Pool,
+    target: Target,
+    request: &Request,
+    due: Option<Instant>,
+) -> Attempt {
+    let conn = match pool.pick_async(target, due).await {
+        Ok(conn) => conn,
+        Err(e) => return Attempt::Unreachable(e),
+    };
+    let Some(ticket) = conn.send(request) else {
+        return Attempt::Lost { sent: false };
+    };
+    let sent_at = ticket.sent_at;
+    let conn_due = answer_budget(request, pool.request_timeout()).map(|b| sent_at + b);
+    let outcome = ticket.wait_async(conn_due, due, pool.timer()).await;
+    attempted(&conn, sent_at, outcome)
+}
+
+fn attempted(conn: &Conn, sent_at: Instant, outcome: Outcome) -> Attempt {
+    match outcome {
         Outcome::Answer(answer) => Attempt::Answered(answer, sent_at),
         Outcome::Lost => Attempt::Lost { sent: true },
         Outcome::Overdue => Attempt::Overdue(format!(
@@ -117,18 +145,45 @@ pub fn exchange(
     due: Option<Instant>,
     mut make: impl FnMut() -> Result<Request, Error>,
 ) -> Result<Exchanged, Failure> {
-    let mut call = Call {
-        failures: 0,
-        delivered: false,
-        redirects: Redirects::new(pool.request_timeout()),
-    };
+    let mut call = Call::new(pool);
     loop {
         let request = make().map_err(|e| call.fail(e))?;
         let outcome = attempt(pool, target, &request, due);
-        if let Some(done) = call.handle(pool, target, due, outcome)? {
-            return Ok(done);
+        match call.handle(pool, target, due, outcome)? {
+            Next::Done(done) => return Ok(done),
+            Next::Again => {}
+            Next::After(pause) => thread::sleep(pause),
         }
     }
+}
+
+/// [`exchange`] for async callers: the same policy; pauses are timer sleeps.
+pub async fn exchange_async(
+    pool: &Pool,
+    target: Target,
+    due: Option<Instant>,
+    mut make: impl FnMut() -> Result<Request, Error> + Send,
+) -> Result<Exchanged, Failure> {
+    let mut call = Call::new(pool);
+    loop {
+        let request = make().map_err(|e| call.fail(e))?;
+        let outcome = attempt_async(pool, target, &request, due).await;
+        match call.handle(pool, target, due, outcome)? {
+            Next::Done(done) => return Ok(done),
+            Next::Again => {}
+            Next::After(pause) => pool.timer().sleep_until(Instant::now() + pause).await,
+        }
+    }
+}
+
+/// What to do after one attempt.
+enum Next {
+    /// The final answer.
+    Done(Exchanged),
+    /// Send again now.
+    Again,
+    /// Send again after this pause.
+    After(Duration),
 }
 
 /// What one call has been through so far.
@@ -139,6 +194,14 @@ struct Call {
 }
 
 impl Call {
+    fn new(pool: &Pool) -> Call {
+        Call {
+            failures: 0,
+            delivered: false,
+            redirects: Redirects::new(pool.request_timeout()),
+        }
+    }
+
     fn fail(&self, error: Error) -> Failure {
         Failure {
             error,
@@ -146,21 +209,25 @@ impl Call {
         }
     }
 
-    /// Some(final answer), None to try again, or the call's failure.
+    /// The final answer, another attempt, or the call's failure.
     fn handle(
         &mut self,
         pool: &Pool,
         target: Target,
         due: Option<Instant>,
         outcome: Attempt,
-    ) -> Result<Option<Exchanged>, Failure> {
+    ) -> Result<Next, Failure> {
         match outcome {
             Attempt::Answered(Answer::Moved { active, .. }, _) => {
                 let followed = self.redirects.follow(pool, active.as_deref(), due);
-                return followed.map(|()| None).map_err(|e| self.fail(e));
+                return match followed {
+                    Ok(None) => Ok(Next::Again),
+                    Ok(Some(pause)) => Ok(Next::After(pause)),
+                    Err(e) => Err(self.fail(e)),
+                };
             }
             Attempt::Answered(answer, sent_at) if !is_shutting_down(&answer) => {
-                return Ok(Some(Exchanged {
+                return Ok(Next::Done(Exchanged {
                     answer,
                     sent_at,
                     earlier_maybe_delivered: self.delivered,
@@ -178,7 +245,7 @@ impl Call {
             Attempt::Unreachable(e) => return Err(self.fail(e)),
         }
         if self.failures < pool.connection_count(target) {
-            return Ok(None);
+            return Ok(Next::Again);
         }
         let why = format!(
             "the connection failed on each of {} attempts: {}",
@@ -216,14 +283,14 @@ impl Redirects {
         }
     }
 
-    /// Act on `M <active>`: prefer that node, or wait a little when no
-    /// usable active node is named.
+    /// Act on `M <active>`: prefer that node (None: send again now), or
+    /// pause a little (Some) when no usable active node is named.
     fn follow(
         &mut self,
         pool: &Pool,
         active: Option<&str>,
         due: Option<Instant>,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<Duration>, Error> {
         if let Some(addr) = active {
             let node = pool.node_for(addr)?;
             if pool.is_reachable(node) {
@@ -235,13 +302,17 @@ impl Redirects {
                 }
                 pool.prefer(node);
                 self.waiting_since = None;
-                return Ok(());
+                return Ok(None);
             }
         }
         self.pause(active, due)
     }
 
-    fn pause(&mut self, active: Option<&str>, due: Option<Instant>) -> Result<(), Error> {
+    fn pause(
+        &mut self,
+        active: Option<&str>,
+        due: Option<Instant>,
+    ) -> Result<Option<Duration>, Error> {
         let since = *self.waiting_since.get_or_insert_with(Instant::now);
         let wake = Instant::now() + NO_ACTIVE_RETRY;
         if since.elapsed() >= self.patience || due.is_some_and(|due| wake >= due) {
@@ -254,8 +325,7 @@ impl Redirects {
             };
             return Err(Error::NoActive(why));
         }
-        thread::sleep(NO_ACTIVE_RETRY);
-        Ok(())
+        Ok(Some(NO_ACTIVE_RETRY))
     }
 }
 
@@ -275,11 +345,44 @@ fn unexpected(answer: &Answer) -> Error {
 pub fn acquire(pool: &Pool, key: Key, lease_ms: u64, wait_ms: Option<u64>) -> Result<Grant, Error> {
     let wait_end = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
     for _ in 0..ACQUIRE_ROUNDS {
-        let grant = acquire_once(pool, &key, lease_ms, wait_end)?;
-        if grant.lease_start().elapsed() <= grant.lease() / 3 {
+        let make = || acquire_request(&key, lease_ms, wait_end);
+        let due = wait_end.map(|end| end + pool.request_timeout());
+        let done = exchange(pool, Target::Any, due, make).map_err(|f| f.error)?;
+        let grant = acquire_answer(done, lease_ms)?;
+        if !needs_confirming(&grant) {
             return Ok(grant);
         }
-        match confirm(pool, grant) {
+        let (request, due) = confirm_request(pool, &grant);
+        let confirmed = exchange(pool, Target::Any, Some(due), || Ok(request.clone()));
+        match confirmed_grant(grant, confirmed) {
+            Some(grant) => return Ok(grant),
+            None => log::info!("a grant of {key} ran out before it arrived; asking again"),
+        }
+    }
+    Err(Error::Expired)
+}
+
+/// [`acquire`] for async callers.
+pub async fn acquire_async(
+    pool: &Pool,
+    key: Key,
+    lease_ms: u64,
+    wait_ms: Option<u64>,
+) -> Result<Grant, Error> {
+    let wait_end = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
+    for _ in 0..ACQUIRE_ROUNDS {
+        let make = || acquire_request(&key, lease_ms, wait_end);
+        let due = wait_end.map(|end| end + pool.request_timeout());
+        let done = exchange_async(pool, Target::Any, due, make)
+            .await
+            .map_err(|f| f.error)?;
+        let grant = acquire_answer(done, lease_ms)?;
+        if !needs_confirming(&grant) {
+            return Ok(grant);
+        }
+        let (request, due) = confirm_request(pool, &grant);
+        let confirmed = exchange_async(pool, Target::Any, Some(due), || Ok(request.clone())).await;
+        match confirmed_grant(grant, confirmed) {
             Some(grant) => return Ok(grant),
             None => log::info!("a grant of {key} ran out before it arrived; asking again"),
         }
@@ -290,28 +393,23 @@ pub fn acquire(pool: &Pool, key: Key, lease_ms: u64, wait_ms: Option<u64>) -> Re
 /// Grants that ran out before they arrived, asked for again, at most.
 pub const ACQUIRE_ROUNDS: usize = 3;
 
-fn acquire_once(
-    pool: &Pool,
-    key: &Key,
-    lease_ms: u64,
-    wait_end: Option<Instant>,
-) -> Result<Grant, Error> {
-    let make = || {
-        let wait_left = match wait_end {
-            None => 0,
-            Some(end) => match millis_until(end) {
-                0 => return Err(Error::Timeout),
-                left => left,
-            },
-        };
-        Ok(Request::Acquire {
-            key: key.clone(),
-            lease_ms,
-            wait_ms: wait_left,
-        })
+/// The acquire to send now: the wait asked for is what is left of it.
+fn acquire_request(key: &Key, lease_ms: u64, wait_end: Option<Instant>) -> Result<Request, Error> {
+    let wait_left = match wait_end {
+        None => 0,
+        Some(end) => match millis_until(end) {
+            0 => return Err(Error::Timeout),
+            left => left,
+        },
     };
-    let due = wait_end.map(|end| end + pool.request_timeout());
-    let done = exchange(pool, Target::Any, due, make).map_err(|f| f.error)?;
+    Ok(Request::Acquire {
+        key: key.clone(),
+        lease_ms,
+        wait_ms: wait_left,
+    })
+}
+
+fn acquire_answer(done: Exchanged, lease_ms: u64) -> Result<Grant, Error> {
     match done.answer {
         Answer::Granted { token, key } => Ok(Grant::new(key, token, lease_ms, done.sent_at)),
         Answer::Timeout { .. } => Err(Error::Timeout),
@@ -320,19 +418,28 @@ fn acquire_once(
     }
 }
 
-/// Restart a fresh grant's lease with `K`. None when the grant had already
-/// run out; the grant unchanged when no server could say.
-fn confirm(pool: &Pool, mut grant: Grant) -> Option<Grant> {
-    let lease_ms = millis_ceil(grant.lease());
+/// True when a grant came after more than a third of its lease (it waited
+/// in line): its lease is restarted with `K` before the caller gets it.
+fn needs_confirming(grant: &Grant) -> bool {
+    grant.lease_start().elapsed() > grant.lease() / 3
+}
+
+/// The `K` that restarts a fresh grant's lease, and its deadline.
+fn confirm_request(pool: &Pool, grant: &Grant) -> (Request, Instant) {
     let request = Request::Keep {
         key: grant.key().clone(),
         token: grant.token(),
-        lease_ms,
+        lease_ms: millis_ceil(grant.lease()),
     };
-    let due = Some(Instant::now() + pool.request_timeout());
-    match exchange(pool, Target::Any, due, || Ok(request.clone())) {
+    (request, Instant::now() + pool.request_timeout())
+}
+
+/// The grant after its confirming `K`: None when it had already run out;
+/// unchanged when no server could say.
+fn confirmed_grant(mut grant: Grant, confirmed: Result<Exchanged, Failure>) -> Option<Grant> {
+    match confirmed {
         Ok(done) => match done.answer {
-            Answer::Kept { .. } => grant.renew(lease_ms, done.sent_at),
+            Answer::Kept { .. } => grant.renew(millis_ceil(grant.lease()), done.sent_at),
             Answer::Error {
                 reason: Reason::NotHeld,
                 ..
@@ -347,25 +454,69 @@ fn confirm(pool: &Pool, mut grant: Grant) -> Option<Grant> {
 /// `R key token`, retried while no connection can carry it.
 pub fn release(pool: &Pool, key: Key, token: u64) -> Result<ReleaseOutcome, Error> {
     let request = Request::Release { key, token };
-    let retry_end = Instant::now() + RELEASE_RETRY_WINDOW;
-    let due = Some(retry_end + pool.request_timeout());
-    let mut delivered = false;
+    let mut retry = ReleaseRetry::new(pool);
     loop {
-        match exchange(pool, Target::Any, due, || Ok(request.clone())) {
-            Ok(done) => return release_outcome(done, delivered),
+        let result = exchange(pool, Target::Any, retry.due, || Ok(request.clone()));
+        if let Some(outcome) = retry.after(result, token) {
+            return outcome;
+        }
+        thread::sleep(RELEASE_RETRY_INTERVAL);
+    }
+}
+
+/// [`release`] for async callers.
+pub async fn release_async(pool: &Pool, key: Key, token: u64) -> Result<ReleaseOutcome, Error> {
+    let request = Request::Release { key, token };
+    let mut retry = ReleaseRetry::new(pool);
+    loop {
+        let result = exchange_async(pool, Target::Any, retry.due, || Ok(request.clone())).await;
+        if let Some(outcome) = retry.after(result, token) {
+            return outcome;
+        }
+        let wake = Instant::now() + RELEASE_RETRY_INTERVAL;
+        pool.timer().sleep_until(wake).await;
+    }
+}
+
+/// One release's retries: whether an attempt may have got through, and
+/// until when to try.
+struct ReleaseRetry {
+    retry_end: Instant,
+    due: Option<Instant>,
+    delivered: bool,
+}
+
+impl ReleaseRetry {
+    fn new(pool: &Pool) -> ReleaseRetry {
+        let retry_end = Instant::now() + RELEASE_RETRY_WINDOW;
+        ReleaseRetry {
+            retry_end,
+            due: Some(retry_end + pool.request_timeout()),
+            delivered: false,
+        }
+    }
+
+    /// The release's outcome, or None to try again after the interval.
+    fn after(
+        &mut self,
+        result: Result<Exchanged, Failure>,
+        token: u64,
+    ) -> Option<Result<ReleaseOutcome, Error>> {
+        match result {
+            Ok(done) => Some(release_outcome(done, self.delivered)),
             Err(failure) => {
-                delivered |= failure.maybe_delivered;
-                let late = Instant::now() + RELEASE_RETRY_INTERVAL > retry_end;
+                self.delivered |= failure.maybe_delivered;
+                let late = Instant::now() + RELEASE_RETRY_INTERVAL > self.retry_end;
                 if late || !failure.error.is_unreachable() {
-                    return Err(failure.error);
+                    return Some(Err(failure.error));
                 }
                 log::debug!(
                     "release of token {token} failed, retrying: {}",
                     failure.error
                 );
+                None
             }
         }
-        thread::sleep(RELEASE_RETRY_INTERVAL);
     }
 }
 
@@ -386,22 +537,62 @@ pub fn keep(pool: &Pool, grant: &mut Grant, lease_ms: u64) -> Result<(), Error> 
     if grant.is_expired() {
         return Err(Error::Expired);
     }
-    let request = Request::Keep {
-        key: grant.key().clone(),
-        token: grant.token(),
-        lease_ms,
-    };
+    let due = grant.expires_at();
+    let result = keep_token(pool, grant.key().clone(), grant.token(), lease_ms, due);
+    kept(grant, lease_ms, result)
+}
+
+/// [`keep`] for async callers.
+pub async fn keep_async(pool: &Pool, grant: &mut Grant, lease_ms: u64) -> Result<(), Error> {
+    if grant.is_expired() {
+        return Err(Error::Expired);
+    }
+    let request = keep_request(grant.key().clone(), grant.token(), lease_ms);
     let due = Some(grant.expires_at());
-    let done = match exchange(pool, Target::Any, due, || Ok(request.clone())) {
-        Ok(done) => done,
-        Err(_) if grant.is_expired() => return Err(Error::Expired),
-        Err(failure) => return Err(failure.error),
-    };
-    match done.answer {
-        Answer::Kept { .. } => {
-            grant.renew(lease_ms, done.sent_at);
+    let result = exchange_async(pool, Target::Any, due, || Ok(request.clone()))
+        .await
+        .map_err(|f| f.error)
+        .and_then(keep_outcome);
+    kept(grant, lease_ms, result)
+}
+
+fn kept(grant: &mut Grant, lease_ms: u64, result: Result<Instant, Error>) -> Result<(), Error> {
+    match result {
+        Ok(sent_at) => {
+            grant.renew(lease_ms, sent_at);
             Ok(())
         }
+        Err(e) if e.is_unreachable() && grant.is_expired() => Err(Error::Expired),
+        Err(e) => Err(e),
+    }
+}
+
+/// `K key token lease`, waiting for an answer until `due`; when the keep
+/// that got through was sent.
+pub fn keep_token(
+    pool: &Pool,
+    key: Key,
+    token: u64,
+    lease_ms: u64,
+    due: Instant,
+) -> Result<Instant, Error> {
+    let request = keep_request(key, token, lease_ms);
+    exchange(pool, Target::Any, Some(due), || Ok(request.clone()))
+        .map_err(|f| f.error)
+        .and_then(keep_outcome)
+}
+
+fn keep_request(key: Key, token: u64, lease_ms: u64) -> Request {
+    Request::Keep {
+        key,
+        token,
+        lease_ms,
+    }
+}
+
+fn keep_outcome(done: Exchanged) -> Result<Instant, Error> {
+    match done.answer {
+        Answer::Kept { .. } => Ok(done.sent_at),
         Answer::Error {
             reason: Reason::NotHeld,
             ..
@@ -416,6 +607,20 @@ pub fn query(pool: &Pool, key: Key) -> Result<KeyStatus, Error> {
     let due = Some(Instant::now() + pool.request_timeout());
     let request = Request::Query { key };
     let done = exchange(pool, Target::Any, due, || Ok(request.clone())).map_err(|f| f.error)?;
+    query_outcome(done)
+}
+
+/// [`query`] for async callers.
+pub async fn query_async(pool: &Pool, key: Key) -> Result<KeyStatus, Error> {
+    let due = Some(Instant::now() + pool.request_timeout());
+    let request = Request::Query { key };
+    let done = exchange_async(pool, Target::Any, due, || Ok(request.clone()))
+        .await
+        .map_err(|f| f.error)?;
+    query_outcome(done)
+}
+
+fn query_outcome(done: Exchanged) -> Result<KeyStatus, Error> {
     match done.answer {
         Answer::Queried {
             token,

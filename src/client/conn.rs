@@ -14,8 +14,9 @@
 //! Callers ([`Conn::send`]) register the request in the pending table and
 //! queue its line for the writer under the same lock, so answers are matched
 //! in the order the lines go out. An answer goes to its caller through a
-//! one-shot channel; when the connection drops, every waiting request's
-//! channel is closed and its caller moves on.
+//! one-shot completion (`oneshot.rs`), which wakes a blocked thread or an
+//! async task alike; when the connection drops, every waiting request's
+//! completion is closed and its caller moves on.
 //!
 //! Liveness: when the connection has requests waiting and the server has
 //! said nothing for the request timeout, the reader sends an `I` probe; no
@@ -32,21 +33,25 @@
 //! network: a line that does not parse, or an answer that matches no
 //! request, means the connection is out of step and it is closed.
 
+use std::future::Future;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
+use crate::client::ctx::Ctx;
+use crate::client::oneshot::{self, RecvError};
 use crate::client::pending::{Pending, Route, route};
-use crate::client::pool::Ctx;
+use crate::client::timer::Timer;
 use crate::protocol::{self, Answer, LineError, Parsed, Request};
 
-/// Time between two connection attempts to a server that is down (SPEC.md
-/// section 4: "reconnected in the background every 3 seconds").
+/// Time between two connection attempts to a server that is down.
 pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(3);
 /// Requests waiting for an answer on one connection, at most.
 pub const MAX_IN_FLIGHT: usize = 65_536;
@@ -69,7 +74,7 @@ pub enum Phase {
 
 /// Who waits for an answer: a caller, or nobody (a probe, or the release of
 /// a grant nobody waited for).
-type Slot = Option<Sender<Answer>>;
+type Slot = Option<oneshot::Sender<Answer>>;
 
 /// One registered connection.
 pub struct Conn {
@@ -99,7 +104,10 @@ struct State {
 pub struct Ticket {
     conn: Arc<Conn>,
     generation: u64,
-    rx: Receiver<Answer>,
+    rx: oneshot::Receiver<Answer>,
+    /// True once the answer was taken or the connection dropped: nothing
+    /// can arrive for this ticket any more.
+    settled: bool,
     /// When the line was queued for sending.
     pub sent_at: Instant,
 }
@@ -148,7 +156,7 @@ impl Conn {
     /// Queue `request` and register for its answer; None when the
     /// connection is not up (or full).
     pub fn send(self: &Arc<Self>, request: &Request) -> Option<Ticket> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (tx, rx) = oneshot::channel();
         let mut st = self.state.lock();
         if !send_locked(&mut st, request, Some(tx)) {
             return None;
@@ -157,6 +165,7 @@ impl Conn {
             conn: self.clone(),
             generation: st.generation,
             rx,
+            settled: false,
             sent_at: Instant::now(),
         })
     }
@@ -182,14 +191,10 @@ impl Conn {
         }
     }
 
-    /// Stop waiting for an answer: take it if it has just arrived, else
-    /// leave the slot in place (answers must still be matched in order), so
-    /// that a grant arriving later is released by the reader.
-    fn abandon(&self, rx: Receiver<Answer>) -> Option<Answer> {
+    /// The answer if it has just arrived (the caller's deadline passed).
+    fn take_late(&self, rx: &oneshot::Receiver<Answer>) -> Option<Answer> {
         let _st = self.state.lock();
-        let answer = rx.try_recv().ok();
-        drop(rx);
-        answer
+        rx.try_recv()
     }
 
     // --- manager thread -----------------------------------------------------
@@ -366,7 +371,7 @@ impl Conn {
         if let Some(tx) = slot
             && let Err(unwanted) = tx.send(answer)
         {
-            release_orphan(&mut st, unwanted.into_inner(), &self.addr);
+            release_orphan(&mut st, unwanted, &self.addr);
         }
         Ok(())
     }
@@ -462,40 +467,88 @@ impl Ticket {
     /// connection is deemed dead and closed) and `caller_due` (the caller's
     /// own deadline); None waits without limit.
     pub fn wait(self, conn_due: Option<Instant>, caller_due: Option<Instant>) -> Outcome {
-        let due = match (conn_due, caller_due) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let received = match due {
-            Some(due) => self.rx.recv_deadline(due).map_err(|e| e.is_disconnected()),
-            None => self.rx.recv().map_err(|_| true),
-        };
+        let received = self.rx.recv_deadline(earliest(conn_due, caller_due));
+        self.outcome(received, conn_due)
+    }
+
+    /// [`Ticket::wait`] for async callers: the answer wakes the future from
+    /// the reader thread, a deadline from the client's timer thread.
+    pub async fn wait_async(
+        self,
+        conn_due: Option<Instant>,
+        caller_due: Option<Instant>,
+        timer: &Timer,
+    ) -> Outcome {
+        let mut sleep = earliest(conn_due, caller_due).map(|due| timer.sleep_until(due));
+        let received = std::future::poll_fn(|cx| {
+            if let Poll::Ready(received) = self.rx.poll_recv(cx) {
+                return Poll::Ready(received);
+            }
+            if let Some(sleep) = sleep.as_mut()
+                && Pin::new(sleep).poll(cx).is_ready()
+            {
+                return Poll::Ready(Err(RecvError::Timeout));
+            }
+            Poll::Pending
+        })
+        .await;
+        self.outcome(received, conn_due)
+    }
+
+    fn outcome(
+        mut self,
+        received: Result<Answer, RecvError>,
+        conn_due: Option<Instant>,
+    ) -> Outcome {
         match received {
-            Ok(answer) => Outcome::Answer(answer),
-            Err(true) => Outcome::Lost,
-            Err(false) => self.give_up(conn_due),
+            Ok(answer) => {
+                self.settled = true;
+                Outcome::Answer(answer)
+            }
+            Err(RecvError::Closed) => {
+                self.settled = true;
+                Outcome::Lost
+            }
+            Err(RecvError::Timeout) => self.give_up(conn_due),
         }
     }
 
-    fn give_up(self, conn_due: Option<Instant>) -> Outcome {
-        let Ticket {
-            conn,
-            generation,
-            rx,
-            sent_at,
-        } = self;
-        if let Some(answer) = conn.abandon(rx) {
+    fn give_up(mut self, conn_due: Option<Instant>) -> Outcome {
+        if let Some(answer) = self.conn.take_late(&self.rx) {
+            self.settled = true;
             return Outcome::Answer(answer);
         }
         if conn_due.is_some_and(|due| Instant::now() >= due) {
-            let waited = sent_at.elapsed();
-            conn.kill(generation, format!("no answer within {waited:.1?}"));
+            let waited = self.sent_at.elapsed();
+            self.conn
+                .kill(self.generation, format!("no answer within {waited:.1?}"));
         }
         Outcome::Overdue
     }
 }
 
-/// Sleep helper for the manager: true when the client closed meanwhile.
-pub fn sleep_or_stop(stop: &Receiver<()>, duration: Duration) -> bool {
-    !matches!(stop.recv_timeout(duration), Err(RecvTimeoutError::Timeout))
+impl Drop for Ticket {
+    /// A caller that stops waiting (a deadline, or a dropped async call)
+    /// leaves its slot in place, since answers must still be matched in
+    /// order: closed under the state lock, so that an answer the reader is
+    /// dispatching either finds the receiver gone (and the reader releases
+    /// a grant nobody wants) or was delivered already and is released here.
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let mut st = self.conn.state.lock();
+        self.rx.close();
+        if let Some(answer) = self.rx.try_recv() {
+            release_orphan(&mut st, answer, &self.conn.addr);
+        }
+    }
+}
+
+/// The earlier of two optional deadlines (None: no limit).
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }

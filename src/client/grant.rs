@@ -8,6 +8,7 @@
 //! Never does: I/O itself; the guard's drop goes through the client.
 
 use std::fmt;
+use std::future::Future;
 use std::ops::Deref;
 use std::time::{Duration, Instant};
 
@@ -160,9 +161,11 @@ pub struct ConnectionStatus {
 /// A grant that releases itself when dropped. Made by [`Client::lock`].
 ///
 /// Dropping the guard releases the key, retrying for up to 5 seconds if the
-/// connection is down (the drop blocks that long at worst); a failure is
-/// logged, and the lease is then the safety net. Call
-/// [`LockGuard::release`] to see the outcome instead.
+/// connection is down (the drop blocks that long at worst; a guard made by
+/// [`Client::lock_async`] releases from a background thread instead, so
+/// that its drop never blocks); a failure is logged, and the lease is then
+/// the safety net. Call [`LockGuard::release`] (or
+/// [`LockGuard::release_async`]) to see the outcome instead.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -178,6 +181,8 @@ pub struct ConnectionStatus {
 pub struct LockGuard {
     client: Client,
     grant: Option<Grant>,
+    /// Made by `lock_async`: the drop releases from a background thread.
+    release_in_background: bool,
 }
 
 impl LockGuard {
@@ -185,6 +190,15 @@ impl LockGuard {
         LockGuard {
             client,
             grant: Some(grant),
+            release_in_background: false,
+        }
+    }
+
+    pub(crate) fn new_async(client: Client, grant: Grant) -> LockGuard {
+        LockGuard {
+            client,
+            grant: Some(grant),
+            release_in_background: true,
         }
     }
 
@@ -202,6 +216,29 @@ impl LockGuard {
             .as_mut()
             .expect("a guard holds its grant until it is consumed");
         self.client.keep(grant, lease)
+    }
+
+    /// [`LockGuard::keep`] as a `Send` future.
+    pub fn keep_async(
+        &mut self,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send + '_ {
+        let grant = self
+            .grant
+            .as_mut()
+            .expect("a guard holds its grant until it is consumed");
+        self.client.keep_async(grant, lease)
+    }
+
+    /// [`LockGuard::release`] as a `Send` future.
+    pub fn release_async(
+        mut self,
+    ) -> impl Future<Output = Result<ReleaseOutcome, Error>> + Send + 'static + use<> {
+        let grant = self
+            .grant
+            .take()
+            .expect("a guard holds its grant until it is consumed");
+        self.client.release_async(&grant)
     }
 
     /// Release now and report the outcome.
@@ -237,15 +274,29 @@ impl fmt::Debug for LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(grant) = self.grant.take()
-            && let Err(e) = self.client.release(&grant)
-        {
-            log::warn!(
-                "could not release {} (token {}): {e}; its lease will run out",
-                grant.key(),
-                grant.token()
-            );
+        let Some(grant) = self.grant.take() else {
+            return;
+        };
+        if !self.release_in_background {
+            return release_logged(&self.client, &grant);
         }
+        let client = self.client.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("baton-release {}", grant.key()))
+            .spawn(move || release_logged(&client, &grant));
+        if let Err(e) = spawned {
+            log::warn!("cannot start a thread to release a key: {e}; its lease will run out");
+        }
+    }
+}
+
+fn release_logged(client: &Client, grant: &Grant) {
+    if let Err(e) = client.release(grant) {
+        log::warn!(
+            "could not release {} (token {}): {e}; its lease will run out",
+            grant.key(),
+            grant.token()
+        );
     }
 }
 

@@ -1,17 +1,48 @@
-//! The Rust client library of baton (SPEC.md section 4).
+//! The Rust client library of baton.
 //!
 //! Owns: the public API — [`Client`], [`ClientBuilder`], and what calls
-//! return ([`Grant`], [`LockGuard`], [`ReleaseOutcome`], [`KeyStatus`],
-//! [`NodeInfo`], [`Error`]). Calls run on the caller's thread and block it
-//! until their deadline at most; connections live on background threads.
+//! return ([`Grant`], [`LockGuard`], [`Held`], [`ReleaseOutcome`],
+//! [`KeyStatus`], [`NodeInfo`], [`Error`]). Blocking calls run on the
+//! caller's thread and block it until their deadline at most; connections
+//! live on background threads.
+//!
+//! # Async
+//!
+//! [`Client::acquire_async`], [`Client::lock_async`],
+//! [`Client::release_async`], [`Client::keep_async`],
+//! [`Client::query_async`] and [`Client::hold_async`] return `Send` futures
+//! that work under any executor (tokio, async-std, smol, a hand-written
+//! `block_on`): the library depends on no async runtime. They make the same
+//! decisions as the blocking calls (failover, redirects, retries,
+//! deadlines); only the waiting differs. An answer completes its future from
+//! the connection's reader thread, through a one-shot cell that holds the
+//! task's [`Waker`](std::task::Waker); a connection coming up wakes the
+//! tasks waiting for one; deadlines and the short pauses between retries
+//! are kept by one timer thread per client (`baton-timer`, started by the
+//! first async call that needs it). Dropping a future cancels the call: a
+//! grant that arrives for an acquire nobody awaits any more is released at
+//! once by the reader thread.
+//!
+//! # Held locks
+//!
+//! [`Client::hold`] acquires a key and starts a watchdog thread that renews
+//! its lease every third of it, and tells the owner at once when the key is
+//! lost ([`Held::is_lost`], [`Held::wait_lost`], [`Held::lost`]); dropping
+//! the [`Held`] releases the key from that thread, without blocking.
 //!
 //! Layout, one file per concern:
 //! - `pending.rs`: matching answers to requests by (op, key), pure;
+//! - `ctx.rs`: settings and phase-change signals shared by the
+//!   connections and the callers;
+//! - `oneshot.rs`: the one-shot completion an answer travels in;
+//! - `timer.rs`: deadlines and pauses of async calls;
 //! - `conn.rs`: one connection, its reader/manager and writer threads;
 //! - `pool.rs`: the servers and connections, round-robin choice, waiting
 //!   for a connection to come up;
-//! - `calls.rs`: attempts, redirects, release retries, deadlines;
+//! - `calls.rs`: attempts, redirects, release retries, deadlines, each
+//!   blocking and async;
 //! - `grant.rs`: grants, the release-on-drop guard, plain results;
+//! - `hold.rs`: held locks and their watchdog;
 //! - `error.rs`: the error type.
 //!
 //! Never does: speak the wire format itself (that is `protocol.rs`), use an
@@ -34,13 +65,20 @@
 //! # }
 //! ```
 
+#[cfg(test)]
+mod block;
 mod calls;
 mod conn;
+mod ctx;
 mod error;
 mod grant;
+mod hold;
+mod oneshot;
 mod pending;
 mod pool;
+mod timer;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +88,7 @@ pub use calls::{RELEASE_RETRY_INTERVAL, RELEASE_RETRY_WINDOW};
 pub use conn::RECONNECT_INTERVAL;
 pub use error::Error;
 pub use grant::{ConnectionStatus, Grant, KeyStatus, LockGuard, NodeInfo, ReleaseOutcome};
+pub use hold::{Held, KEEP_RETRY, Lost};
 
 use crate::protocol::Key;
 use pool::Pool;
@@ -390,6 +429,34 @@ impl Client {
         calls::keep(self.pool(), grant, lease_ms)
     }
 
+    /// Extend the lease of the grant that `token` names to now + `lease`,
+    /// as [`Client::keep`] does, for a token that came from elsewhere (say
+    /// the process that acquired it). Waits at most the request timeout.
+    /// [`Error::NotHeld`] when the token no longer holds the key.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// client.keep_token("job", 1_745_000_000_000_000_001, Duration::from_secs(60))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn keep_token(
+        &self,
+        key: impl AsRef<[u8]>,
+        token: u64,
+        lease: Duration,
+    ) -> Result<(), Error> {
+        let key = check_key(key.as_ref())?;
+        if token == 0 {
+            return Err(Error::InvalidArgument("a token is never 0".into()));
+        }
+        let lease_ms = check_lease(lease)?;
+        let due = std::time::Instant::now() + self.pool().request_timeout();
+        calls::keep_token(self.pool(), key, token, lease_ms, due).map(drop)
+    }
+
     /// Who holds `key`, for how long, and how many wait for it.
     ///
     /// ```no_run
@@ -406,6 +473,190 @@ impl Client {
     pub fn query(&self, key: impl AsRef<[u8]>) -> Result<crate::client::KeyStatus, Error> {
         let key = check_key(key.as_ref())?;
         calls::query(self.pool(), key)
+    }
+
+    /// [`Client::acquire`] as a `Send` future, for async code under any
+    /// executor. The future owns what it needs (it can be spawned); dropping
+    /// it gives up the request, and a grant that still arrives is released.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::{Client, Error};
+    /// # async fn example() -> Result<(), Error> {
+    /// let client = Client::connect(["127.0.0.1:7373"])?;
+    /// let grant = client
+    ///     .acquire_async("invoices", Duration::from_secs(30), Some(Duration::from_secs(10)))
+    ///     .await?;
+    /// println!("token {}", grant.token());
+    /// client.release_async(&grant).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> impl Future<Output = Result<Grant, Error>> + Send + 'static + use<K> {
+        let checked = check_key(key.as_ref()).and_then(|key| Ok((key, check_lease(lease)?)));
+        let wait_ms = wait.map(|w| calls::millis_ceil(w).max(1));
+        let client = self.clone();
+        async move {
+            let (key, lease_ms) = checked?;
+            calls::acquire_async(client.pool(), key, lease_ms, wait_ms).await
+        }
+    }
+
+    /// [`Client::lock`] as a `Send` future. The guard releases the key when
+    /// dropped, from a short-lived background thread so that the drop never
+    /// blocks the task; [`LockGuard::release_async`] awaits the outcome.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let mut guard = client.lock_async("ledger", Duration::from_secs(10), None).await?;
+    /// // ... work, passing guard.token() to the ledger ...
+    /// guard.keep_async(Duration::from_secs(10)).await?;
+    /// guard.release_async().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static + use<K> {
+        let acquire = self.acquire_async(key, lease, wait);
+        let client = self.clone();
+        async move { Ok(LockGuard::new_async(client, acquire.await?)) }
+    }
+
+    /// [`Client::release`] as a `Send` future (it owns a copy of the key and
+    /// token, not a borrow of the grant).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::ReleaseOutcome;
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let grant = client.acquire_async("job", Duration::from_secs(30), None).await?;
+    /// if client.release_async(&grant).await? == ReleaseOutcome::NotHeld {
+    ///     eprintln!("the lease ran out before the work was done");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn release_async(
+        &self,
+        grant: &Grant,
+    ) -> impl Future<Output = Result<ReleaseOutcome, Error>> + Send + 'static + use<> {
+        let (key, token) = (grant.key().clone(), grant.token());
+        let client = self.clone();
+        async move { calls::release_async(client.pool(), key, token).await }
+    }
+
+    /// [`Client::keep`] as a `Send` future; it borrows the grant it extends.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let mut grant = client.acquire_async("job", Duration::from_secs(30), None).await?;
+    /// client.keep_async(&mut grant, Duration::from_secs(30)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn keep_async<'a>(
+        &'a self,
+        grant: &'a mut Grant,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
+        let lease_ms = check_lease(lease);
+        async move { calls::keep_async(self.pool(), grant, lease_ms?).await }
+    }
+
+    /// [`Client::query`] as a `Send` future.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let status = client.query_async("job").await?;
+    /// println!("free: {}, waiting: {}", status.is_free(), status.waiting);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn query_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<KeyStatus, Error>> + Send + 'static + use<K> {
+        let key = check_key(key.as_ref());
+        let client = self.clone();
+        async move { calls::query_async(client.pool(), key?).await }
+    }
+
+    /// Acquire `key` like [`Client::acquire`] and keep it: a watchdog
+    /// thread renews the lease (`K` every third of `lease`, retried every
+    /// 200 ms while no server answers) until the [`Held`] is dropped, which
+    /// releases the key without blocking. If the key is lost anyway — a
+    /// server says the token no longer holds it, or no server answers
+    /// before the lease runs out — the watchdog stops and says so at once:
+    /// [`Held::is_lost`], [`Held::wait_lost`] (blocking), [`Held::lost`]
+    /// (a future).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let held = client.hold("reindex", Duration::from_secs(10), None)?;
+    /// for chunk in 0..1000 {
+    ///     if held.is_lost() {
+    ///         eprintln!("lost the key, stopping at chunk {chunk}");
+    ///         break;
+    ///     }
+    ///     // ... work on the chunk, fenced with held.token() ...
+    /// }
+    /// drop(held); // released in the background
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Held, Error> {
+        let grant = self.acquire(key, lease, wait)?;
+        Held::start(self.clone(), grant, lease)
+    }
+
+    /// [`Client::hold`] as a `Send` future. With [`Held::lost`], work can be
+    /// raced against the loss of its key:
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn reindex() {}
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let held = client.hold_async("reindex", Duration::from_secs(10), None).await?;
+    /// tokio::select! {
+    ///     () = reindex() => {}
+    ///     why = held.lost() => eprintln!("stopped: {why}"),
+    /// }
+    /// held.release_async().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> impl Future<Output = Result<Held, Error>> + Send + 'static + use<K> {
+        let acquire = self.acquire_async(key, lease, wait);
+        let client = self.clone();
+        async move { Held::start(client, acquire.await?, lease) }
     }
 
     /// Ask one server about itself (`I`): role, active node, counts. The

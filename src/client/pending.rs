@@ -1,5 +1,5 @@
-//! Matching answers to requests on one connection (SPEC.md section 3,
-//! "Requests are pipelined").
+//! Matching answers to requests on one connection (requests are
+//! pipelined).
 //!
 //! Owns: the pure rules that tell which request an answer line belongs to —
 //! [`route`] names the (op, key) an answer is for, and [`Pending`] keeps, per

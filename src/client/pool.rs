@@ -4,12 +4,13 @@
 //! Owns: the registered servers (nodes) and their connections (one per
 //! address given, two when only one address is given, one for a node first
 //! learned from an `M` redirect; at most [`MAX_SERVERS`] servers), the
-//! round-robin turn, the node preferred
-//! after a redirect (the active one), and the [`Notifier`] that wakes callers
-//! waiting for a connection to come up.
+//! round-robin turn and the node preferred after a redirect (the active
+//! one); callers waiting for a connection to come up wait on the
+//! [`Notifier`](crate::client::ctx::Notifier).
 //!
-//! Runs on the callers' threads ([`Pool::pick`]); the connections' own
-//! threads only report phase changes through the notifier.
+//! Runs on the callers' threads ([`Pool::pick`]) or in their async tasks
+//! ([`Pool::pick_async`]); the connections' own threads only report phase
+//! changes through the notifier.
 //!
 //! Choice ([`choose`], pure): the preferred node's connections first, if one
 //! is up; else any connection that is up, round-robin. A caller waits only
@@ -19,16 +20,21 @@
 //!
 //! Never does: send, retry or interpret answers (that is `calls.rs`).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::RwLock;
 
 use crate::client::Error;
-use crate::client::conn::{self, Conn, Phase};
+use crate::client::conn::{Conn, Phase};
+use crate::client::ctx::Ctx;
 use crate::client::grant::ConnectionStatus;
+use crate::client::timer::Timer;
 
 /// Connections kept to a server when it is the only one given.
 pub const CONNECTIONS_FOR_ONE_SERVER: usize = 2;
@@ -39,58 +45,6 @@ pub const MAX_SERVERS: usize = 64;
 /// timeout (name resolution, thread start).
 const CONNECT_SLACK: Duration = Duration::from_secs(1);
 const NO_NODE: usize = usize::MAX;
-
-/// Settings and signals shared by the pool and its connections' threads.
-pub struct Ctx {
-    pub connect_timeout: Duration,
-    pub request_timeout: Duration,
-    pub notifier: Notifier,
-    /// Never sent on: disconnects when the client is dropped.
-    stop: Receiver<()>,
-    closed: AtomicBool,
-}
-
-impl Ctx {
-    pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    /// Sleep for `duration` or until the client closes; true if it closed.
-    pub fn sleep(&self, duration: Duration) -> bool {
-        conn::sleep_or_stop(&self.stop, duration) || self.is_closed()
-    }
-}
-
-/// A counter bumped on every change of a connection's phase, with a condvar
-/// for callers waiting for one.
-#[derive(Default)]
-pub struct Notifier {
-    version: Mutex<u64>,
-    changed: Condvar,
-}
-
-impl Notifier {
-    pub fn version(&self) -> u64 {
-        *self.version.lock()
-    }
-
-    pub fn bump(&self) {
-        *self.version.lock() += 1;
-        self.changed.notify_all();
-    }
-
-    /// Wait until the version differs from `seen` or `until` passes; true if
-    /// it changed.
-    pub fn wait_change(&self, seen: u64, until: Instant) -> bool {
-        let mut version = self.version.lock();
-        while *version == seen {
-            if self.changed.wait_until(&mut version, until).timed_out() {
-                return *version != seen;
-            }
-        }
-        true
-    }
-}
 
 /// Which connections a request may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +109,8 @@ struct Node {
 /// The client's servers and connections.
 pub struct Pool {
     ctx: Arc<Ctx>,
+    /// Deadlines of async calls.
+    timer: Timer,
     nodes: RwLock<Vec<Node>>,
     preferred: AtomicUsize,
     turn: AtomicUsize,
@@ -169,15 +125,10 @@ impl Pool {
         request_timeout: Duration,
         stop: Receiver<()>,
     ) -> Result<Pool, Error> {
-        let ctx = Arc::new(Ctx {
-            connect_timeout,
-            request_timeout,
-            notifier: Notifier::default(),
-            stop,
-            closed: AtomicBool::new(false),
-        });
+        let ctx = Arc::new(Ctx::new(connect_timeout, request_timeout, stop));
         let pool = Pool {
             ctx,
+            timer: Timer::default(),
             nodes: RwLock::new(Vec::new()),
             preferred: AtomicUsize::new(NO_NODE),
             turn: AtomicUsize::new(0),
@@ -199,6 +150,11 @@ impl Pool {
 
     pub fn connect_timeout(&self) -> Duration {
         self.ctx.connect_timeout
+    }
+
+    /// The timer that wakes async calls at their deadlines.
+    pub fn timer(&self) -> &Timer {
+        &self.timer
     }
 
     fn add_node(&self, nodes: &mut Vec<Node>, addr: &str, count: usize) -> Result<usize, Error> {
@@ -272,26 +228,67 @@ impl Pool {
     /// A connection that is up, waiting (until `due` at the latest) while
     /// one is connecting; [`Error::NoConnection`] when none can be had.
     pub fn pick(&self, target: Target, due: Option<Instant>) -> Result<Arc<Conn>, Error> {
-        let patience = Instant::now() + self.ctx.connect_timeout + CONNECT_SLACK;
-        let until = due.map_or(patience, |due| due.min(patience));
+        let until = self.patience(due);
         loop {
             let seen = self.ctx.notifier.version();
-            let conns = self.all_conns();
-            let phases: Vec<(usize, Phase)> =
-                conns.iter().map(|c| (c.node, c.status().0)).collect();
-            let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-            match choose(&phases, target, self.preferred(), turn) {
-                Choice::Use(i) => return Ok(conns[i].clone()),
-                Choice::Nothing => return Err(Error::NoConnection(self.describe(target))),
-                Choice::Wait => {
-                    if !self.ctx.notifier.wait_change(seen, until) {
-                        return Err(Error::NoConnection(format!(
-                            "still connecting: {}",
-                            self.describe(target)
-                        )));
-                    }
-                }
+            if let Some(conn) = self.choose_now(target)? {
+                return Ok(conn);
             }
+            if !self.ctx.notifier.wait_change(seen, until) {
+                return Err(self.still_connecting(target));
+            }
+        }
+    }
+
+    /// [`Pool::pick`] for async callers: woken by the connection threads'
+    /// phase changes, or by the timer at the deadline.
+    pub async fn pick_async(
+        &self,
+        target: Target,
+        due: Option<Instant>,
+    ) -> Result<Arc<Conn>, Error> {
+        let until = self.patience(due);
+        loop {
+            let seen = self.ctx.notifier.version();
+            if let Some(conn) = self.choose_now(target)? {
+                return Ok(conn);
+            }
+            let mut sleep = self.timer.sleep_until(until);
+            let changed = std::future::poll_fn(|cx| {
+                if self.ctx.notifier.poll_change(seen, cx).is_ready() {
+                    return Poll::Ready(true);
+                }
+                match Pin::new(&mut sleep).poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(false),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            if !changed {
+                return Err(self.still_connecting(target));
+            }
+        }
+    }
+
+    /// How long a caller waits for a connection to come up, at most.
+    fn patience(&self, due: Option<Instant>) -> Instant {
+        let patience = Instant::now() + self.ctx.connect_timeout + CONNECT_SLACK;
+        due.map_or(patience, |due| due.min(patience))
+    }
+
+    fn still_connecting(&self, target: Target) -> Error {
+        Error::NoConnection(format!("still connecting: {}", self.describe(target)))
+    }
+
+    /// A connection that is up now (Some), or None while one is connecting.
+    fn choose_now(&self, target: Target) -> Result<Option<Arc<Conn>>, Error> {
+        let conns = self.all_conns();
+        let phases: Vec<(usize, Phase)> = conns.iter().map(|c| (c.node, c.status().0)).collect();
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        match choose(&phases, target, self.preferred(), turn) {
+            Choice::Use(i) => Ok(Some(conns[i].clone())),
+            Choice::Nothing => Err(Error::NoConnection(self.describe(target))),
+            Choice::Wait => Ok(None),
         }
     }
 
@@ -344,11 +341,11 @@ impl Pool {
 
     /// Stop every connection (the client is dropped).
     pub fn close(&self) {
-        self.ctx.closed.store(true, Ordering::Release);
+        self.ctx.close();
+        self.timer.close();
         for conn in self.all_conns() {
             conn.close();
         }
-        self.ctx.notifier.bump();
     }
 }
 
@@ -421,17 +418,5 @@ mod tests {
         assert_eq!(choose(&conns, Target::Node(0), Some(1), 3), Choice::Use(0));
         let conns = [(0, Up), (1, Connecting)];
         assert_eq!(choose(&conns, Target::Node(1), None, 0), Choice::Wait);
-    }
-
-    #[test]
-    fn a_waiter_sees_a_change_or_its_deadline() {
-        let notifier = Arc::new(Notifier::default());
-        let seen = notifier.version();
-        let soon = Instant::now() + Duration::from_millis(20);
-        assert!(!notifier.wait_change(seen, soon));
-        let bumper = notifier.clone();
-        let thread = std::thread::spawn(move || bumper.bump());
-        assert!(notifier.wait_change(seen, Instant::now() + Duration::from_secs(10)));
-        thread.join().expect("bumper thread");
     }
 }

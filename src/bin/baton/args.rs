@@ -1,9 +1,10 @@
 //! `baton`'s command line: turning arguments into a [`Cli`], with one clear
-//! message for anything wrong (SPEC.md section 6).
+//! message for anything wrong.
 //!
 //! Owns: flags (pico-args), their defaults — `--servers` from the flag, else
 //! `$BATON_SERVERS`, else `127.0.0.1:7373`; `--lease 30`; `--wait 0` (no
-//! limit) — and the help text. Runs once on the main thread.
+//! limit); `-n` (the shortest wait the wire allows, 1 ms); `--timeout 5` —
+//! and the help text. Runs once on the main thread.
 //!
 //! Never does: I/O, or look at anything after `--` (that is the command
 //! `run` starts, passed on untouched).
@@ -19,16 +20,22 @@ use baton::protocol::{Key, parse_seconds};
 pub const DEFAULT_SERVERS: &str = "127.0.0.1:7373";
 /// Lease used when `--lease` is not given, in milliseconds.
 pub const DEFAULT_LEASE_MS: u64 = 30_000;
+/// The wait `-n` asks for: the shortest the wire allows (0 means no
+/// limit), so a key that is held is answered `T` a millisecond later.
+pub const NONBLOCK_WAIT: Duration = Duration::from_millis(1);
 
 /// The help text of `baton --help`.
 pub const HELP: &str = "\
 baton: the command-line client of the baton lock server
 
 USAGE:
-  baton [--servers H:P,...] acquire KEY [--lease S] [--wait S]
-  baton [--servers H:P,...] release KEY TOKEN
-  baton [--servers H:P,...] run KEY [--lease S] [--wait S] -- COMMAND [ARGS...]
-  baton [--servers H:P,...] status
+  baton [FLAGS] acquire KEY [--lease S] [--wait S | -n]
+  baton [FLAGS] release KEY TOKEN
+  baton [FLAGS] run KEY [--lease S] [--wait S | -n] -- COMMAND [ARGS...]
+  baton [FLAGS] keep KEY TOKEN [--lease S]
+  baton [FLAGS] query KEY
+  baton [FLAGS] status
+  baton --version
 
 COMMANDS:
   acquire   wait for KEY, print its fencing token; the key stays held until
@@ -38,6 +45,9 @@ COMMANDS:
             BATON_TOKEN, the lease is kept alive (every third of it), the key
             is released when COMMAND exits, and baton exits with its code;
             if the key is lost, COMMAND gets SIGTERM (SIGKILL 10 s later)
+  keep      extend the lease of the grant TOKEN of KEY to now + --lease
+  query     print who holds KEY: `held TOKEN SECONDS_LEFT WAITING`, or
+            `free 0 0 WAITING`
   status    print each server's role, active node and counts
 
 FLAGS:
@@ -46,15 +56,23 @@ FLAGS:
   --lease S       seconds the grant lasts if not released or kept (default 30;
                   decimals allowed: 0.5)
   --wait S        most seconds to wait in line; 0 waits without limit
-                  (default 0); a small value such as 0.001 takes the key only
-                  if it is free
+                  (default 0)
+  -n, --nonblock  do not wait in line: take the key only if it is free now
+                  (exit 75 when it is not)
+  -q, --quiet     print nothing when the key is busy (the exit code is still
+                  75)
+  --timeout S     seconds each server has to answer a request (default 5)
   -h, --help      print this help
+  -V, --version   print the version
 
 EXIT STATUS:
   0 success; 1 error (unreachable, refused, not held, key lost); 2 bad usage;
-  75 the key was not granted within --wait. `run` exits with COMMAND's code
+  75 the key was not granted within --wait (or at once with -n). `run` exits with COMMAND's code
   (128 + N when it is killed by signal N; 126/127 when it cannot start).
 ";
+
+/// The commands, for messages.
+const COMMANDS: &str = "acquire, release, run, keep, query or status";
 
 /// What the command line asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,21 +92,35 @@ pub enum Command {
         wait: Option<Duration>,
         command: Vec<OsString>,
     },
+    Keep {
+        key: Vec<u8>,
+        token: u64,
+        lease: Duration,
+    },
+    Query {
+        key: Vec<u8>,
+    },
     Status,
     Help,
+    Version,
 }
 
 /// The parsed command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cli {
     pub servers: Vec<String>,
+    /// `--timeout`: the time a server has to answer one request.
+    pub timeout: Option<Duration>,
+    /// `-q`: say nothing when the key is busy.
+    pub quiet: bool,
     pub command: Command,
 }
 
-/// Flags shared by `acquire` and `run`.
+/// Flags of `acquire`, `run` and `keep`.
 struct Timing {
     lease: Option<String>,
     wait: Option<String>,
+    nonblock: bool,
 }
 
 /// Parse the arguments (without the program name); `env_servers` is
@@ -96,25 +128,48 @@ struct Timing {
 pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, String> {
     let (ours, command) = split_at_dashes(args);
     let mut args = pico_args::Arguments::from_vec(ours);
-    if args.contains(["-h", "--help"]) {
-        return Ok(Cli {
-            servers: Vec::new(),
-            command: Command::Help,
-        });
+    for (flags, command) in [
+        (["-h", "--help"], Command::Help),
+        (["-V", "--version"], Command::Version),
+    ] {
+        if args.contains(flags) {
+            return Ok(Cli {
+                servers: Vec::new(),
+                timeout: None,
+                quiet: false,
+                command,
+            });
+        }
     }
     let flag = |e: pico_args::Error| e.to_string();
     let servers: Option<String> = args.opt_value_from_str("--servers").map_err(flag)?;
+    let timeout: Option<String> = args.opt_value_from_str("--timeout").map_err(flag)?;
+    let quiet = args.contains(["-q", "--quiet"]);
     let timing = Timing {
         lease: args.opt_value_from_str("--lease").map_err(flag)?,
         wait: args.opt_value_from_str("--wait").map_err(flag)?,
+        nonblock: args.contains(["-n", "--nonblock"]),
     };
     let words = args.finish();
     if let Some(unknown) = words.iter().find(|w| is_flag(w)) {
         return Err(format!("unknown flag {}", unknown.to_string_lossy()));
     }
     let servers = choose_servers(servers.as_deref(), env_servers)?;
+    let timeout = timeout.as_deref().map(read_timeout).transpose()?;
     let command = command_from(words, timing, command)?;
-    Ok(Cli { servers, command })
+    Ok(Cli {
+        servers,
+        timeout,
+        quiet,
+        command,
+    })
+}
+
+fn read_timeout(text: &str) -> Result<Duration, String> {
+    match parse_seconds(text.as_bytes()) {
+        Some(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(format!("--timeout {text}: seconds above 0, like 5 or 0.5")),
+    }
 }
 
 /// Everything before the first `--`, and everything after it (None when
@@ -153,19 +208,26 @@ fn command_from(
 ) -> Result<Command, String> {
     let mut words = words.into_iter();
     let Some(name) = words.next() else {
-        return Err("no command given: acquire, release, run or status".into());
+        return Err(format!("no command given: {COMMANDS}"));
     };
     let name = name.to_string_lossy().into_owned();
     let rest: Vec<OsString> = words.collect();
     if name != "run" && after_dashes.is_some() {
         return Err(format!("`--` is only for `run`, not `{name}`"));
     }
-    if !matches!(name.as_str(), "acquire" | "run")
-        && (timing.lease.is_some() || timing.wait.is_some())
-    {
+    let waits = matches!(name.as_str(), "acquire" | "run");
+    if !waits && (timing.wait.is_some() || timing.nonblock) {
         return Err(format!(
-            "--lease and --wait are for acquire and run, not `{name}`"
+            "--wait and -n are for acquire and run, not `{name}`"
         ));
+    }
+    if !waits && name != "keep" && timing.lease.is_some() {
+        return Err(format!(
+            "--lease is for acquire, run and keep, not `{name}`"
+        ));
+    }
+    if timing.nonblock && timing.wait.is_some() {
+        return Err("give either --wait or -n, not both".into());
     }
     match name.as_str() {
         "acquire" => {
@@ -185,13 +247,26 @@ fn command_from(
             })
         }
         "run" => run_command(rest, &timing, after_dashes),
+        "keep" => {
+            let [key, token] = positional(rest, ["KEY", "TOKEN"], &name)?;
+            let (lease, _) = read_timing(&timing)?;
+            Ok(Command::Keep {
+                key: check_key(key)?,
+                token: check_token(&token)?,
+                lease,
+            })
+        }
+        "query" => {
+            let [key] = positional(rest, ["KEY"], &name)?;
+            Ok(Command::Query {
+                key: check_key(key)?,
+            })
+        }
         "status" => {
             let [] = positional(rest, [], &name)?;
             Ok(Command::Status)
         }
-        other => Err(format!(
-            "unknown command `{other}`: acquire, release, run or status"
-        )),
+        other => Err(format!("unknown command `{other}`: {COMMANDS}")),
     }
 }
 
@@ -276,7 +351,10 @@ fn read_timing(timing: &Timing) -> Result<(Duration, Option<Duration>), String> 
         Some(text) => parse_seconds(text.as_bytes())
             .ok_or_else(|| format!("--wait {text}: seconds, like 10 or 0.5 (0: no limit)"))?,
     };
-    let wait = (wait_ms > 0).then(|| Duration::from_millis(wait_ms));
+    let wait = match timing.nonblock {
+        true => Some(NONBLOCK_WAIT),
+        false => (wait_ms > 0).then(|| Duration::from_millis(wait_ms)),
+    };
     Ok((Duration::from_millis(lease_ms), wait))
 }
 
@@ -368,6 +446,60 @@ mod tests {
         assert_eq!(command(&["status"]), Command::Status);
         assert_eq!(command(&["--help"]), Command::Help);
         assert_eq!(command(&["run", "-h"]), Command::Help);
+        assert_eq!(command(&["--version"]), Command::Version);
+        assert_eq!(command(&["-V"]), Command::Version);
+    }
+
+    #[test]
+    fn keep_and_query_take_their_arguments() {
+        assert_eq!(
+            command(&["keep", "job", "42"]),
+            Command::Keep {
+                key: b"job".to_vec(),
+                token: 42,
+                lease: Duration::from_secs(30),
+            }
+        );
+        assert_eq!(
+            command(&["keep", "job", "42", "--lease", "2.5"]),
+            Command::Keep {
+                key: b"job".to_vec(),
+                token: 42,
+                lease: Duration::from_millis(2500),
+            }
+        );
+        assert_eq!(
+            command(&["query", "job"]),
+            Command::Query {
+                key: b"job".to_vec()
+            }
+        );
+    }
+
+    #[test]
+    fn nonblock_asks_for_the_shortest_wait_and_quiet_and_timeout_are_global() {
+        for flag in ["-n", "--nonblock"] {
+            assert!(matches!(
+                command(&["acquire", "job", flag]),
+                Command::Acquire {
+                    wait: Some(NONBLOCK_WAIT),
+                    ..
+                }
+            ));
+            assert!(matches!(
+                command(&["run", flag, "job", "--", "true"]),
+                Command::Run {
+                    wait: Some(NONBLOCK_WAIT),
+                    ..
+                }
+            ));
+        }
+        let cli = parse_with(&["-q", "--timeout", "0.5", "acquire", "job"], None).expect("valid");
+        assert!(cli.quiet);
+        assert_eq!(cli.timeout, Some(Duration::from_millis(500)));
+        let cli = parse_with(&["acquire", "job", "--quiet"], None).expect("valid");
+        assert!(cli.quiet);
+        assert_eq!(cli.timeout, None);
     }
 
     #[test]
@@ -384,7 +516,19 @@ mod tests {
             (&["acquire", "k", "--bogus"], "unknown flag"),
             (&["release", "k", "0"], "bad token"),
             (&["release", "k"], "missing"),
-            (&["release", "k", "1", "--lease", "3"], "--lease and --wait"),
+            (&["release", "k", "1", "--lease", "3"], "--lease is for"),
+            (&["release", "k", "1", "-n"], "--wait and -n"),
+            (&["keep", "k", "1", "--wait", "3"], "--wait and -n"),
+            (&["query", "k", "--lease", "3"], "--lease is for"),
+            (
+                &["acquire", "k", "-n", "--wait", "1"],
+                "either --wait or -n",
+            ),
+            (&["keep", "k"], "missing KEY TOKEN"),
+            (&["keep", "k", "x"], "bad token"),
+            (&["query"], "missing KEY"),
+            (&["--timeout", "0", "status"], "--timeout"),
+            (&["--timeout", "soon", "status"], "--timeout"),
             (&["status", "--", "x"], "only for `run`"),
             (&["run", "k"], "needs a command"),
             (&["run", "k", "--"], "needs a command"),

@@ -32,7 +32,7 @@ use baton::client::{Client, Error, Grant, ReleaseOutcome};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::Mutex;
 
-use crate::{EXIT_ERROR, report};
+use crate::EXIT_ERROR;
 
 /// Time between two tries to extend the lease while no server answers.
 pub const KEEP_RETRY: Duration = Duration::from_millis(200);
@@ -53,6 +53,8 @@ pub struct Job<'a> {
     pub lease: Duration,
     pub wait: Option<Duration>,
     pub command: &'a [OsString],
+    /// `-q`: no message when the key is busy.
+    pub quiet: bool,
 }
 
 /// Run the job; the process's exit code.
@@ -60,7 +62,7 @@ pub fn run(client: &Client, job: &Job<'_>) -> u8 {
     let name = String::from_utf8_lossy(job.key).into_owned();
     let grant = match client.acquire(job.key, job.lease, job.wait) {
         Ok(grant) => grant,
-        Err(e) => return report(&acquire_failure(&name, job.wait, &e), &e),
+        Err(e) => return crate::acquire_failed(&name, job.wait, &e, job.quiet),
     };
     if grant.is_expired() {
         eprintln!(
@@ -93,6 +95,9 @@ pub fn run(client: &Client, job: &Job<'_>) -> u8 {
 /// One line for a failed acquire.
 pub fn acquire_failure(key: &str, wait: Option<Duration>, e: &Error) -> String {
     match (e, wait) {
+        (Error::Timeout, Some(wait)) if wait <= crate::args::NONBLOCK_WAIT => {
+            format!("busy: {key} is held by someone else")
+        }
         (Error::Timeout, Some(wait)) => {
             format!(
                 "timed out: {key} was not granted within {:.3}s",
@@ -353,6 +358,8 @@ mod tests {
     fn a_timeout_names_the_key_and_the_wait() {
         let line = acquire_failure("job", Some(Duration::from_millis(250)), &Error::Timeout);
         assert_eq!(line, "timed out: job was not granted within 0.250s");
+        let line = acquire_failure("job", Some(Duration::from_millis(1)), &Error::Timeout);
+        assert_eq!(line, "busy: job is held by someone else");
         let line = acquire_failure("job", None, &Error::NoConnection("a:1 (refused)".into()));
         assert_eq!(line, "cannot acquire job: no connection: a:1 (refused)");
     }

@@ -1,0 +1,385 @@
+"""The calls: how one request becomes one result, across dropped
+connections, redirects and deadlines.
+
+Each call is written once, as a generator that yields what it waits for
+(``WaitSlot``, ``WaitChange``, ``Sleep`` from ``_pool.py``) and returns
+its result; ``drive`` runs it by blocking the calling thread, and
+``drive_async`` runs it in an asyncio task, woken from the connection
+threads through ``loop.call_soon_threadsafe``. So the blocking and the
+asyncio client make the same decisions.
+
+Policies:
+- an attempt whose connection drops moves to the next connection; the call
+  fails only after as many failed attempts as there are connections (an
+  ``E <op> <key> shutting-down`` answer counts as a failed attempt);
+- ``M host:port``: prefer that node from now on (registering it if new) and
+  send again; ``M -``, or a redirect to a node that is down: wait 100 ms
+  and send again, for up to the request timeout; at most 8 redirects;
+- a grant answered after more than a third of its lease (it waited in
+  line) is confirmed at once with ``K``, so that its lease, counted from
+  when the acquire was sent, does not look spent on arrival;
+- a release is retried for 5 s at 200 ms intervals while no connection can
+  carry it; ``N`` after an attempt that may have reached the server counts
+  as released;
+- deadlines: a connection has the request timeout to answer (an acquire:
+  its wait plus the request timeout; without a wait limit: no limit),
+  else it is closed.
+
+Never does: touch sockets (that is ``_pool.py``).
+"""
+
+import asyncio
+import time
+
+from . import _wire
+from ._pool import Sleep, Slot, WaitSlot
+from .errors import Expired, NotHeld, Refused, Timeout, Unavailable
+
+RELEASE_RETRY_WINDOW = 5.0
+RELEASE_RETRY_INTERVAL = 0.2
+NO_ACTIVE_RETRY = 0.1
+MAX_REDIRECTS = 8
+ACQUIRE_ROUNDS = 3
+
+
+class Grant:
+    """A key granted to this client.
+
+    ``key`` (str when it is valid UTF-8, else bytes), ``token`` (the
+    fencing token: hand it to the resource you protect), ``lease``
+    (seconds) and ``expires_at``: when the lease runs out by the client's
+    clock, in ``time.monotonic()`` seconds, counted from when the request
+    that started the lease was sent, so it errs early.
+    """
+
+    __slots__ = ("key", "token", "lease", "expires_at", "_raw_key")
+
+    def __init__(self, key, token, lease=0.0, expires_at=None):
+        raw = _wire.check_key(key)
+        self._raw_key = raw
+        self.key = _display(raw)
+        self.token = _wire.check_token(token)
+        self.lease = lease
+        self.expires_at = time.monotonic() if expires_at is None else expires_at
+
+    def time_left(self):
+        """Seconds left on the lease (0 once it has run out)."""
+        return max(0.0, self.expires_at - time.monotonic())
+
+    @property
+    def expired(self):
+        return time.monotonic() >= self.expires_at
+
+    def __repr__(self):
+        return "Grant(key=%r, token=%d, time_left=%.3f)" % (self.key, self.token, self.time_left())
+
+
+class KeyStatus(tuple):
+    """Who holds a key: ``token`` (None when free), ``time_left`` (seconds,
+    by the server's clock) and ``waiting`` (requests in line)."""
+
+    __slots__ = ()
+
+    def __new__(cls, token, time_left, waiting):
+        return tuple.__new__(cls, (token, time_left, waiting))
+
+    token = property(lambda self: self[0])
+    time_left = property(lambda self: self[1])
+    waiting = property(lambda self: self[2])
+
+    @property
+    def free(self):
+        return self[0] is None
+
+    def __repr__(self):
+        return "KeyStatus(token=%r, time_left=%.3f, waiting=%d)" % self
+
+
+def _display(raw):
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+# --- driving a call -----------------------------------------------------
+
+
+def drive(call):
+    """Run a call generator on this thread."""
+    try:
+        waiting = next(call)
+        while True:
+            waiting.block()
+            waiting = call.send(None)
+    except StopIteration as done:
+        return done.value
+
+
+async def drive_async(call):
+    """Run a call generator in the running asyncio loop; the connection
+    threads wake it. Cancelling the task closes the generator, which gives
+    up its request (a grant that still arrives is released)."""
+    loop = asyncio.get_running_loop()
+    try:
+        waiting = next(call)
+        while True:
+            if isinstance(waiting, Sleep):
+                await asyncio.sleep(waiting.timeout)
+            else:
+                future = loop.create_future()
+
+                def wake(future=future):
+                    try:
+                        loop.call_soon_threadsafe(_resolve, future)
+                    except RuntimeError:
+                        pass  # the loop is closed
+
+                waiting.subscribe(wake)
+                if waiting.timeout is None:
+                    await future
+                else:
+                    try:
+                        await asyncio.wait_for(future, max(0.0, waiting.timeout))
+                    except asyncio.TimeoutError:
+                        pass
+            waiting = call.send(None)
+    except StopIteration as done:
+        return done.value
+    finally:
+        call.close()
+
+
+def _resolve(future):
+    if not future.done():
+        future.set_result(None)
+
+
+# --- one request ---------------------------------------------------------
+
+
+class _Exchanged:
+    __slots__ = ("answer", "sent_at", "earlier_maybe_delivered")
+
+    def __init__(self, answer, sent_at, earlier):
+        self.answer = answer
+        self.sent_at = sent_at
+        self.earlier_maybe_delivered = earlier
+
+
+def _budget(op, wait_ms, request_timeout):
+    if op == "A":
+        return None if wait_ms == 0 else wait_ms / 1000.0 + request_timeout
+    return request_timeout
+
+
+def exchange(pool, op, key, due, make):
+    """Generator: send the line ``make()`` builds (again on each attempt)
+    until a final answer comes; an ``_Exchanged``. Raises Unavailable
+    (with ``maybe_delivered``) when no server answers."""
+    failures = 0
+    delivered = False
+    hops = 0
+    waiting_since = None
+    while True:
+        line, wait_ms = make()
+        try:
+            conn = yield from pool.pick(due)
+        except Unavailable as e:
+            e.maybe_delivered = delivered
+            raise
+        slot = Slot()
+        sent_at = time.monotonic()
+        generation = conn.send(line, op, key, slot)
+        answer = None
+        if generation is None:
+            failures += 1
+        else:
+            budget = _budget(op, wait_ms, pool.request_timeout)
+            conn_due = None if budget is None else sent_at + budget
+            until = conn_due if due is None else (due if conn_due is None else min(due, conn_due))
+            try:
+                yield WaitSlot(slot, None if until is None else max(0.0, until - time.monotonic()))
+            except GeneratorExit:
+                # The caller is gone (a cancelled task): a grant that came
+                # just now is released; one still to come is released by
+                # the connection thread.
+                got = slot.abandon()
+                if got is not None and got[0] == _wire.GRANTED:
+                    conn.send(_wire.release_line(got[2], got[1]), "R", got[2], None)
+                raise
+            if not slot.done:
+                answer = slot.abandon()
+            if slot.done and not slot.lost:
+                answer = slot.answer
+            if answer is None and slot.lost:
+                delivered = True
+                failures += 1
+            elif answer is None:
+                waited = time.monotonic() - sent_at
+                if conn_due is not None and time.monotonic() >= conn_due:
+                    conn.kill(generation, "no answer within %.1fs" % waited)
+                raise Unavailable(
+                    "no answer: %s did not answer within %.1fs" % (conn.addr, waited),
+                    maybe_delivered=True,
+                )
+        if answer is not None:
+            tag = answer[0]
+            if tag == _wire.MOVED:
+                active = answer[1]
+                if active is not None:
+                    node = pool.node_for(active)
+                    if pool.is_reachable(node):
+                        hops += 1
+                        if hops > MAX_REDIRECTS:
+                            raise Unavailable(
+                                "no active node: redirected %d times without reaching it (last: %s)"
+                                % (MAX_REDIRECTS, active),
+                                maybe_delivered=delivered,
+                            )
+                        pool.prefer(node)
+                        waiting_since = None
+                        continue
+                now = time.monotonic()
+                if waiting_since is None:
+                    waiting_since = now
+                if now - waiting_since >= pool.request_timeout or (
+                    due is not None and now + NO_ACTIVE_RETRY >= due
+                ):
+                    if active is None:
+                        why = "the servers know no active node (waited %.1fs)" % (now - waiting_since)
+                    else:
+                        why = "redirected to %s, which cannot be reached" % active
+                    raise Unavailable("no active node: " + why, maybe_delivered=delivered)
+                yield Sleep(NO_ACTIVE_RETRY)
+                continue
+            if tag == _wire.REFUSED and answer[3] == "shutting-down":
+                failures += 1
+            else:
+                return _Exchanged(answer, sent_at, delivered)
+        if failures >= pool.connection_count():
+            raise Unavailable(
+                "no connection: the connection failed on each of %d attempts: %s"
+                % (failures, pool.describe()),
+                maybe_delivered=delivered,
+            )
+
+
+def _refused(answer):
+    return Refused(answer[3], answer[1])
+
+
+def _unexpected(answer):
+    return Unavailable("protocol error: unexpected answer %r" % (answer,))
+
+
+# --- the calls -----------------------------------------------------------
+
+
+def acquire(pool, key, lease, wait):
+    """Generator for ``Client.acquire``."""
+    raw = _wire.check_key(key)
+    lease_ms = _wire.check_lease(lease)
+    wait_ms = _wire.wait_millis(wait)
+    wait_end = None if wait_ms == 0 else time.monotonic() + wait_ms / 1000.0
+
+    def make():
+        if wait_end is None:
+            left = 0
+        else:
+            left = _wire.millis_ceil(max(0.0, wait_end - time.monotonic()))
+            if left == 0:
+                raise Timeout("the key was not granted within the wait")
+        return _wire.acquire_line(raw, lease_ms, left), left
+
+    due = None if wait_end is None else wait_end + pool.request_timeout
+    for _ in range(ACQUIRE_ROUNDS):
+        done = yield from exchange(pool, "A", raw, due, make)
+        answer = done.answer
+        if answer[0] == _wire.TIMEOUT:
+            raise Timeout("the key was not granted within the wait")
+        if answer[0] == _wire.REFUSED:
+            raise _refused(answer)
+        if answer[0] != _wire.GRANTED:
+            raise _unexpected(answer)
+        lease_s = lease_ms / 1000.0
+        grant = Grant(raw, answer[1], lease_s, done.sent_at + lease_s)
+        if time.monotonic() - done.sent_at <= lease_s / 3:
+            return grant
+        # It waited in line: restart its lease with K (see the module doc).
+        try:
+            yield from keep(pool, grant, lease_s, confirm=True)
+            return grant
+        except NotHeld:
+            continue  # it ran out before it arrived: ask again
+        except Unavailable:
+            return grant
+    raise Expired("the lease ran out before the grant arrived")
+
+
+def release(pool, key, token):
+    """Generator for ``Client.release``: True released, False not held."""
+    raw = _wire.check_key(key)
+    token = _wire.check_token(token)
+    line = _wire.release_line(raw, token)
+    retry_end = time.monotonic() + RELEASE_RETRY_WINDOW
+    due = retry_end + pool.request_timeout
+    delivered = False
+    while True:
+        try:
+            done = yield from exchange(pool, "R", raw, due, lambda: (line, 0))
+        except Unavailable as e:
+            delivered = delivered or e.maybe_delivered
+            if time.monotonic() + RELEASE_RETRY_INTERVAL > retry_end:
+                raise
+            yield Sleep(RELEASE_RETRY_INTERVAL)
+            continue
+        answer = done.answer
+        if answer[0] == _wire.RELEASED:
+            return True
+        if answer[0] == _wire.NOT_HELD:
+            return delivered or done.earlier_maybe_delivered
+        if answer[0] == _wire.REFUSED:
+            raise _refused(answer)
+        raise _unexpected(answer)
+
+
+def keep(pool, grant, lease, confirm=False):
+    """Generator for ``Client.keep``: extend ``grant`` to now + lease."""
+    lease_ms = _wire.check_lease(lease)
+    if grant.expired:
+        raise Expired("the lease ran out")
+    raw = grant._raw_key
+    line = _wire.keep_line(raw, grant.token, lease_ms)
+    due = grant.expires_at if not confirm else time.monotonic() + pool.request_timeout
+    try:
+        done = yield from exchange(pool, "K", raw, due, lambda: (line, 0))
+    except Unavailable:
+        if grant.expired:
+            raise Expired("the lease ran out before a server answered") from None
+        raise
+    answer = done.answer
+    if answer[0] == _wire.KEPT:
+        grant.lease = lease_ms / 1000.0
+        grant.expires_at = done.sent_at + grant.lease
+        return None
+    if answer[0] == _wire.REFUSED and answer[3] == "not-held":
+        raise NotHeld("the key is no longer held by this token")
+    if answer[0] == _wire.REFUSED:
+        raise _refused(answer)
+    raise _unexpected(answer)
+
+
+def query(pool, key):
+    """Generator for ``Client.query``."""
+    raw = _wire.check_key(key)
+    line = _wire.query_line(raw)
+    due = time.monotonic() + pool.request_timeout
+    done = yield from exchange(pool, "Q", raw, due, lambda: (line, 0))
+    answer = done.answer
+    if answer[0] == _wire.QUERIED:
+        token = answer[2]
+        return KeyStatus(token or None, answer[3] / 1000.0, answer[4])
+    if answer[0] == _wire.REFUSED:
+        raise _refused(answer)
+    raise _unexpected(answer)

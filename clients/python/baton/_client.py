@@ -1,0 +1,185 @@
+"""The public clients: ``Client`` (blocking, thread-safe) and
+``AsyncClient`` (asyncio), over one shared implementation.
+
+Owns: arguments (servers, ``auth``, ``tls``, timeouts), the pool's life
+(``close``, context managers), and the ``lock`` context managers. Each call
+runs the generator of ``_calls.py``: on the caller's thread for
+``Client``, in the caller's task for ``AsyncClient``.
+
+Never does: I/O on the caller's thread (connections live on their own
+threads), or block an asyncio loop.
+"""
+
+import contextlib
+import ssl
+
+from . import _calls, _wire
+from ._pool import Pool, normalise_server, MAX_SERVERS
+
+DEFAULT_CONNECT_TIMEOUT = 2.0
+DEFAULT_REQUEST_TIMEOUT = 5.0
+
+
+def _parse_servers(servers):
+    if isinstance(servers, str):
+        servers = servers.split(",")
+    servers = list(servers)
+    if len(servers) > MAX_SERVERS:
+        raise ValueError("at most %d servers are supported" % MAX_SERVERS)
+    out = []
+    for server in servers:
+        addr = normalise_server(server)
+        if addr not in out:
+            out.append(addr)
+    if not out:
+        raise ValueError("no server address given")
+    return out
+
+
+def _tls_context(tls):
+    if tls is None or tls is False:
+        return None
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    if tls is True:
+        return ssl.create_default_context()
+    return ssl.create_default_context(cafile=str(tls))
+
+
+class _Base:
+    def __init__(
+        self,
+        servers,
+        auth=None,
+        tls=None,
+        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
+        request_timeout=DEFAULT_REQUEST_TIMEOUT,
+    ):
+        addrs = _parse_servers(servers)
+        if connect_timeout <= 0 or request_timeout <= 0:
+            raise ValueError("timeouts must be above 0")
+        auth_line = None if auth is None else _wire.auth_line(auth)
+        self._pool = Pool(addrs, float(connect_timeout), float(request_timeout), auth_line, _tls_context(tls))
+
+    @property
+    def servers(self):
+        """The servers this client knows (given, then learned from
+        redirects)."""
+        return self._pool.servers()
+
+    def connections(self):
+        """``(server, connected, last_error)`` for every connection."""
+        out = []
+        for conn in self._pool.conns():
+            phase, error = conn.status()
+            out.append((conn.addr, phase == "up", error))
+        return out
+
+    def _close(self):
+        self._pool.close()
+
+    def __del__(self):
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()
+
+
+class Client(_Base):
+    """A blocking client, safe to share between threads.
+
+    ``servers``: ``"host:port"`` strings (a list, or one comma-separated
+    string); one connection per server, two when only one is given.
+    ``auth``: a shared secret, sent as ``U <secret>`` first on every
+    connection. ``tls``: an ``ssl.SSLContext``, or the path of a CA file
+    to check the servers' certificates against, or True for the system's
+    roots.
+    """
+
+    def acquire(self, key, lease, wait=None):
+        """Acquire ``key`` for ``lease`` seconds, waiting in line up to
+        ``wait`` seconds (None: without limit; 0: only if it is free now).
+        A ``Grant``; raises ``Timeout`` when the wait runs out, ``Refused``,
+        or ``Unavailable``."""
+        return _calls.drive(_calls.acquire(self._pool, key, lease, wait))
+
+    def release(self, grant):
+        """Release a grant (retried for 5 s while no connection can carry
+        it). True when released, False when the grant no longer held the
+        key."""
+        return _calls.drive(_calls.release(self._pool, grant._raw_key, grant.token))
+
+    def release_token(self, key, token):
+        """Release the grant that ``token`` names (say from another
+        process), as ``release`` does."""
+        return _calls.drive(_calls.release(self._pool, key, token))
+
+    def keep(self, grant, lease):
+        """Extend ``grant``'s lease to now + ``lease`` seconds (it updates
+        ``grant.expires_at``). Raises ``NotHeld`` when the key was lost,
+        ``Expired`` (a ``NotHeld``) when the lease ran out first."""
+        return _calls.drive(_calls.keep(self._pool, grant, lease))
+
+    def query(self, key):
+        """Who holds ``key``: a ``KeyStatus`` (token or None, seconds left,
+        requests waiting)."""
+        return _calls.drive(_calls.query(self._pool, key))
+
+    @contextlib.contextmanager
+    def lock(self, key, lease, wait=None):
+        """``with client.lock(key, lease) as grant:`` — acquired on entry,
+        released on exit (also on an exception)."""
+        grant = self.acquire(key, lease, wait)
+        try:
+            yield grant
+        finally:
+            self.release(grant)
+
+    def close(self):
+        """Close the connections; later calls raise ``Unavailable``."""
+        self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class AsyncClient(_Base):
+    """The same client for asyncio: every call is a coroutine, woken from
+    the connection threads; nothing blocks the event loop. Same arguments
+    as ``Client``. Cancelling a call gives up its request; a grant that
+    still arrives is released at once."""
+
+    async def acquire(self, key, lease, wait=None):
+        return await _calls.drive_async(_calls.acquire(self._pool, key, lease, wait))
+
+    async def release(self, grant):
+        return await _calls.drive_async(_calls.release(self._pool, grant._raw_key, grant.token))
+
+    async def release_token(self, key, token):
+        return await _calls.drive_async(_calls.release(self._pool, key, token))
+
+    async def keep(self, grant, lease):
+        return await _calls.drive_async(_calls.keep(self._pool, grant, lease))
+
+    async def query(self, key):
+        return await _calls.drive_async(_calls.query(self._pool, key))
+
+    @contextlib.asynccontextmanager
+    async def lock(self, key, lease, wait=None):
+        """``async with client.lock(key, lease) as grant:``."""
+        grant = await self.acquire(key, lease, wait)
+        try:
+            yield grant
+        finally:
+            await self.release(grant)
+
+    async def close(self):
+        self._close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self._close()

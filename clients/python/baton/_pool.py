@@ -1,0 +1,668 @@
+"""The connections of one client: each kept up by its own I/O thread, and
+the choice of a connection for each request.
+
+Owns: per connection, the socket (plain or TLS), its phase (connecting, up,
+down), the requests sent on it that wait for their answer, per (op, key) in
+send order, and the outgoing bytes; per client, the servers (one connection
+each, two when only one server is given, one for a server first learned
+from a redirect, at most 64 servers), the round-robin turn, the node
+preferred after a redirect, and a notifier of phase changes.
+
+Threads: one ``baton-conn`` thread per connection, for the client's whole
+life. It connects (TLS and ``U <secret>`` first when asked), then does all
+the socket's I/O itself in a selector loop: callers only append a line and
+register its slot under the connection's lock, then wake the thread through
+a pipe, so no two threads ever touch one socket (which TLS would not
+allow). After a failed attempt or a drop it waits 3 s before the next.
+
+Liveness: when requests wait and the server has been silent for the
+request timeout, the thread sends an ``I`` probe; no answer within another
+request timeout closes the connection. A caller whose request is overdue
+closes it too.
+
+Never does: retry or decide anything about a call (that is ``_calls.py``),
+trust a line from the network (a line that does not parse, longer than
+1024 bytes, or answering no request closes the connection), or grow
+without bound (at most 65536 requests waiting per connection).
+"""
+
+import collections
+import logging
+import os
+import selectors
+import socket
+import ssl
+import threading
+import time
+
+from . import _wire
+from .errors import Unavailable
+
+log = logging.getLogger("baton")
+
+RECONNECT_INTERVAL = 3.0
+CONNECTIONS_FOR_ONE_SERVER = 2
+MAX_SERVERS = 64
+MAX_IN_FLIGHT = 65536
+CONNECT_SLACK = 1.0
+DEFAULT_PORT = 7373
+
+CONNECTING = "connecting"
+UP = "up"
+DOWN = "down"
+
+
+def normalise_server(server):
+    """``host:port`` (a missing port is 7373); ValueError when malformed."""
+    server = server.strip()
+    if not server or any(c.isspace() for c in server):
+        raise ValueError("%r is not host:port" % server)
+    if server.startswith("["):
+        host, sep, after = server[1:].partition("]")
+        if not sep or not host:
+            raise ValueError("%r is not host:port" % server)
+        if not after:
+            return "%s:%d" % (server, DEFAULT_PORT)
+        if not after.startswith(":"):
+            raise ValueError("%r is not host:port" % server)
+        port = after[1:]
+    else:
+        host, sep, port = server.partition(":")
+        if not host or ":" in port:
+            raise ValueError("%r is not host:port" % server)
+        if not sep:
+            return "%s:%d" % (server, DEFAULT_PORT)
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("%r is not host:port" % server)
+    return server
+
+
+def split_server(addr):
+    if addr.startswith("["):
+        host, _, port = addr[1:].partition("]:")
+    else:
+        host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+class Slot:
+    """One request's answer, handed from a connection thread to its caller:
+    a blocking caller waits on an event, an async one registers a callback.
+    """
+
+    __slots__ = ("_lock", "_event", "answer", "lost", "_abandoned", "_callbacks")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self.answer = None
+        self.lost = False
+        self._abandoned = False
+        self._callbacks = []
+
+    @property
+    def done(self):
+        return self._event.is_set()
+
+    def _finish(self):
+        self._event.set()
+        callbacks, self._callbacks = self._callbacks, []
+        return callbacks
+
+    def set(self, answer):
+        """Hand the answer over; False when the caller had given up."""
+        with self._lock:
+            if self._abandoned or self._event.is_set():
+                return False
+            self.answer = answer
+            callbacks = self._finish()
+        for callback in callbacks:
+            callback()
+        return True
+
+    def fail(self):
+        """The connection dropped before the answer came."""
+        with self._lock:
+            if self._event.is_set():
+                return
+            self.lost = True
+            callbacks = self._finish()
+        for callback in callbacks:
+            callback()
+
+    def abandon(self):
+        """The caller gives up; the answer if it came just before."""
+        with self._lock:
+            self._abandoned = True
+            return self.answer
+
+    def wait(self, timeout):
+        return self._event.wait(timeout)
+
+    def add_callback(self, callback):
+        """Call ``callback`` (from some thread) once the slot is done."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+
+class Notifier:
+    """A version bumped on every phase change of a connection."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self.version = 0
+        self._callbacks = []
+
+    def bump(self):
+        with self._cond:
+            self.version += 1
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        for callback in callbacks:
+            callback()
+
+    def wait_change(self, seen, timeout):
+        with self._cond:
+            return self._cond.wait_for(lambda: self.version != seen, timeout)
+
+    def add_callback(self, seen, callback):
+        with self._cond:
+            if self.version == seen:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+
+class Settings:
+    def __init__(self, connect_timeout, request_timeout, auth_line, tls):
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.auth_line = auth_line
+        self.tls = tls
+        self.notifier = Notifier()
+        self.closed = threading.Event()
+
+
+class Conn:
+    """One persistent connection to one server."""
+
+    def __init__(self, node, addr, settings):
+        self.node = node
+        self.addr = addr
+        self._settings = settings
+        self._lock = threading.Lock()
+        self.phase = CONNECTING
+        self.generation = 0
+        self.last_error = None
+        self._kill_reason = None
+        self._out = bytearray()
+        self._pending = collections.defaultdict(collections.deque)
+        self._in_flight = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._thread = threading.Thread(
+            target=self._run, name="baton-conn %s" % addr, daemon=True
+        )
+
+    def start(self):
+        self._thread.start()
+
+    def status(self):
+        with self._lock:
+            return self.phase, self.last_error
+
+    def _wake(self):
+        with self._lock:
+            if self._wake_w is None:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass  # the pipe is full: the thread is awake anyway
+
+    def send(self, line, op, key, slot):
+        """Queue ``line`` with its slot; the connection's generation, or None
+        when the connection is not up (or full)."""
+        with self._lock:
+            if self.phase != UP or self._in_flight >= MAX_IN_FLIGHT:
+                return None
+            self._queue(line, op, key, slot)
+            generation = self.generation
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass  # the pipe is full: the thread is awake anyway
+        return generation
+
+    def _queue(self, line, op, key, slot):
+        self._out += line
+        self._pending[(op, key)].append(slot)
+        self._in_flight += 1
+
+    def kill(self, generation, why):
+        """Close the connection made in ``generation`` (a request on it is
+        overdue); it reconnects later."""
+        with self._lock:
+            if self.generation != generation or self.phase != UP:
+                return
+            log.warning("%s: %s; closing the connection", self.addr, why)
+            self._kill_reason = why
+        self._wake()
+
+    def close(self):
+        self._wake()
+
+    # --- the connection's thread -----------------------------------------
+
+    def _set_phase(self, phase, error=None):
+        with self._lock:
+            self.phase = phase
+            if error is not None:
+                self.last_error = error
+        self._settings.notifier.bump()
+
+    def _run(self):
+        settings = self._settings
+        try:
+            while not settings.closed.is_set():
+                self._set_phase(CONNECTING)
+                try:
+                    sock, leftover = self._open()
+                except (OSError, ssl.SSLError, _wire.WireError, ValueError) as e:
+                    self._set_phase(DOWN, _plain(e))
+                else:
+                    self._serve(sock, leftover)
+                if settings.closed.wait(RECONNECT_INTERVAL):
+                    break
+        finally:
+            self._set_phase(DOWN, "the client is closed")
+            with self._lock:
+                fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), None, None
+            for fd in fds:
+                os.close(fd)
+
+    def _open(self):
+        """Connect, wrap in TLS and authenticate, bounded by the connect
+        timeout; the socket and any bytes read past the auth answer."""
+        settings = self._settings
+        host, port = split_server(self.addr)
+        sock = socket.create_connection((host, port), timeout=settings.connect_timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if settings.tls is not None:
+                sock = settings.tls.wrap_socket(sock, server_hostname=host)
+            leftover = b""
+            if settings.auth_line is not None:
+                leftover = self._authenticate(sock, settings.auth_line)
+            return sock, leftover
+        except BaseException:
+            sock.close()
+            raise
+
+    def _authenticate(self, sock, line):
+        sock.sendall(line)
+        data = b""
+        while b"\n" not in data:
+            if len(data) > _wire.MAX_LINE:
+                raise _wire.WireError("the answer to U is too long")
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise OSError("closed by the server during authentication")
+            data += chunk
+        first, _, leftover = data.partition(b"\n")
+        answer = _wire.parse_answer(first)
+        if answer[0] == _wire.AUTH and answer[1] == "ok":
+            return leftover
+        if answer[0] == _wire.REFUSED and answer[1] == "U" and answer[3] == "auth-disabled":
+            log.warning("%s: the server does not ask for authentication", self.addr)
+            return leftover
+        if answer[0] == _wire.REFUSED:
+            raise OSError("authentication refused: %s" % answer[3])
+        raise _wire.WireError("unexpected answer to U")
+
+    def _serve(self, sock, leftover):
+        with self._lock:
+            self.phase = UP
+            self.generation += 1
+            self.last_error = None
+            self._kill_reason = None
+        log.debug("%s: connected", self.addr)
+        self._settings.notifier.bump()
+        try:
+            why = self._io_loop(sock, bytearray(leftover))
+        except (OSError, ssl.SSLError) as e:
+            why = _plain(e)
+        except _wire.WireError as e:
+            why = "the server sent a line that does not parse (%s)" % e
+        finally:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._go_down(why)
+
+    def _go_down(self, why):
+        with self._lock:
+            self.phase = DOWN
+            why = self._kill_reason or why
+            self._kill_reason = None
+            self.last_error = why
+            waiting = [s for queue in self._pending.values() for s in queue]
+            self._pending.clear()
+            self._in_flight = 0
+            self._out = bytearray()
+        log.info("%s: connection lost: %s", self.addr, why)
+        for slot in waiting:
+            if slot is not None:
+                slot.fail()
+        self._settings.notifier.bump()
+
+    def _io_loop(self, sock, inbuf):
+        settings = self._settings
+        rt = settings.request_timeout
+        tls = isinstance(sock, ssl.SSLSocket)
+        sock.setblocking(False)
+        sel = selectors.DefaultSelector()
+        try:
+            sel.register(sock, selectors.EVENT_READ, "sock")
+            sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+            silent_since = time.monotonic()
+            probing = False
+            if inbuf:
+                self._take_answers(inbuf)
+            while True:
+                if settings.closed.is_set():
+                    return "the client is closed"
+                with self._lock:
+                    if self._kill_reason is not None:
+                        return self._kill_reason
+                    want_write = bool(self._out)
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
+                sel.modify(sock, events, "sock")
+                buffered = tls and sock.pending() > 0
+                timeout = 0 if buffered else max(0.0, silent_since + rt - time.monotonic())
+                ready = sel.select(timeout)
+                readable = buffered
+                for key, mask in ready:
+                    if key.data == "wake":
+                        try:
+                            while os.read(self._wake_r, 4096):
+                                pass
+                        except (BlockingIOError, OSError):
+                            pass
+                    elif mask & selectors.EVENT_READ:
+                        readable = True
+                if want_write:
+                    self._flush(sock)
+                if readable:
+                    data = self._recv(sock)
+                    if data == b"":
+                        return "closed by the server"
+                    if data:
+                        silent_since = time.monotonic()
+                        probing = False
+                        inbuf += data
+                        self._take_answers(inbuf)
+                        if len(inbuf) >= _wire.MAX_LINE:
+                            return "the server sent a line longer than %d bytes" % _wire.MAX_LINE
+                if time.monotonic() >= silent_since + rt:
+                    with self._lock:
+                        waiting = self._in_flight > 0
+                        if waiting and not probing:
+                            self._queue(_wire.INFO_LINE, "I", None, None)
+                    if waiting and probing:
+                        return "no answer to a probe within %.1fs" % rt
+                    probing = waiting
+                    silent_since = time.monotonic()
+        finally:
+            sel.close()
+
+    def _flush(self, sock):
+        with self._lock:
+            if not self._out:
+                return
+            try:
+                sent = sock.send(self._out)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                return
+            del self._out[:sent]
+
+    @staticmethod
+    def _recv(sock):
+        try:
+            return sock.recv(65536)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return None
+
+    def _take_answers(self, inbuf):
+        while True:
+            end = inbuf.find(b"\n")
+            if end < 0:
+                return
+            line = bytes(inbuf[:end])
+            del inbuf[: end + 1]
+            if len(line) + 1 > _wire.MAX_LINE:
+                raise _wire.WireError("a line longer than %d bytes" % _wire.MAX_LINE)
+            if not line.strip(b"\r"):
+                continue
+            self._dispatch(_wire.parse_answer(line))
+
+    def _dispatch(self, answer):
+        route = _wire.route(answer)
+        if route is None:
+            raise OSError("refused by the server: %s" % answer[3])
+        with self._lock:
+            queue = self._pending.get(route)
+            if not queue and route[1] is None and route[0] != "I":
+                # `-` names a key that is not allowed, or the key "-".
+                route = (route[0], b"-")
+                queue = self._pending.get(route)
+            if not queue:
+                raise _wire.WireError("an answer for no request")
+            slot = queue.popleft()
+            if not queue:
+                del self._pending[route]
+            self._in_flight -= 1
+        if slot is not None and not slot.set(answer) and answer[0] == _wire.GRANTED:
+            # Its caller gave up: release it at once rather than leave the
+            # key blocked until its lease runs out.
+            token, key = answer[1], answer[2]
+            log.info("%s: releasing %r (token %d): its caller gave up", self.addr, key, token)
+            with self._lock:
+                self._queue(_wire.release_line(key, token), "R", key, None)
+
+
+def _plain(e):
+    if isinstance(e, socket.timeout):
+        return "timed out"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror[:1].lower() + e.strerror[1:]
+    text = str(e) or type(e).__name__
+    return text
+
+
+class Pool:
+    """The client's servers and connections."""
+
+    def __init__(self, servers, connect_timeout, request_timeout, auth_line, tls):
+        self.settings = Settings(connect_timeout, request_timeout, auth_line, tls)
+        self._lock = threading.Lock()
+        self._nodes = []  # (addr, [Conn])
+        self._preferred = None
+        self._turn = 0
+        per_node = CONNECTIONS_FOR_ONE_SERVER if len(servers) == 1 else 1
+        for addr in servers:
+            self._add_node(addr, per_node)
+
+    @property
+    def request_timeout(self):
+        return self.settings.request_timeout
+
+    @property
+    def notifier(self):
+        return self.settings.notifier
+
+    def _add_node(self, addr, count):
+        index = len(self._nodes)
+        conns = [Conn(index, addr, self.settings) for _ in range(count)]
+        self._nodes.append((addr, conns))
+        for conn in conns:
+            conn.start()
+        self.settings.notifier.bump()
+        return index
+
+    def node_for(self, addr):
+        """The node with this address, registered (one connection) if new."""
+        with self._lock:
+            for index, (known, _) in enumerate(self._nodes):
+                if known == addr:
+                    return index
+            if len(self._nodes) >= MAX_SERVERS:
+                raise Unavailable(
+                    "redirected to %s, but this client already knows %d servers"
+                    % (addr, MAX_SERVERS)
+                )
+            log.info("learned of server %s from a redirect", addr)
+            return self._add_node(addr, 1)
+
+    def prefer(self, node):
+        self._preferred = node
+
+    def is_reachable(self, node):
+        with self._lock:
+            conns = self._nodes[node][1] if node < len(self._nodes) else []
+        return any(c.status()[0] != DOWN for c in conns)
+
+    def connection_count(self):
+        with self._lock:
+            return sum(len(conns) for _, conns in self._nodes)
+
+    def conns(self):
+        with self._lock:
+            return [c for _, conns in self._nodes for c in conns]
+
+    def servers(self):
+        with self._lock:
+            return [addr for addr, _ in self._nodes]
+
+    def choose(self):
+        """A connection that is up; ``None`` while one is connecting; raises
+        Unavailable when none is up or connecting."""
+        conns = self.conns()
+        phases = [(c.node, c.status()[0]) for c in conns]
+        with self._lock:
+            turn = self._turn
+            self._turn += 1
+        index = choose(phases, self._preferred, turn)
+        if index == "wait":
+            return None
+        if index is None:
+            raise Unavailable("no connection: %s" % self.describe())
+        return conns[index]
+
+    def pick(self, due):
+        """A generator: a connection that is up, waiting (until ``due`` at
+        the latest) while one is connecting."""
+        now = time.monotonic()
+        until = now + self.settings.connect_timeout + CONNECT_SLACK
+        if due is not None:
+            until = min(until, due)
+        while True:
+            seen = self.notifier.version
+            conn = self.choose()
+            if conn is not None:
+                return conn
+            left = until - time.monotonic()
+            if left <= 0:
+                raise Unavailable("no connection: still connecting: %s" % self.describe())
+            yield WaitChange(self.notifier, seen, left)
+
+    def describe(self):
+        with self._lock:
+            nodes = list(self._nodes)
+        parts = []
+        for addr, conns in nodes:
+            why = next((c.status()[1] for c in conns if c.status()[1]), None)
+            parts.append("%s (%s)" % (addr, why or "not connected yet"))
+        return "; ".join(parts)
+
+    def close(self):
+        self.settings.closed.set()
+        for conn in self.conns():
+            conn.close()
+        self.settings.notifier.bump()
+
+
+def choose(phases, preferred, turn):
+    """Pick from ``(node, phase)`` pairs: the preferred node's up connections
+    first (waiting for it while it is connecting), else any up one,
+    round-robin. An index, "wait", or None."""
+
+    def among(node):
+        fits = [i for i, (n, _) in enumerate(phases) if node is None or n == node]
+        up = [i for i in fits if phases[i][1] == UP]
+        if up:
+            return up[turn % len(up)]
+        if any(phases[i][1] == CONNECTING for i in fits):
+            return "wait"
+        return None
+
+    if preferred is not None:
+        choice = among(preferred)
+        if choice is not None:
+            return choice
+    return among(None)
+
+
+# --- what a call waits for (see _calls.py) ---------------------------------
+
+
+class WaitSlot:
+    """Wait until the slot is done or ``timeout`` seconds pass (None: no
+    limit)."""
+
+    __slots__ = ("slot", "timeout")
+
+    def __init__(self, slot, timeout):
+        self.slot = slot
+        self.timeout = timeout
+
+    def block(self):
+        self.slot.wait(self.timeout)
+
+    def subscribe(self, callback):
+        self.slot.add_callback(callback)
+
+
+class WaitChange:
+    """Wait until the notifier moves past ``seen`` or ``timeout`` passes."""
+
+    __slots__ = ("notifier", "seen", "timeout")
+
+    def __init__(self, notifier, seen, timeout):
+        self.notifier = notifier
+        self.seen = seen
+        self.timeout = timeout
+
+    def block(self):
+        self.notifier.wait_change(self.seen, self.timeout)
+
+    def subscribe(self, callback):
+        self.notifier.add_callback(self.seen, callback)
+
+
+class Sleep:
+    __slots__ = ("timeout",)
+
+    def __init__(self, timeout):
+        self.timeout = timeout
+
+    def block(self):
+        time.sleep(self.timeout)
+
+    def subscribe(self, callback):
+        pass

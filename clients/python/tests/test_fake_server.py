@@ -1,0 +1,170 @@
+"""Behaviour that needs a server misbehaving on purpose: a small fake
+server in this file answers (or drops) each connection as a test says."""
+
+import socket
+import threading
+
+import baton
+from conftest import DEADLINE, wait_for
+
+
+class FakeServer:
+    """Accepts connections; ``handle(conn_index, line)`` returns the answer
+    line(s) to send, ``b""`` to send nothing yet, or None to close that
+    connection without answering."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.lines = []
+        self._conns = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        index = 0
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn, index), daemon=True).start()
+            index += 1
+
+    def _serve(self, conn, index):
+        buf = b""
+        with conn:
+            conn.settimeout(DEADLINE)
+            while True:
+                try:
+                    chunk = conn.recv(4096)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    self.lines.append((index, line))
+                    answer = self.handle(index, line)
+                    if answer is None:
+                        return
+                    if answer:
+                        conn.sendall(answer + b"\n")
+
+    def close(self):
+        self._stop = True
+        self.sock.close()
+        for conn in self._conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def test_not_held_after_a_retry_counts_as_released(closing):
+    # The first connection that sees the release drops it unanswered (the
+    # release may have got through); the retry is told N: success.
+    seen = []
+
+    def handle(index, line):
+        if line.startswith(b"R "):
+            seen.append(index)
+            if len(seen) == 1:
+                return None
+            return b"N job"
+        return b"E - - unknown-op"
+
+    server = FakeServer(handle)
+    try:
+        c = closing(baton.Client(server.addr))
+        assert c.release_token("job", 42) is True
+        assert len(seen) == 2 and seen[0] != seen[1], "moved to the other connection"
+    finally:
+        server.close()
+
+
+def test_not_held_at_the_first_try_is_not_held(closing):
+    server = FakeServer(lambda index, line: b"N job")
+    try:
+        c = closing(baton.Client(server.addr))
+        assert c.release_token("job", 42) is False
+    finally:
+        server.close()
+
+
+def test_an_acquire_moves_to_the_next_connection_and_fails_after_as_many_attempts(closing):
+    attempts = []
+
+    def drop_acquires(index, line):
+        attempts.append(index)
+        return None
+
+    server = FakeServer(drop_acquires)
+    try:
+        c = closing(baton.Client(server.addr))
+        try:
+            c.acquire("job", lease=5)
+        except baton.Unavailable as e:
+            assert "each of 2 attempts" in str(e)
+        else:
+            raise AssertionError("an acquire with every connection dropping must fail")
+        assert len(attempts) == 2 and attempts[0] != attempts[1]
+    finally:
+        server.close()
+
+
+def test_no_active_node_known_is_retried_shortly(closing):
+    # A standby that knows no active node at first, then serves.
+    calls = []
+
+    def handle(index, line):
+        calls.append(line)
+        if len(calls) < 3:
+            return b"M - A job"
+        return b"A 77 job"
+
+    server = FakeServer(handle)
+    try:
+        c = closing(baton.Client(server.addr))
+        grant = c.acquire("job", lease=5)
+        assert grant.token == 77 and len(calls) == 3
+    finally:
+        server.close()
+
+
+def test_answers_in_another_order_than_the_requests_reach_their_callers(closing):
+    # Each connection holds its first query back and answers it after the
+    # second: the answers come reversed.
+    held = {}
+
+    def handle(index, line):
+        key = line.split(b" ")[1]
+        answer = b"Q " + key + b" 0 0 " + str(len(key)).encode()
+        if index not in held:
+            held[index] = answer
+            return b""
+        return answer + b"\n" + held.pop(index)
+
+    server = FakeServer(handle)
+    try:
+        c = closing(baton.Client(server.addr))
+        wait_for("both connections up", lambda: all(up for _, up, _ in c.connections()))
+        results = {}
+
+        def ask(key):
+            results[key] = c.query(key).waiting
+
+        keys = ["k" * n for n in range(1, 5)]
+        threads = [threading.Thread(target=ask, args=(key,)) for key in keys]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(DEADLINE)
+        assert results == {key: len(key) for key in keys}
+    finally:
+        server.close()

@@ -1,0 +1,175 @@
+"""The blocking client against one real batond."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+import baton
+from conftest import DEADLINE, client_of, has_flag, wait_for
+
+
+def test_acquire_query_keep_release(node, closing):
+    c = closing(client_of(node))
+    before = time.monotonic()
+    grant = c.acquire("job", lease=5)
+    assert grant.key == "job" and grant.token > 0
+    assert before + 5 <= grant.expires_at <= time.monotonic() + 5
+    status = c.query("job")
+    assert (status.token, status.waiting) == (grant.token, 0)
+    assert 0 < status.time_left <= 5
+
+    c.keep(grant, 60)
+    assert grant.time_left() > 5
+    assert c.query("job").time_left > 5
+
+    assert c.release(grant) is True
+    assert c.query("job").free
+    assert c.release(grant) is False, "released already: not held"
+    with pytest.raises(baton.NotHeld):
+        c.keep(grant, 5)
+
+
+def test_a_held_key_times_out_and_wait_zero_does_not_queue(node, closing):
+    c = closing(client_of(node))
+    held = c.acquire("job", lease=30)
+    start = time.monotonic()
+    with pytest.raises(baton.Timeout):
+        c.acquire("job", lease=30, wait=0)
+    with pytest.raises(baton.Timeout):
+        c.acquire("job", lease=30, wait=0.05)
+    assert time.monotonic() - start < DEADLINE
+    status = c.query("job")
+    assert (status.token, status.waiting) == (held.token, 0), "nothing was left in line"
+
+
+def test_bad_arguments_and_refusals(node, closing):
+    c = closing(client_of(node))
+    for bad in ["", "a b", "x" * 251, "tab\there"]:
+        with pytest.raises(ValueError):
+            c.acquire(bad, lease=1)
+    with pytest.raises(ValueError):
+        c.acquire("k", lease=0)
+    with pytest.raises(baton.Refused) as refused:
+        c.acquire("k", lease=10**6)
+    assert refused.value.reason == "lease-too-long"
+    with pytest.raises(ValueError):
+        baton.Client([])
+    with pytest.raises(ValueError):
+        baton.Client("host:notaport")
+
+
+def test_one_address_gets_two_connections(node, closing):
+    c = closing(client_of(node))
+    wait_for("two connections up", lambda: sum(up for _, up, _ in c.connections()) == 2)
+    assert len(c.connections()) == 2
+    assert node.info()["conns"] == "3", "the client's two and this probe's"
+    assert c.servers == [node.addr]
+
+
+def test_waiters_are_served_in_order_across_threads(node, closing):
+    c = closing(client_of(node))
+    first = c.acquire("queue", lease=30)
+    got = []
+    lock = threading.Lock()
+
+    def wait_in_line(i):
+        grant = c.acquire("queue", lease=30)
+        with lock:
+            got.append((i, grant.token))
+        c.release(grant)
+
+    threads = []
+    for i in range(4):
+        t = threading.Thread(target=wait_in_line, args=(i,))
+        t.start()
+        threads.append(t)
+        wait_for("waiter %d in line" % i, lambda i=i: c.query("queue").waiting == i + 1)
+    assert c.release(first)
+    for t in threads:
+        t.join(DEADLINE)
+    assert [i for i, _ in got] == [0, 1, 2, 3], "FIFO"
+    tokens = [t for _, t in got]
+    assert tokens == sorted(tokens) and tokens[0] > first.token
+
+
+def test_many_requests_are_pipelined_on_two_connections(node, closing):
+    c = closing(client_of(node))
+    grants = []
+    errors = []
+
+    def worker(w):
+        try:
+            for i in range(50):
+                g = c.acquire("k-%d-%d" % (w, i), lease=10)
+                grants.append(g)
+                assert c.release(g)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(DEADLINE * 3)
+    assert not errors, errors
+    assert len({g.token for g in grants}) == 400
+
+
+def test_the_lock_context_manager_releases_on_an_exception(node, closing):
+    c = closing(client_of(node))
+    with pytest.raises(RuntimeError):
+        with c.lock("ctx", lease=30) as grant:
+            assert c.query("ctx").token == grant.token
+            raise RuntimeError("the work failed")
+    assert c.query("ctx").free
+
+
+def test_a_restarted_server_is_reconnected_in_the_background(nodes, closing):
+    first = nodes()
+    c = closing(client_of(first))
+    c.acquire("before", lease=30)
+    first.kill()
+    # Every connection is down: calls fail at once, they do not hang.
+    wait_for("the connections to drop", lambda: not any(up for _, up, _ in c.connections()))
+    with pytest.raises(baton.Unavailable):
+        c.query("k")
+    nodes(port=first.port)
+
+    def served():
+        try:
+            return c.acquire("after", lease=30, wait=1)
+        except baton.Unavailable:
+            return None
+
+    grant = wait_for("the client to reconnect (every 3 s)", served)
+    assert grant.token > 0
+
+
+def test_nothing_listening_is_unavailable_at_once(closing):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = closing(baton.Client("127.0.0.1:%d" % port))
+    start = time.monotonic()
+    with pytest.raises(baton.Unavailable) as e:
+        c.acquire("k", lease=1)
+    assert "refused" in str(e.value)
+    assert time.monotonic() - start < DEADLINE
+
+
+def test_a_silent_server_is_given_up_after_the_request_timeout(closing):
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        addr = "127.0.0.1:%d" % silent.getsockname()[1]
+        c = closing(baton.Client(addr, request_timeout=0.3))
+        with pytest.raises(baton.Unavailable) as e:
+            c.query("k")
+        assert "no answer" in str(e.value)
+    finally:
+        silent.close()
+
+

@@ -1,0 +1,133 @@
+//! What a client's connection threads and its callers share: settings, the
+//! closing signal, and the [`Notifier`] of connection phase changes.
+//!
+//! Owns: [`Ctx`] (timeouts, "the client is closed"), and [`Notifier`], a
+//! counter bumped on every change of a connection's phase that blocking
+//! callers wait on with a condvar and async callers with a stored waker.
+//! Written by the connection threads (`conn.rs`), read by callers
+//! choosing a connection (`pool.rs`).
+//!
+//! Never does: I/O or any decision about connections; it exists so that
+//! `conn.rs` and `pool.rs` each depend on it and not on each other.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use parking_lot::{Condvar, Mutex};
+
+/// Settings and signals shared by the pool and its connections' threads.
+pub struct Ctx {
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub notifier: Notifier,
+    /// Never sent on: disconnects when the client is dropped.
+    stop: Receiver<()>,
+    closed: AtomicBool,
+}
+
+impl Ctx {
+    pub fn new(connect_timeout: Duration, request_timeout: Duration, stop: Receiver<()>) -> Ctx {
+        Ctx {
+            connect_timeout,
+            request_timeout,
+            notifier: Notifier::default(),
+            stop,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Mark the client closed (its connections then stop).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.notifier.bump();
+    }
+
+    /// Sleep for `duration` or until the client closes; true if it closed.
+    pub fn sleep(&self, duration: Duration) -> bool {
+        !matches!(
+            self.stop.recv_timeout(duration),
+            Err(RecvTimeoutError::Timeout)
+        ) || self.is_closed()
+    }
+}
+
+/// A counter bumped on every change of a connection's phase, with a condvar
+/// for blocking callers and wakers for async ones waiting for a change.
+#[derive(Default)]
+pub struct Notifier {
+    state: Mutex<NotifierState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct NotifierState {
+    version: u64,
+    wakers: Vec<Waker>,
+}
+
+impl Notifier {
+    pub fn version(&self) -> u64 {
+        self.state.lock().version
+    }
+
+    pub fn bump(&self) {
+        let wakers = {
+            let mut st = self.state.lock();
+            st.version += 1;
+            std::mem::take(&mut st.wakers)
+        };
+        self.changed.notify_all();
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+
+    /// Wait until the version differs from `seen` or `until` passes; true if
+    /// it changed.
+    pub fn wait_change(&self, seen: u64, until: Instant) -> bool {
+        let mut st = self.state.lock();
+        while st.version == seen {
+            if self.changed.wait_until(&mut st, until).timed_out() {
+                return st.version != seen;
+            }
+        }
+        true
+    }
+
+    /// Ready once the version differs from `seen`; else the waker is woken
+    /// at the next change.
+    pub fn poll_change(&self, seen: u64, cx: &mut Context<'_>) -> Poll<()> {
+        let mut st = self.state.lock();
+        if st.version != seen {
+            return Poll::Ready(());
+        }
+        if !st.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            st.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_waiter_sees_a_change_or_its_deadline() {
+        let notifier = Arc::new(Notifier::default());
+        let seen = notifier.version();
+        let soon = Instant::now() + Duration::from_millis(20);
+        assert!(!notifier.wait_change(seen, soon));
+        let bumper = notifier.clone();
+        let thread = std::thread::spawn(move || bumper.bump());
+        assert!(notifier.wait_change(seen, Instant::now() + Duration::from_secs(10)));
+        thread.join().expect("bumper thread");
+    }
+}
