@@ -191,3 +191,29 @@ def test_a_grant_that_waited_longer_than_its_lease_is_confirmed_not_asked_again(
         assert [line.split(b" ")[0] for _, line in server.lines] == [b"A", b"K"]
     finally:
         server.close()
+
+
+def test_hostile_answers_close_the_connection_and_fail_the_call(closing):
+    hostile = [
+        b"this is not an answer",
+        b"Q someone-else 0 0 0",  # answers no request
+        b"A 18446744073709551616 job",  # token out of range
+        b"A " + b"9" * 2000 + b" job",  # longer than a line may be
+        b"E - - too-many-connections",
+    ]
+    for answer in hostile:
+        server = FakeServer(lambda index, line, answer=answer: answer)
+        try:
+            c = closing(baton.Client(server.addr))
+            try:
+                c.acquire("job", lease=5)
+            except baton.Unavailable:
+                pass
+            else:
+                raise AssertionError("%r was taken for an answer" % answer[:40])
+            wait_for(
+                "the connections to be closed",
+                lambda: not any(up for _, up, _ in c.connections()),
+            )
+        finally:
+            server.close()
