@@ -2,9 +2,9 @@
 //!
 //! Layout:
 //! - [`protocol`]: the wire format, pure parsing and formatting;
-//! - [`server`]: the node — I/O loops, the lock owner and its lock table and
+//! - `server`: the node — I/O loops, the lock owner and its lock table and
 //!   timing wheel, configuration;
-//! - [`client`]: the Rust client library — persistent connections,
+//! - `client`: the Rust client library — persistent connections,
 //!   pipelining, failover, redirects, grants and release-on-drop guards;
 //! - `src/bin/batond.rs`: the server binary; `src/bin/baton.rs`: the CLI.
 //!

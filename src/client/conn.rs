@@ -247,6 +247,11 @@ impl Conn {
         let out = stream.try_clone()?;
         let killer = stream.try_clone()?;
         out.set_write_timeout(Some(ctx.request_timeout))?;
+        // Bounded in fact though not in type: every queued line has a
+        // pending entry until it is answered, and `send_locked` refuses a
+        // line past MAX_IN_FLIGHT of them (the caller then moves to another
+        // connection). A bounded channel would allocate all its slots up
+        // front, on every connection.
         let (tx, rx) = crossbeam_channel::unbounded();
         let writer = thread::Builder::new()
             .name(format!("baton-write {}", self.addr))

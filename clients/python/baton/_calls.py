@@ -312,8 +312,8 @@ def acquire(pool, key, lease, wait):
             return grant
         except NotHeld:
             continue  # it ran out before it arrived: ask again
-        except Unavailable:
-            return grant
+        except (Unavailable, Refused):
+            return grant  # no server could say: the grant as it is
     raise Expired("the lease ran out before the grant arrived")
 
 
@@ -345,9 +345,12 @@ def release(pool, key, token):
 
 
 def keep(pool, grant, lease, confirm=False):
-    """Generator for ``Client.keep``: extend ``grant`` to now + lease."""
+    """Generator for ``Client.keep``: extend ``grant`` to now + lease.
+    ``confirm``: the grant just arrived after waiting in line, and its lease
+    by the client's clock (counted from the acquire) may look spent though
+    the server started it at the hand-over: ask the server anyway."""
     lease_ms = _wire.check_lease(lease)
-    if grant.expired:
+    if grant.expired and not confirm:
         raise Expired("the lease ran out")
     raw = grant._raw_key
     line = _wire.keep_line(raw, grant.token, lease_ms)
@@ -355,7 +358,7 @@ def keep(pool, grant, lease, confirm=False):
     try:
         done = yield from exchange(pool, "K", raw, due, lambda: (line, 0))
     except Unavailable:
-        if grant.expired:
+        if grant.expired and not confirm:
             raise Expired("the lease ran out before a server answered") from None
         raise
     answer = done.answer

@@ -3,6 +3,7 @@ server in this file answers (or drops) each connection as a test says."""
 
 import socket
 import threading
+import time
 
 import baton
 from conftest import DEADLINE, wait_for
@@ -168,3 +169,51 @@ def test_answers_in_another_order_than_the_requests_reach_their_callers(closing)
         assert results == {key: len(key) for key in keys}
     finally:
         server.close()
+
+
+def test_a_grant_that_waited_longer_than_its_lease_is_confirmed_not_asked_again(closing):
+    # The grant comes after more than its lease (it waited in line): counted
+    # from the acquire it looks spent, but the server started it at the
+    # hand-over. The client confirms it with K and returns it.
+    def handle(index, line):
+        if line.startswith(b"A slow "):
+            time.sleep(0.4)  # not a synchronisation: the lease must pass
+            return b"A 5 slow"
+        if line.startswith(b"K slow 5 "):
+            return b"K slow"
+        return b"E - - unknown-op"
+
+    server = FakeServer(handle)
+    try:
+        c = closing(baton.Client(server.addr))
+        grant = c.acquire("slow", lease=0.3)
+        assert grant.token == 5
+        assert [line.split(b" ")[0] for _, line in server.lines] == [b"A", b"K"]
+    finally:
+        server.close()
+
+
+def test_hostile_answers_close_the_connection_and_fail_the_call(closing):
+    hostile = [
+        b"this is not an answer",
+        b"Q someone-else 0 0 0",  # answers no request
+        b"A 18446744073709551616 job",  # token out of range
+        b"A " + b"9" * 2000 + b" job",  # longer than a line may be
+        b"E - - too-many-connections",
+    ]
+    for answer in hostile:
+        server = FakeServer(lambda index, line, answer=answer: answer)
+        try:
+            c = closing(baton.Client(server.addr))
+            try:
+                c.acquire("job", lease=5)
+            except baton.Unavailable:
+                pass
+            else:
+                raise AssertionError("%r was taken for an answer" % answer[:40])
+            wait_for(
+                "the connections to be closed",
+                lambda: not any(up for _, up, _ in c.connections()),
+            )
+        finally:
+            server.close()

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import baton
-from conftest import DEADLINE, client_of, has_flag, wait_for
+from conftest import DEADLINE, client_of, wait_for
 
 
 def test_acquire_query_keep_release(node, closing):
