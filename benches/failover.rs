@@ -15,6 +15,9 @@
 //! Run: `cargo bench --bench failover -- [--rounds N] [--detect SECS]`
 //! (or `scripts/failover.sh`). Every process is killed by PID at the end.
 
+#[path = "../tests/common/cluster_key.rs"]
+mod cluster_key;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -34,6 +37,7 @@ impl Node {
         let child = Command::new(env!("CARGO_BIN_EXE_batond"))
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--peers", peers, "--detect", detect, "--threads", "1"])
+            .args(["--cluster-key-file", cluster_key::cluster_key_file()])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -101,6 +101,8 @@ impl Cluster {
             port.as_str(),
             "--peers",
             peers.as_str(),
+            "--cluster-key-file",
+            common::cluster_key_file(),
         ];
         if let Some(detect) = self.detect {
             args.extend(["--detect", detect]);

@@ -52,6 +52,8 @@ impl Pair {
             &peers,
             "--detect",
             DETECT,
+            "--cluster-key-file",
+            common::cluster_key_file(),
         ];
         self.nodes[i] = Some(Node::start_raw(&args, Some(self.ports[i])));
     }

@@ -21,11 +21,45 @@ fn help_lists_every_flag_and_exits_0() {
             "--max-waiting",
             "--max-keys",
             "--busy-poll-us",
+            "--cluster-key-file",
+            "--insecure-peers",
             "--help",
         ] {
             assert!(run.stdout.contains(name), "--help lists {name}: {run:?}");
         }
     }
+}
+
+#[test]
+fn a_cluster_node_without_a_cluster_key_refuses_to_start_with_exit_2() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let short = dir.join(format!("short-{}.key", std::process::id()));
+    std::fs::write(&short, "only sixteen byt\n").expect("write");
+    let short = short.to_string_lossy().into_owned();
+    let peers = ["--peers", "127.0.0.1:1,127.0.0.1:2", "--port", "1"];
+    let cases: [(&[&str], &str); 3] = [
+        (&[], "--cluster-key-file"),
+        (&["--cluster-key-file", &short], "at least 32"),
+        (
+            &["--cluster-key-file", "/nonexistent/baton.key"],
+            "cannot open",
+        ),
+    ];
+    for (extra, says) in cases {
+        let mut args = vec!["--bind", "127.0.0.1"];
+        args.extend_from_slice(&peers);
+        args.extend_from_slice(extra);
+        let run = run_to_exit(batond_path(), &args, DEADLINE);
+        assert_eq!(run.code, Some(2), "batond {args:?}: {run:?}");
+        let lines: Vec<&str> = run.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line for {args:?}: {run:?}");
+        assert!(
+            lines[0].starts_with("batond: --"),
+            "names the flag: {run:?}"
+        );
+        assert!(lines[0].contains(says), "{run:?}");
+    }
+    let _ = std::fs::remove_file(&short);
 }
 
 #[test]

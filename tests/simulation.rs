@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use baton::protocol::{Answer, Key, Op, Reason, Request};
 use baton::server::clock::Now;
-use baton::server::cluster_core::{ClusterCore, ClusterEffect, LinkId, OutDown};
+use baton::server::cluster_core::{ClusterCore, ClusterEffect, ClusterParams, LinkId, OutDown};
 use baton::server::lock_table::{ConnId, LockTable, TableLimits};
 use baton::server::messages::{ClusterToTable, Inbound, TableToCluster};
 use baton::server::peer_wire::PeerMsg;
@@ -75,6 +75,11 @@ enum NetEvent {
     LinkUp(usize),
     LinkDown(usize, OutDown),
     Opened(LinkId),
+    /// The link's handshake proved the cluster key (peer_auth.rs runs it
+    /// in the real shell; here the network stands in for it).
+    Authenticated(LinkId, usize),
+    /// The link's handshake failed (a stranger without the key).
+    Rejected(LinkId),
     Peer(LinkId, PeerMsg),
     Malformed(LinkId),
     Closed(LinkId),
@@ -82,6 +87,8 @@ enum NetEvent {
 
 #[derive(Debug)]
 enum Item {
+    /// The dialer's handshake: it proves it is node `from`.
+    Auth(usize),
     Msg(PeerMsg),
     /// The sender closed the connection (FIN after the data).
     Fin,
@@ -155,6 +162,8 @@ struct Sim {
     all_tokens: HashSet<u64>,
     max_token: u64,
     next_conn: u64,
+    /// The run's seed (each node's reconnect jitter derives from it).
+    rng_seed: u64,
     /// Recent grants: (node, key, token), for clients to release or keep.
     held: VecDeque<(usize, Key, u64)>,
     faults: Faults,
@@ -174,6 +183,7 @@ impl Sim {
             all_tokens: HashSet::new(),
             max_token: 0,
             next_conn: 1,
+            rng_seed: seed,
             held: VecDeque::new(),
             faults: Faults {
                 reset_ppm: 0,
@@ -208,7 +218,15 @@ impl Sim {
             boot_ms: self.now,
             skew_ms,
             table: TableCore::new(table, true, self.names[me].clone(), 0),
-            cluster: ClusterCore::new(me, self.names.clone(), DETECT_MS, now),
+            cluster: ClusterCore::new(
+                me,
+                self.names.clone(),
+                ClusterParams {
+                    seed: self.rng_seed ^ me as u64,
+                    ..ClusterParams::with_detect(DETECT_MS)
+                },
+                now,
+            ),
             inbox: VecDeque::new(),
             to_table: VecDeque::new(),
             to_cluster: VecDeque::new(),
@@ -260,7 +278,13 @@ impl Sim {
             match event {
                 NetEvent::LinkUp(p) => cluster.handle_link_up(now, p),
                 NetEvent::LinkDown(p, why) => cluster.handle_link_down(now, p, why, "simulated"),
-                NetEvent::Opened(link) => cluster.handle_in_opened(link),
+                NetEvent::Opened(link) => cluster.handle_in_opened(now, link),
+                NetEvent::Authenticated(link, from) => {
+                    cluster.handle_in_authenticated(now, link, from)
+                }
+                NetEvent::Rejected(link) => {
+                    cluster.handle_in_rejected(now, link, None, "bad proof")
+                }
                 NetEvent::Peer(link, msg) => cluster.handle_peer_msg(now, link, msg),
                 NetEvent::Malformed(link) => cluster.handle_in_malformed(now, link),
                 NetEvent::Closed(link) => cluster.handle_in_closed(now, link, "closed"),
@@ -469,7 +493,11 @@ impl Sim {
                                 .push_back(NetEvent::LinkDown(b, OutDown::Failed));
                         }
                     } else if self.nodes[b].up {
-                        self.links.get_mut(&id).expect("link").state = LinkState::Up;
+                        let link = self.links.get_mut(&id).expect("link");
+                        link.state = LinkState::Up;
+                        // The handshake goes first on the link (the real
+                        // dialer is up one round trip later).
+                        link.queue.push_back((self.now + 1, Item::Auth(a)));
                         self.nodes[a].inbox.push_back(NetEvent::LinkUp(b));
                     } else {
                         self.links.remove(&id);
@@ -511,6 +539,7 @@ impl Sim {
                 inbox.push_back(NetEvent::Opened(id));
             }
             match item {
+                Item::Auth(from) => inbox.push_back(NetEvent::Authenticated(id, from)),
                 Item::Msg(msg) => inbox.push_back(NetEvent::Peer(id, msg)),
                 Item::Fin => {
                     inbox.push_back(NetEvent::Closed(id));
@@ -603,11 +632,14 @@ impl Sim {
     fn forge(&mut self, x: usize) {
         let id = self.next_link;
         self.next_link += 1;
-        let n = self.nodes.len();
         let inbox = &mut self.nodes[x].inbox;
         inbox.push_back(NetEvent::Opened(id));
-        match self.rng.below(4) {
+        match self.rng.below(6) {
             0 => inbox.push_back(NetEvent::Malformed(id)),
+            // A handshake without the key, or none at all (it stays open
+            // until the handshake deadline drops it).
+            4 => inbox.push_back(NetEvent::Rejected(id)),
+            5 => {}
             1 => inbox.push_back(NetEvent::Peer(
                 id,
                 PeerMsg::Beat {
@@ -621,13 +653,10 @@ impl Sim {
                     ceiling: u64::MAX,
                 },
             )),
-            2 => inbox.push_back(NetEvent::Peer(id, PeerMsg::Hello { from: x, nodes: n })),
+            2 => inbox.push_back(NetEvent::Peer(id, PeerMsg::Handoff)),
             _ => inbox.push_back(NetEvent::Peer(
                 id,
-                PeerMsg::Hello {
-                    from: 0,
-                    nodes: n + 1,
-                },
+                PeerMsg::Delta(baton::server::lock_table::Delta::Ceiling(u64::MAX >> 2)),
             )),
         }
     }
@@ -994,7 +1023,9 @@ fn pinned_regression_seeds_still_pass() {
 fn settled(n: usize) -> Sim {
     let mut sim = Sim::new(7, n);
     sim.run_until(5 * DETECT_MS, "a fresh cluster settles on node 0", |s| {
-        s.converged_on(0) && (1..n).all(|i| s.nodes[i].cluster.roles().beat().synced)
+        s.converged_on(0)
+            && (1..n).all(|i| s.nodes[i].cluster.roles().beat().synced)
+            && s.nodes[0].cluster.synced_standbys(s.now_of(0)) == n - 1
     });
     sim
 }

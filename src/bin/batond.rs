@@ -26,6 +26,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let cluster_key = match config.read_cluster_key() {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("batond: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if config.peers.is_empty() && config.cluster_key_file.is_some() {
+        log::warn!("--cluster-key-file is not used without --peers");
+    }
     raise_fd_limit(config.max_conns);
     let mut signals = match Signals::new([SIGINT, SIGTERM]) {
         Ok(signals) => signals,
@@ -34,7 +44,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let server = match Server::start(&config) {
+    let server = match Server::start(&config, cluster_key) {
         Ok(server) => server,
         Err(e) => {
             eprintln!(

@@ -14,6 +14,18 @@
 //! as [`ClusterEffect`]s: dial, send or drop a link, tell the lock owner's
 //! core something, exit. [`ClusterCore::next_wake_ms`] says when to tick.
 //!
+//! A link is known here only once the shell's handshake (peer_auth.rs)
+//! has proved it knows the cluster key ([`ClusterCore::handle_in_authenticated`],
+//! [`ClusterCore::handle_link_up`]); until then this core only bounds it:
+//! at most [`MAX_PENDING_IN`] unproved incoming links, each dropped after
+//! [`HANDSHAKE_MS`], and a dial that has not connected and proved itself
+//! within [`HANDSHAKE_MS`] fails. Even a proved peer's messages are checked
+//! ([`ClusterCore::check_peer_msg`]): tokens and ceilings within
+//! [`MAX_PEER_AHEAD_MS`] of the clock floor and never 0, leases within
+//! `--max-lease`, snapshots within `--max-keys`; anything else drops the
+//! link. Failed dials back off (with jitter) up to [`RECONNECT_MAX_MS`], and
+//! their warnings are rate-limited.
+//!
 //! Each link carries one direction only: node A's messages to node B travel
 //! on A's outgoing link to B, so a link's order is TCP's order. A peer is
 //! found dead by its heartbeats stopping for `--detect` ms, or at once when
@@ -26,6 +38,7 @@
 //! Never does: I/O, clock reads, lock state (that is the lock owner's core).
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 
 use crate::server::clock::Now;
 use crate::server::lock_table::Delta;
@@ -34,8 +47,81 @@ use crate::server::peer_wire::PeerMsg;
 use crate::server::roles::{RoleEffect, Roles};
 use crate::server::tokens;
 
-/// Wait between attempts to connect to a peer.
+/// Wait before the second attempt to connect to a peer; it doubles with
+/// every failure up to `RECONNECT_MAX_MS`.
 pub const RECONNECT_MS: u64 = 100;
+/// The longest wait between attempts to connect to a peer (lower with a
+/// short `--detect`: half of it), so that a healed network is seen soon.
+pub const RECONNECT_MAX_MS: u64 = 1_000;
+/// An incoming link must prove the cluster key within this, and a dial
+/// must connect and see the peer's proof within this.
+pub const HANDSHAKE_MS: u64 = 1_000;
+/// Incoming links that have not proved the key yet, at most; a newer one
+/// pushes the oldest out (a real peer proves itself in one round trip).
+pub const MAX_PENDING_IN: usize = 16;
+/// How far above the clock floor (in ms of the wall clock) a peer's token or
+/// ceiling may be: clock skew between nodes plus the tokens' lead
+/// (tokens.rs). Anything above is refused and the link dropped.
+pub const MAX_PEER_AHEAD_MS: u64 = 60_000;
+/// One warning per peer (and one for strangers) per this, at most; the
+/// next one says how many were left out.
+pub const WARN_EVERY_MS: u64 = 30_000;
+/// How often `--insecure-peers` is warned about.
+pub const INSECURE_WARN_MS: u64 = 60_000;
+
+/// The limits a node's peers are held to, and the seed of its jitter.
+#[derive(Clone, Copy, Debug)]
+pub struct ClusterParams {
+    pub detect_ms: u64,
+    /// `--max-lease`: the longest lease a replicated grant may have.
+    pub max_lease_ms: u64,
+    /// `--max-keys`: the most entries a snapshot may have.
+    pub max_keys: usize,
+    /// Peers run without a cluster key (warned about every minute).
+    pub insecure: bool,
+    /// Seed of the reconnect jitter (random in the server, fixed in tests).
+    pub seed: u64,
+}
+
+impl ClusterParams {
+    /// Parameters for tests: the given detection time, generous limits.
+    pub fn with_detect(detect_ms: u64) -> ClusterParams {
+        ClusterParams {
+            detect_ms,
+            max_lease_ms: 86_400_000,
+            max_keys: 1_000_000,
+            insecure: false,
+            seed: 1,
+        }
+    }
+}
+
+/// Allows one log line per interval and counts the ones left out.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RateLimit {
+    next_ms: u64,
+    suppressed: u64,
+}
+
+impl RateLimit {
+    /// Some(lines left out since the last one) when a line may be logged now.
+    pub fn allow(&mut self, now_ms: u64, every_ms: u64) -> Option<u64> {
+        if now_ms < self.next_ms {
+            self.suppressed += 1;
+            return None;
+        }
+        self.next_ms = now_ms.saturating_add(every_ms);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+}
+
+fn left_out(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(" ({n} more like it since the last warning)")
+    }
+}
 /// Heartbeats per detection period.
 pub const BEATS_PER_DETECT: u64 = 4;
 
@@ -49,6 +135,9 @@ pub enum OutDown {
     Refused,
     /// Any other failure (reset, timeout, EOF, our output over its bound).
     Failed,
+    /// It connected but failed the handshake (another key, another
+    /// `--peers` list, not a peer at all).
+    Rejected,
 }
 
 /// The verdict on one received peer message.
@@ -80,13 +169,16 @@ pub enum ClusterEffect {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum OutState {
     Down { retry_at_ms: u64 },
-    Dialing,
+    Dialing { since_ms: u64 },
     Up,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct OutLink {
     state: OutState,
+    /// Dials that failed in a row (the backoff's exponent).
+    failures: u32,
+    warn: RateLimit,
     /// The peer has this node's snapshot on this link.
     snap_sent: bool,
     /// A snapshot was asked of the lock owner and has not come yet.
@@ -97,7 +189,9 @@ struct OutLink {
 
 #[derive(Debug, Default)]
 struct InLink {
+    /// The peer it proved to be; None while the handshake runs.
     peer: Option<usize>,
+    opened_ms: u64,
     /// A snapshot is being received (entries so far).
     snapshot: Option<Vec<Delta>>,
 }
@@ -107,6 +201,12 @@ pub struct ClusterCore {
     me: usize,
     names: Vec<String>,
     detect_ms: u64,
+    params: ClusterParams,
+    /// The reconnect jitter's generator (SplitMix64).
+    rng: u64,
+    /// Warnings about incoming links that failed their handshake.
+    stranger_warn: RateLimit,
+    insecure_warn: RateLimit,
     roles: Roles,
     outs: Vec<OutLink>,
     ins: HashMap<LinkId, InLink>,
@@ -128,11 +228,14 @@ pub struct ClusterCore {
 
 impl ClusterCore {
     /// Node `me` of the nodes named `names` (their `--peers` entries).
-    pub fn new(me: usize, names: Vec<String>, detect_ms: u64, now: Now) -> ClusterCore {
+    pub fn new(me: usize, names: Vec<String>, params: ClusterParams, now: Now) -> ClusterCore {
+        let detect_ms = params.detect_ms;
         let roles = Roles::new(me, names.len(), detect_ms, detect_ms, now.ms);
         let outs = vec![
             OutLink {
                 state: OutState::Down { retry_at_ms: 0 },
+                failures: 0,
+                warn: RateLimit::default(),
                 snap_sent: false,
                 snap_pending: false,
                 snap_sent_ms: 0,
@@ -143,6 +246,10 @@ impl ClusterCore {
             me,
             names,
             detect_ms,
+            params,
+            rng: params.seed,
+            stranger_warn: RateLimit::default(),
+            insecure_warn: RateLimit::default(),
             roles,
             outs,
             ins: HashMap::new(),
@@ -184,11 +291,14 @@ impl ClusterCore {
         self.ceiling = ceiling;
     }
 
-    /// Live standbys that hold this node's full state.
+    /// Live standbys that hold this node's full state, counted only while
+    /// both links with them are up (a dropped link may have lost deltas).
     pub fn synced_standbys(&self, now: Now) -> usize {
         (0..self.names.len())
             .filter(|&p| {
                 p != self.me
+                    && self.outs[p].state == OutState::Up
+                    && self.ins.values().any(|l| l.peer == Some(p))
                     && self.roles.is_live(p, now.ms)
                     && self
                         .roles
@@ -202,11 +312,21 @@ impl ClusterCore {
     pub fn next_wake_ms(&self, now: Now) -> u64 {
         let mut wake = self.next_beat_ms.min(self.roles.next_wake_ms(now.ms));
         for (p, out) in self.outs.iter().enumerate() {
-            if let OutState::Down { retry_at_ms } = out.state
-                && p != self.me
-            {
-                wake = wake.min(retry_at_ms);
+            match out.state {
+                OutState::Down { retry_at_ms } if p != self.me => wake = wake.min(retry_at_ms),
+                OutState::Dialing { since_ms } => {
+                    wake = wake.min(since_ms.saturating_add(HANDSHAKE_MS));
+                }
+                _ => {}
             }
+        }
+        for link in self.ins.values() {
+            if link.peer.is_none() {
+                wake = wake.min(link.opened_ms.saturating_add(HANDSHAKE_MS));
+            }
+        }
+        if self.params.insecure {
+            wake = wake.min(self.insecure_warn.next_ms);
         }
         wake.max(now.ms)
     }
@@ -217,6 +337,13 @@ impl ClusterCore {
             return;
         }
         self.flush_deltas_in();
+        if self.params.insecure && self.insecure_warn.allow(now.ms, INSECURE_WARN_MS).is_some() {
+            log::warn!(
+                "replication: --insecure-peers: peer links are not authenticated; anyone who \
+                 can reach this port can pose as a peer (use --cluster-key-file)"
+            );
+        }
+        self.expire_handshakes(now);
         let effects = self.roles.poll(now.ms);
         self.apply_role_effects(now, effects);
         if now.ms >= self.next_beat_ms {
@@ -232,6 +359,28 @@ impl ClusterCore {
         }
     }
 
+    /// Drop the dials and incoming links whose handshake took too long.
+    fn expire_handshakes(&mut self, now: Now) {
+        for p in 0..self.outs.len() {
+            if let OutState::Dialing { since_ms } = self.outs[p].state
+                && now.ms >= since_ms.saturating_add(HANDSHAKE_MS)
+            {
+                self.effects.push(ClusterEffect::DropOut { peer: p });
+                self.handle_link_down(now, p, OutDown::Failed, "no handshake within its time");
+            }
+        }
+        let late: Vec<LinkId> = self
+            .ins
+            .iter()
+            .filter(|(_, l)| l.peer.is_none() && now.ms >= l.opened_ms.saturating_add(HANDSHAKE_MS))
+            .map(|(id, _)| *id)
+            .collect();
+        for link in late {
+            log::debug!("replication: an incoming link did not prove the cluster key in time");
+            self.drop_in(now, link, "no handshake within its time");
+        }
+    }
+
     // ----- outgoing links -----
 
     fn maybe_dial(&mut self, p: usize, now: Now) {
@@ -242,31 +391,43 @@ impl ClusterCore {
         if now.ms < retry_at_ms {
             return;
         }
-        out.state = OutState::Dialing;
+        out.state = OutState::Dialing { since_ms: now.ms };
         self.effects.push(ClusterEffect::Dial { peer: p });
     }
 
-    /// The outgoing link to `p` is connected.
+    /// The outgoing link to `p` is connected and the peer proved the key
+    /// (the shell has sent its own proof).
     pub fn handle_link_up(&mut self, _now: Now, p: usize) {
         let Some(out) = self.outs.get_mut(p) else {
             return;
         };
-        if out.state != OutState::Dialing {
+        if !matches!(out.state, OutState::Dialing { .. }) {
             return;
         }
         log::info!("replication: link to {} is up", self.names[p]);
         out.state = OutState::Up;
+        out.failures = 0;
         out.snap_sent = false;
         out.snap_pending = false;
-        let nodes = self.names.len();
-        self.send(
-            p,
-            PeerMsg::Hello {
-                from: self.me,
-                nodes,
-            },
-        );
         self.send_beats();
+    }
+
+    /// The wait before the next dial after `failures` failures in a row:
+    /// doubling from RECONNECT_MS, capped, with ±25% jitter so that nodes
+    /// do not dial in lockstep.
+    fn backoff_ms(&mut self, failures: u32) -> u64 {
+        let cap = (self.detect_ms / 2).clamp(RECONNECT_MS, RECONNECT_MAX_MS);
+        let base = RECONNECT_MS
+            .saturating_mul(1u64 << failures.saturating_sub(1).min(16))
+            .min(cap);
+        // SplitMix64.
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let spread = base / 2;
+        base - base / 4 + if spread == 0 { 0 } else { z % (spread + 1) }
     }
 
     /// The outgoing link to `p` failed to connect, or dropped.
@@ -278,20 +439,33 @@ impl ClusterCore {
         out.snap_sent = false;
         out.snap_pending = false;
         // Reconnect at once after a drop (to tell a dead peer from a blip
-        // quickly), then every RECONNECT_MS.
+        // quickly), then back off.
+        let failures = if was_up {
+            0
+        } else {
+            out.failures.saturating_add(1)
+        };
+        out.failures = failures;
         let retry_at_ms = if was_up {
             now.ms
         } else {
-            now.ms.saturating_add(RECONNECT_MS)
+            let wait = self.backoff_ms(failures);
+            now.ms.saturating_add(wait)
         };
+        let out = &mut self.outs[p];
         out.state = OutState::Down { retry_at_ms };
+        let name = &self.names[p];
         if was_up {
-            log::info!("replication: link to {} dropped: {detail}", self.names[p]);
+            log::info!("replication: link to {name} dropped: {detail}");
+        } else if why == OutDown::Rejected {
+            if let Some(n) = out.warn.allow(now.ms, WARN_EVERY_MS) {
+                log::warn!(
+                    "replication: {name} is not accepted as a peer: {detail}; retrying{}",
+                    left_out(n)
+                );
+            }
         } else {
-            log::debug!(
-                "replication: connecting to {} failed: {detail}",
-                self.names[p]
-            );
+            log::debug!("replication: connecting to {name} failed: {detail}");
         }
         // Nothing listens on its port: the process is gone (a live node
         // does not refuse; an overloaded one drops the SYN instead).
@@ -322,9 +496,72 @@ impl ClusterCore {
 
     // ----- incoming links -----
 
-    /// A peer connected to this node (adopted from an I/O loop).
-    pub fn handle_in_opened(&mut self, link: LinkId) {
-        self.ins.insert(link, InLink::default());
+    /// A connection that opened with a peer line was adopted from an I/O
+    /// loop; its handshake starts. Past MAX_PENDING_IN unproved links the
+    /// oldest is dropped.
+    pub fn handle_in_opened(&mut self, now: Now, link: LinkId) {
+        let pending: Vec<(u64, LinkId)> = self
+            .ins
+            .iter()
+            .filter(|(_, l)| l.peer.is_none())
+            .map(|(id, l)| (l.opened_ms, *id))
+            .collect();
+        if pending.len() >= MAX_PENDING_IN
+            && let Some(&(_, oldest)) = pending.iter().min()
+        {
+            self.drop_in(now, oldest, "too many links still in their handshake");
+        }
+        self.ins.insert(
+            link,
+            InLink {
+                opened_ms: now.ms,
+                ..InLink::default()
+            },
+        );
+    }
+
+    /// Incoming link `link` proved it is node `from` (the shell checked its
+    /// handshake; `from` is a valid index other than this node's). A newer
+    /// link from the same peer replaces the old one.
+    pub fn handle_in_authenticated(&mut self, _now: Now, link: LinkId, from: usize) {
+        if from >= self.names.len() || from == self.me || !self.ins.contains_key(&link) {
+            self.effects.push(ClusterEffect::DropIn { link });
+            self.ins.remove(&link);
+            return;
+        }
+        let stale: Vec<LinkId> = self
+            .ins
+            .iter()
+            .filter(|(l, state)| **l != link && state.peer == Some(from))
+            .map(|(l, _)| *l)
+            .collect();
+        for l in stale {
+            self.ins.remove(&l);
+            self.effects.push(ClusterEffect::DropIn { link: l });
+        }
+        log::info!("replication: link from {} is up", self.names[from]);
+        if let Some(state) = self.ins.get_mut(&link) {
+            state.peer = Some(from);
+        }
+    }
+
+    /// Incoming link `link` failed its handshake (`why`, in words): it is
+    /// dropped, and the failure logged at most once per WARN_EVERY_MS.
+    pub fn handle_in_rejected(
+        &mut self,
+        now: Now,
+        link: LinkId,
+        from: Option<SocketAddr>,
+        why: &str,
+    ) {
+        if let Some(n) = self.stranger_warn.allow(now.ms, WARN_EVERY_MS) {
+            let who = from.map_or_else(|| "a connection".to_string(), |a| a.to_string());
+            log::warn!(
+                "replication: refused a peer link from {who}: {why}{}",
+                left_out(n)
+            );
+        }
+        self.drop_in(now, link, why);
     }
 
     /// Incoming link `link` closed or failed (the shell has closed it).
@@ -336,7 +573,7 @@ impl ClusterCore {
             log::info!("replication: link from {} dropped: {why}", self.names[p]);
             // Probe the peer at once through our own link: refused means dead.
             if let Some(out) = self.outs.get_mut(p) {
-                if matches!(out.state, OutState::Up | OutState::Dialing) {
+                if matches!(out.state, OutState::Up | OutState::Dialing { .. }) {
                     self.effects.push(ClusterEffect::DropOut { peer: p });
                 }
                 out.state = OutState::Down { retry_at_ms: 0 };
@@ -358,78 +595,85 @@ impl ClusterCore {
         }
     }
 
+    /// The largest token or ceiling a peer may send at `now`.
+    pub fn token_bound(now: Now) -> u64 {
+        tokens::clock_floor(now.unix_ms.saturating_add(MAX_PEER_AHEAD_MS)).min(tokens::MAX_TOKEN)
+    }
+
     /// Is `msg`, received on incoming link `link`, acceptable? One place for
     /// every check of a peer's message, so that it can be tightened.
-    pub fn check_peer_msg(&self, link: LinkId, msg: &PeerMsg) -> Verdict {
+    pub fn check_peer_msg(&self, now: Now, link: LinkId, msg: &PeerMsg) -> Verdict {
         let Some(state) = self.ins.get(&link) else {
             return Verdict::Refuse("an unknown link");
         };
+        if state.peer.is_none() {
+            return Verdict::Refuse("a message before the handshake");
+        }
         let nodes = self.names.len();
-        match (state.peer, msg) {
-            (None, PeerMsg::Hello { from, nodes: n }) => {
-                if *n != nodes || *from >= nodes || *from == self.me {
-                    Verdict::Refuse("a mismatched hello")
-                } else {
-                    Verdict::Accept
-                }
-            }
-            (None, _) => Verdict::Refuse("no hello first"),
-            (Some(_), PeerMsg::Hello { .. }) => Verdict::Refuse("a second hello"),
-            (
-                Some(_),
-                PeerMsg::Beat {
-                    beat,
-                    last_token,
-                    ceiling,
-                },
-            ) => {
+        let bound = Self::token_bound(now);
+        let too_far = |t: u64| t > bound;
+        match msg {
+            PeerMsg::Beat {
+                beat,
+                last_token,
+                ceiling,
+            } => {
                 if beat.following.is_some_and(|f| f >= nodes) {
                     Verdict::Refuse("a heartbeat naming an unknown node")
-                } else if *last_token > tokens::MAX_TOKEN || *ceiling > tokens::MAX_TOKEN {
-                    Verdict::Refuse("a token beyond the limit")
+                } else if too_far(*last_token) || too_far(*ceiling) {
+                    Verdict::Refuse("a token or ceiling far ahead of the clock")
                 } else {
                     Verdict::Accept
                 }
             }
-            (
-                Some(_),
-                PeerMsg::Delta(Delta::Grant { token: 0, .. } | Delta::Free { token: 0, .. }),
-            ) => Verdict::Refuse("token 0"),
-            (
-                Some(_),
-                PeerMsg::Delta(
-                    Delta::Grant { token, .. } | Delta::Free { token, .. } | Delta::Ceiling(token),
-                ),
-            ) if *token > tokens::MAX_TOKEN => Verdict::Refuse("a token beyond the limit"),
-            (Some(_), _) => Verdict::Accept,
+            PeerMsg::Delta(Delta::Grant { token, ms_left, .. }) => {
+                if *token == 0 {
+                    Verdict::Refuse("token 0")
+                } else if too_far(*token) {
+                    Verdict::Refuse("a token far ahead of the clock")
+                } else if *ms_left > self.params.max_lease_ms {
+                    Verdict::Refuse("a lease above --max-lease")
+                } else if state
+                    .snapshot
+                    .as_ref()
+                    .is_some_and(|s| s.len() >= self.params.max_keys)
+                {
+                    Verdict::Refuse("a snapshot above --max-keys")
+                } else {
+                    Verdict::Accept
+                }
+            }
+            PeerMsg::Delta(Delta::Free { token, .. } | Delta::Ceiling(token)) => {
+                if *token == 0 {
+                    Verdict::Refuse("token 0")
+                } else if too_far(*token) {
+                    Verdict::Refuse("a token far ahead of the clock")
+                } else {
+                    Verdict::Accept
+                }
+            }
+            PeerMsg::SnapshotBegin | PeerMsg::SnapshotEnd | PeerMsg::Handoff | PeerMsg::Took => {
+                Verdict::Accept
+            }
         }
     }
 
     /// One message on incoming link `link`.
     pub fn handle_peer_msg(&mut self, now: Now, link: LinkId, msg: PeerMsg) {
-        if let Verdict::Refuse(why) = self.check_peer_msg(link, &msg) {
-            if let PeerMsg::Hello { from, nodes } = msg {
-                log::warn!(
-                    "replication: a peer says it is node {from} of {nodes}; this node is {} of {}: \
-                     are the --peers lists the same everywhere?",
-                    self.me,
-                    self.names.len()
-                );
-            }
+        if let Verdict::Refuse(why) = self.check_peer_msg(now, link, &msg) {
+            let who = self
+                .ins
+                .get(&link)
+                .and_then(|l| l.peer)
+                .map_or("a link in its handshake", |p| self.names[p].as_str());
+            log::warn!("replication: refused {why} from {who}; dropping the link");
             return self.drop_in(now, link, why);
         }
         let Some(p) = self.ins.get(&link).and_then(|l| l.peer) else {
-            if let PeerMsg::Hello { from, .. } = msg {
-                self.handle_hello(link, from);
-            }
             return;
         };
         let from_my_active = self.roles.following() == Some(p);
-        if from_my_active {
-            self.heard_active_ms = now.ms;
-        }
         match msg {
-            PeerMsg::Hello { .. } => {}
             PeerMsg::Beat {
                 beat,
                 last_token,
@@ -452,6 +696,12 @@ impl ClusterCore {
                 self.tell_table(ClusterToTable::Observe(floor));
                 let effects = self.roles.handle_beat(now.ms, p, beat);
                 self.apply_role_effects(now, effects);
+                // Everything the active sent before this beat is applied
+                // (same link, in order): the state is current as of now.
+                if from_my_active && self.roles.following() == Some(p) && self.roles.beat().synced {
+                    self.flush_deltas_in();
+                    self.heard_active_ms = now.ms;
+                }
             }
             PeerMsg::SnapshotBegin if from_my_active => {
                 if let Some(l) = self.ins.get_mut(&link) {
@@ -476,6 +726,7 @@ impl ClusterCore {
                     self.tell_table(ClusterToTable::Snapshot(entries));
                     let effects = self.roles.handle_synced(now.ms, p);
                     self.apply_role_effects(now, effects);
+                    self.heard_active_ms = now.ms;
                     // Tell every peer at once that this node now holds the
                     // state: the active may transfer its role to it, and it
                     // must win an election from now on.
@@ -494,24 +745,6 @@ impl ClusterCore {
             PeerMsg::SnapshotBegin | PeerMsg::Delta(_) | PeerMsg::SnapshotEnd => {
                 // From a node this one does not follow: stale, ignore.
             }
-        }
-    }
-
-    fn handle_hello(&mut self, link: LinkId, from: usize) {
-        // A newer link from the same peer replaces the old one.
-        let stale: Vec<LinkId> = self
-            .ins
-            .iter()
-            .filter(|(l, state)| **l != link && state.peer == Some(from))
-            .map(|(l, _)| *l)
-            .collect();
-        for l in stale {
-            self.ins.remove(&l);
-            self.effects.push(ClusterEffect::DropIn { link: l });
-        }
-        log::info!("replication: link from {} is up", self.names[from]);
-        if let Some(state) = self.ins.get_mut(&link) {
-            state.peer = Some(from);
         }
     }
 
@@ -751,42 +984,36 @@ mod tests {
     }
 
     /// Node `me` of 2 with its outgoing link to the other up and an
-    /// incoming link (id 7) from it that said hello.
+    /// incoming link (id 7) from it that proved the key.
     fn linked(me: usize) -> ClusterCore {
+        linked_with(me, ClusterParams::with_detect(DETECT))
+    }
+
+    fn linked_with(me: usize, params: ClusterParams) -> ClusterCore {
         let other = 1 - me;
-        let mut core = ClusterCore::new(me, names(2), DETECT, at(0));
+        let mut core = ClusterCore::new(me, names(2), params, at(0));
         core.handle_tick(at(0));
         assert!(effects(&mut core).contains(&ClusterEffect::Dial { peer: other }));
         core.handle_link_up(at(1), other);
-        core.handle_in_opened(7);
-        core.handle_peer_msg(
-            at(1),
-            7,
-            PeerMsg::Hello {
-                from: other,
-                nodes: 2,
-            },
-        );
+        core.handle_in_opened(at(1), 7);
+        core.handle_in_authenticated(at(1), 7, other);
         effects(&mut core);
         core
     }
 
+    fn new_core(me: usize, nodes: usize) -> ClusterCore {
+        ClusterCore::new(me, names(nodes), ClusterParams::with_detect(DETECT), at(0))
+    }
+
     #[test]
-    fn a_new_link_says_hello_then_beats() {
-        let mut core = ClusterCore::new(1, names(2), DETECT, at(0));
+    fn a_link_that_proved_the_key_starts_with_beats() {
+        let mut core = new_core(1, 2);
         core.handle_tick(at(0));
         assert_eq!(effects(&mut core), vec![ClusterEffect::Dial { peer: 0 }]);
         core.handle_link_up(at(2), 0);
         let out = effects(&mut core);
-        assert_eq!(
-            out[0],
-            ClusterEffect::Send {
-                peer: 0,
-                msg: PeerMsg::Hello { from: 1, nodes: 2 }
-            }
-        );
         assert!(matches!(
-            out[1],
+            out[0],
             ClusterEffect::Send {
                 peer: 0,
                 msg: PeerMsg::Beat { .. }
@@ -795,54 +1022,145 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_dial_is_retried_after_the_reconnect_wait() {
-        let mut core = ClusterCore::new(1, names(2), DETECT, at(0));
+    fn failed_dials_back_off_with_jitter_up_to_the_cap_and_reset_once_up() {
+        let mut core = new_core(1, 2);
         core.handle_tick(at(0));
         effects(&mut core);
-        core.handle_link_down(at(1), 0, OutDown::Failed, "timed out");
-        core.handle_tick(at(50));
-        assert!(!effects(&mut core).contains(&ClusterEffect::Dial { peer: 0 }));
-        assert!(core.next_wake_ms(at(50)) <= 1 + RECONNECT_MS);
-        core.handle_tick(at(1 + RECONNECT_MS));
+        let mut now = 1;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            core.handle_link_down(at(now), 0, OutDown::Failed, "timed out");
+            // Tick every ms until the dial: the wait is what the core chose.
+            let retry = (now + 1..now + 10 * RECONNECT_MAX_MS)
+                .find(|&t| {
+                    core.handle_tick(at(t));
+                    effects(&mut core).contains(&ClusterEffect::Dial { peer: 0 })
+                })
+                .expect("dials again");
+            waits.push(retry - now);
+            now = retry;
+        }
+        let cap = (DETECT / 2).clamp(RECONNECT_MS, RECONNECT_MAX_MS);
+        assert!(
+            waits[0] >= RECONNECT_MS * 3 / 4 && waits[0] <= RECONNECT_MS * 5 / 4,
+            "{waits:?}"
+        );
+        assert!(waits[1] > waits[0] || waits[1] >= cap * 3 / 4, "{waits:?}");
+        assert!(waits.iter().all(|&w| w <= cap * 5 / 4), "{waits:?}");
+        assert!(waits[7] >= cap * 3 / 4, "reaches the cap: {waits:?}");
+        // Up, then dropped: redial at once.
+        core.handle_link_up(at(now), 0);
+        effects(&mut core);
+        core.handle_link_down(at(now + 5), 0, OutDown::Failed, "reset");
+        core.handle_tick(at(now + 5));
         assert!(effects(&mut core).contains(&ClusterEffect::Dial { peer: 0 }));
     }
 
     #[test]
-    fn a_message_before_hello_or_a_mismatched_hello_drops_the_link() {
-        let mut core = ClusterCore::new(0, names(2), DETECT, at(0));
-        core.handle_in_opened(1);
-        assert_eq!(
-            core.check_peer_msg(1, &PeerMsg::Took),
-            Verdict::Refuse("no hello first")
-        );
-        core.handle_peer_msg(at(1), 1, PeerMsg::Took);
-        assert_eq!(effects(&mut core), vec![ClusterEffect::DropIn { link: 1 }]);
-        core.handle_in_opened(2);
-        core.handle_peer_msg(at(1), 2, PeerMsg::Hello { from: 1, nodes: 3 });
-        assert_eq!(effects(&mut core), vec![ClusterEffect::DropIn { link: 2 }]);
-        core.handle_in_opened(3);
-        core.handle_peer_msg(at(1), 3, PeerMsg::Hello { from: 0, nodes: 2 });
-        assert_eq!(effects(&mut core), vec![ClusterEffect::DropIn { link: 3 }]);
+    fn a_dial_that_does_not_connect_and_prove_itself_in_time_fails() {
+        let mut core = new_core(1, 2);
+        core.handle_tick(at(0));
+        assert_eq!(effects(&mut core), vec![ClusterEffect::Dial { peer: 0 }]);
+        core.handle_tick(at(HANDSHAKE_MS - 1));
+        assert!(!effects(&mut core).contains(&ClusterEffect::DropOut { peer: 0 }));
+        assert!(core.next_wake_ms(at(10)) <= HANDSHAKE_MS);
+        core.handle_tick(at(HANDSHAKE_MS));
+        assert!(effects(&mut core).contains(&ClusterEffect::DropOut { peer: 0 }));
+        // A late link-up report for that dial changes nothing.
+        core.handle_link_up(at(HANDSHAKE_MS + 1), 0);
+        assert!(effects(&mut core).is_empty());
     }
 
     #[test]
-    fn a_forged_token_zero_or_unknown_node_is_refused() {
-        let core = linked(0);
-        let zero = PeerMsg::Delta(Delta::Grant {
+    fn messages_on_a_link_before_its_handshake_are_refused() {
+        let mut core = new_core(0, 2);
+        core.handle_in_opened(at(0), 1);
+        assert_eq!(
+            core.check_peer_msg(at(1), 1, &PeerMsg::Took),
+            Verdict::Refuse("a message before the handshake")
+        );
+        core.handle_peer_msg(at(1), 1, PeerMsg::Took);
+        assert_eq!(effects(&mut core), vec![ClusterEffect::DropIn { link: 1 }]);
+        // An index that cannot be a peer is refused even when proved.
+        core.handle_in_opened(at(1), 3);
+        core.handle_in_authenticated(at(1), 3, 0);
+        assert_eq!(effects(&mut core), vec![ClusterEffect::DropIn { link: 3 }]);
+        // A failed handshake drops the link.
+        core.handle_in_opened(at(1), 4);
+        core.handle_in_rejected(at(1), 4, None, "bad proof");
+        assert_eq!(effects(&mut core), vec![ClusterEffect::DropIn { link: 4 }]);
+        assert_eq!(core.roles().role_name(), RoleName::Discovering);
+    }
+
+    #[test]
+    fn links_that_never_finish_their_handshake_are_dropped_and_bounded() {
+        let mut core = new_core(0, 2);
+        for link in 0..(MAX_PENDING_IN + 4) {
+            core.handle_in_opened(at(link as u64), link);
+        }
+        // The oldest ones made room for the newest.
+        let dropped: Vec<ClusterEffect> = effects(&mut core);
+        assert_eq!(
+            dropped,
+            (0..4)
+                .map(|link| ClusterEffect::DropIn { link })
+                .collect::<Vec<_>>()
+        );
+        assert!(core.next_wake_ms(at(30)) <= 4 + HANDSHAKE_MS);
+        core.handle_tick(at(HANDSHAKE_MS + MAX_PENDING_IN as u64 + 4));
+        let late: Vec<ClusterEffect> = effects(&mut core)
+            .into_iter()
+            .filter(|e| matches!(e, ClusterEffect::DropIn { .. }))
+            .collect();
+        assert_eq!(late.len(), MAX_PENDING_IN, "every unproved link timed out");
+    }
+
+    #[test]
+    fn forged_tokens_ceilings_and_leases_are_refused_even_from_a_proved_peer() {
+        let params = ClusterParams {
+            max_lease_ms: 60_000,
+            ..ClusterParams::with_detect(DETECT)
+        };
+        let core = linked_with(0, params);
+        let now = at(2);
+        let grant = |token: u64, ms_left: u64| {
+            PeerMsg::Delta(Delta::Grant {
+                key: Key::new(b"k").expect("key"),
+                token,
+                ms_left,
+            })
+        };
+        let check = |msg: &PeerMsg| core.check_peer_msg(now, 7, msg);
+        let bound = ClusterCore::token_bound(now);
+        assert_eq!(check(&grant(0, 1)), Verdict::Refuse("token 0"));
+        assert_eq!(check(&grant(bound, 60_000)), Verdict::Accept);
+        assert_eq!(
+            check(&grant(bound + 1, 1)),
+            Verdict::Refuse("a token far ahead of the clock")
+        );
+        assert_eq!(
+            check(&grant(u64::MAX - 47, 1)),
+            Verdict::Refuse("a token far ahead of the clock")
+        );
+        assert_eq!(
+            check(&grant(16, 60_001)),
+            Verdict::Refuse("a lease above --max-lease")
+        );
+        let free0 = PeerMsg::Delta(Delta::Free {
             key: Key::new(b"k").expect("key"),
             token: 0,
-            ms_left: 1,
         });
-        assert_eq!(core.check_peer_msg(7, &zero), Verdict::Refuse("token 0"));
-        let stranger = beat(RoleName::Standby, Some(9), false);
-        assert!(matches!(
-            core.check_peer_msg(7, &stranger),
-            Verdict::Refuse(_)
-        ));
+        assert_eq!(check(&free0), Verdict::Refuse("token 0"));
         assert_eq!(
-            core.check_peer_msg(7, &PeerMsg::Hello { from: 1, nodes: 2 }),
-            Verdict::Refuse("a second hello")
+            check(&PeerMsg::Delta(Delta::Ceiling(0))),
+            Verdict::Refuse("token 0")
         );
+        assert_eq!(
+            check(&PeerMsg::Delta(Delta::Ceiling(u64::MAX))),
+            Verdict::Refuse("a token far ahead of the clock")
+        );
+        let stranger = beat(RoleName::Standby, Some(9), false);
+        assert!(matches!(check(&stranger), Verdict::Refuse(_)));
         let huge = PeerMsg::Beat {
             beat: Beat {
                 role: RoleName::Active,
@@ -854,22 +1172,76 @@ mod tests {
             ceiling: 1,
         };
         assert_eq!(
-            core.check_peer_msg(7, &huge),
-            Verdict::Refuse("a token beyond the limit")
+            check(&huge),
+            Verdict::Refuse("a token or ceiling far ahead of the clock")
         );
-        let ceiling = PeerMsg::Delta(Delta::Ceiling(u64::MAX));
-        assert_eq!(
-            core.check_peer_msg(7, &ceiling),
-            Verdict::Refuse("a token beyond the limit")
+        // A token near the clock is fine (a real peer's).
+        let real = PeerMsg::Beat {
+            beat: Beat {
+                role: RoleName::Active,
+                following: None,
+                synced: true,
+                has_state: true,
+            },
+            last_token: tokens::start_floor(now.unix_ms),
+            ceiling: tokens::start_floor(now.unix_ms + 1000),
+        };
+        assert_eq!(check(&real), Verdict::Accept);
+    }
+
+    #[test]
+    fn a_snapshot_above_max_keys_is_refused_and_nothing_of_it_applied() {
+        let params = ClusterParams {
+            max_keys: 3,
+            ..ClusterParams::with_detect(DETECT)
+        };
+        let mut core = linked_with(1, params);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_tick(at(2));
+        assert_eq!(core.roles().following(), Some(0));
+        effects(&mut core);
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+        for i in 0..4u64 {
+            core.handle_peer_msg(
+                at(3),
+                7,
+                PeerMsg::Delta(Delta::Grant {
+                    key: Key::new(format!("k{i}").as_bytes()).expect("key"),
+                    token: 16 * (i + 1),
+                    ms_left: 1000,
+                }),
+            );
+        }
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+        let out = effects(&mut core);
+        assert!(out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        assert!(
+            !out.iter()
+                .any(|e| matches!(e, ClusterEffect::ToTable(ClusterToTable::Snapshot(_)))),
+            "{out:?}"
         );
+        assert!(!core.roles().beat().synced);
     }
 
     #[test]
     fn a_newer_link_from_the_same_peer_replaces_the_old_one() {
         let mut core = linked(0);
-        core.handle_in_opened(8);
-        core.handle_peer_msg(at(2), 8, PeerMsg::Hello { from: 1, nodes: 2 });
+        core.handle_in_opened(at(2), 8);
+        core.handle_in_authenticated(at(2), 8, 1);
         assert_eq!(effects(&mut core), vec![ClusterEffect::DropIn { link: 7 }]);
+    }
+
+    #[test]
+    fn standbys_count_only_while_both_links_are_up_and_lag_follows_applied_beats() {
+        let mut core = linked(0);
+        core.handle_tick(at(2));
+        core.handle_peer_msg(at(3), 7, beat(RoleName::Standby, None, false));
+        core.handle_tick(at(3));
+        assert!(core.roles().role_name().is_active() || core.roles().active().is_none());
+        core.handle_peer_msg(at(4), 7, beat(RoleName::Standby, Some(0), true));
+        assert_eq!(core.synced_standbys(at(5)), 1);
+        core.handle_in_closed(at(6), 7, "reset");
+        assert_eq!(core.synced_standbys(at(6)), 0, "a dropped link resets it");
     }
 
     #[test]
@@ -900,12 +1272,12 @@ mod tests {
 
     #[test]
     fn an_active_never_takes_a_standbys_ceiling() {
-        let mut core = ClusterCore::new(0, names(2), DETECT, at(0));
+        let mut core = new_core(0, 2);
         core.handle_tick(at(0));
         core.handle_tick(at(DETECT + 1));
         assert!(core.roles().role_name().is_active());
-        core.handle_in_opened(7);
-        core.handle_peer_msg(at(DETECT + 2), 7, PeerMsg::Hello { from: 1, nodes: 2 });
+        core.handle_in_opened(at(0), 7);
+        core.handle_in_authenticated(at(DETECT + 2), 7, 1);
         effects(&mut core);
         core.handle_peer_msg(
             at(DETECT + 3),
@@ -929,15 +1301,15 @@ mod tests {
 
     #[test]
     fn an_active_asks_for_a_snapshot_for_a_new_follower_and_resends_a_stale_one() {
-        let mut core = ClusterCore::new(0, names(2), DETECT, at(0));
+        let mut core = new_core(0, 2);
         core.handle_tick(at(0));
         effects(&mut core);
         core.handle_tick(at(DETECT + 1));
         assert!(core.roles().role_name().is_active());
         effects(&mut core);
         core.handle_link_up(at(DETECT + 1), 1);
-        core.handle_in_opened(7);
-        core.handle_peer_msg(at(DETECT + 2), 7, PeerMsg::Hello { from: 1, nodes: 2 });
+        core.handle_in_opened(at(0), 7);
+        core.handle_in_authenticated(at(DETECT + 2), 7, 1);
         core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(0), false));
         effects(&mut core);
         core.handle_tick(at(DETECT + 4));
@@ -1036,7 +1408,7 @@ mod tests {
 
     #[test]
     fn a_graceful_shutdown_without_a_successor_retires_then_exits_after_redirecting() {
-        let mut core = ClusterCore::new(0, names(2), DETECT, at(0));
+        let mut core = new_core(0, 2);
         core.handle_tick(at(DETECT + 1));
         effects(&mut core);
         assert!(core.roles().role_name().is_active());
@@ -1078,7 +1450,7 @@ mod tests {
 
     #[test]
     fn promotion_floor_comes_from_the_wall_clock_passed_in() {
-        let mut core = ClusterCore::new(0, names(2), DETECT, at(0));
+        let mut core = new_core(0, 2);
         core.handle_tick(Now::at(DETECT + 1, 5_000));
         let out = effects(&mut core);
         assert!(

@@ -6,6 +6,9 @@
 //! Never does: I/O beyond reading the arguments it is given.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+
+use crate::server::peer_auth::{ClusterKey, MAX_KEY_FILE};
 
 /// Default client port.
 pub const DEFAULT_PORT: u16 = 7373;
@@ -33,6 +36,7 @@ USAGE:
          [--threads N] [--max-lease SECS] [--max-conns N]
          [--max-waiting N] [--max-keys N] [--detect SECS]
          [--promotion-grace SECS] [--busy-poll-us N]
+         [--cluster-key-file PATH | --insecure-peers]
 
 FLAGS:
   --bind ADDR        address to listen on (default 0.0.0.0)
@@ -42,6 +46,14 @@ FLAGS:
                      (default: none, a single node)
   --advertise H:P    this node's entry in --peers (default: the one entry
                      with this node's port)
+  --cluster-key-file PATH
+                     the secret every node of the cluster shares (at least
+                     32 bytes; surrounding whitespace ignored): a peer link
+                     is acted on only once it has proved it knows it.
+                     Required with --peers
+  --insecure-peers   run --peers without a cluster key: anyone who can reach
+                     the port can pose as a peer (warned at start and every
+                     minute)
   --threads N        I/O loops (default: the number of cores)
   --max-lease SECS   largest lease and wait a client may ask for
                      (default 86400)
@@ -88,6 +100,10 @@ pub struct Config {
     pub promotion_grace_ms: u64,
     /// The longest an idle I/O loop or lock owner busy-polls before it sleeps.
     pub busy_poll_us: u64,
+    /// `--cluster-key-file`: where the cluster key is read from at start.
+    pub cluster_key_file: Option<PathBuf>,
+    /// `--insecure-peers`: peers without a cluster key.
+    pub insecure_peers: bool,
 }
 
 impl Default for Config {
@@ -106,6 +122,8 @@ impl Default for Config {
             echo: false,
             promotion_grace_ms: 0,
             busy_poll_us: DEFAULT_BUSY_POLL_US,
+            cluster_key_file: None,
+            insecure_peers: false,
         }
     }
 }
@@ -126,6 +144,7 @@ impl Config {
         }
         let mut config = Config {
             echo: args.contains("--echo"),
+            insecure_peers: args.contains("--insecure-peers"),
             ..Config::default()
         };
         let flag_error = |e: pico_args::Error| e.to_string();
@@ -194,6 +213,11 @@ impl Config {
         {
             config.busy_poll_us = us;
         }
+        config.cluster_key_file = args
+            .opt_value_from_os_str("--cluster-key-file", |s| {
+                Ok::<_, std::convert::Infallible>(PathBuf::from(s))
+            })
+            .map_err(flag_error)?;
         let rest = args.finish();
         if !rest.is_empty() {
             return Err(format!("unexpected argument {:?} (see --help)", rest[0]));
@@ -218,6 +242,17 @@ impl Config {
         if self.advertise.is_some() && self.peers.is_empty() {
             return Err("--advertise names an entry of --peers, which is not given".into());
         }
+        if !self.peers.is_empty() && self.cluster_key_file.is_none() && !self.insecure_peers {
+            return Err(
+                "--peers needs --cluster-key-file PATH (a secret of at least 32 bytes \
+                        that every node shares), or --insecure-peers to run without peer \
+                        authentication"
+                    .into(),
+            );
+        }
+        if self.cluster_key_file.is_some() && self.insecure_peers {
+            return Err("--cluster-key-file and --insecure-peers exclude each other".into());
+        }
         if self.peers.len() > crate::server::tokens::MAX_NODES {
             return Err(format!(
                 "--peers lists {} nodes; at most {} are supported",
@@ -226,6 +261,35 @@ impl Config {
             ));
         }
         self.node_index().map(|_| ())
+    }
+
+    /// The key peer links prove: read from `--cluster-key-file`, the public
+    /// stand-in of `--insecure-peers`, or None for a single node. The one
+    /// place this module reads a file; errors name the flag.
+    pub fn read_cluster_key(&self) -> Result<Option<ClusterKey>, String> {
+        if self.peers.is_empty() {
+            return Ok(None);
+        }
+        let Some(path) = &self.cluster_key_file else {
+            return Ok(Some(ClusterKey::insecure()));
+        };
+        let shown = path.display();
+        let file = std::fs::File::open(path)
+            .map_err(|e| format!("--cluster-key-file {shown}: cannot open it: {e}"))?;
+        let mut contents = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(file, MAX_KEY_FILE as u64 + 1),
+            &mut contents,
+        )
+        .map_err(|e| format!("--cluster-key-file {shown}: cannot read it: {e}"))?;
+        if contents.len() > MAX_KEY_FILE {
+            return Err(format!(
+                "--cluster-key-file {shown}: over {MAX_KEY_FILE} bytes; it holds one secret"
+            ));
+        }
+        ClusterKey::from_file_contents(&contents)
+            .map(Some)
+            .map_err(|e| format!("--cluster-key-file {shown}: {e}"))
     }
 
     /// This node's position in `--peers` (0 without peers).
@@ -362,12 +426,90 @@ mod tests {
 
     #[test]
     fn a_node_finds_itself_in_peers_by_port_or_advertise() {
-        let c = config(&["--port", "2", "--peers", "h:1,h:2,h:3"]);
+        let c = config(&["--port", "2", "--peers", "h:1,h:2,h:3", "--insecure-peers"]);
         assert_eq!(c.node_index(), Ok(1));
         assert_eq!(c.node_name(), "h:2");
-        let c = config(&["--port", "1", "--peers", "a:1,b:1", "--advertise", "b:1"]);
+        let c = config(&[
+            "--port",
+            "1",
+            "--peers",
+            "a:1,b:1",
+            "--advertise",
+            "b:1",
+            "--insecure-peers",
+        ]);
         assert_eq!(c.node_index(), Ok(1));
-        assert!(parse(&["--port", "1", "--peers", "a:1,b:1"]).is_err());
-        assert!(parse(&["--port", "5", "--peers", "a:1,b:2"]).is_err());
+        let insecure = ["--insecure-peers"];
+        assert!(parse(&[&["--port", "1", "--peers", "a:1,b:1"][..], &insecure].concat()).is_err());
+        assert!(parse(&[&["--port", "5", "--peers", "a:1,b:2"][..], &insecure].concat()).is_err());
+    }
+
+    #[test]
+    fn peers_need_a_cluster_key_file_or_insecure_peers() {
+        let err = parse(&["--port", "1", "--peers", "h:1,h:2"]).expect_err("refused");
+        assert!(err.contains("--cluster-key-file"), "{err}");
+        assert!(err.contains("--insecure-peers"), "{err}");
+        let c = config(&["--port", "1", "--peers", "h:1,h:2", "--insecure-peers"]);
+        assert!(c.insecure_peers);
+        let key = config(&[
+            "--port",
+            "1",
+            "--peers",
+            "h:1,h:2",
+            "--cluster-key-file",
+            "/k",
+        ]);
+        assert_eq!(key.cluster_key_file, Some(PathBuf::from("/k")));
+        assert!(
+            parse(&[
+                "--port",
+                "1",
+                "--peers",
+                "h:1,h:2",
+                "--cluster-key-file",
+                "/k",
+                "--insecure-peers"
+            ])
+            .is_err()
+        );
+        // A single node needs neither.
+        assert_eq!(config(&[]).read_cluster_key(), Ok(None));
+    }
+
+    #[test]
+    fn the_cluster_key_file_is_read_and_checked_with_the_flag_named() {
+        let dir = std::env::temp_dir().join(format!("baton-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let short = dir.join("short");
+        std::fs::write(&short, "too short\n").expect("write");
+        let good = dir.join("good");
+        std::fs::write(&good, format!("  {}\n", "s".repeat(40))).expect("write");
+        let with = |path: &std::path::Path| Config {
+            peers: vec!["h:1".into(), "h:2".into()],
+            cluster_key_file: Some(path.to_path_buf()),
+            ..Config::default()
+        };
+        let err = with(&short).read_cluster_key().expect_err("short");
+        assert!(err.starts_with("--cluster-key-file"), "{err}");
+        assert!(err.contains("at least 32"), "{err}");
+        let err = with(&dir.join("missing"))
+            .read_cluster_key()
+            .expect_err("gone");
+        assert!(err.contains("cannot open"), "{err}");
+        let key = with(&good).read_cluster_key().expect("ok").expect("a key");
+        assert!(!key.is_insecure());
+        let insecure = Config {
+            peers: vec!["h:1".into(), "h:2".into()],
+            insecure_peers: true,
+            ..Config::default()
+        };
+        assert!(
+            insecure
+                .read_cluster_key()
+                .expect("ok")
+                .expect("key")
+                .is_insecure()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -70,6 +70,9 @@ const IDLE_OUTPUT_CAPACITY: usize = 4 * 1024;
 const EVENTS_CAPACITY: usize = 1024;
 /// Answer batches from the owner taken in per round.
 const MAX_OWNER_BATCHES: usize = 64;
+/// A connection admitted past `--max-conns` into a slot reserved for peers
+/// must show itself as a peer link within this, or it is closed.
+pub const PEER_SLOT_MS: u64 = 1_000;
 
 struct Conn {
     stream: TcpStream,
@@ -92,6 +95,9 @@ struct Conn {
     backlogged: bool,
     /// No line has been read yet (a peer link announces itself on its first line).
     fresh: bool,
+    /// Admitted past `--max-conns` into a slot reserved for peer links: it
+    /// may only become one (within PEER_SLOT_MS).
+    peer_only: bool,
 }
 
 impl Conn {
@@ -125,6 +131,9 @@ pub struct IoLoop {
     idle: IdleStretch,
     /// Holds one of the node's polling slots (`Shared::pollers`).
     polling: bool,
+    /// Connections in peer-reserved slots, with the time they must have
+    /// shown a peer line by.
+    peer_only: Vec<(usize, ConnId, Instant)>,
 }
 
 impl IoLoop {
@@ -164,6 +173,7 @@ impl IoLoop {
             read_buf: vec![0; READ_CHUNK].into_boxed_slice(),
             idle: IdleStretch::new(busy_poll_max),
             polling: false,
+            peer_only: Vec::new(),
         };
         Ok((io_loop, waker, awake))
     }
@@ -201,8 +211,12 @@ impl IoLoop {
                 self.flush(slot);
             }
         }
-        let open = self.conns.len();
+        let open = self.conns.iter().filter(|(_, c)| !c.peer_only).count();
         self.shared.conns.fetch_sub(open, Ordering::Relaxed);
+        let reserved = self.conns.len() - open;
+        self.shared
+            .peer_slots_used
+            .fetch_sub(reserved, Ordering::Relaxed);
         log::info!(
             "I/O loop {}: stopped, dropping {open} connections",
             self.index
@@ -214,6 +228,9 @@ impl IoLoop {
     fn round(&mut self) {
         if self.accept_pending {
             self.accept_some();
+        }
+        if !self.peer_only.is_empty() {
+            self.expire_peer_slots();
         }
         for slot in std::mem::take(&mut self.backlog) {
             if let Some(conn) = self.conns.get_mut(slot) {
@@ -261,7 +278,53 @@ impl IoLoop {
             return Some(Duration::ZERO);
         }
         self.stop_polling();
-        self.may_sleep()
+        let sleep = self.may_sleep();
+        // Wake for the deadline of a connection in a peer-reserved slot.
+        match self.peer_only.iter().map(|(_, _, d)| *d).min() {
+            Some(deadline) => {
+                let until = deadline.saturating_duration_since(Instant::now());
+                Some(sleep.map_or(until, |s| s.min(until)))
+            }
+            None => sleep,
+        }
+    }
+
+    /// Close the connections in peer-reserved slots whose time to show a
+    /// peer line is up.
+    fn expire_peer_slots(&mut self) {
+        let now = Instant::now();
+        let late: Vec<usize> = self
+            .peer_only
+            .iter()
+            .filter(|(slot, id, deadline)| {
+                *deadline <= now || self.conns.get(*slot).is_none_or(|c| c.id != *id)
+            })
+            .map(|(slot, _, _)| *slot)
+            .collect();
+        for slot in late {
+            self.refuse_peer_slot(slot);
+        }
+    }
+
+    /// A connection in a peer-reserved slot that is not (or not yet) a
+    /// peer link: `E - - too-many-connections` and closed, at once. The
+    /// owner never heard of it.
+    fn refuse_peer_slot(&mut self, slot: usize) {
+        self.peer_only.retain(|(s, _, _)| *s != slot);
+        let Some(conn) = self.conns.get(slot) else {
+            return;
+        };
+        if !conn.peer_only || conn.closing {
+            return;
+        }
+        let mut conn = self.conns.remove(slot);
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+        let _ = conn.stream.write(&too_many_connections());
+        log::debug!(
+            "{:?}: closed: a peer-reserved slot held no peer link",
+            conn.id
+        );
     }
 
     /// Give back the polling slot, if this loop has one.
@@ -318,26 +381,34 @@ impl IoLoop {
 
     fn admit(&mut self, mut stream: TcpStream, addr: SocketAddr) {
         let count = self.shared.conns.fetch_add(1, Ordering::Relaxed);
+        let mut peer_only = false;
         if count >= self.shared.max_conns {
             self.shared.conns.fetch_sub(1, Ordering::Relaxed);
-            log::debug!("refusing {addr}: over --max-conns");
-            let mut line = Vec::new();
-            Answer::Error {
-                op: None,
-                key: None,
-                reason: Reason::TooManyConnections,
+            // Clients fill --max-conns; a few slots past it stay for peer
+            // links, so that a full node can still be reached by its peers.
+            let used = self.shared.peer_slots_used.fetch_add(1, Ordering::Relaxed);
+            if self.handover.is_none() || used >= self.shared.peer_slots {
+                self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+                log::debug!("refusing {addr}: over --max-conns");
+                let _ = stream.write(&too_many_connections());
+                return;
             }
-            .write_to(&mut line);
-            let _ = stream.write(&line);
-            return;
+            peer_only = true;
         }
+        let release = |shared: &Shared| {
+            if peer_only {
+                shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                shared.conns.fetch_sub(1, Ordering::Relaxed);
+            }
+        };
         if let Err(e) = stream.set_nodelay(true) {
             log::debug!("{addr}: set_nodelay failed: {e}");
         }
         let entry = self.conns.vacant_entry();
         let slot = entry.key();
         if slot >= 1 << 24 {
-            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+            release(&self.shared);
             return;
         }
         self.serial = self.serial.wrapping_add(1);
@@ -349,7 +420,7 @@ impl IoLoop {
             .register(&mut stream, Token(slot), interest)
         {
             log::warn!("{addr}: register failed: {e}");
-            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+            release(&self.shared);
             return;
         }
         log::debug!("{addr}: connected as {id:?}");
@@ -366,7 +437,12 @@ impl IoLoop {
             inflight: 0,
             backlogged: false,
             fresh: true,
+            peer_only,
         });
+        if peer_only {
+            let deadline = Instant::now() + Duration::from_millis(PEER_SLOT_MS);
+            self.peer_only.push((slot, id, deadline));
+        }
         // Data may already be waiting; the edge was before registration.
         self.schedule_read(slot);
     }
@@ -465,6 +541,14 @@ impl IoLoop {
             self.hand_over(slot, input);
             return None;
         }
+        if self.conns[slot].peer_only {
+            // Not a peer line (or not yet two bytes of one).
+            if input.len() >= 2 || input.contains(&b'\n') {
+                self.refuse_peer_slot(slot);
+                return None;
+            }
+            return Some(0);
+        }
         while used < input.len() {
             let (n, result) = match protocol::parse_request(&input[used..], max_lease_ms) {
                 Parsed::Incomplete => break,
@@ -516,7 +600,12 @@ impl IoLoop {
     fn hand_over(&mut self, slot: usize, input: &[u8]) {
         let mut conn = self.conns.remove(slot);
         let _ = self.poll.registry().deregister(&mut conn.stream);
-        self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+        if conn.peer_only {
+            self.peer_only.retain(|(s, _, _)| *s != slot);
+            self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(link) = &self.handover {
             let stream = std::net::TcpStream::from(conn.stream);
             // A full channel closes the connection (the peer redials).
@@ -667,9 +756,26 @@ impl IoLoop {
     fn free(&mut self, slot: usize) {
         let mut conn = self.conns.remove(slot);
         let _ = self.poll.registry().deregister(&mut conn.stream);
-        self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+        if conn.peer_only {
+            self.peer_only.retain(|(s, _, _)| *s != slot);
+            self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+        }
         log::debug!("{:?}: closed", conn.id);
     }
+}
+
+/// The line a connection over `--max-conns` gets before it is closed.
+fn too_many_connections() -> Vec<u8> {
+    let mut line = Vec::new();
+    Answer::Error {
+        op: None,
+        key: None,
+        reason: Reason::TooManyConnections,
+    }
+    .write_to(&mut line);
+    line
 }
 
 #[cfg(test)]

@@ -793,25 +793,35 @@ impl LockTable {
     }
 
     /// Apply a delta from the active (on a standby, which has no waiters).
-    /// Tokens seen here lift this node's token counter.
-    pub fn apply_delta(&mut self, now_ms: u64, delta: Delta) {
+    /// Tokens seen here lift this node's token counter. A grant never moves
+    /// a key's token down (an extension keeps it, a new grant raises it),
+    /// and never adds a key past `max_keys`: such a delta is refused and
+    /// changes nothing (Err says why).
+    pub fn apply_delta(&mut self, now_ms: u64, delta: Delta) -> Result<(), &'static str> {
         match delta {
             Delta::Grant {
                 key,
                 token,
                 ms_left,
             } => {
-                self.tokens.observe(token);
                 let expiry_ms = now_ms.saturating_add(ms_left);
                 match self.index.get(&self.keys, &key) {
                     Some(idx) => {
                         let state = &mut self.keys[idx as usize];
+                        if token < state.token {
+                            return Err("a grant below the key's current token");
+                        }
+                        self.tokens.observe(token);
                         self.wheel.cancel(state.lease_timer);
                         state.token = token;
                         state.expiry_ms = expiry_ms;
                         state.lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
                     }
                     None => {
+                        if self.keys.len() >= self.limits.max_keys {
+                            return Err("a grant past --max-keys");
+                        }
+                        self.tokens.observe(token);
                         self.insert_key(key, token, expiry_ms);
                     }
                 }
@@ -819,7 +829,7 @@ impl LockTable {
             Delta::Free { key, token } => {
                 self.tokens.observe(token);
                 let Some(idx) = self.index.get(&self.keys, &key) else {
-                    return;
+                    return Ok(());
                 };
                 let state = &self.keys[idx as usize];
                 if state.token == token && state.queue_len == 0 {
@@ -830,11 +840,18 @@ impl LockTable {
             }
             Delta::Ceiling(ceiling) => self.tokens.observe(ceiling),
         }
+        Ok(())
     }
 
     /// Replace the whole table by a snapshot from the active. Waiters, if
     /// any, must have been redirected first.
-    pub fn load_snapshot(&mut self, now_ms: u64, entries: Vec<Delta>) {
+    /// Entries it refuses (see `apply_delta`) are left out; Err says why
+    /// and how many.
+    pub fn load_snapshot(
+        &mut self,
+        now_ms: u64,
+        entries: Vec<Delta>,
+    ) -> Result<(), (usize, &'static str)> {
         debug_assert!(
             self.waiters.is_empty(),
             "redirect waiters before a snapshot"
@@ -843,9 +860,20 @@ impl LockTable {
             self.wheel.cancel(state.lease_timer);
         }
         self.index.clear();
+        let mut refused = (0, "");
         for entry in entries {
-            self.apply_delta(now_ms, entry);
+            if let Err(why) = self.apply_delta(now_ms, entry) {
+                refused = (refused.0 + 1, why);
+            }
         }
+        if refused.0 == 0 { Ok(()) } else { Err(refused) }
+    }
+
+    /// The token holding `key`, if any (tests).
+    #[cfg(test)]
+    fn query_token(&self, key: &Key) -> Option<u64> {
+        let idx = self.index.get(&self.keys, key)?;
+        Some(self.keys[idx as usize].token)
     }
 
     /// Lift the token counter (a ceiling or a peer's token).
@@ -1510,13 +1538,49 @@ mod tests {
     }
 
     #[test]
+    fn a_standby_refuses_a_grant_that_moves_a_token_down_or_passes_max_keys() {
+        let mut standby = Harness::new();
+        let grant = |k: &str, token: u64| Delta::Grant {
+            key: key(k),
+            token,
+            ms_left: 1000,
+        };
+        standby.step(|t, _| t.apply_delta(0, grant("a", 500)).expect("new key"));
+        standby.step(|t, _| t.apply_delta(0, grant("a", 500)).expect("an extension"));
+        standby.step(|t, _| t.apply_delta(0, grant("a", 600)).expect("a new grant"));
+        standby.step(|t, _| {
+            assert_eq!(
+                t.apply_delta(0, grant("a", 550)),
+                Err("a grant below the key's current token")
+            );
+        });
+        assert_eq!(standby.table.query_token(&key("a")), Some(600));
+        let limits = TableLimits {
+            max_waiting_per_conn: 8,
+            max_keys: 1,
+        };
+        let mut small = LockTable::new(0, limits, TokenSource::new(0, 1));
+        assert_eq!(small.apply_delta(0, grant("a", 16)), Ok(()));
+        assert_eq!(
+            small.apply_delta(0, grant("b", 32)),
+            Err("a grant past --max-keys")
+        );
+        assert_eq!(small.stats().held, 1);
+        assert_eq!(
+            small.load_snapshot(0, vec![grant("x", 48), grant("y", 64)]),
+            Err((1, "a grant past --max-keys"))
+        );
+        assert_eq!(small.stats().held, 1);
+    }
+
+    #[test]
     fn a_standby_table_follows_snapshot_and_deltas_and_issues_tokens_above_them() {
         let mut active = Harness::new();
         let t1 = active.grant(0, C1, "a", 1000);
         active.grant(0, C1, "b", 1000);
         let mut standby = Harness::new();
         let snapshot = active.table.snapshot(100);
-        standby.step(|t, _| t.load_snapshot(100, snapshot));
+        standby.step(|t, _| t.load_snapshot(100, snapshot).expect("all applied"));
         assert_eq!(standby.table.stats().held, 2);
         standby.step(|t, _| {
             t.apply_delta(
@@ -1526,8 +1590,12 @@ mod tests {
                     token: t1,
                 },
             )
+            .expect("applied")
         });
-        standby.step(|t, _| t.apply_delta(100, Delta::Ceiling(t1 + 1_000_000)));
+        standby.step(|t, _| {
+            t.apply_delta(100, Delta::Ceiling(t1 + 1_000_000))
+                .expect("applied")
+        });
         assert_eq!(standby.table.stats().held, 1);
         // Promoted: the held key is still held, new tokens are above the ceiling.
         assert!(standby.acquire(150, C2, "b", 1000, 0).is_empty());

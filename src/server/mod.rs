@@ -17,6 +17,7 @@ pub mod io_loop;
 pub mod lock_table;
 pub mod messages;
 pub mod owner;
+pub mod peer_auth;
 pub mod peer_wire;
 pub mod replication;
 pub mod roles;
@@ -33,11 +34,13 @@ use std::thread::JoinHandle;
 use mio::Waker;
 
 use clock::Clock;
+use cluster_core::ClusterParams;
 pub use config::Config;
 use io_loop::IoLoop;
 use lock_table::{LockTable, TableLimits};
 use messages::{IoLoopLink, ReplLink, ToRepl, capacity};
 use owner::Owner;
+use peer_auth::ClusterKey;
 use replication::Replication;
 use table_core::TableCore;
 use tokens::TokenSource;
@@ -74,6 +77,10 @@ pub struct Shared {
     pub heard_active_ms: AtomicU64,
     /// Live standbys that hold this node's full state (by replication).
     pub synced_standbys: AtomicUsize,
+    /// Connections past `--max-conns` kept for peer links (0 on a single
+    /// node), and how many are in use.
+    pub peer_slots: usize,
+    pub peer_slots_used: AtomicUsize,
 }
 
 impl Shared {
@@ -98,9 +105,15 @@ impl Shared {
             ceiling: AtomicU64::new(0),
             heard_active_ms: AtomicU64::new(0),
             synced_standbys: AtomicUsize::new(0),
+            peer_slots: PEER_SLOTS_PER_PEER * config.peers.len().saturating_sub(1),
+            peer_slots_used: AtomicUsize::new(0),
         }
     }
 }
+
+/// Connections past `--max-conns` reserved for each other node's peer
+/// link (its link, a redial, and one stranger at a time).
+const PEER_SLOTS_PER_PEER: usize = 4;
 
 /// Requests in flight a connection may have beyond its waiting acquires
 /// (so a client with many waiters can still release on that connection).
@@ -126,7 +139,9 @@ struct ReplHandle {
 
 impl Server {
     /// Bind, build every channel and waker, then start the threads.
-    pub fn start(config: &Config) -> io::Result<Server> {
+    /// `cluster_key` is what [`Config::read_cluster_key`] read (None for a
+    /// single node; a cluster node without one runs as `--insecure-peers`).
+    pub fn start(config: &Config, cluster_key: Option<ClusterKey>) -> io::Result<Server> {
         let listener = std::net::TcpListener::bind(SocketAddr::new(config.bind, config.port))?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
@@ -206,10 +221,18 @@ impl Server {
                 None
             }
             Some((poll, waker, tx, rx, exit_tx, exit_rx)) => {
+                let params = ClusterParams {
+                    detect_ms: config.detect_ms,
+                    max_lease_ms: config.max_lease_ms,
+                    max_keys: config.max_keys,
+                    insecure: cluster_key.as_ref().is_none_or(ClusterKey::is_insecure),
+                    seed: 0,
+                };
                 let replication = Replication::new(
                     node_index,
                     config.peers.clone(),
-                    config.detect_ms,
+                    params,
+                    cluster_key.unwrap_or_else(ClusterKey::insecure),
                     clock,
                     poll,
                     rx,

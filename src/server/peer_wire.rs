@@ -1,14 +1,14 @@
 //! The node-to-node wire format: heartbeats, snapshots, deltas, handoff.
 //!
-//! Owns: parsing and formatting the lines peers send each other. Peers use
-//! the client port: a connection whose first line starts with `P ` is handed
-//! from the I/O loop to the replication thread, which alone speaks this.
+//! Owns: parsing and formatting the lines peers send each other once their
+//! link is authenticated (the handshake before them, and the seals between
+//! them, are peer_auth.rs's). Peers use the client port: a connection whose
+//! first line starts with `P ` is handed from the I/O loop to the
+//! replication thread, which alone speaks this.
 //! `P` is therefore not a client op (a client sending it gets `unknown-op`
 //! on a single node, and a confused peer link on a cluster node).
 //!
 //! Lines (same MAX_LINE rule and `\n` ending as the client protocol):
-//! - `P HELLO <from> <nodes>`: first line of a link, from node index `from`
-//!   of a cluster of `nodes`;
 //! - `P B <role> <following|-> <synced 0|1> <has_state 0|1> <last_token> <ceiling>`: heartbeat;
 //! - `P S` … `P E`: a snapshot (the `G` lines between them are the whole table);
 //! - `P G <key> <token> <ms_left>`, `P F <key> <token>`, `P C <ceiling>`: deltas;
@@ -19,15 +19,12 @@
 
 use crate::protocol::{Key, MAX_LINE};
 use crate::server::lock_table::Delta;
+use crate::server::peer_auth::Sealer;
 use crate::server::roles::{Beat, RoleName};
 
 /// One message between peers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PeerMsg {
-    Hello {
-        from: usize,
-        nodes: usize,
-    },
     Beat {
         beat: Beat,
         last_token: u64,
@@ -60,7 +57,6 @@ impl PeerMsg {
         use std::io::Write;
         // Writing to a Vec cannot fail.
         let _ = match self {
-            PeerMsg::Hello { from, nodes } => writeln!(out, "P HELLO {from} {nodes}"),
             PeerMsg::Beat {
                 beat,
                 last_token,
@@ -134,10 +130,6 @@ fn parse_line(line: &[u8]) -> Option<PeerMsg> {
     let rest: Vec<&[u8]> = fields.collect();
     let num = |f: &[u8]| std::str::from_utf8(f).ok()?.parse::<u64>().ok();
     let msg = match (kind, rest.as_slice()) {
-        (b"HELLO", [from, nodes]) => PeerMsg::Hello {
-            from: num(from)? as usize,
-            nodes: num(nodes)? as usize,
-        },
         (b"B", [role, following, synced, has_state, last_token, ceiling]) => PeerMsg::Beat {
             beat: Beat {
                 role: RoleName::parse(std::str::from_utf8(role).ok()?)?,
@@ -173,10 +165,10 @@ fn parse_line(line: &[u8]) -> Option<PeerMsg> {
     Some(msg)
 }
 
-/// The framing of the bytes coming in on one peer link: bytes in,
-/// messages out. With [`PeerWriter`] this is the one seam between a peer
-/// link's socket and the cluster core, so that a layer (authentication,
-/// per-message MACs) can wrap it without touching either side.
+/// The framing of the bytes coming in on one peer link: bytes in, whole
+/// lines out. The replication shell passes each line to the handshake, then
+/// to the link's [`Opener`](crate::server::peer_auth::Opener), and parses
+/// only the lines whose seal checked.
 #[derive(Debug, Default)]
 pub struct PeerReader {
     input: Vec<u8>,
@@ -210,30 +202,59 @@ impl PeerReader {
         Ok(())
     }
 
-    /// The next whole message: None when more bytes are needed,
-    /// Some(Err) for a line not understood.
-    pub fn next_msg(&mut self) -> Option<Result<PeerMsg, ()>> {
-        match parse_peer(&self.input[self.used..]) {
-            PeerParsed::Incomplete => None,
-            PeerParsed::Line { used, msg } => {
-                self.used += used;
-                Some(msg.ok_or(()))
+    /// The next whole line, its `\n` included: None when more bytes are
+    /// needed, Some(Err) for a line over MAX_LINE.
+    pub fn next_line(&mut self) -> Option<Result<&[u8], ()>> {
+        let rest = &self.input[self.used..];
+        let window = &rest[..rest.len().min(MAX_LINE)];
+        match window.iter().position(|&b| b == b'\n') {
+            Some(end) => {
+                let start = self.used;
+                self.used += end + 1;
+                Some(Ok(&self.input[start..self.used]))
             }
+            None if rest.len() >= MAX_LINE => Some(Err(())),
+            None => None,
         }
     }
 }
 
 /// The framing of the messages going out on one peer link: messages in,
-/// bytes out (see [`PeerReader`]).
-#[derive(Debug, Default)]
+/// bytes out, sealed once the link has a [`Sealer`].
+#[derive(Default)]
 pub struct PeerWriter {
     output: Vec<u8>,
     written: usize,
+    line: Vec<u8>,
+    sealer: Option<Sealer>,
 }
 
 impl PeerWriter {
+    /// A message of an authenticated link (sealed with the next seal).
     pub fn push(&mut self, msg: &PeerMsg) {
-        msg.write_to(&mut self.output);
+        self.line.clear();
+        msg.write_to(&mut self.line);
+        match &mut self.sealer {
+            Some(sealer) => sealer.push_line(&self.line, &mut self.output),
+            None => self.output.extend_from_slice(&self.line),
+        }
+    }
+
+    /// A handshake line, sent as it is.
+    pub fn push_raw(&mut self, line: &[u8]) {
+        self.output.extend_from_slice(line);
+    }
+
+    /// From now on every message is sealed by `sealer`.
+    pub fn set_sealer(&mut self, sealer: Sealer) {
+        self.sealer = Some(sealer);
+    }
+
+    /// Seal what was pushed since the last seal (before writing it out).
+    pub fn seal(&mut self) {
+        if let Some(sealer) = &mut self.sealer {
+            sealer.seal(&mut self.output);
+        }
     }
 
     /// Bytes not yet written to the socket.
@@ -250,9 +271,11 @@ impl PeerWriter {
         }
     }
 
+    /// Forget everything (the link is gone; a new one starts afresh).
     pub fn clear(&mut self) {
         self.output.clear();
         self.written = 0;
+        self.sealer = None;
     }
 }
 
@@ -284,7 +307,6 @@ mod tests {
     #[test]
     fn every_peer_message_round_trips() {
         let key = Key::new(b"some/key").expect("valid");
-        round_trip(PeerMsg::Hello { from: 2, nodes: 3 });
         for following in [None, Some(0)] {
             round_trip(PeerMsg::Beat {
                 beat: Beat {
@@ -317,7 +339,7 @@ mod tests {
             b"P X\n",
             b"P B active - 2 0 1 1\n",
             b"P G bad\x01key 1 1\n",
-            b"P HELLO x 3\n",
+            b"P HELLO 1 3\n",
             b"Q k\n",
             b"P G k 1\n",
         ] {
@@ -336,5 +358,17 @@ mod tests {
             parse_peer(&long),
             PeerParsed::Line { msg: None, .. }
         ));
+    }
+
+    #[test]
+    fn the_reader_yields_whole_lines_and_refuses_an_endless_one() {
+        let mut reader = PeerReader::with_bytes(b"P H\nP T".to_vec());
+        assert_eq!(reader.next_line(), Some(Ok(&b"P H\n"[..])));
+        assert_eq!(reader.next_line(), None);
+        reader.push(b"\n").expect("small");
+        assert_eq!(reader.next_line(), Some(Ok(&b"P T\n"[..])));
+        reader.push(&vec![b'x'; MAX_LINE]).expect("small");
+        assert_eq!(reader.next_line(), Some(Err(())));
+        assert!(reader.push(&vec![b'x'; MAX_PEER_INPUT]).is_err());
     }
 }

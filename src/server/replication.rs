@@ -3,11 +3,15 @@
 //! Owns: the sockets of the peer links — one outgoing TCP link to every
 //! other node, and the incoming links adopted from the I/O loops (a
 //! connection whose first line is a peer's) — with their framing
-//! (`peer_wire::PeerReader`/`PeerWriter`, the seam an authentication layer
-//! wraps), and the thread's channels. Every decision (roles, heartbeats,
-//! snapshots, which link to open or drop, the exit sequence, whether a peer
-//! message is acceptable) is [`ClusterCore`]'s: this file reads the clock,
-//! moves bytes, feeds the core, and carries out its effects.
+//! (`peer_wire::PeerReader`/`PeerWriter`), their handshake and seals
+//! (peer_auth.rs, with the cluster key and fresh random nonces), and the
+//! thread's channels. Every decision (roles, heartbeats, snapshots, which
+//! link to open or drop, handshake deadlines, the exit sequence, whether a
+//! peer message is acceptable) is [`ClusterCore`]'s: this file reads the
+//! clock, moves bytes, runs the handshake's crypto, feeds the core, and
+//! carries out its effects. No incoming link gets more than
+//! [`READ_BUDGET`] bytes read per round, so a flood on one link never
+//! starves the heartbeats.
 //!
 //! Never does: touch lock state, decide anything, or block: a slow or dead
 //! standby only grows its own bounded output buffer (past `MAX_PEER_OUTPUT`
@@ -29,9 +33,14 @@ use slab::Slab;
 
 use crate::server::Shared;
 use crate::server::clock::Clock;
-use crate::server::cluster_core::{ClusterCore, ClusterEffect, LinkId, OutDown};
+use ring::rand::{SecureRandom, SystemRandom};
+
+use crate::server::cluster_core::{ClusterCore, ClusterEffect, ClusterParams, LinkId, OutDown};
 use crate::server::messages::{ClusterToTable, ToOwner, ToRepl};
-use crate::server::peer_wire::{PeerReader, PeerWriter};
+use crate::server::peer_auth::{
+    Acceptor, ClusterKey, Dialer, LinkIds, NONCE_LEN, Opener, peers_fingerprint,
+};
+use crate::server::peer_wire::{PeerParsed, PeerReader, PeerWriter, parse_peer};
 
 /// Token of the replication thread's waker.
 pub const REPL_WAKER: Token = Token(usize::MAX - 1);
@@ -41,17 +50,45 @@ const IN_BASE: usize = 1 << 20;
 const MAX_PEER_OUTPUT: usize = 64 * 1024 * 1024;
 /// How soon a full channel to the lock owner is tried again.
 const RETRY_FULL_MS: u64 = 1;
+/// Bytes read from one incoming link per round, at most; the rest waits for
+/// the next round (which comes at once).
+pub const READ_BUDGET: usize = 64 * 1024;
+
+/// Where an outgoing link is in its life.
+enum OutPhase {
+    Idle,
+    /// TCP connect in progress.
+    Connecting(Dialer),
+    /// Hello sent; waiting for the peer's challenge and proof.
+    AwaitChallenge(Dialer),
+    /// Authenticated: writes sealed messages, reads only EOF.
+    Up,
+}
 
 struct OutLink {
     addr: Option<SocketAddr>,
     stream: Option<TcpStream>,
-    connecting: bool,
+    phase: OutPhase,
     writer: PeerWriter,
+    reader: PeerReader,
+}
+
+/// Where an incoming link is in its handshake.
+enum InPhase {
+    AwaitHello,
+    AwaitAuth(Acceptor),
+    Open(Opener),
+    /// Failed; the core has been told (and will drop it).
+    Done,
 }
 
 struct InLink {
     stream: TcpStream,
+    addr: Option<SocketAddr>,
     reader: PeerReader,
+    phase: InPhase,
+    /// The challenge, until written.
+    writer: PeerWriter,
 }
 
 /// The replication thread's state.
@@ -60,6 +97,11 @@ pub struct Replication {
     peers: Vec<String>,
     me: usize,
     detect_ms: u64,
+    key: ClusterKey,
+    fingerprint: [u8; 8],
+    rng: SystemRandom,
+    /// Incoming links whose read budget ran out with data left.
+    unread: Vec<LinkId>,
     clock: Clock,
     poll: Poll,
     outs: Vec<OutLink>,
@@ -79,7 +121,8 @@ impl Replication {
     pub fn new(
         me: usize,
         peers: Vec<String>,
-        detect_ms: u64,
+        params: ClusterParams,
+        key: ClusterKey,
         clock: Clock,
         poll: Poll,
         inbox: Receiver<ToRepl>,
@@ -87,21 +130,32 @@ impl Replication {
         shared: Arc<Shared>,
         exit: Sender<()>,
     ) -> Replication {
-        let core = ClusterCore::new(me, peers.clone(), detect_ms, clock.now());
+        let rng = SystemRandom::new();
+        let mut params = params;
+        let mut seed = [0u8; 8];
+        if rng.fill(&mut seed).is_ok() {
+            params.seed = u64::from_le_bytes(seed);
+        }
+        let core = ClusterCore::new(me, peers.clone(), params, clock.now());
         let outs = peers
             .iter()
             .map(|peer| OutLink {
                 addr: resolve(peer),
                 stream: None,
-                connecting: false,
+                phase: OutPhase::Idle,
                 writer: PeerWriter::default(),
+                reader: PeerReader::default(),
             })
             .collect();
         Replication {
             core,
+            fingerprint: peers_fingerprint(&peers),
             peers,
             me,
-            detect_ms,
+            detect_ms: params.detect_ms,
+            key,
+            rng,
+            unread: Vec::new(),
             clock,
             poll,
             outs,
@@ -130,6 +184,9 @@ impl Replication {
             if !self.owner_backlog.is_empty() {
                 wake_ms = wake_ms.min(now.ms + RETRY_FULL_MS);
             }
+            if !self.unread.is_empty() {
+                wake_ms = now.ms;
+            }
             let timeout = Duration::from_millis(wake_ms.saturating_sub(now.ms));
             if let Err(e) = self.poll.poll(&mut events, Some(timeout))
                 && e.kind() != io::ErrorKind::Interrupted
@@ -137,10 +194,21 @@ impl Replication {
                 log::error!("replication: poll failed: {e}");
                 break;
             }
+            for link in std::mem::take(&mut self.unread) {
+                self.read_in(link);
+            }
             for event in events.iter() {
                 match event.token() {
                     REPL_WAKER => {}
-                    Token(t) if t >= IN_BASE => self.read_in(t - IN_BASE),
+                    Token(t) if t >= IN_BASE => {
+                        let link = t - IN_BASE;
+                        if event.is_writable() {
+                            self.flush_in(link);
+                        }
+                        if !self.unread.contains(&link) {
+                            self.read_in(link);
+                        }
+                    }
                     Token(p) => self.handle_out_event(p, event),
                 }
             }
@@ -255,7 +323,23 @@ impl Replication {
 
     // ----- outgoing links -----
 
+    fn nonce(&self) -> Option<[u8; NONCE_LEN]> {
+        let mut nonce = [0u8; NONCE_LEN];
+        self.rng.fill(&mut nonce).ok()?;
+        Some(nonce)
+    }
+
     fn dial(&mut self, p: usize) {
+        let Some(nonce) = self.nonce() else {
+            return self.out_failed(p, &io::Error::other("no random nonce"));
+        };
+        let ids = LinkIds {
+            from: self.me,
+            to: p,
+            nodes: self.peers.len(),
+            fp: self.fingerprint,
+        };
+        let dialer = Dialer::new(self.key.clone(), ids, nonce);
         let out = &mut self.outs[p];
         if out.addr.is_none() {
             out.addr = resolve(&self.peers[p]);
@@ -274,7 +358,7 @@ impl Replication {
                 {
                     Ok(()) => {
                         out.stream = Some(stream);
-                        out.connecting = true;
+                        out.phase = OutPhase::Connecting(dialer);
                     }
                     Err(e) => self.out_failed(p, &e),
                 }
@@ -290,17 +374,24 @@ impl Replication {
         let Some(stream) = out.stream.as_mut() else {
             return;
         };
-        if out.connecting {
+        if matches!(out.phase, OutPhase::Connecting(_)) {
             match stream.take_error() {
                 Ok(Some(e)) | Err(e) => return self.out_failed(p, &e),
                 Ok(None) => {}
             }
             match stream.peer_addr() {
                 Ok(_) => {
-                    out.connecting = false;
+                    let _ = stream.set_nodelay(true);
+                    let OutPhase::Connecting(dialer) =
+                        std::mem::replace(&mut out.phase, OutPhase::Idle)
+                    else {
+                        return;
+                    };
                     out.writer.clear();
-                    self.core.handle_link_up(self.clock.now(), p);
-                    self.carry_out();
+                    out.reader = PeerReader::default();
+                    out.writer.push_raw(&dialer.hello_line());
+                    out.phase = OutPhase::AwaitChallenge(dialer);
+                    self.flush_out(p);
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => {
                     if event.is_error() || event.is_write_closed() {
@@ -312,16 +403,27 @@ impl Replication {
             }
             return;
         }
-        // A connected link only writes; readable means EOF or an error.
+        // A link reads the peer's challenge, then only EOF or an error;
+        // anything else the peer sends after the handshake is discarded.
         if event.is_readable() || event.is_error() || event.is_read_closed() {
-            let mut scratch = [0u8; 512];
-            loop {
+            let mut scratch = [0u8; 4096];
+            let mut budget = READ_BUDGET;
+            while budget > 0 {
                 match stream.read(&mut scratch) {
                     Ok(0) => {
                         let e = io::Error::from(io::ErrorKind::UnexpectedEof);
                         return self.out_failed(p, &e);
                     }
-                    Ok(_) => {}
+                    Ok(n) => {
+                        budget = budget.saturating_sub(n);
+                        if matches!(out.phase, OutPhase::AwaitChallenge(_)) {
+                            if let Err(why) = out.reader.push(&scratch[..n]) {
+                                return self.out_failed(p, &io::Error::other(why));
+                            }
+                            self.take_challenge(p);
+                            return self.flush_out(p);
+                        }
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return self.out_failed(p, &e),
@@ -333,13 +435,48 @@ impl Replication {
         }
     }
 
+    /// The peer's challenge, if a whole line of it has arrived: check its
+    /// proof, answer with ours, and the link is up.
+    fn take_challenge(&mut self, p: usize) {
+        let out = &mut self.outs[p];
+        let line = match out.reader.next_line() {
+            None => return,
+            Some(Ok(line)) => line.to_vec(),
+            Some(Err(())) => {
+                return self.out_rejected(p, "an over-long line instead of a challenge");
+            }
+        };
+        let OutPhase::AwaitChallenge(dialer) = std::mem::replace(&mut out.phase, OutPhase::Idle)
+        else {
+            return;
+        };
+        match dialer.handle_challenge(&line) {
+            Ok((auth, sealer)) => {
+                out.writer.push_raw(&auth);
+                out.writer.set_sealer(sealer);
+                out.phase = OutPhase::Up;
+                self.core.handle_link_up(self.clock.now(), p);
+                self.carry_out();
+            }
+            Err(e) => self.out_rejected(p, &e.to_string()),
+        }
+    }
+
+    fn out_rejected(&mut self, p: usize, why: &str) {
+        self.close_out(p);
+        self.core
+            .handle_link_down(self.clock.now(), p, OutDown::Rejected, why);
+        self.carry_out();
+    }
+
     fn close_out(&mut self, p: usize) {
         let out = &mut self.outs[p];
         if let Some(mut stream) = out.stream.take() {
             let _ = self.poll.registry().deregister(&mut stream);
         }
-        out.connecting = false;
+        out.phase = OutPhase::Idle;
         out.writer.clear();
+        out.reader = PeerReader::default();
     }
 
     fn out_failed(&mut self, p: usize, e: &io::Error) {
@@ -356,9 +493,10 @@ impl Replication {
 
     fn flush_out(&mut self, p: usize) {
         let out = &mut self.outs[p];
-        if out.connecting {
+        if matches!(out.phase, OutPhase::Connecting(_) | OutPhase::Idle) {
             return;
         }
+        out.writer.seal();
         let Some(stream) = out.stream.as_mut() else {
             return;
         };
@@ -376,37 +514,50 @@ impl Replication {
     // ----- incoming links -----
 
     fn adopt_incoming(&mut self, stream: std::net::TcpStream, bytes: Vec<u8>) {
+        let addr = stream.peer_addr().ok();
         let mut stream = TcpStream::from_std(stream);
         let entry = self.ins.vacant_entry();
         let token = Token(IN_BASE + entry.key());
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(&mut stream, token, Interest::READABLE)
-        {
+        if let Err(e) = self.poll.registry().register(
+            &mut stream,
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
             log::warn!("replication: cannot register a peer link: {e}");
             return;
         }
         let link = entry.key();
         entry.insert(InLink {
             stream,
+            addr,
             reader: PeerReader::with_bytes(bytes),
+            phase: InPhase::AwaitHello,
+            writer: PeerWriter::default(),
         });
-        self.core.handle_in_opened(link);
+        self.core.handle_in_opened(self.clock.now(), link);
+        self.carry_out();
         self.parse_in(link);
         // Bytes may have arrived between the adoption and registration.
         self.read_in(link);
     }
 
+    /// Read what the budget allows from incoming link `link`.
     fn read_in(&mut self, link: LinkId) {
         let mut scratch = [0u8; 16 * 1024];
+        let mut budget = READ_BUDGET;
         loop {
             let Some(state) = self.ins.get_mut(link) else {
                 return;
             };
-            match state.stream.read(&mut scratch) {
+            if budget == 0 {
+                self.unread.push(link);
+                return;
+            }
+            let want = budget.min(scratch.len());
+            match state.stream.read(&mut scratch[..want]) {
                 Ok(0) => return self.close_in(link, "closed"),
                 Ok(n) => {
+                    budget -= n;
                     if let Err(why) = state.reader.push(&scratch[..n]) {
                         return self.close_in(link, why);
                     }
@@ -419,20 +570,128 @@ impl Replication {
         }
     }
 
+    /// Every whole line read so far: the handshake, then sealed messages.
     fn parse_in(&mut self, link: LinkId) {
         loop {
             let Some(state) = self.ins.get_mut(link) else {
                 return;
             };
-            let Some(parsed) = state.reader.next_msg() else {
-                return;
+            let line = match state.reader.next_line() {
+                None => return,
+                Some(Ok(line)) => line,
+                Some(Err(())) => return self.reject_in(link, "an over-long line"),
             };
+            match &mut state.phase {
+                InPhase::Done => return,
+                InPhase::Open(opener) => match opener.take_line(line) {
+                    Ok(None) => {}
+                    Ok(Some(batch)) => self.handle_batch(link, &batch),
+                    Err(e) => return self.reject_in(link, e.as_str()),
+                },
+                InPhase::AwaitHello => {
+                    let line = line.to_vec();
+                    self.take_hello(link, &line);
+                }
+                InPhase::AwaitAuth(_) => {
+                    let line = line.to_vec();
+                    self.take_auth(link, &line);
+                }
+            }
+        }
+    }
+
+    fn take_hello(&mut self, link: LinkId, line: &[u8]) {
+        let Some(nonce) = self.nonce() else {
+            return self.reject_in(link, "no random nonce");
+        };
+        let nodes = self.peers.len();
+        let hello = Acceptor::handle_hello(
+            self.key.clone(),
+            self.me,
+            nodes,
+            self.fingerprint,
+            line,
+            nonce,
+        );
+        match hello {
+            Ok((acceptor, challenge)) => {
+                let Some(state) = self.ins.get_mut(link) else {
+                    return;
+                };
+                state.writer.push_raw(&challenge);
+                state.phase = InPhase::AwaitAuth(acceptor);
+                self.flush_in(link);
+            }
+            Err(e) => self.reject_in(link, &e.to_string()),
+        }
+    }
+
+    fn take_auth(&mut self, link: LinkId, line: &[u8]) {
+        let Some(state) = self.ins.get_mut(link) else {
+            return;
+        };
+        let InPhase::AwaitAuth(acceptor) = std::mem::replace(&mut state.phase, InPhase::Done)
+        else {
+            return;
+        };
+        let from = acceptor.from();
+        match acceptor.handle_auth(line) {
+            Ok(opener) => {
+                state.phase = InPhase::Open(opener);
+                self.core
+                    .handle_in_authenticated(self.clock.now(), link, from);
+                self.carry_out();
+            }
+            Err(e) => self.reject_in(link, &e.to_string()),
+        }
+    }
+
+    /// The lines of a batch whose seal checked: each to the core.
+    fn handle_batch(&mut self, link: LinkId, batch: &[u8]) {
+        let mut rest = batch;
+        while !rest.is_empty() {
+            let PeerParsed::Line { used, msg } = parse_peer(rest) else {
+                // A sealed batch holds whole lines only.
+                self.core.handle_in_malformed(self.clock.now(), link);
+                return self.carry_out();
+            };
+            rest = &rest[used..];
             let now = self.clock.now();
-            match parsed {
-                Ok(msg) => self.core.handle_peer_msg(now, link, msg),
-                Err(()) => self.core.handle_in_malformed(now, link),
+            match msg {
+                Some(msg) => self.core.handle_peer_msg(now, link, msg),
+                None => self.core.handle_in_malformed(now, link),
             }
             self.carry_out();
+            if !self.ins.contains(link) {
+                return;
+            }
+        }
+    }
+
+    fn reject_in(&mut self, link: LinkId, why: &str) {
+        let Some(state) = self.ins.get_mut(link) else {
+            return;
+        };
+        state.phase = InPhase::Done;
+        let addr = state.addr;
+        self.core
+            .handle_in_rejected(self.clock.now(), link, addr, why);
+        self.carry_out();
+    }
+
+    /// Write the challenge of an incoming link's handshake.
+    fn flush_in(&mut self, link: LinkId) {
+        let Some(state) = self.ins.get_mut(link) else {
+            return;
+        };
+        while !state.writer.pending().is_empty() {
+            match state.stream.write(state.writer.pending()) {
+                Ok(0) => break,
+                Ok(n) => state.writer.consume(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return self.close_in(link, &e.to_string()),
+            }
         }
     }
 

@@ -282,12 +282,18 @@ impl TableCore {
                 };
                 self.table
                     .redirect_waiters(active.as_deref(), &mut self.outbox);
-                self.table.load_snapshot(now.ms, entries);
+                if let Err((n, why)) = self.table.load_snapshot(now.ms, entries) {
+                    log::error!(
+                        "replication: refused {n} entries of the active's snapshot (the last: {why})"
+                    );
+                }
             }
             ClusterToTable::Deltas(deltas) => {
                 if !matches!(self.mode, Mode::Active) {
                     for delta in deltas {
-                        self.table.apply_delta(now.ms, delta);
+                        if let Err(why) = self.table.apply_delta(now.ms, delta) {
+                            log::error!("replication: refused a delta from the active: {why}");
+                        }
                     }
                 }
             }

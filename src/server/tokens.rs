@@ -69,7 +69,8 @@ impl TokenSource {
             .checked_add(1)
             .expect("the u64 token space lasts until the year 2500");
         let token = (seq << NODE_BITS) | self.node;
-        debug_assert!(token > self.last);
+        // Tokens only grow: checked in every build (a release build aborts).
+        assert!(token > self.last, "tokens only grow");
         self.last = token;
         self.issued = token;
         token

@@ -139,6 +139,10 @@ impl Cluster {
         if let Some(grace) = promotion_grace {
             args.extend(["--promotion-grace".to_string(), grace.to_string()]);
         }
+        args.extend([
+            "--cluster-key-file".to_string(),
+            super::cluster_key::cluster_key_file().to_string(),
+        ]);
         std::fs::create_dir_all(dir).expect("create the run directory");
         Cluster {
             ports,

@@ -46,6 +46,9 @@ pub mod report;
 pub mod schedule;
 pub mod workers;
 
+#[path = "../common/cluster_key.rs"]
+mod cluster_key;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -9,8 +9,12 @@
 
 #![allow(dead_code)]
 
+pub mod cluster_key;
 pub mod faults;
 pub mod rng;
+
+#[allow(unused_imports)]
+pub use cluster_key::cluster_key_file;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
