@@ -9,7 +9,9 @@
 #   scripts/cluster.sh restart NODE            start node NODE again
 #
 # Extra batond flags can be given in $BATOND_FLAGS (e.g. "--detect 0.5").
-# State (PIDs, logs) lives in ${BATON_CLUSTER_DIR:-/tmp/baton-cluster}.
+# State (PIDs, logs, and the cluster key the nodes share, made on the first
+# start with 32 random bytes, mode 600) lives in
+# ${BATON_CLUSTER_DIR:-/tmp/baton-cluster}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${BATON_CLUSTER_DIR:-/tmp/baton-cluster}
@@ -26,7 +28,8 @@ start_node() { # I
   n=$(cat "$dir/n") base=$(cat "$dir/base")
   port=$((base + i))
   # shellcheck disable=SC2086
-  "$bin" --bind 127.0.0.1 --port "$port" --peers "$(peers_of "$n" "$base")" ${BATOND_FLAGS:-} \
+  "$bin" --bind 127.0.0.1 --port "$port" --peers "$(peers_of "$n" "$base")" \
+    --cluster-key-file "$dir/cluster.key" ${BATOND_FLAGS:-} \
     >>"$dir/node$i.log" 2>&1 &
   echo $! >"$dir/node$i.pid"
   echo "node $i: 127.0.0.1:$port pid $! log $dir/node$i.log"
@@ -49,6 +52,9 @@ case ${1:-} in
 start)
   n=${2:-3} base=${3:-7373}
   mkdir -p "$dir"
+  if [ ! -s "$dir/cluster.key" ]; then
+    (umask 077 && head -c 32 /dev/urandom | base64 >"$dir/cluster.key")
+  fi
   echo "$n" >"$dir/n"
   echo "$base" >"$dir/base"
   cargo build --release --bin batond -q
