@@ -12,6 +12,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use baton::client::{Client, Error, ReleaseOutcome};
+use common::faults::FakeServer;
 use common::{DEADLINE, Node, wait_for};
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -130,6 +131,44 @@ fn a_dropped_acquire_leaves_nothing_held() {
     // the reader thread releases the grant nobody awaits.
     assert_eq!(c.release(&held), Ok(ReleaseOutcome::Released));
     wait_free(&c, "job");
+}
+
+#[test]
+fn a_grant_dropped_while_it_is_being_confirmed_is_released() {
+    // The grant comes after more than a third of its lease (it waited in
+    // line), so the client confirms it with `K` before handing it over; the
+    // fake server never answers that `K`, and the caller gives up meanwhile.
+    // The grant has arrived, so nobody else would release it: the key would
+    // stay blocked until its lease ran out.
+    let server = FakeServer::start(|line, _| {
+        if line.starts_with("A job ") {
+            // Not a synchronisation: the grant must come late.
+            std::thread::sleep(Duration::from_millis(200));
+            Some("A 5 job".into())
+        } else if line.starts_with("R job 5") {
+            Some("R job".into())
+        } else {
+            None
+        }
+    });
+    let c = Client::connect([server.server()]).expect("a client");
+    let rt = runtime();
+    let acquire = rt.spawn(c.acquire_async("job", Duration::from_millis(300), None));
+    wait_for("the confirming K", DEADLINE, || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("K job 5 "))
+            .then_some(())
+    });
+    acquire.abort();
+    assert!(rt.block_on(bounded(acquire)).is_err(), "cancelled");
+    wait_for("the grant to be released", DEADLINE, || {
+        server
+            .requests()
+            .contains(&"R job 5".to_string())
+            .then_some(())
+    });
 }
 
 #[test]

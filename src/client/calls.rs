@@ -381,13 +381,64 @@ pub async fn acquire_async(
             return Ok(grant);
         }
         let (request, due) = confirm_request(pool, &grant);
+        // The grant is ours from here on: if the caller drops this future
+        // while the `K` is out, nobody will ever release it.
+        let unwanted = ReleaseOnDrop::arm(pool, &grant);
         let confirmed = exchange_async(pool, Target::Any, Some(due), || Ok(request.clone())).await;
+        unwanted.disarm();
         match confirmed_grant(grant, confirmed) {
             Some(grant) => return Ok(grant),
             None => log::info!("a grant of {key} ran out before it arrived; asking again"),
         }
     }
     Err(Error::Expired)
+}
+
+/// Releases a grant that arrived but was never handed to its caller: the
+/// async acquire was dropped while the grant's confirming `K` was out (the
+/// reader thread releases grants that arrive after their caller gave up;
+/// this one had arrived already). A drop must not block, so the `R` is
+/// queued on a connection that is up now, its answer unawaited; with none
+/// up, the lease runs out on its own.
+struct ReleaseOnDrop<'a> {
+    pool: &'a Pool,
+    grant: Option<(Key, u64)>,
+}
+
+impl<'a> ReleaseOnDrop<'a> {
+    fn arm(pool: &'a Pool, grant: &Grant) -> ReleaseOnDrop<'a> {
+        ReleaseOnDrop {
+            pool,
+            grant: Some((grant.key().clone(), grant.token())),
+        }
+    }
+
+    /// The grant reached its caller (or was found lost): nothing to do.
+    fn disarm(mut self) {
+        self.grant = None;
+    }
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some((key, token)) = self.grant.take() else {
+            return;
+        };
+        let release = Request::Release {
+            key: key.clone(),
+            token,
+        };
+        match self.pool.pick_now(Target::Any) {
+            // The ticket is dropped unawaited: the answer is ignored.
+            Some(conn) if conn.send(&release).is_some() => {
+                log::info!("releasing {key} (token {token}): its caller gave up");
+            }
+            _ => log::warn!(
+                "could not release {key} (token {token}), whose caller gave up: \
+                 no connection is up; its lease will run out"
+            ),
+        }
+    }
 }
 
 /// Grants that ran out before they arrived, asked for again, at most.

@@ -270,6 +270,12 @@ impl Pool {
         }
     }
 
+    /// A connection that is up now, without waiting; None when none is
+    /// (for a destructor, which must not block).
+    pub fn pick_now(&self, target: Target) -> Option<Arc<Conn>> {
+        self.choose_now(target).ok().flatten()
+    }
+
     /// How long a caller waits for a connection to come up, at most.
     fn patience(&self, due: Option<Instant>) -> Instant {
         let patience = Instant::now() + self.ctx.connect_timeout + CONNECT_SLACK;

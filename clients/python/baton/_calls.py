@@ -29,6 +29,7 @@ Never does: touch sockets (that is ``_pool.py``).
 """
 
 import asyncio
+import logging
 import time
 
 from . import _wire
@@ -40,6 +41,8 @@ RELEASE_RETRY_INTERVAL = 0.2
 NO_ACTIVE_RETRY = 0.1
 MAX_REDIRECTS = 8
 ACQUIRE_ROUNDS = 3
+
+log = logging.getLogger("baton")
 
 
 class Grant:
@@ -106,7 +109,11 @@ def _display(raw):
 
 
 def drive(call):
-    """Run a call generator on this thread."""
+    """Run a call generator on this thread. When the wait is cut short by
+    an exception (a KeyboardInterrupt, or another signal handler raising),
+    the generator is closed at once, which gives up its request as a
+    cancelled async call does: a grant that still arrives is released
+    rather than left held until its lease runs out."""
     try:
         waiting = next(call)
         while True:
@@ -114,6 +121,8 @@ def drive(call):
             waiting = call.send(None)
     except StopIteration as done:
         return done.value
+    finally:
+        call.close()
 
 
 async def drive_async(call):
@@ -310,11 +319,28 @@ def acquire(pool, key, lease, wait):
         try:
             yield from keep(pool, grant, lease_s, confirm=True)
             return grant
+        except GeneratorExit:
+            # The caller gave up while the K was out. The grant had
+            # arrived, so no connection thread will release it: do it here.
+            _release_unwanted(pool, grant)
+            raise
         except NotHeld:
             continue  # it ran out before it arrived: ask again
         except (Unavailable, Refused):
             return grant  # no server could say: the grant as it is
     raise Expired("the lease ran out before the grant arrived")
+
+
+def _release_unwanted(pool, grant):
+    """Queue a release of a grant nobody will get, without waiting (the
+    caller is gone); with no connection up, its lease runs out instead."""
+    try:
+        conn = pool.choose()
+    except Unavailable:
+        conn = None
+    raw = grant._raw_key
+    if conn is None or conn.send(_wire.release_line(raw, grant.token), "R", raw, None) is None:
+        log.warning("could not release %r (token %d), whose caller gave up", grant.key, grant.token)
 
 
 def release(pool, key, token):

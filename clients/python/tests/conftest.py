@@ -190,3 +190,97 @@ def closing():
 
 def has_flag(flag):
     return re.search(re.escape(flag) + r"\b", batond_help()) is not None
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 in front of a node that can cut every
+    connection through it at once (both sides see it close)."""
+
+    def __init__(self, target_port):
+        self._target = ("127.0.0.1", target_port)
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.addr = "127.0.0.1:%d" % self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._links = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                self.accepted += 1
+            try:
+                server = socket.create_connection(self._target, timeout=DEADLINE)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._links.append((client, server))
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def wait_linked(self, count):
+        """Wait until ``count`` connections are relayed (a client counts
+        as connected before the proxy has linked it to the node)."""
+
+        def linked():
+            with self._lock:
+                return len(self._links) == count
+
+        wait_for("%d connections through the proxy" % count, linked)
+
+    def cut(self):
+        with self._lock:
+            links, self._links = self._links, []
+        for pair in links:
+            for s in pair:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        self.cut()
+
+
+@pytest.fixture
+def proxy():
+    """``proxy(node)``: a ``Proxy`` in front of ``node``, closed when the
+    test ends."""
+    made = []
+
+    def start(node):
+        p = Proxy(node.port)
+        made.append(p)
+        return p
+
+    yield start
+    for p in made:
+        p.close()

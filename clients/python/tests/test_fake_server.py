@@ -1,6 +1,7 @@
 """Behaviour that needs a server misbehaving on purpose: a small fake
 server in this file answers (or drops) each connection as a test says."""
 
+import asyncio
 import socket
 import threading
 import time
@@ -217,3 +218,77 @@ def test_hostile_answers_close_the_connection_and_fail_the_call(closing):
             )
         finally:
             server.close()
+
+
+def test_requests_go_round_robin_over_the_connections(closing):
+    server = FakeServer(lambda index, line: b"Q " + line.split(b" ")[1] + b" 0 0 0")
+    try:
+        c = closing(baton.Client(server.addr))
+        wait_for("both connections up", lambda: all(up for _, up, _ in c.connections()))
+        for i in range(6):
+            assert c.query("k%d" % i).free
+        used = [index for index, _ in server.lines]
+        assert len(used) == 6 and sorted(set(used)) == [0, 1], used
+        assert all(a != b for a, b in zip(used, used[1:])), "turn by turn: %r" % used
+    finally:
+        server.close()
+
+
+def test_redirects_stop_after_eight(closing):
+    # Two nodes that each name the other as the active one.
+    servers = []
+    servers.append(FakeServer(lambda index, line: b"M " + servers[1].addr.encode() + b" A job"))
+    servers.append(FakeServer(lambda index, line: b"M " + servers[0].addr.encode() + b" A job"))
+    try:
+        c = closing(baton.Client(servers[0].addr))
+        try:
+            c.acquire("job", lease=5, wait=1)
+        except baton.Unavailable as e:
+            assert "redirected 8 times" in str(e), e
+        else:
+            raise AssertionError("an endless redirect must fail")
+        sent = len(servers[0].lines) + len(servers[1].lines)
+        assert sent == 9, "the first request and eight redirected ones, not %d" % sent
+        assert servers[1].addr in c.servers, "learned from the redirect"
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_an_acquire_cancelled_while_its_grant_is_confirmed_releases_it(closing):
+    # The grant comes late (it waited in line), so the client confirms it
+    # with K, which this server never answers; the task is cancelled
+    # meanwhile. The grant had arrived, so nothing else would release it.
+    def handle(index, line):
+        if line.startswith(b"A job "):
+            time.sleep(0.2)  # not a synchronisation: the grant must come late
+            return b"A 5 job"
+        if line.startswith(b"R job 5"):
+            return b"R job"
+        return b""
+
+    server = FakeServer(handle)
+    try:
+        c = closing(baton.AsyncClient(server.addr))
+
+        def sent(prefix):
+            return any(line.startswith(prefix) for _, line in server.lines)
+
+        async def main():
+            task = asyncio.ensure_future(c.acquire("job", lease=0.3))
+            end = time.monotonic() + DEADLINE
+            while not sent(b"K job 5 "):
+                assert time.monotonic() < end, "no confirming K"
+                await asyncio.sleep(0.01)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            else:
+                raise AssertionError("the acquire was cancelled")
+
+        asyncio.run(asyncio.wait_for(main(), DEADLINE))
+        wait_for("the grant to be released", lambda: sent(b"R job 5"))
+    finally:
+        server.close()

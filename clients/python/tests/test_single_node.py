@@ -1,5 +1,6 @@
 """The blocking client against one real batond."""
 
+import signal
 import socket
 import threading
 import time
@@ -173,3 +174,93 @@ def test_a_silent_server_is_given_up_after_the_request_timeout(closing):
         silent.close()
 
 
+
+def up_count(c):
+    return sum(up for _, up, _ in c.connections())
+
+
+def test_a_dropped_connection_is_tried_again_three_seconds_later(node, proxy, closing):
+    p = proxy(node)
+    c = closing(baton.Client(p.addr))
+    p.wait_linked(2)
+    assert p.accepted == 2
+    cut = time.monotonic()
+    p.cut()
+    wait_for("both connections down", lambda: up_count(c) == 0)
+    # All down and none connecting: a call fails at once, it does not sit
+    # until the reconnect.
+    start = time.monotonic()
+    with pytest.raises(baton.Unavailable):
+        c.query("k")
+    assert time.monotonic() - start < 0.5
+    wait_for("both connections back", lambda: up_count(c) == 2)
+    took = time.monotonic() - cut
+    assert 2.9 <= took < 6, "reconnected after %.2fs" % took
+    p.wait_linked(2)
+    assert p.accepted == 4, "one attempt per connection"
+    assert c.query("k").free
+
+
+def test_a_release_is_retried_until_a_connection_is_back(node, proxy, closing):
+    p = proxy(node)
+    c = closing(baton.Client(p.addr))
+    grant = c.acquire("job", lease=30)
+    p.wait_linked(2)
+    p.cut()
+    wait_for("both connections down", lambda: up_count(c) == 0)
+    # They come back 3 s after the drop: until then the release finds no
+    # connection and tries again every 200 ms (for up to 5 s).
+    start = time.monotonic()
+    assert c.release(grant) is True, "the server still held it"
+    took = time.monotonic() - start
+    assert 2.5 <= took < 5.5, "released after %.2fs" % took
+    assert closing(client_of(node)).query("job").free
+
+
+def test_a_release_gives_up_after_five_seconds(closing):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = closing(baton.Client("127.0.0.1:%d" % port))
+    start = time.monotonic()
+    with pytest.raises(baton.Unavailable):
+        c.release_token("job", 42)
+    took = time.monotonic() - start
+    assert 4.7 <= took < 7, "gave up after %.2fs" % took
+
+
+def test_an_interrupted_blocking_acquire_gives_up_its_request(node, closing):
+    # A signal handler that raises (Ctrl+C's KeyboardInterrupt, a timeout
+    # alarm) cuts a blocking acquire short; the request still waits in line
+    # on the server, and the grant it gets later must be released, not
+    # held until its lease runs out.
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum, frame):
+        raise Interrupted()
+
+    c = closing(client_of(node))
+    watcher = closing(client_of(node))
+    held = c.acquire("job", lease=30)
+    main = threading.main_thread().ident
+
+    def send_signal_once_in_line():
+        wait_for("the acquire to wait in line", lambda: watcher.query("job").waiting == 1)
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    try:
+        sender = threading.Thread(target=send_signal_once_in_line, daemon=True)
+        sender.start()
+        # Kept until the end, as a caller may keep it (this also keeps the
+        # call's frames alive, so garbage collection cannot stand in for
+        # giving up the request).
+        with pytest.raises(Interrupted) as interrupted:
+            c.acquire("job", lease=30)
+        sender.join(DEADLINE)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert c.release(held)
+    wait_for("the unwanted grant to be released", lambda: watcher.query("job").free)
+    assert interrupted.type is Interrupted
