@@ -43,7 +43,9 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use baton::protocol::{Answer, Key, Op, Reason, Request};
 use baton::server::clock::Now;
-use baton::server::cluster_core::{ClusterCore, ClusterEffect, ClusterParams, LinkId, OutDown};
+use baton::server::cluster_core::{
+    ClusterCore, ClusterEffect, ClusterParams, HANDSHAKE_MS, LinkId, MAX_PENDING_IN, OutDown,
+};
 use baton::server::lock_table::{ConnId, LockTable, TableLimits};
 use baton::server::messages::{ClusterToTable, Inbound, TableToCluster};
 use baton::server::peer_wire::PeerMsg;
@@ -1184,6 +1186,112 @@ fn forged_and_malformed_peer_messages_are_refused_and_change_nothing() {
         next < tokens::clock_floor(UNIX_BASE + sim.now + MAX_SKEW_MS + 10 * tokens::LEAD_MS),
         "no forged token or ceiling lifted the counter"
     );
+}
+
+#[test]
+fn strangers_that_never_finish_a_handshake_hold_nothing_past_its_deadline() {
+    let mut sim = settled(2);
+    let token = sim.fresh_token(0);
+    // 100 silent half-open peer links on each node, faster than the
+    // handshake deadline lets them go.
+    for _ in 0..100 {
+        for x in 0..2 {
+            let id = sim.next_link;
+            sim.next_link += 1;
+            sim.nodes[x].inbox.push_back(NetEvent::Opened(id));
+        }
+        sim.step();
+        for x in 0..2 {
+            let pending = sim.nodes[x].cluster.links_in_handshake();
+            assert!(pending <= MAX_PENDING_IN, "node {x}: {pending} pending");
+        }
+    }
+    sim.steps(HANDSHAKE_MS + 1);
+    for x in 0..2 {
+        assert_eq!(sim.nodes[x].cluster.links_in_handshake(), 0, "node {x}");
+        assert_eq!(
+            sim.nodes[x].cluster.links_proved(),
+            1,
+            "node {x}: the real link"
+        );
+    }
+    assert!(sim.converged_on(0));
+    assert!(sim.fresh_token(0) > token);
+}
+
+#[test]
+fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_and_lifts_nothing() {
+    use baton::server::lock_table::Delta;
+    let key = Key::new(b"planted").expect("key");
+    let far = ClusterCore::token_bound(sim_now_unix(0)) * 2;
+    let attacks = [
+        PeerMsg::Delta(Delta::Ceiling(far)),
+        PeerMsg::Delta(Delta::Grant {
+            key: key.clone(),
+            token: far,
+            ms_left: 1_000,
+        }),
+        PeerMsg::Delta(Delta::Grant {
+            key: key.clone(),
+            token: 16,
+            ms_left: u64::MAX / 2,
+        }),
+        PeerMsg::Delta(Delta::Grant {
+            key: key.clone(),
+            token: 0,
+            ms_left: 1_000,
+        }),
+        PeerMsg::Beat {
+            beat: baton::server::roles::Beat {
+                role: RoleName::Active,
+                following: None,
+                synced: true,
+                has_state: true,
+            },
+            last_token: far,
+            ceiling: far,
+        },
+    ];
+    for attack in attacks {
+        let mut sim = settled(2);
+        let before = sim.fresh_token(0);
+        let held = sim.nodes[0].table.table().stats().held;
+        // The active's real link to the standby carries the bad message (a
+        // buggy or compromised peer that holds the key).
+        let link = *sim.out_of.get(&(0, 1)).expect("the active's link");
+        sim.nodes[1]
+            .inbox
+            .push_back(NetEvent::Peer(link, attack.clone()));
+        sim.step();
+        assert!(
+            !sim.links.contains_key(&link),
+            "{attack:?}: the link is dropped"
+        );
+        // The links come back, and the standby's counter was never lifted:
+        // after a failover its first token is near the clock, not far.
+        sim.run_until(5 * DETECT_MS, "standby synced again", |s| {
+            s.nodes[0].cluster.synced_standbys(s.now_of(0)) == 1
+        });
+        sim.crash(0);
+        sim.run_until(2 * DETECT_MS, "node 1 promotes", |s| s.actives() == vec![1]);
+        let after = sim.fresh_token(1);
+        assert!(after > before, "{attack:?}");
+        assert!(
+            after < tokens::clock_floor(UNIX_BASE + sim.now + MAX_SKEW_MS + 10 * tokens::LEAD_MS),
+            "{attack:?}: the counter was not lifted ({after})"
+        );
+        assert_eq!(
+            sim.nodes[1].table.table().stats().held,
+            held,
+            "{attack:?}: the real keys, nothing planted"
+        );
+    }
+}
+
+/// The wall clock of the simulated world at `ms`, as a node without skew
+/// reads it.
+fn sim_now_unix(ms: u64) -> Now {
+    Now::at(ms, UNIX_BASE + ms)
 }
 
 #[test]

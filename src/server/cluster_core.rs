@@ -285,6 +285,16 @@ impl ClusterCore {
         self.effects.drain(..)
     }
 
+    /// Incoming links still in their handshake.
+    pub fn links_in_handshake(&self) -> usize {
+        self.ins.values().filter(|l| l.peer.is_none()).count()
+    }
+
+    /// Incoming links that proved the key.
+    pub fn links_proved(&self) -> usize {
+        self.ins.values().filter(|l| l.peer.is_some()).count()
+    }
+
     /// The lock owner's latest token figures, for heartbeats.
     pub fn set_tokens(&mut self, last_issued: u64, ceiling: u64) {
         self.last_issued = last_issued;
