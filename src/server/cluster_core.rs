@@ -581,6 +581,7 @@ impl ClusterCore {
         };
         if let Some(p) = state.peer {
             log::info!("replication: link from {} dropped: {why}", self.names[p]);
+            self.roles.handle_link_lost(p);
             // Probe the peer at once through our own link: refused means dead.
             if let Some(out) = self.outs.get_mut(p) {
                 if matches!(out.state, OutState::Up | OutState::Dialing { .. }) {
@@ -1252,6 +1253,26 @@ mod tests {
         assert_eq!(core.synced_standbys(at(5)), 1);
         core.handle_in_closed(at(6), 7, "reset");
         assert_eq!(core.synced_standbys(at(6)), 0, "a dropped link resets it");
+    }
+
+    #[test]
+    fn a_standby_whose_link_from_the_active_drops_is_no_longer_synced() {
+        let mut core = linked(1);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_tick(at(2));
+        assert_eq!(core.roles().following(), Some(0));
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+        assert!(core.roles().beat().synced);
+        assert_eq!(core.heard_active_ms(), 3);
+        // A flood of deltas does not move lag; a beat after them does.
+        core.handle_peer_msg(at(50), 7, PeerMsg::Delta(Delta::Ceiling(16)));
+        assert_eq!(core.heard_active_ms(), 3);
+        core.handle_peer_msg(at(60), 7, beat(RoleName::Active, None, false));
+        assert_eq!(core.heard_active_ms(), 60);
+        core.handle_in_closed(at(70), 7, "reset");
+        assert!(!core.roles().beat().synced, "deltas may be lost");
+        assert!(core.roles().beat().has_state, "it keeps what it has");
     }
 
     #[test]

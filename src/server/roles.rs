@@ -223,6 +223,15 @@ impl Roles {
         self.decide(now_ms)
     }
 
+    /// The link from `from` dropped: if it is the active this node
+    /// follows, deltas may have been lost, so this node no longer holds its
+    /// full state (it keeps what it has, and takes a fresh snapshot).
+    pub fn handle_link_lost(&mut self, from: usize) {
+        if self.following == Some(from) {
+            self.synced = false;
+        }
+    }
+
     /// `from`, the active this node follows, hands over to it.
     pub fn handle_handoff(&mut self, now_ms: u64, from: usize) -> Vec<RoleEffect> {
         if self.following != Some(from) || !self.synced || !matches!(self.role, Role::Standby) {
