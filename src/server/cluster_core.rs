@@ -19,12 +19,22 @@
 //! [`ClusterCore::handle_link_up`]); until then this core only bounds it:
 //! at most [`MAX_PENDING_IN`] unproved incoming links, each dropped after
 //! [`HANDSHAKE_MS`], and a dial that has not connected and proved itself
-//! within [`HANDSHAKE_MS`] fails. Even a proved peer's messages are checked
+//! within [`ClusterCore::dial_timeout_ms`] (a quarter of `--detect`) fails. Even a proved peer's messages are checked
 //! ([`ClusterCore::check_peer_msg`]): tokens and ceilings within
 //! [`MAX_PEER_AHEAD_MS`] of the clock floor and never 0, leases within
 //! `--max-lease`, snapshots within `--max-keys`; anything else drops the
 //! link. Failed dials back off (with jitter) up to [`RECONNECT_MAX_MS`], and
 //! their warnings are rate-limited.
+//!
+//! Liveness does not wait for TCP: a proved incoming link that carries
+//! nothing for half of `--detect` (two heartbeats missed) is dropped, and
+//! this node's own link to that peer with it, and both are dialed again at
+//! once and then every quarter of `--detect` (a fresh connection gets
+//! through as soon as the network does; a kept one would wait for the
+//! kernel's retransmission timer, which backs off to seconds). So a blip
+//! shorter than `--detect` ends before any peer is found dead, and after a
+//! longer partition the nodes hear each other again within a quarter of
+//! `--detect` (plus a round trip) of the heal, which ends a split brain.
 //!
 //! Each link carries one direction only: node A's messages to node B travel
 //! on A's outgoing link to B, so a link's order is TCP's order. A peer is
@@ -123,7 +133,7 @@ fn left_out(n: u64) -> String {
     }
 }
 /// Heartbeats per detection period.
-pub const BEATS_PER_DETECT: u64 = 4;
+pub const BEATS_PER_DETECT: u64 = 8;
 
 /// An incoming link, as the shell names it.
 pub type LinkId = usize;
@@ -192,6 +202,8 @@ struct InLink {
     /// The peer it proved to be; None while the handshake runs.
     peer: Option<usize>,
     opened_ms: u64,
+    /// When it last carried a message (its handshake, at first).
+    heard_ms: u64,
     /// A snapshot is being received (entries so far).
     snapshot: Option<Vec<Delta>>,
 }
@@ -325,7 +337,7 @@ impl ClusterCore {
             match out.state {
                 OutState::Down { retry_at_ms } if p != self.me => wake = wake.min(retry_at_ms),
                 OutState::Dialing { since_ms } => {
-                    wake = wake.min(since_ms.saturating_add(HANDSHAKE_MS));
+                    wake = wake.min(since_ms.saturating_add(self.dial_timeout_ms()));
                 }
                 _ => {}
             }
@@ -337,6 +349,12 @@ impl ClusterCore {
         }
         if self.params.insecure {
             wake = wake.min(self.insecure_warn.next_ms);
+        }
+        let silence = self.silence_ms();
+        for link in self.ins.values() {
+            if link.peer.is_some() {
+                wake = wake.min(link.heard_ms.saturating_add(silence));
+            }
         }
         wake.max(now.ms)
     }
@@ -369,14 +387,50 @@ impl ClusterCore {
         }
     }
 
-    /// Drop the dials and incoming links whose handshake took too long.
+    /// How long a dial may take to connect and see the peer's proof: one
+    /// heartbeat period (25 ms to HANDSHAKE_MS). A dial that times out is
+    /// tried again at once, so across a partition a new SYN goes out every
+    /// period and one gets through within a period of the heal (the
+    /// kernel's own SYN retry waits a second, then longer).
+    pub fn dial_timeout_ms(&self) -> u64 {
+        (self.detect_ms / BEATS_PER_DETECT).clamp(25, HANDSHAKE_MS)
+    }
+
+    /// Silence on a proved incoming link after which it is dropped and the
+    /// peer dialed afresh: two missed heartbeats.
+    pub fn silence_ms(&self) -> u64 {
+        (2 * self.detect_ms / BEATS_PER_DETECT).max(2)
+    }
+
+    /// Drop the dials and incoming links whose handshake took too long, and
+    /// the proved links that went silent.
     fn expire_handshakes(&mut self, now: Now) {
+        let silence = self.silence_ms();
+        let silent: Vec<(LinkId, usize)> = self
+            .ins
+            .iter()
+            .filter_map(|(id, l)| Some((*id, l.peer?, l.heard_ms)))
+            .filter(|(_, _, heard)| now.ms >= heard.saturating_add(silence))
+            .map(|(id, p, _)| (id, p))
+            .collect();
+        for (link, p) in silent {
+            log::info!(
+                "replication: nothing from {} for {silence} ms; dialing it afresh",
+                self.names[p]
+            );
+            self.drop_in(now, link, "silent");
+        }
+        let timeout = self.dial_timeout_ms();
         for p in 0..self.outs.len() {
             if let OutState::Dialing { since_ms } = self.outs[p].state
-                && now.ms >= since_ms.saturating_add(HANDSHAKE_MS)
+                && now.ms >= since_ms.saturating_add(timeout)
             {
                 self.effects.push(ClusterEffect::DropOut { peer: p });
                 self.handle_link_down(now, p, OutDown::Failed, "no handshake within its time");
+                // The wait was the timeout itself: dial again at once.
+                self.outs[p].state = OutState::Down {
+                    retry_at_ms: now.ms,
+                };
             }
         }
         let late: Vec<LinkId> = self
@@ -425,8 +479,16 @@ impl ClusterCore {
     /// The wait before the next dial after `failures` failures in a row:
     /// doubling from RECONNECT_MS, capped, with ±25% jitter so that nodes
     /// do not dial in lockstep.
-    fn backoff_ms(&mut self, failures: u32) -> u64 {
-        let cap = (self.detect_ms / 2).clamp(RECONNECT_MS, RECONNECT_MAX_MS);
+    fn backoff_ms(&mut self, failures: u32, why: OutDown) -> u64 {
+        // A dial that timed out or failed (a partition, say) is tried again
+        // soon; a refused or rejected one (nothing there, or not a peer)
+        // backs off further.
+        let cap = match why {
+            OutDown::Failed => self.dial_timeout_ms(),
+            OutDown::Refused | OutDown::Rejected => {
+                (self.detect_ms / 2).clamp(RECONNECT_MS, RECONNECT_MAX_MS)
+            }
+        };
         let base = RECONNECT_MS
             .saturating_mul(1u64 << failures.saturating_sub(1).min(16))
             .min(cap);
@@ -459,7 +521,7 @@ impl ClusterCore {
         let retry_at_ms = if was_up {
             now.ms
         } else {
-            let wait = self.backoff_ms(failures);
+            let wait = self.backoff_ms(failures, why);
             now.ms.saturating_add(wait)
         };
         let out = &mut self.outs[p];
@@ -525,6 +587,7 @@ impl ClusterCore {
             link,
             InLink {
                 opened_ms: now.ms,
+                heard_ms: now.ms,
                 ..InLink::default()
             },
         );
@@ -533,7 +596,7 @@ impl ClusterCore {
     /// Incoming link `link` proved it is node `from` (the shell checked its
     /// handshake; `from` is a valid index other than this node's). A newer
     /// link from the same peer replaces the old one.
-    pub fn handle_in_authenticated(&mut self, _now: Now, link: LinkId, from: usize) {
+    pub fn handle_in_authenticated(&mut self, now: Now, link: LinkId, from: usize) {
         if from >= self.names.len() || from == self.me || !self.ins.contains_key(&link) {
             self.effects.push(ClusterEffect::DropIn { link });
             self.ins.remove(&link);
@@ -552,6 +615,7 @@ impl ClusterCore {
         log::info!("replication: link from {} is up", self.names[from]);
         if let Some(state) = self.ins.get_mut(&link) {
             state.peer = Some(from);
+            state.heard_ms = now.ms;
         }
     }
 
@@ -680,7 +744,11 @@ impl ClusterCore {
             log::warn!("replication: refused {why} from {who}; dropping the link");
             return self.drop_in(now, link, why);
         }
-        let Some(p) = self.ins.get(&link).and_then(|l| l.peer) else {
+        let Some(state) = self.ins.get_mut(&link) else {
+            return;
+        };
+        state.heard_ms = now.ms;
+        let Some(p) = state.peer else {
             return;
         };
         let from_my_active = self.roles.following() == Some(p);
@@ -1012,6 +1080,32 @@ mod tests {
         core
     }
 
+    /// Tick `core` every ms from `from` until it dials `p`, then report the
+    /// link up; returns that time.
+    fn dial_up(core: &mut ClusterCore, p: usize, from: u64) -> u64 {
+        let t = (from..from + 10 * RECONNECT_MAX_MS)
+            .find(|&t| {
+                core.handle_tick(at(t));
+                effects(core).contains(&ClusterEffect::Dial { peer: p })
+            })
+            .expect("it dials");
+        core.handle_link_up(at(t), p);
+        t
+    }
+
+    /// Node `me` of 2, alone until `ms` (so active if `ms` is past the
+    /// detection time), then linked both ways with the other node.
+    fn linked_at(me: usize, ms: u64) -> ClusterCore {
+        let other = 1 - me;
+        let mut core = new_core(me, 2);
+        core.handle_tick(at(ms));
+        let t = dial_up(&mut core, other, ms);
+        core.handle_in_opened(at(t), 7);
+        core.handle_in_authenticated(at(t), 7, other);
+        effects(&mut core);
+        core
+    }
+
     fn new_core(me: usize, nodes: usize) -> ClusterCore {
         ClusterCore::new(me, names(nodes), ClusterParams::with_detect(DETECT), at(0))
     }
@@ -1040,7 +1134,7 @@ mod tests {
         let mut now = 1;
         let mut waits = Vec::new();
         for _ in 0..8 {
-            core.handle_link_down(at(now), 0, OutDown::Failed, "timed out");
+            core.handle_link_down(at(now), 0, OutDown::Refused, "refused");
             // Tick every ms until the dial: the wait is what the core chose.
             let retry = (now + 1..now + 10 * RECONNECT_MAX_MS)
                 .find(|&t| {
@@ -1059,6 +1153,23 @@ mod tests {
         assert!(waits[1] > waits[0] || waits[1] >= cap * 3 / 4, "{waits:?}");
         assert!(waits.iter().all(|&w| w <= cap * 5 / 4), "{waits:?}");
         assert!(waits[7] >= cap * 3 / 4, "reaches the cap: {waits:?}");
+        // Dials that time out (a partition) are tried again within the
+        // dial timeout: one gets through soon after the network heals.
+        for _ in 0..8 {
+            core.handle_link_down(at(now), 0, OutDown::Failed, "timed out");
+            let retry = (now + 1..now + 10 * RECONNECT_MAX_MS)
+                .find(|&t| {
+                    core.handle_tick(at(t));
+                    effects(&mut core).contains(&ClusterEffect::Dial { peer: 0 })
+                })
+                .expect("dials again");
+            assert!(
+                retry - now <= core.dial_timeout_ms() * 5 / 4,
+                "{}",
+                retry - now
+            );
+            now = retry;
+        }
         // Up, then dropped: redial at once.
         core.handle_link_up(at(now), 0);
         effects(&mut core);
@@ -1072,14 +1183,23 @@ mod tests {
         let mut core = new_core(1, 2);
         core.handle_tick(at(0));
         assert_eq!(effects(&mut core), vec![ClusterEffect::Dial { peer: 0 }]);
-        core.handle_tick(at(HANDSHAKE_MS - 1));
+        let timeout = core.dial_timeout_ms();
+        assert_eq!(timeout, DETECT / BEATS_PER_DETECT);
+        core.handle_tick(at(timeout - 1));
         assert!(!effects(&mut core).contains(&ClusterEffect::DropOut { peer: 0 }));
-        assert!(core.next_wake_ms(at(10)) <= HANDSHAKE_MS);
-        core.handle_tick(at(HANDSHAKE_MS));
-        assert!(effects(&mut core).contains(&ClusterEffect::DropOut { peer: 0 }));
-        // A late link-up report for that dial changes nothing.
-        core.handle_link_up(at(HANDSHAKE_MS + 1), 0);
-        assert!(effects(&mut core).is_empty());
+        assert!(core.next_wake_ms(at(10)) <= timeout);
+        core.handle_tick(at(timeout));
+        let out = effects(&mut core);
+        let drop = out
+            .iter()
+            .position(|e| *e == ClusterEffect::DropOut { peer: 0 });
+        let dial = out
+            .iter()
+            .position(|e| *e == ClusterEffect::Dial { peer: 0 });
+        assert!(
+            matches!((drop, dial), (Some(d), Some(n)) if d < n),
+            "dropped, then dialed again at once: {out:?}"
+        );
     }
 
     #[test]
@@ -1235,6 +1355,29 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_link_is_dropped_and_the_peer_dialed_afresh_before_it_is_found_dead() {
+        let mut core = linked(0);
+        let silence = core.silence_ms();
+        assert!(silence < DETECT, "well before the peer is found dead");
+        core.handle_peer_msg(at(10), 7, beat(RoleName::Standby, None, false));
+        core.handle_tick(at(10 + silence - 1));
+        assert!(!effects(&mut core).contains(&ClusterEffect::DropIn { link: 7 }));
+        assert!(core.next_wake_ms(at(11)) <= 10 + silence);
+        core.handle_tick(at(10 + silence));
+        let out = effects(&mut core);
+        assert!(out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        assert!(out.contains(&ClusterEffect::DropOut { peer: 1 }), "{out:?}");
+        assert!(
+            out.contains(&ClusterEffect::Dial { peer: 1 }),
+            "at once: {out:?}"
+        );
+        assert!(
+            core.roles().is_live(1, 10 + silence),
+            "not found dead by this"
+        );
+    }
+
+    #[test]
     fn a_newer_link_from_the_same_peer_replaces_the_old_one() {
         let mut core = linked(0);
         core.handle_in_opened(at(2), 8);
@@ -1332,15 +1475,8 @@ mod tests {
 
     #[test]
     fn an_active_asks_for_a_snapshot_for_a_new_follower_and_resends_a_stale_one() {
-        let mut core = new_core(0, 2);
-        core.handle_tick(at(0));
-        effects(&mut core);
-        core.handle_tick(at(DETECT + 1));
+        let mut core = linked_at(0, DETECT + 1);
         assert!(core.roles().role_name().is_active());
-        effects(&mut core);
-        core.handle_link_up(at(DETECT + 1), 1);
-        core.handle_in_opened(at(0), 7);
-        core.handle_in_authenticated(at(DETECT + 2), 7, 1);
         core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(0), false));
         effects(&mut core);
         core.handle_tick(at(DETECT + 4));
@@ -1453,10 +1589,8 @@ mod tests {
 
     #[test]
     fn a_transfer_of_the_active_role_sends_handoff_after_the_last_delta() {
-        let mut core = linked(1);
         // Node 1 alone became active; node 0 (higher) follows it, synced.
-        core.handle_tick(at(DETECT + 2));
-        effects(&mut core);
+        let mut core = linked_at(1, DETECT + 2);
         assert!(core.roles().role_name().is_active());
         core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(1), true));
         let out = effects(&mut core);

@@ -62,7 +62,7 @@ FLAGS:
                      (default 4096)
   --max-keys N       keys held at once (default 10000000)
   --detect SECS      cluster failure detection: a peer silent this long is
-                     dead (default 1; heartbeats go 4 times as often)
+                     dead (default 1; heartbeats go 8 times as often)
   --promotion-grace SECS
                      after a failover, the new active makes acquires of keys
                      it does not know as held wait this long, so grants the
