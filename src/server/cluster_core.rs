@@ -219,6 +219,8 @@ pub struct ClusterCore {
     /// Warnings about incoming links that failed their handshake.
     stranger_warn: RateLimit,
     insecure_warn: RateLimit,
+    /// Warnings about refused messages, per peer.
+    refusal_warn: Vec<RateLimit>,
     roles: Roles,
     outs: Vec<OutLink>,
     ins: HashMap<LinkId, InLink>,
@@ -262,6 +264,7 @@ impl ClusterCore {
             rng: params.seed,
             stranger_warn: RateLimit::default(),
             insecure_warn: RateLimit::default(),
+            refusal_warn: vec![RateLimit::default(); outs.len()],
             roles,
             outs,
             ins: HashMap::new(),
@@ -736,12 +739,23 @@ impl ClusterCore {
     /// One message on incoming link `link`.
     pub fn handle_peer_msg(&mut self, now: Now, link: LinkId, msg: PeerMsg) {
         if let Verdict::Refuse(why) = self.check_peer_msg(now, link, &msg) {
-            let who = self
-                .ins
-                .get(&link)
-                .and_then(|l| l.peer)
-                .map_or("a link in its handshake", |p| self.names[p].as_str());
-            log::warn!("replication: refused {why} from {who}; dropping the link");
+            let peer = self.ins.get(&link).and_then(|l| l.peer);
+            let limit = match peer {
+                Some(p) => &mut self.refusal_warn[p],
+                None => &mut self.stranger_warn,
+            };
+            if let Some(n) = limit.allow(now.ms, WARN_EVERY_MS) {
+                let who = peer.map_or("a link in its handshake", |p| self.names[p].as_str());
+                let hint = if why.contains("ahead of the clock") {
+                    " (is its clock more than a minute ahead of this node's?)"
+                } else {
+                    ""
+                };
+                log::warn!(
+                    "replication: refused {why} from {who}{hint}; dropping the link{}",
+                    left_out(n)
+                );
+            }
             return self.drop_in(now, link, why);
         }
         let Some(state) = self.ins.get_mut(&link) else {
