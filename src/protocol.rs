@@ -1,4 +1,4 @@
-//! The wire format of baton, protocol version 1 (SPEC.md section 3).
+//! The wire format of baton, protocol version 1 (README, "Protocol").
 //!
 //! Owns: parsing request and answer lines from bytes, and formatting them back
 //! into bytes. Used by the server's I/O loops (requests in, answers out) and by

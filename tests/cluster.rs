@@ -1,6 +1,6 @@
 //! Cluster tests: real `batond` processes on loopback ports, started with the
 //! same `--peers` list, killed, stopped, restarted and shut down, checked over
-//! TCP (SPEC.md sections 2 and 5).
+//! TCP (README: Fencing tokens, Cluster operations).
 //!
 //! Every test has its own ports, so they run in parallel. Waits are polls
 //! with a deadline. The few sleeps either show that something does NOT
@@ -990,5 +990,57 @@ fn an_idle_cluster_uses_almost_no_cpu() {
             used <= 10,
             "node {i} used {used} ticks of CPU in 1 s while idle"
         );
+    }
+}
+
+#[test]
+fn nodes_whose_peers_lists_differ_refuse_each_other_and_say_so_without_flapping() {
+    // The same two addresses in another order: each node would take the
+    // other's index for a different node, so their links are refused (the
+    // hello carries a fingerprint of the list), and each runs alone, as the
+    // README's rule says, instead of switching roles.
+    let (pa, pb) = (free_port(), free_port());
+    let (a, b) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
+    let start = |port: u16, peers: String| {
+        let port = port.to_string();
+        let args = [
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            port.as_str(),
+            "--peers",
+            peers.as_str(),
+            "--detect",
+            DETECT,
+            "--cluster-key-file",
+            common::cluster_key_file(),
+        ];
+        Node::start_raw(&args, None)
+    };
+    let node_a = start(pa, format!("{a},{b}"));
+    let node_b = start(pb, format!("{b},{a}"));
+    for node in [&node_a, &node_b] {
+        wait_for("each node to serve alone", DEADLINE, || {
+            let mut client = node.client();
+            serving(&client.info()).then_some(())
+        });
+    }
+    // A fixed window to show that nothing flaps: each stays active, alone.
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(3) {
+        for node in [&node_a, &node_b] {
+            let info = node.client().info();
+            assert!(serving(&info), "still active alone: {info}");
+            assert_eq!(num(&info, "standbys"), 0, "{info}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for node in [&node_a, &node_b] {
+        let log = node.log();
+        let said = log.matches("--peers list differs").count();
+        assert!(said >= 1, "it says why: {log}");
+        assert!(said <= 4, "rate-limited, not a storm ({said} lines): {log}");
+        assert!(log.lines().count() < 60, "a quiet log: {log}");
+        assert!(!log.contains("role now standby"), "never followed: {log}");
     }
 }

@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use baton::server::cluster_core::HANDSHAKE_MS;
-use baton::server::peer_auth::{NONCE_LEN, peers_fingerprint};
+use baton::server::peer_auth::{ClusterKey, Dialer, LinkIds, NONCE_LEN, peers_fingerprint};
 use common::{DEADLINE, LineClient, Node, Query, Received, free_port, info_field, wait_for};
 use ring::rand::{SecureRandom, SystemRandom};
 
@@ -301,11 +301,19 @@ fn assert_closed(client: &mut LineClient, what: &str) {
     );
 }
 
-/// The connection is closed without a single line said back.
-fn assert_closed_silently(client: &mut LineClient, what: &str) {
+/// The connection is closed with no challenge: at most one `P NO <reason>`
+/// line said back (a reason a misconfigured real peer can act on, which
+/// tells an attacker nothing about the key).
+fn assert_refused_without_challenge(client: &mut LineClient, what: &str) {
     match client.next_event(DEADLINE) {
         Received::Closed => {}
-        other => panic!("after {what}: expected the node to close, got {other:?}"),
+        Received::Line(line) if line.starts_with("P NO ") => {
+            assert!(
+                client.closed_within(DEADLINE),
+                "after {what}: not closed after {line:?}"
+            );
+        }
+        other => panic!("after {what}: expected a refusal and a close, got {other:?}"),
     }
 }
 
@@ -555,7 +563,7 @@ fn a_handshake_with_a_wrong_proof_is_closed_and_every_hello_gets_a_fresh_challen
     ] {
         let mut attacker = cluster.client(0);
         attacker.send(&line);
-        assert_closed_silently(&mut attacker, &line);
+        assert_refused_without_challenge(&mut attacker, &line);
     }
 
     // A recorded hello replayed gets a new challenge every time, so a
@@ -989,3 +997,73 @@ fn an_insecure_cluster_forms_fails_over_and_warns_at_start() {
 // 10. A cluster node started with neither a key nor --insecure-peers exits
 // 2 with one line naming --cluster-key-file: tests/server_process.rs
 // (a_cluster_node_without_a_cluster_key_refuses_to_start_with_exit_2).
+
+// ----- an insider's flood -----
+
+#[test]
+fn a_proved_peer_flooding_its_link_does_not_starve_the_heartbeats() {
+    // An insider: a process that holds the cluster key poses as node 2 (in
+    // --peers, never started), proves the key, and floods node 1 with valid,
+    // sealed, harmless lines (ceilings far below the real one) as fast as it
+    // can write. Node 1 reads each link only so much per round, so its
+    // heartbeats, its link from the active and its lag are unaffected.
+    let mut cluster = Cluster::new(3);
+    cluster.start(0);
+    cluster.start(1);
+    cluster.wait_formed();
+    let mut base = Baseline::take(&cluster);
+    let secret = std::fs::read(common::cluster_key_file()).expect("read the key");
+    let key = ClusterKey::from_file_contents(&secret).expect("a valid key");
+    let ids = LinkIds {
+        from: 2,
+        to: 1,
+        nodes: 3,
+        fp: peers_fingerprint(&cluster.names()),
+    };
+    let mut nonce = [0u8; NONCE_LEN];
+    SystemRandom::new().fill(&mut nonce).expect("random");
+    let dialer = Dialer::new(key, ids, nonce);
+    let mut stream = TcpStream::connect(cluster.addr(1)).expect("connect");
+    stream.write_all(&dialer.hello_line()).expect("hello");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut challenge = String::new();
+    reader.read_line(&mut challenge).expect("challenge");
+    let (auth, mut sealer) = dialer
+        .handle_challenge(challenge.as_bytes())
+        .expect("the node proves the key");
+    stream.write_all(&auth).expect("auth");
+    // A write that blocks this long ends the flood (the join stays bounded).
+    stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .expect("write timeout");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooder = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0usize;
+            let mut batch = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                batch.clear();
+                for _ in 0..2000 {
+                    sealer.push_line(b"P C 16\n", &mut batch);
+                }
+                sealer.seal(&mut batch);
+                if stream.write_all(&batch).is_err() {
+                    break;
+                }
+                sent += batch.len();
+            }
+            sent
+        })
+    };
+    // A fixed window of flooding, checked all along.
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(3) {
+        base.assert_roles(&cluster, "a flood of sealed lines, during it");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = flooder.join().expect("the flooder");
+    assert!(sent > 1 << 20, "the flood was a flood: {sent} bytes");
+    base.assert_unchanged(&cluster, "a flood of sealed lines");
+}

@@ -1,5 +1,5 @@
 //! Real-process tests of a single `batond` node: the lock semantics of
-//! SPEC.md section 1 (the state table, FIFO handover, lease expiry, wait
+//! README: Protocol (the state table, FIFO handover, lease expiry, wait
 //! timeouts, disconnects, release, keep, query), fencing tokens (section 2),
 //! pipelining and `I` (section 3), seen from TCP clients.
 //!
@@ -57,7 +57,7 @@ fn queue_behind(waiter: &mut LineClient, probe: &mut LineClient, key: &str, posi
 }
 
 // ---------------------------------------------------------------------------
-// SPEC.md section 1: the state table
+// README: Protocol: the state table
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -444,7 +444,7 @@ fn query_reports_free_held_and_waiting() {
 }
 
 // ---------------------------------------------------------------------------
-// Pipelining (SPEC.md section 3)
+// Pipelining (README: Protocol)
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -718,7 +718,7 @@ fn info_reports_the_role_the_node_and_the_right_counts() {
 }
 
 // ---------------------------------------------------------------------------
-// Fencing tokens (SPEC.md section 2)
+// Fencing tokens (README: Fencing tokens)
 // ---------------------------------------------------------------------------
 
 #[test]

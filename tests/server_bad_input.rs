@@ -1,5 +1,5 @@
 //! Real-process tests of a single `batond` node against bad input and at its
-//! limits (SPEC.md section 3): malformed lines, over-long lines, binary junk,
+//! limits (README: Protocol): malformed lines, over-long lines, binary junk,
 //! silent and vanishing clients, `--max-conns`, `--max-waiting`,
 //! `--max-keys`, and a client that never reads its answers.
 //!
@@ -398,8 +398,8 @@ fn a_client_that_never_reads_its_answers_does_not_make_the_node_buffer_without_l
         .set_write_timeout(Some(Duration::from_millis(500)))
         .expect("write timeout");
     // 1 MiB of `I` requests: half a million answers of about 120 bytes each,
-    // which a node that stops reading a client that does not read (SPEC.md
-    // section 3: "never unbounded memory") must not hold all at once.
+    // which a node that stops reading a client that does not read (README,
+    // Protocol: never unbounded memory) must not hold all at once.
     let chunk = b"I\n".repeat(32 * 1024);
     let mut sent = 0;
     while sent < 1 << 20 {

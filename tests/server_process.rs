@@ -1,4 +1,4 @@
-//! Real-process tests of `batond` as a program (SPEC.md sections 2 and 6):
+//! Real-process tests of `batond` as a program (README: Fencing tokens, Running `batond`):
 //! its flags, its exit on SIGTERM, and fencing tokens across a restart.
 
 mod common;

@@ -1094,15 +1094,20 @@ mod tests {
         core
     }
 
-    /// Tick `core` every ms from `from` until it dials `p`, then report the
-    /// link up; returns that time.
-    fn dial_up(core: &mut ClusterCore, p: usize, from: u64) -> u64 {
-        let t = (from..from + 10 * RECONNECT_MAX_MS)
+    /// Tick `core` every ms from `from` until it dials `p`: the wait is
+    /// what the core chose. Returns that time.
+    fn next_dial(core: &mut ClusterCore, p: usize, from: u64) -> u64 {
+        (from..from + 10 * RECONNECT_MAX_MS)
             .find(|&t| {
                 core.handle_tick(at(t));
                 effects(core).contains(&ClusterEffect::Dial { peer: p })
             })
-            .expect("it dials");
+            .expect("it dials")
+    }
+
+    /// The next dial to `p` from `from` on, reported up; returns its time.
+    fn dial_up(core: &mut ClusterCore, p: usize, from: u64) -> u64 {
+        let t = next_dial(core, p, from);
         core.handle_link_up(at(t), p);
         t
     }
@@ -1149,13 +1154,7 @@ mod tests {
         let mut waits = Vec::new();
         for _ in 0..8 {
             core.handle_link_down(at(now), 0, OutDown::Refused, "refused");
-            // Tick every ms until the dial: the wait is what the core chose.
-            let retry = (now + 1..now + 10 * RECONNECT_MAX_MS)
-                .find(|&t| {
-                    core.handle_tick(at(t));
-                    effects(&mut core).contains(&ClusterEffect::Dial { peer: 0 })
-                })
-                .expect("dials again");
+            let retry = next_dial(&mut core, 0, now + 1);
             waits.push(retry - now);
             now = retry;
         }
@@ -1171,12 +1170,7 @@ mod tests {
         // dial timeout: one gets through soon after the network heals.
         for _ in 0..8 {
             core.handle_link_down(at(now), 0, OutDown::Failed, "timed out");
-            let retry = (now + 1..now + 10 * RECONNECT_MAX_MS)
-                .find(|&t| {
-                    core.handle_tick(at(t));
-                    effects(&mut core).contains(&ClusterEffect::Dial { peer: 0 })
-                })
-                .expect("dials again");
+            let retry = next_dial(&mut core, 0, now + 1);
             assert!(
                 retry - now <= core.dial_timeout_ms() * 5 / 4,
                 "{}",

@@ -136,6 +136,8 @@ pub struct LinkIds {
 /// Why a handshake failed, in words for the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HandshakeError {
+    /// The acceptor refused the hello, saying why (`P NO <reason>`).
+    Refused(String),
     /// A line that is not the handshake line expected.
     Malformed,
     /// The other side answered with a client-protocol line (a node without
@@ -154,6 +156,12 @@ impl std::fmt::Display for HandshakeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             HandshakeError::Malformed => write!(f, "not a peer handshake"),
+            HandshakeError::Refused(why) if why == "peers-differ" => write!(
+                f,
+                "it refuses the link: its --peers list differs from this node's (count, \
+                 order or spelling)"
+            ),
+            HandshakeError::Refused(why) => write!(f, "it refuses the link ({why})"),
             HandshakeError::Answered(words) => write!(f, "it answered {words:?}, not as a peer"),
             HandshakeError::PeersDiffer { theirs, ours } => write!(
                 f,
@@ -194,6 +202,17 @@ fn unhex<const N: usize>(field: &[u8]) -> Option<[u8; N]> {
         out[i] = (digit(pair[0])? << 4) | digit(pair[1])?;
     }
     Some(out)
+}
+
+/// The line an acceptor sends before it closes a link whose hello it
+/// refused for a reason the dialer can act on (so the dialer says why and
+/// backs off instead of redialing at once). None: close without a word.
+pub fn refusal_line(e: &HandshakeError) -> Option<&'static [u8]> {
+    match e {
+        HandshakeError::PeersDiffer { .. } => Some(b"P NO peers-differ\n"),
+        HandshakeError::BadIndex(_) => Some(b"P NO bad-index\n"),
+        _ => None,
+    }
 }
 
 /// The fields of a handshake line (the `\n` and a `\r` before it removed).
@@ -272,6 +291,14 @@ impl Dialer {
             return Err(e);
         }
         let f = fields(line);
+        if let [b"P", b"NO", why] = f.as_slice() {
+            let why: String = String::from_utf8_lossy(why)
+                .chars()
+                .filter(|c| c.is_ascii_graphic())
+                .take(40)
+                .collect();
+            return Err(HandshakeError::Refused(why));
+        }
         let [b"P", b"CHAL", nonce, tag] = f.as_slice() else {
             return Err(HandshakeError::Malformed);
         };
@@ -736,6 +763,32 @@ mod tests {
         ] {
             assert_eq!(accept(bad), Err(HandshakeError::Malformed), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_refused_hello_is_answered_with_a_reason_the_dialer_reports() {
+        let ids = ids();
+        let other_fp = peers_fingerprint(&["b:1".into(), "a:1".into(), "c:1".into()]);
+        let dialer = Dialer::new(
+            key(K1),
+            LinkIds {
+                fp: other_fp,
+                ..ids
+            },
+            [1; NONCE_LEN],
+        );
+        let err = Acceptor::handle_hello(key(K1), 0, 3, ids.fp, &dialer.hello_line(), [2; 32])
+            .err()
+            .expect("refused");
+        let line = refusal_line(&err).expect("a reason to give");
+        let said = dialer.handle_challenge(line).err().expect("refused");
+        assert_eq!(said, HandshakeError::Refused("peers-differ".into()));
+        assert!(said.to_string().contains("--peers list differs"), "{said}");
+        assert_eq!(
+            refusal_line(&HandshakeError::BadProof),
+            None,
+            "no oracle for the key"
+        );
     }
 
     #[test]

@@ -622,7 +622,15 @@ impl Replication {
                 state.phase = InPhase::AwaitAuth(acceptor);
                 self.flush_in(link);
             }
-            Err(e) => self.reject_in(link, &e.to_string()),
+            Err(e) => {
+                if let Some(line) = crate::server::peer_auth::refusal_line(&e)
+                    && let Some(state) = self.ins.get_mut(link)
+                {
+                    state.writer.push_raw(line);
+                    self.flush_in(link);
+                }
+                self.reject_in(link, &e.to_string())
+            }
         }
     }
 
