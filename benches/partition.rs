@@ -16,7 +16,7 @@
 //! - after every heal the cluster came back to one active, node 0, within a
 //!   bound; a split brain (two nodes answering `I` as active) ended within
 //!   2 x `--detect` of the heal;
-//! - a blip (a cut shorter than 0.6 x `--detect`) changed no node's role or
+//! - a blip (a cut shorter than 0.9 x `--detect`) changed no node's role or
 //!   the active it follows, during the blip or for 2 x `--detect` after;
 //! - a bridge partition (3 nodes: the standbys cannot see each other, node
 //!   0 sees both) changed no role.
@@ -70,7 +70,7 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(5);
 /// Allowance for the monitors' sampling on top of each time bound.
 const SAMPLE_SLACK: Duration = Duration::from_millis(60);
 /// A blip is shorter than this share of `--detect`.
-const BLIP_SHARE: f64 = 0.6;
+const BLIP_SHARE: f64 = 0.9;
 
 macro_rules! say {
     ($out:expr, $($arg:tt)*) => {{

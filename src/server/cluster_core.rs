@@ -19,7 +19,8 @@
 //! [`ClusterCore::handle_link_up`]); until then this core only bounds it:
 //! at most [`MAX_PENDING_IN`] unproved incoming links, each dropped after
 //! [`HANDSHAKE_MS`], and a dial that has not connected and proved itself
-//! within [`ClusterCore::dial_timeout_ms`] (a quarter of `--detect`) fails. Even a proved peer's messages are checked
+//! within [`ClusterCore::dial_timeout_ms`] (a heartbeat period) fails.
+//! Even a proved peer's messages are checked
 //! ([`ClusterCore::check_peer_msg`]): tokens and ceilings within
 //! [`MAX_PEER_AHEAD_MS`] of the clock floor and never 0, leases within
 //! `--max-lease`, snapshots within `--max-keys`; anything else drops the
@@ -27,20 +28,22 @@
 //! their warnings are rate-limited.
 //!
 //! Liveness does not wait for TCP: a proved incoming link that carries
-//! nothing for half of `--detect` (two heartbeats missed) is dropped, and
-//! this node's own link to that peer with it, and both are dialed again at
-//! once and then every quarter of `--detect` (a fresh connection gets
+//! nothing for two heartbeat periods (a quarter of `--detect`) is dropped,
+//! and this node's own link to that peer with it, and both are dialed again
+//! at once and then every heartbeat period (a fresh connection gets
 //! through as soon as the network does; a kept one would wait for the
 //! kernel's retransmission timer, which backs off to seconds). So a blip
 //! shorter than `--detect` ends before any peer is found dead, and after a
-//! longer partition the nodes hear each other again within a quarter of
-//! `--detect` (plus a round trip) of the heal, which ends a split brain.
+//! longer partition the nodes hear each other again within a heartbeat
+//! period (plus a round trip) of the heal, which ends a split brain. A peer
+//! is found dead after [`silence_limit_ms`]: `--detect` of silence counted
+//! from the heartbeat due after the last one heard, plus a period for that
+//! fresh dial.
 //!
 //! Each link carries one direction only: node A's messages to node B travel
 //! on A's outgoing link to B, so a link's order is TCP's order. A peer is
-//! found dead by its heartbeats stopping for `--detect` ms, or at once when
-//! its link drops and a new connection to it is refused (the process is
-//! gone).
+//! found dead by its heartbeats stopping (see above), or at once when its
+//! link drops and a new connection to it is refused (the process is gone).
 //!
 //! Run by the replication thread (replication.rs, which only moves bytes)
 //! and, for every simulated node, by the deterministic simulation.
@@ -78,6 +81,16 @@ pub const MAX_PEER_AHEAD_MS: u64 = 60_000;
 pub const WARN_EVERY_MS: u64 = 30_000;
 /// How often `--insecure-peers` is warned about.
 pub const INSECURE_WARN_MS: u64 = 60_000;
+
+/// How long a peer may be silent before it is found dead: `--detect`,
+/// counted from the heartbeat that was due after the last one heard, plus
+/// one heartbeat period for the fresh dial that a silent link gets (see the
+/// module doc). A network blip shorter than `--detect` then ends, and the
+/// peers hear each other again, before this runs out.
+pub fn silence_limit_ms(detect_ms: u64) -> u64 {
+    let period = (detect_ms / BEATS_PER_DETECT).max(1);
+    detect_ms.saturating_add(2 * period)
+}
 
 /// The limits a node's peers are held to, and the seed of its jitter.
 #[derive(Clone, Copy, Debug)]
@@ -244,7 +257,13 @@ impl ClusterCore {
     /// Node `me` of the nodes named `names` (their `--peers` entries).
     pub fn new(me: usize, names: Vec<String>, params: ClusterParams, now: Now) -> ClusterCore {
         let detect_ms = params.detect_ms;
-        let roles = Roles::new(me, names.len(), detect_ms, detect_ms, now.ms);
+        let roles = Roles::new(
+            me,
+            names.len(),
+            silence_limit_ms(detect_ms),
+            detect_ms,
+            now.ms,
+        );
         let outs = vec![
             OutLink {
                 state: OutState::Down { retry_at_ms: 0 },
@@ -1383,6 +1402,11 @@ mod tests {
             core.roles().is_live(1, 10 + silence),
             "not found dead by this"
         );
+        // Found dead only after --detect from the beat due after the last
+        // one heard, plus a period for the fresh dial: 1.25 x --detect.
+        assert_eq!(silence_limit_ms(1000), 1250);
+        assert!(core.roles().is_live(1, 10 + DETECT));
+        assert!(!core.roles().is_live(1, 10 + silence_limit_ms(DETECT)));
     }
 
     #[test]

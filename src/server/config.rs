@@ -61,8 +61,10 @@ FLAGS:
   --max-waiting N    requests one connection may have waiting in line
                      (default 4096)
   --max-keys N       keys held at once (default 10000000)
-  --detect SECS      cluster failure detection: a peer silent this long is
-                     dead (default 1; heartbeats go 8 times as often)
+  --detect SECS      cluster failure detection: a peer silent this long
+                     after its next heartbeat was due (plus one heartbeat
+                     period: 1.25 x SECS of silence in all) is dead
+                     (default 1; heartbeats go 8 times as often)
   --promotion-grace SECS
                      after a failover, the new active makes acquires of keys
                      it does not know as held wait this long, so grants the
