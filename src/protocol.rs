@@ -20,9 +20,9 @@
 //!
 //! # Requests: the order of checks
 //!
-//! 1. The first field is exactly one of `A R K Q I` (case-sensitive), else
+//! 1. The first field is exactly one of `A R K Q I U` (case-sensitive), else
 //!    `Fatal(UnknownOp)`.
-//! 2. Fewer fields than the op takes (A 4, R 3, K 4, Q 2, I 1):
+//! 2. Fewer fields than the op takes (A 4, R 3, K 4, Q 2, I 1, U 2):
 //!    `Fatal(MissingFields)`.
 //! 3. The key (second field) is 1 to [`MAX_KEY`] bytes, each `>= 0x21` and not
 //!    `0x7F`, else `Refused { key: None, reason: BadKey }`.
@@ -34,21 +34,29 @@
 //!    (`WaitTooLong`); a token is decimal digits only, fits a u64 and is not 0
 //!    (`BadToken`). Leading zeros are accepted (`007`, `030.5`).
 //!
+//! `U <secret>` (client authentication) has no key: its second field is
+//! taken as the secret whatever its bytes, and more fields are
+//! `Refused { op: Auth, key: None, reason: ExtraFields }` (the secret is
+//! never echoed in an answer). Whether the secret is right is the server's
+//! business, not the parser's; [`is_valid_secret`] is the rule for secrets
+//! a server or client is configured with.
+//!
 //! # Answers
 //!
 //! [`parse_answer`] is the inverse of [`Answer::write_to`]; anything else is
 //! `Fatal(Other)`, which the client treats as a broken connection. Decisions:
 //!
-//! - A `-` in the key field of `E` means "no key" when the op is `-` or `I`
-//!   or the reason is `bad-key`; otherwise it is the (valid) key `-`, so a
+//! - A `-` in the key field of `E` means "no key" when the op is `-`, `I` or
+//!   `U`, or the reason is `bad-key`; otherwise it is the (valid) key `-`, so a
 //!   client can still match answers about a key named `-`. In `M` it means "no
-//!   key" only for op `I`. [`Answer::write_to`] writes `None` as `-`.
+//!   key" only for ops `I` and `U`. [`Answer::write_to`] writes `None` as `-`.
 //! - The `<host:port>` of `M` and the names and values of `I` must be UTF-8
 //!   without spaces or control bytes; a name is not empty and ends at the
 //!   first `=`. `I` with no pairs is valid. Callers of `write_to` must respect
 //!   the same rule, or the line they write will not parse back.
 //! - The token of `A` is never 0; the token of `Q` is 0 when the key is free.
 //! - An unknown reason text in `E` parses as [`Reason::Other`].
+//! - `U ok` is the only `U` answer.
 
 use std::fmt;
 
@@ -56,6 +64,10 @@ use std::fmt;
 pub const MAX_LINE: usize = 1024;
 /// A key is 1 to this many bytes.
 pub const MAX_KEY: usize = 250;
+/// A client secret (`U <secret>`, `--auth-file`) is at least this many bytes.
+pub const MIN_SECRET: usize = 16;
+/// A client secret is at most this many bytes.
+pub const MAX_SECRET: usize = 128;
 
 /// A lock key: 1 to 250 bytes, none of them a space, a control byte (< 0x21)
 /// or 0x7F. Bytes >= 0x80 are allowed (UTF-8 is fine).
@@ -101,7 +113,7 @@ impl Ord for Key {
     }
 }
 
-/// The five request operations.
+/// The request operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     Acquire,
@@ -109,6 +121,38 @@ pub enum Op {
     Keep,
     Query,
     Info,
+    /// `U <secret>`: client authentication, answered by the I/O loop itself.
+    Auth,
+}
+
+/// The secret of a `U` line. Its `Debug` never shows the bytes, so a
+/// request can be logged without leaking it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Box<[u8]>);
+
+impl Secret {
+    /// Any bytes (the parser does not judge a secret; see [`is_valid_secret`]).
+    pub fn new(bytes: &[u8]) -> Secret {
+        Secret(Box::from(bytes))
+    }
+
+    /// The secret's bytes, as sent on the wire.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// The rule for a configured client secret: [`MIN_SECRET`] to
+/// [`MAX_SECRET`] bytes of printable ASCII (0x21 to 0x7E: no space).
+pub fn is_valid_secret(bytes: &[u8]) -> bool {
+    (MIN_SECRET..=MAX_SECRET).contains(&bytes.len())
+        && bytes.iter().all(|&b| (0x21..=0x7E).contains(&b))
 }
 
 /// A request, client to server.
@@ -128,6 +172,8 @@ pub enum Request {
     Query { key: Key },
     /// `I`
     Info,
+    /// `U <secret>`: never forwarded to the lock owner.
+    Auth { secret: Secret },
 }
 
 /// Why a request was refused or a line not understood: the `<reason>` field of
@@ -164,6 +210,14 @@ pub enum Reason {
     NotHeld,
     /// The server is shutting down.
     ShuttingDown,
+    /// `U` with a secret the server does not know (closes the connection,
+    /// after a delay).
+    BadAuth,
+    /// A request other than `U` first on a connection to a server that
+    /// wants authentication (closes the connection).
+    AuthRequired,
+    /// `U` to a server without `--auth-file`.
+    AuthDisabled,
     /// A reason this version does not know (only produced when parsing answers).
     Other,
 }
@@ -203,6 +257,8 @@ pub enum Answer {
     },
     /// `I <name>=<value> ...`: the pairs in order.
     Info(Vec<(String, String)>),
+    /// `U ok`: the secret was accepted.
+    AuthOk,
 }
 
 /// Why a line could not be taken as a request.
@@ -292,16 +348,17 @@ impl fmt::Debug for Key {
 /// many fields its request line has (the op included), in the order of
 /// [`Op`]'s variants. A new op is a row here, a [`Request`] variant with its
 /// arm in the parser, and its handler in the node's table core.
-const OPS: [(Op, &[u8; 1], usize); 5] = [
+const OPS: [(Op, &[u8; 1], usize); 6] = [
     (Op::Acquire, b"A", 4),
     (Op::Release, b"R", 3),
     (Op::Keep, b"K", 4),
     (Op::Query, b"Q", 2),
     (Op::Info, b"I", 1),
+    (Op::Auth, b"U", 2),
 ];
 
 impl Op {
-    /// The op's letter on the wire: 'A', 'R', 'K', 'Q' or 'I'.
+    /// The op's letter on the wire: 'A', 'R', 'K', 'Q', 'I' or 'U'.
     pub fn as_char(self) -> char {
         char::from(self.as_byte())
     }
@@ -334,7 +391,7 @@ impl fmt::Display for Op {
 }
 
 /// Every reason with a wire text of its own (all but `Other`).
-pub const KNOWN_REASONS: [Reason; 15] = [
+pub const KNOWN_REASONS: [Reason; 18] = [
     Reason::BadKey,
     Reason::BadLease,
     Reason::LeaseTooLong,
@@ -350,6 +407,9 @@ pub const KNOWN_REASONS: [Reason; 15] = [
     Reason::TooManyKeys,
     Reason::NotHeld,
     Reason::ShuttingDown,
+    Reason::BadAuth,
+    Reason::AuthRequired,
+    Reason::AuthDisabled,
 ];
 
 impl Reason {
@@ -371,6 +431,9 @@ impl Reason {
             Reason::TooManyKeys => "too-many-keys",
             Reason::NotHeld => "not-held",
             Reason::ShuttingDown => "shutting-down",
+            Reason::BadAuth => "bad-auth",
+            Reason::AuthRequired => "auth-required",
+            Reason::AuthDisabled => "auth-disabled",
             Reason::Other => "other",
         }
     }
@@ -391,6 +454,8 @@ impl Reason {
                 | Reason::UnknownOp
                 | Reason::LineTooLong
                 | Reason::TooManyConnections
+                | Reason::BadAuth
+                | Reason::AuthRequired
         )
     }
 }
@@ -447,7 +512,7 @@ fn exact<const N: usize>(line: &[u8]) -> Option<[&[u8]; N]> {
     parts.next().is_none().then_some(out)
 }
 
-/// An op field: exactly one of the letters A R K Q I.
+/// An op field: exactly one of the letters A R K Q I U.
 fn op_field(field: &[u8]) -> Option<Op> {
     match field {
         [b] => Op::from_byte(*b),
@@ -592,9 +657,14 @@ fn request_from_line(line: &[u8], max_ms: u64) -> Result<Request, LineError> {
     if f.count < need {
         return Err(LineError::Fatal(Reason::MissingFields));
     }
-    if op == Op::Info {
+    if op == Op::Info || op == Op::Auth {
+        // No key: the extra fields are refused without naming any.
         return if f.count > need {
             Err(refused(op, None, Reason::ExtraFields))
+        } else if op == Op::Auth {
+            Ok(Request::Auth {
+                secret: Secret::new(f.first[1]),
+            })
         } else {
             Ok(Request::Info)
         };
@@ -640,7 +710,8 @@ fn keyed_request(
             })
         }
         Op::Query => Ok(Request::Query { key }),
-        Op::Info => Ok(Request::Info),
+        // Keyless ops are finished by the caller; never reached.
+        Op::Info | Op::Auth => Ok(Request::Info),
     }
 }
 
@@ -690,6 +761,7 @@ impl Request {
             }
             Request::Query { key } => push_field(out, key.as_bytes()),
             Request::Info => {}
+            Request::Auth { secret } => push_field(out, secret.as_bytes()),
         }
         out.push(b'\n');
     }
@@ -702,17 +774,18 @@ impl Request {
             Request::Keep { .. } => Op::Keep,
             Request::Query { .. } => Op::Query,
             Request::Info => Op::Info,
+            Request::Auth { .. } => Op::Auth,
         }
     }
 
-    /// The request's key; None for `I`.
+    /// The request's key; None for `I` and `U`.
     pub fn key(&self) -> Option<&Key> {
         match self {
             Request::Acquire { key, .. }
             | Request::Release { key, .. }
             | Request::Keep { key, .. }
             | Request::Query { key } => Some(key),
-            Request::Info => None,
+            Request::Info | Request::Auth { .. } => None,
         }
     }
 }
@@ -777,6 +850,7 @@ fn keyed_answer(tag: &[u8], rest: &[u8]) -> Option<Answer> {
         b"Q" => queried_answer(rest),
         b"M" => moved_answer(rest),
         b"E" => error_answer(rest),
+        b"U" => (rest == b"ok").then_some(Answer::AuthOk),
         _ => None,
     }
 }
@@ -811,7 +885,7 @@ fn moved_answer(rest: &[u8]) -> Option<Answer> {
         DASH => None,
         host => Some(text_field(host)?),
     };
-    let key = optional_key(key, op == Op::Info)?;
+    let key = optional_key(key, op == Op::Info || op == Op::Auth)?;
     Some(Answer::Moved { active, op, key })
 }
 
@@ -825,7 +899,7 @@ fn error_answer(rest: &[u8]) -> Option<Answer> {
         return None;
     }
     let reason = Reason::from_bytes(reason);
-    let dash_is_none = matches!(op, None | Some(Op::Info)) || reason == Reason::BadKey;
+    let dash_is_none = matches!(op, None | Some(Op::Info | Op::Auth)) || reason == Reason::BadKey;
     let key = optional_key(key, dash_is_none)?;
     Some(Answer::Error { op, key, reason })
 }
@@ -906,6 +980,7 @@ impl Answer {
                 push_field(out, reason.as_str().as_bytes());
             }
             Answer::Info(pairs) => write_info(out, pairs),
+            Answer::AuthOk => out.extend_from_slice(b"U ok"),
         }
         out.push(b'\n');
     }
@@ -1102,8 +1177,15 @@ mod tests {
 
     #[test]
     fn op_letters_round_trip() {
-        let ops = [Op::Acquire, Op::Release, Op::Keep, Op::Query, Op::Info];
-        let letters = ['A', 'R', 'K', 'Q', 'I'];
+        let ops = [
+            Op::Acquire,
+            Op::Release,
+            Op::Keep,
+            Op::Query,
+            Op::Info,
+            Op::Auth,
+        ];
+        let letters = ['A', 'R', 'K', 'Q', 'I', 'U'];
         for (op, letter) in ops.into_iter().zip(letters) {
             assert_eq!(op.as_char(), letter);
             assert_eq!(op.to_string(), letter.to_string());
@@ -1132,6 +1214,9 @@ mod tests {
             (Reason::TooManyKeys, "too-many-keys"),
             (Reason::NotHeld, "not-held"),
             (Reason::ShuttingDown, "shutting-down"),
+            (Reason::BadAuth, "bad-auth"),
+            (Reason::AuthRequired, "auth-required"),
+            (Reason::AuthDisabled, "auth-disabled"),
             (Reason::Other, "other"),
         ];
         for (reason, text) in expected {
@@ -1155,6 +1240,8 @@ mod tests {
             Reason::UnknownOp,
             Reason::LineTooLong,
             Reason::TooManyConnections,
+            Reason::BadAuth,
+            Reason::AuthRequired,
         ];
         for reason in KNOWN_REASONS.into_iter().chain([Reason::Other]) {
             assert_eq!(
@@ -1166,6 +1253,93 @@ mod tests {
     }
 
     // --- every request op ----------------------------------------------------
+
+    #[test]
+    fn parses_auth_with_any_secret_bytes() {
+        let secret = "s3cret-0123456789";
+        assert_eq!(
+            req(&format!("U {secret}\n")),
+            Ok(Request::Auth {
+                secret: Secret::new(secret.as_bytes())
+            })
+        );
+        // The parser does not judge the secret: short, odd bytes, empty.
+        for line in [&b"U x\n"[..], b"U \xff\x01\n", b"U \n"] {
+            let Ok(Request::Auth { secret }) = req_bytes(line) else {
+                panic!("not U: {line:?}");
+            };
+            assert_eq!(secret.as_bytes(), &line[2..line.len() - 1]);
+        }
+    }
+
+    #[test]
+    fn auth_without_a_secret_is_missing_fields() {
+        assert_eq!(req("U\n"), fatal(Reason::MissingFields));
+        assert_eq!(req("u secretsecretsecret\n"), fatal(Reason::UnknownOp));
+    }
+
+    #[test]
+    fn auth_with_extra_fields_is_refused_without_echoing_the_secret() {
+        for line in ["U secretsecretsecret x\n", "U secretsecretsecret \n"] {
+            assert_eq!(
+                req(line),
+                refused_with(Op::Auth, None, Reason::ExtraFields),
+                "{line:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn auth_is_written_with_its_secret_and_has_no_key() {
+        let request = Request::Auth {
+            secret: Secret::new(b"0123456789abcdef"),
+        };
+        assert_eq!(request_text(&request), b"U 0123456789abcdef\n");
+        assert_eq!((request.op(), request.key()), (Op::Auth, None));
+    }
+
+    #[test]
+    fn a_secret_never_shows_in_debug_output() {
+        let request = Request::Auth {
+            secret: Secret::new(b"hunter2hunter2hunter2"),
+        };
+        let shown = format!("{request:?} {:?}", Secret::new(b"hunter2hunter2hunter2"));
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn a_configured_secret_is_16_to_128_printable_ascii_bytes() {
+        assert!(is_valid_secret(&[b'a'; MIN_SECRET]));
+        assert!(is_valid_secret(&[b'~'; MAX_SECRET]));
+        assert!(is_valid_secret(b"!#$%&'()*+,-./09:;<=>?@AZ[]^_`az{|}"));
+        assert!(!is_valid_secret(&[b'a'; MIN_SECRET - 1]));
+        assert!(!is_valid_secret(&[b'a'; MAX_SECRET + 1]));
+        for bad in [b' ', b'\t', 0x7F, 0x80, 0xC3, 0x00] {
+            let mut secret = vec![b'a'; 20];
+            secret[7] = bad;
+            assert!(!is_valid_secret(&secret), "byte {bad:#x}");
+        }
+    }
+
+    #[test]
+    fn auth_answers_parse_and_only_bad_auth_and_auth_required_close() {
+        assert_eq!(ans("U ok\n"), Ok(Answer::AuthOk));
+        for bad in ["U\n", "U no\n", "U ok x\n", "U OK\n"] {
+            assert_eq!(ans(bad), fatal(Reason::Other), "{bad:?}");
+        }
+        assert!(Reason::BadAuth.closes_connection());
+        assert!(Reason::AuthRequired.closes_connection());
+        assert!(!Reason::AuthDisabled.closes_connection());
+        // `-` after U is no key, as after I.
+        assert_eq!(
+            ans("E U - auth-disabled\n"),
+            Ok(Answer::Error {
+                op: Some(Op::Auth),
+                key: None,
+                reason: Reason::AuthDisabled
+            })
+        );
+    }
 
     #[test]
     fn parses_acquire() {
@@ -1873,6 +2047,31 @@ mod tests {
                     reason: Reason::ExtraFields,
                 },
                 "E I - extra-fields\n",
+            ),
+            (Answer::AuthOk, "U ok\n"),
+            (
+                Answer::Error {
+                    op: Some(Op::Auth),
+                    key: None,
+                    reason: Reason::AuthDisabled,
+                },
+                "E U - auth-disabled\n",
+            ),
+            (
+                Answer::Error {
+                    op: None,
+                    key: None,
+                    reason: Reason::BadAuth,
+                },
+                "E - - bad-auth\n",
+            ),
+            (
+                Answer::Error {
+                    op: None,
+                    key: None,
+                    reason: Reason::AuthRequired,
+                },
+                "E - - auth-required\n",
             ),
             (
                 Answer::Info(vec![

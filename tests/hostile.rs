@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use baton::protocol::{
     self, Answer, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason, Request,
+    Secret,
 };
 use common::rng::Rng;
 use common::{
@@ -541,7 +542,14 @@ fn a_storm_of_random_and_almost_valid_lines_does_not_disturb_a_well_behaved_clie
 /// Random cases per property.
 const CASES: usize = 20_000;
 
-const OPS: [Op; 5] = [Op::Acquire, Op::Release, Op::Keep, Op::Query, Op::Info];
+const OPS: [Op; 6] = [
+    Op::Acquire,
+    Op::Release,
+    Op::Keep,
+    Op::Query,
+    Op::Info,
+    Op::Auth,
+];
 
 /// A `--max-lease` in milliseconds: the default, tiny ones, random ones and
 /// the largest the parser can take.
@@ -638,6 +646,12 @@ fn arbitrary_request(rng: &mut Rng, max_ms: u64) -> Request {
             key: arbitrary_key(rng),
         },
         Op::Info => Request::Info,
+        Op::Auth => {
+            let len = rng.between(1, 128) as usize;
+            Request::Auth {
+                secret: Secret::new(arbitrary_text(rng, len, ' ').as_bytes()),
+            }
+        }
     }
 }
 
@@ -694,7 +708,7 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
                     Some(arbitrary_text(rng, len, ' ')).filter(|host| host != "-")
                 }
             };
-            let key = (op != Op::Info).then(|| arbitrary_key(rng));
+            let key = (op != Op::Info && op != Op::Auth).then(|| arbitrary_key(rng));
             Answer::Moved { active, op, key }
         }
         7 => {
@@ -709,7 +723,7 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
             } else {
                 *rng.pick(&KNOWN_REASONS)
             };
-            let no_key = matches!(op, None | Some(Op::Info)) || reason == Reason::BadKey;
+            let no_key = matches!(op, None | Some(Op::Info | Op::Auth)) || reason == Reason::BadKey;
             let key = (!no_key).then(|| arbitrary_key(rng));
             Answer::Error { op, key, reason }
         }
@@ -845,7 +859,7 @@ fn check_request_result(line: &[u8], result: &Result<Request, LineError>, max_ms
         Err(LineError::Refused { op, key, reason }) => {
             assert!(!reason.closes_connection(), "refused with {reason:?}");
             assert_eq!(line.first(), Some(&(op.as_char() as u8)), "{line:?}");
-            if *reason == Reason::BadKey || *op == Op::Info {
+            if *reason == Reason::BadKey || *op == Op::Info || *op == Op::Auth {
                 assert_eq!(key, &None, "{reason:?} for {line:?} names no key");
             } else {
                 assert!(key.is_some(), "{reason:?} for {line:?} names its key");

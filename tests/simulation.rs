@@ -966,6 +966,7 @@ fn answered(answer: &Answer) -> (Op, Option<Key>) {
         Answer::Moved { op, key, .. } => (*op, key.clone()),
         Answer::Error { op, key, .. } => (op.expect("the core names the op"), key.clone()),
         Answer::Info(_) => (Op::Info, None),
+        Answer::AuthOk => (Op::Auth, None),
     }
 }
 

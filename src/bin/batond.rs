@@ -2,7 +2,8 @@
 //!
 //! Owns: the process — flags (pico-args, through `server::config`), logging
 //! (env_logger, `RUST_LOG`), the file-descriptor limit, and the signals that
-//! stop it (SIGINT, SIGTERM: a graceful shutdown, then exit 0).
+//! stop it (SIGINT, SIGTERM: a graceful shutdown, then exit 0) or reload it
+//! (SIGHUP: `Server::reload`).
 //!
 //! Never does: anything the server module does itself.
 
@@ -10,7 +11,7 @@ use std::process::ExitCode;
 
 use baton::server::config::{Command, HELP};
 use baton::server::{Config, Server};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 fn main() -> ExitCode {
@@ -33,18 +34,25 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let client_auth = match config.read_client_auth() {
+        Ok(auth) => auth,
+        Err(e) => {
+            eprintln!("batond: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if config.peers.is_empty() && config.cluster_key_file.is_some() {
         log::warn!("--cluster-key-file is not used without --peers");
     }
     raise_fd_limit(config.max_conns);
-    let mut signals = match Signals::new([SIGINT, SIGTERM]) {
+    let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP]) {
         Ok(signals) => signals,
         Err(e) => {
             eprintln!("batond: cannot handle signals: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let server = match Server::start(&config, cluster_key) {
+    let server = match Server::start(&config, cluster_key, client_auth) {
         Ok(server) => server,
         Err(e) => {
             eprintln!(
@@ -54,8 +62,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(signal) = signals.forever().next() {
+    for signal in signals.forever() {
+        if signal == SIGHUP {
+            log::info!("SIGHUP: reloading");
+            server.reload();
+            continue;
+        }
         log::info!("signal {signal}: shutting down");
+        break;
     }
     server.shutdown();
     ExitCode::SUCCESS

@@ -30,7 +30,7 @@ pub enum Route {
 
 /// The (op, key) of the request an answer belongs to: `A` and `T` answer an
 /// `A` request, `R` and `N` an `R` request, `M` and `E` name their op, `K`,
-/// `Q` and `I` answer their own op.
+/// `Q`, `I` and `U` answer their own op.
 pub fn route(answer: &Answer) -> Route {
     let keyed = |op, key: &Key| Route::Reply(op, Some(key.clone()));
     match answer {
@@ -39,6 +39,7 @@ pub fn route(answer: &Answer) -> Route {
         Answer::Kept { key } => keyed(Op::Keep, key),
         Answer::Queried { key, .. } => keyed(Op::Query, key),
         Answer::Info(_) => Route::Reply(Op::Info, None),
+        Answer::AuthOk => Route::Reply(Op::Auth, None),
         Answer::Moved { op, key, .. } => Route::Reply(*op, key.clone()),
         Answer::Error {
             op: Some(op), key, ..

@@ -8,6 +8,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 
+use crate::server::client_auth::{ClientAuth, SecretSet};
 use crate::server::peer_auth::{ClusterKey, MAX_KEY_FILE};
 
 /// Default client port.
@@ -36,7 +37,7 @@ USAGE:
          [--threads N] [--max-lease SECS] [--max-conns N]
          [--max-waiting N] [--max-keys N] [--detect SECS]
          [--promotion-grace SECS] [--busy-poll-us N]
-         [--cluster-key-file PATH | --insecure-peers]
+         [--cluster-key-file PATH | --insecure-peers] [--auth-file PATH]
 
 FLAGS:
   --bind ADDR        address to listen on (default 0.0.0.0)
@@ -54,6 +55,10 @@ FLAGS:
   --insecure-peers   run --peers without a cluster key: anyone who can reach
                      the port can pose as a peer (warned at start and every
                      minute)
+  --auth-file PATH   client authentication: one secret per line (16 to 128
+                     bytes of printable ASCII without spaces; blank and '#'
+                     lines ignored). Every client connection must then
+                     begin with `U <secret>`. Read again on SIGHUP
   --threads N        I/O loops (default: the number of cores)
   --max-lease SECS   largest lease and wait a client may ask for
                      (default 86400)
@@ -80,7 +85,7 @@ FLAGS:
   -h, --help         print this help
 
 Logs go to stderr; RUST_LOG sets the level (error, warn, info, debug).
-Ctrl+C or SIGTERM stops the node gracefully.
+Ctrl+C or SIGTERM stops the node gracefully; SIGHUP reads --auth-file again.
 ";
 
 /// Everything a node needs to know to start.
@@ -106,6 +111,8 @@ pub struct Config {
     pub cluster_key_file: Option<PathBuf>,
     /// `--insecure-peers`: peers without a cluster key.
     pub insecure_peers: bool,
+    /// `--auth-file`: client secrets, read at start and on SIGHUP.
+    pub auth_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -126,6 +133,7 @@ impl Default for Config {
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             cluster_key_file: None,
             insecure_peers: false,
+            auth_file: None,
         }
     }
 }
@@ -220,6 +228,11 @@ impl Config {
                 Ok::<_, std::convert::Infallible>(PathBuf::from(s))
             })
             .map_err(flag_error)?;
+        config.auth_file = args
+            .opt_value_from_os_str("--auth-file", |s| {
+                Ok::<_, std::convert::Infallible>(PathBuf::from(s))
+            })
+            .map_err(flag_error)?;
         let rest = args.finish();
         if !rest.is_empty() {
             return Err(format!("unexpected argument {:?} (see --help)", rest[0]));
@@ -292,6 +305,16 @@ impl Config {
         ClusterKey::from_file_contents(&contents)
             .map(Some)
             .map_err(|e| format!("--cluster-key-file {shown}: {e}"))
+    }
+
+    /// Client authentication from `--auth-file` (None without the flag);
+    /// errors name the flag and the file, never a secret.
+    pub fn read_client_auth(&self) -> Result<Option<ClientAuth>, String> {
+        let Some(path) = &self.auth_file else {
+            return Ok(None);
+        };
+        let secrets = SecretSet::read_file(path)?;
+        Ok(Some(ClientAuth::new(path.clone(), secrets)))
     }
 
     /// This node's position in `--peers` (0 without peers).
@@ -399,7 +422,10 @@ mod tests {
             "2.5",
             "--busy-poll-us",
             "0",
+            "--auth-file",
+            "/secrets",
         ]);
+        assert_eq!(c.auth_file, Some(PathBuf::from("/secrets")));
         assert_eq!(c.busy_poll_us, 0);
         assert_eq!(c.detect_ms, 250);
         assert_eq!(c.promotion_grace_ms, 2500);

@@ -22,7 +22,22 @@
 //! - `MAX_OWNER_BATCHES` answer batches taken in per round, so one flooded
 //!   loop still gets back to its other clients;
 //! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
-//!   is closed at once.
+//!   is closed at once;
+//! - `MAX_DELAYED_CLOSES` connections waiting out `BAD_AUTH_DELAY` after a
+//!   wrong secret: past it, a `U` is not checked at all, the connection gets
+//!   `E - - too-many-connections` and is closed at once (so guessing stays
+//!   slow however many connections try at once).
+//!
+//! Client authentication (`--auth-file`) is a gate per connection, checked
+//! here and nowhere else (the lock owner never sees `U`): a connection
+//! starts [`Gate::Awaiting`] its `U <secret>`; a right secret opens it
+//! (`U ok`); any other line first gets `E - - auth-required` and the
+//! connection is closed; a wrong secret (or a `U` with extra fields) stops
+//! all reading and, `BAD_AUTH_DELAY` later, by a timer of this loop (it
+//! never sleeps), `E - - bad-auth` and the close. A `U` on an open
+//! connection is checked again the same way (`U ok`, or bad-auth and
+//! close); without `--auth-file` it gets `E U - auth-disabled`. Peer links
+//! are recognised before the gate: they prove the cluster key instead.
 //!
 //! A connection is closed in one way only: the loop tells the owner
 //! (`Inbound::Closed`), the owner drops the connection's waiters and
@@ -32,6 +47,7 @@
 //!
 //! Never does: block, touch lock state, or panic on anything a client sends.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,7 +59,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::protocol::{self, Answer, LineError, Parsed, Reason};
+use crate::protocol::{self, Answer, LineError, Op, Parsed, Reason, Request, Secret};
 use crate::server::Shared;
 use crate::server::busy_poll::IdleStretch;
 use crate::server::lock_table::ConnId;
@@ -73,6 +89,23 @@ const MAX_OWNER_BATCHES: usize = 64;
 /// A connection admitted past `--max-conns` into a slot reserved for peers
 /// must show itself as a peer link within this, or it is closed.
 pub const PEER_SLOT_MS: u64 = 1_000;
+/// A wrong secret is answered and its connection closed this long after it
+/// arrived, to slow down guessing.
+pub const BAD_AUTH_DELAY: Duration = Duration::from_millis(100);
+/// Connections one loop keeps waiting out `BAD_AUTH_DELAY` at once.
+pub const MAX_DELAYED_CLOSES: usize = 1024;
+
+/// Where a connection stands with client authentication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gate {
+    /// No `--auth-file`, or the connection has authenticated.
+    Open,
+    /// `--auth-file`: the first request must be `U <secret>`.
+    Awaiting,
+    /// A wrong secret: nothing more is read; `E - - bad-auth` and the close
+    /// come when its delay is up.
+    Rejected,
+}
 
 struct Conn {
     stream: TcpStream,
@@ -98,6 +131,8 @@ struct Conn {
     /// Admitted past `--max-conns` into a slot reserved for peer links: it
     /// may only become one (within PEER_SLOT_MS).
     peer_only: bool,
+    /// Client authentication: checked once per line.
+    gate: Gate,
 }
 
 impl Conn {
@@ -134,6 +169,9 @@ pub struct IoLoop {
     /// Connections in peer-reserved slots, with the time they must have
     /// shown a peer line by.
     peer_only: Vec<(usize, ConnId, Instant)>,
+    /// Connections rejected for a wrong secret, with the time they get
+    /// their answer and close (in that order: the delay is fixed).
+    delayed_closes: VecDeque<(usize, ConnId, Instant)>,
 }
 
 impl IoLoop {
@@ -174,6 +212,7 @@ impl IoLoop {
             idle: IdleStretch::new(busy_poll_max),
             polling: false,
             peer_only: Vec::new(),
+            delayed_closes: VecDeque::new(),
         };
         Ok((io_loop, waker, awake))
     }
@@ -232,6 +271,9 @@ impl IoLoop {
         if !self.peer_only.is_empty() {
             self.expire_peer_slots();
         }
+        if !self.delayed_closes.is_empty() {
+            self.answer_delayed_closes();
+        }
         for slot in std::mem::take(&mut self.backlog) {
             if let Some(conn) = self.conns.get_mut(slot) {
                 conn.backlogged = false;
@@ -279,8 +321,11 @@ impl IoLoop {
         }
         self.stop_polling();
         let sleep = self.may_sleep();
-        // Wake for the deadline of a connection in a peer-reserved slot.
-        match self.peer_only.iter().map(|(_, _, d)| *d).min() {
+        // Wake for the deadline of a connection in a peer-reserved slot, or
+        // of the first delayed close.
+        let peer_deadline = self.peer_only.iter().map(|(_, _, d)| *d).min();
+        let close_deadline = self.delayed_closes.front().map(|(_, _, d)| *d);
+        match peer_deadline.into_iter().chain(close_deadline).min() {
             Some(deadline) => {
                 let until = deadline.saturating_duration_since(Instant::now());
                 Some(sleep.map_or(until, |s| s.min(until)))
@@ -438,6 +483,11 @@ impl IoLoop {
             backlogged: false,
             fresh: true,
             peer_only,
+            gate: if self.shared.auth.is_some() {
+                Gate::Awaiting
+            } else {
+                Gate::Open
+            },
         });
         if peer_only {
             let deadline = Instant::now() + Duration::from_millis(PEER_SLOT_MS);
@@ -460,7 +510,7 @@ impl IoLoop {
         let mut budget = READ_BUDGET;
         loop {
             let conn = &mut self.conns[slot];
-            if conn.closing || conn.forgotten {
+            if conn.closing || conn.forgotten || conn.gate == Gate::Rejected {
                 return;
             }
             if !self.batch.is_empty() && self.to_owner.is_full() {
@@ -556,6 +606,13 @@ impl IoLoop {
             };
             used += n;
             self.conns[slot].fresh = false;
+            if self.conns[slot].gate != Gate::Open {
+                if !self.pass_gate(slot, result) {
+                    // Closing, or rejected: the rest of the input is dropped.
+                    return Some(input.len());
+                }
+                continue;
+            }
             if self.shared.echo {
                 // Benchmark floor: the same read, parse and write path,
                 // answered with the line itself, without the lock owner.
@@ -567,6 +624,11 @@ impl IoLoop {
             }
             let id = self.conns[slot].id;
             match result {
+                Ok(Request::Auth { secret }) => {
+                    if !self.handle_auth(slot, &secret) {
+                        return Some(input.len());
+                    }
+                }
                 Ok(request) => {
                     self.conns[slot].inflight += 1;
                     self.batch.push(Inbound::Request(id, request));
@@ -593,6 +655,86 @@ impl IoLoop {
             }
         }
         Some(used)
+    }
+
+    /// One line of a connection that has not authenticated: `U` with the
+    /// right secret opens the gate; anything else closes the connection
+    /// (at once, or after the delay for a wrong secret). False when nothing
+    /// more is to be parsed.
+    fn pass_gate(&mut self, slot: usize, result: Result<Request, LineError>) -> bool {
+        match result {
+            Err(LineError::Blank) => true,
+            Ok(Request::Auth { secret }) => self.handle_auth(slot, &secret),
+            Err(LineError::Refused { op: Op::Auth, .. }) => {
+                // `U` with extra fields: a failed attempt like a wrong secret.
+                self.reject(slot);
+                false
+            }
+            Ok(_) | Err(_) => {
+                let answer = fatal_answer(Reason::AuthRequired);
+                self.write_answer(slot, &answer);
+                self.start_close(slot, "a request before U");
+                false
+            }
+        }
+    }
+
+    /// `U <secret>`: `U ok`, `E U - auth-disabled` without `--auth-file`, or
+    /// a wrong secret rejected. False when nothing more is to be parsed.
+    fn handle_auth(&mut self, slot: usize, secret: &Secret) -> bool {
+        let Some(auth) = self.shared.auth.as_ref() else {
+            let answer = Answer::Error {
+                op: Some(Op::Auth),
+                key: None,
+                reason: Reason::AuthDisabled,
+            };
+            self.write_answer(slot, &answer);
+            return true;
+        };
+        if self.delayed_closes.len() >= MAX_DELAYED_CLOSES {
+            // Not checked: answering at once would let guesses go faster.
+            log::debug!(
+                "{:?}: U not checked: {MAX_DELAYED_CLOSES} wrong secrets wait out their delay",
+                self.conns[slot].id
+            );
+            self.write_answer(slot, &fatal_answer(Reason::TooManyConnections));
+            self.start_close(slot, "too many wrong secrets at once");
+            return false;
+        }
+        if auth.accepts(secret.as_bytes()) {
+            self.conns[slot].gate = Gate::Open;
+            self.write_answer(slot, &Answer::AuthOk);
+            return true;
+        }
+        self.reject(slot);
+        false
+    }
+
+    /// A failed authentication: read nothing more; answer and close when
+    /// the delay is up.
+    fn reject(&mut self, slot: usize) {
+        let conn = &mut self.conns[slot];
+        log::debug!("{:?}: wrong secret: closing in {BAD_AUTH_DELAY:?}", conn.id);
+        conn.gate = Gate::Rejected;
+        conn.partial = Vec::new();
+        let due = Instant::now() + BAD_AUTH_DELAY;
+        self.delayed_closes.push_back((slot, conn.id, due));
+    }
+
+    /// Answer `E - - bad-auth` and close every rejected connection whose
+    /// delay is up.
+    fn answer_delayed_closes(&mut self) {
+        let now = Instant::now();
+        while let Some(&(slot, id, due)) = self.delayed_closes.front() {
+            if due > now {
+                return;
+            }
+            self.delayed_closes.pop_front();
+            if self.live_slot(id).is_some() {
+                self.write_answer(slot, &fatal_answer(Reason::BadAuth));
+                self.start_close(slot, "wrong secret");
+            }
+        }
     }
 
     /// A peer link: the replication thread takes the socket and the bytes
@@ -769,13 +911,17 @@ impl IoLoop {
 /// The line a connection over `--max-conns` gets before it is closed.
 fn too_many_connections() -> Vec<u8> {
     let mut line = Vec::new();
+    fatal_answer(Reason::TooManyConnections).write_to(&mut line);
+    line
+}
+
+/// `E - - <reason>`: the answer before a close.
+fn fatal_answer(reason: Reason) -> Answer {
     Answer::Error {
         op: None,
         key: None,
-        reason: Reason::TooManyConnections,
+        reason,
     }
-    .write_to(&mut line);
-    line
 }
 
 #[cfg(test)]
@@ -819,6 +965,30 @@ mod tests {
         assert_eq!(io_loop.poll_timeout(), Some(Duration::ZERO));
         io_loop.round();
         assert!(matches!(inbound.try_recv(), Ok(ToOwner::Clients(batch)) if batch.len() == 1));
+        assert_eq!(io_loop.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_loop_with_a_delayed_close_wakes_for_it_and_not_before() {
+        let (mut io_loop, _inbound, _answers) = idle_loop(0);
+        let due = Instant::now() + BAD_AUTH_DELAY;
+        io_loop
+            .delayed_closes
+            .push_back((0, ConnId::new(0, 0, 1), due));
+        let timeout = io_loop
+            .poll_timeout()
+            .expect("a timeout, not an endless sleep");
+        assert!(
+            timeout > Duration::ZERO && timeout <= BAD_AUTH_DELAY,
+            "{timeout:?}"
+        );
+        // Not due yet: the round leaves it; once due (the slot is long
+        // gone here), it is taken off.
+        io_loop.round();
+        assert_eq!(io_loop.delayed_closes.len(), 1);
+        io_loop.delayed_closes[0].2 = Instant::now();
+        io_loop.round();
+        assert!(io_loop.delayed_closes.is_empty());
         assert_eq!(io_loop.poll_timeout(), None);
     }
 

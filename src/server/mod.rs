@@ -10,6 +10,7 @@
 //! Never does: decide anything about locks (that is the lock table's job).
 
 pub mod busy_poll;
+pub mod client_auth;
 pub mod clock;
 pub mod cluster_core;
 pub mod config;
@@ -33,6 +34,7 @@ use std::thread::JoinHandle;
 
 use mio::Waker;
 
+use client_auth::ClientAuth;
 use clock::Clock;
 use cluster_core::ClusterParams;
 pub use config::Config;
@@ -81,6 +83,8 @@ pub struct Shared {
     /// node), and how many are in use.
     pub peer_slots: usize,
     pub peer_slots_used: AtomicUsize,
+    /// `--auth-file`: None when clients need not authenticate.
+    pub auth: Option<Arc<client_auth::ClientAuth>>,
 }
 
 impl Shared {
@@ -107,6 +111,7 @@ impl Shared {
             synced_standbys: AtomicUsize::new(0),
             peer_slots: PEER_SLOTS_PER_PEER * config.peers.len().saturating_sub(1),
             peer_slots_used: AtomicUsize::new(0),
+            auth: None,
         }
     }
 }
@@ -140,8 +145,13 @@ struct ReplHandle {
 impl Server {
     /// Bind, build every channel and waker, then start the threads.
     /// `cluster_key` is what [`Config::read_cluster_key`] read (None for a
-    /// single node; a cluster node without one runs as `--insecure-peers`).
-    pub fn start(config: &Config, cluster_key: Option<ClusterKey>) -> io::Result<Server> {
+    /// single node; a cluster node without one runs as `--insecure-peers`),
+    /// `client_auth` what [`Config::read_client_auth`] read.
+    pub fn start(
+        config: &Config,
+        cluster_key: Option<ClusterKey>,
+        client_auth: Option<ClientAuth>,
+    ) -> io::Result<Server> {
         let listener = std::net::TcpListener::bind(SocketAddr::new(config.bind, config.port))?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
@@ -153,7 +163,9 @@ impl Server {
         } else {
             config.node_name()
         };
-        let shared = Arc::new(Shared::new(config, node));
+        let mut shared = Shared::new(config, node);
+        shared.auth = client_auth.map(Arc::new);
+        let shared = Arc::new(shared);
         let clock = Clock::new();
         install_panic_hook();
 
@@ -278,6 +290,24 @@ impl Server {
     /// The address the node listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// SIGHUP: read again what may change without a restart. Each part
+    /// logs what it did; a part that fails keeps what it had.
+    pub fn reload(&self) {
+        self.reload_client_auth();
+    }
+
+    /// `--auth-file`: the new secrets replace the old ones for connections
+    /// made from now on; a bad file keeps the old ones.
+    fn reload_client_auth(&self) {
+        let Some(auth) = &self.shared.auth else {
+            return;
+        };
+        match auth.reload() {
+            Ok(count) => log::info!("reload: --auth-file: {count} secrets in use"),
+            Err(e) => log::warn!("reload: {e}; keeping the secrets in use"),
+        }
     }
 
     /// Stop in order: first, in a cluster, hand the active role over (the

@@ -223,6 +223,8 @@ impl TableCore {
                 .handle_keep(now_ms, conn, key, token, lease_ms, out),
             Request::Query { key } => self.table.handle_query(now_ms, conn, key, out),
             Request::Info => {}
+            // The I/O loop answers `U` itself and never forwards it.
+            Request::Auth { .. } => log::error!("lock owner: a U request reached the owner"),
         }
     }
 
