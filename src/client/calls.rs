@@ -247,6 +247,9 @@ impl Call {
         if self.failures < pool.connection_count(target) {
             return Ok(Next::Again);
         }
+        if pool.auth_refused(target) {
+            return Err(self.fail(Error::Auth(pool.describe(target))));
+        }
         let why = format!(
             "the connection failed on each of {} attempts: {}",
             self.failures,

@@ -5,7 +5,9 @@
 //! [`Pending`] table behind one mutex), and two threads:
 //!
 //! - the **manager** thread (`baton-conn <addr>`), for the client's whole
-//!   life: connects (bounded by the connect timeout), reads and dispatches
+//!   life: connects (bounded by the connect timeout), authenticates when the
+//!   client has a secret (`U <secret>`, then `U ok` awaited within the same
+//!   timeout, before the connection counts as up), reads and dispatches
 //!   answers while the connection is up, and after a failed attempt or a drop
 //!   waits [`RECONNECT_INTERVAL`] before the next attempt;
 //! - a **writer** thread (`baton-write <addr>`) per connection lifetime, fed
@@ -49,7 +51,7 @@ use crate::client::ctx::Ctx;
 use crate::client::oneshot::{self, RecvError};
 use crate::client::pending::{Pending, Route, route};
 use crate::client::timer::Timer;
-use crate::protocol::{self, Answer, LineError, Parsed, Request};
+use crate::protocol::{self, Answer, LineError, Op, Parsed, Reason, Request, Secret};
 
 /// Time between two connection attempts to a server that is down.
 pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(3);
@@ -98,6 +100,8 @@ struct State {
     last_error: Option<String>,
     /// Why a caller closed the connection (reported instead of the EOF).
     kill_reason: Option<String>,
+    /// The last attempt failed because the server refused the secret.
+    auth_refused: bool,
 }
 
 /// A request sent on a connection, waiting for its answer.
@@ -134,6 +138,7 @@ impl Conn {
                 pending: Pending::default(),
                 last_error: None,
                 kill_reason: None,
+                auth_refused: false,
             }),
         }
     }
@@ -151,6 +156,12 @@ impl Conn {
     pub fn status(&self) -> (Phase, Option<String>) {
         let st = self.state.lock();
         (st.phase, st.last_error.clone())
+    }
+
+    /// Whether the last attempt failed because the server refused the
+    /// client's secret (or wanted one and got none).
+    pub fn auth_refused(&self) -> bool {
+        self.state.lock().auth_refused
     }
 
     /// Queue `request` and register for its answer; None when the
@@ -202,7 +213,16 @@ impl Conn {
     fn run(self: Arc<Self>, ctx: &Ctx) {
         while !ctx.is_closed() {
             self.set_phase(Phase::Connecting, None, ctx);
-            match open(&self.addr, ctx.connect_timeout) {
+            let opened = open(&self.addr, ctx.connect_timeout).and_then(|stream| match &ctx.auth {
+                Some(secret) => authenticate(&stream, secret, ctx.connect_timeout)
+                    .map(|()| stream)
+                    .map_err(|refused| {
+                        self.state.lock().auth_refused = refused.by_server;
+                        refused.why
+                    }),
+                None => Ok(stream),
+            });
+            match opened {
                 Ok(stream) => self.serve(stream, ctx),
                 Err(why) => self.set_phase(Phase::Down, Some(why), ctx),
             }
@@ -264,6 +284,7 @@ impl Conn {
             st.stream = Some(killer);
             st.last_error = None;
             st.kill_reason = None;
+            st.auth_refused = false;
         }
         log::debug!("{}: connected", self.addr);
         ctx.notifier.bump();
@@ -365,6 +386,12 @@ impl Conn {
     fn dispatch(&self, answer: Answer) -> Result<(), String> {
         let (op, key) = match route(&answer) {
             Route::Reply(op, key) => (op, key),
+            Route::Fatal(reason @ (Reason::BadAuth | Reason::AuthRequired)) => {
+                // A server that wants a secret this client lacks (or that
+                // changed its secrets since this connection was made).
+                self.state.lock().auth_refused = true;
+                return Err(format!("the server refused the secret: {reason}"));
+            }
             Route::Fatal(reason) => return Err(format!("refused by the server: {reason}")),
         };
         let mut st = self.state.lock();
@@ -426,6 +453,80 @@ fn open(addr: &str, timeout: Duration) -> Result<TcpStream, String> {
         }
     }
     Err(last)
+}
+
+/// Why authentication did not let a connection through.
+#[derive(Debug, PartialEq, Eq)]
+struct AuthFailure {
+    /// The server refused the secret (`bad-auth`, `auth-required`), as
+    /// opposed to the connection failing.
+    by_server: bool,
+    why: String,
+}
+
+/// Send `U <secret>` and wait, until `timeout` from now, for the answer.
+fn authenticate(stream: &TcpStream, secret: &Secret, timeout: Duration) -> Result<(), AuthFailure> {
+    let failed = |why: String| AuthFailure {
+        by_server: false,
+        why,
+    };
+    let deadline = Instant::now() + timeout;
+    let mut line = Vec::with_capacity(protocol::MAX_SECRET + 4);
+    Request::Auth {
+        secret: secret.clone(),
+    }
+    .write_to(&mut line);
+    let mut stream = stream;
+    stream
+        .set_write_timeout(Some(timeout))
+        .and_then(|()| stream.write_all(&line))
+        .map_err(|e| failed(format!("authenticating: {}", plain(&e))))?;
+    let mut input = Vec::with_capacity(64);
+    let mut chunk = [0u8; 256];
+    loop {
+        if let Parsed::Line { result, .. } = protocol::parse_answer(&input) {
+            return auth_answer(result);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(failed(format!("no answer to U within {timeout:?}")));
+        }
+        stream
+            .set_read_timeout(Some(left))
+            .map_err(|e| failed(plain(&e)))?;
+        match stream.read(&mut chunk) {
+            Ok(0) => return Err(failed("closed by the server while authenticating".into())),
+            Ok(n) => input.extend_from_slice(&chunk[..n]),
+            Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(failed(format!("authenticating: {}", plain(&e)))),
+        }
+    }
+}
+
+/// What the answer to `U` means: `U ok` (or `auth-disabled`: the server
+/// needs no secret) lets the connection through.
+fn auth_answer(answer: Result<Answer, LineError>) -> Result<(), AuthFailure> {
+    let refused = |by_server, why: String| Err(AuthFailure { by_server, why });
+    match answer {
+        Ok(Answer::AuthOk) => Ok(()),
+        Ok(Answer::Error {
+            op: Some(Op::Auth),
+            reason: Reason::AuthDisabled,
+            ..
+        }) => {
+            log::debug!("the server needs no secret (auth-disabled); going on without");
+            Ok(())
+        }
+        Ok(Answer::Error {
+            op: None,
+            reason: reason @ (Reason::BadAuth | Reason::AuthRequired),
+            ..
+        }) => refused(true, format!("the server refused the secret: {reason}")),
+        Ok(Answer::Error {
+            op: None, reason, ..
+        }) => refused(false, format!("refused by the server: {reason}")),
+        Ok(_) | Err(_) => refused(false, "the server's answer to U makes no sense".into()),
+    }
 }
 
 /// An I/O error as a short lowercase phrase: "connection refused".
@@ -555,5 +656,40 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(line: &str) -> Result<Answer, LineError> {
+        match protocol::parse_answer(format!("{line}\n").as_bytes()) {
+            Parsed::Line { result, .. } => result,
+            Parsed::Incomplete => panic!("incomplete"),
+        }
+    }
+
+    #[test]
+    fn u_ok_and_auth_disabled_let_the_connection_through() {
+        assert_eq!(auth_answer(answer("U ok")), Ok(()));
+        assert_eq!(auth_answer(answer("E U - auth-disabled")), Ok(()));
+    }
+
+    #[test]
+    fn bad_auth_and_auth_required_are_refusals_by_the_server() {
+        for line in ["E - - bad-auth", "E - - auth-required"] {
+            let failure = auth_answer(answer(line)).expect_err(line);
+            assert!(failure.by_server, "{line}");
+            assert!(failure.why.contains("refused the secret"), "{failure:?}");
+        }
+    }
+
+    #[test]
+    fn other_answers_to_u_are_connection_failures() {
+        for line in ["E - - too-many-connections", "I role=active", "U nope"] {
+            let failure = auth_answer(answer(line)).expect_err(line);
+            assert!(!failure.by_server, "{line}");
+        }
     }
 }

@@ -15,12 +15,16 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
+
+use crate::protocol::Secret;
 use parking_lot::{Condvar, Mutex};
 
 /// Settings and signals shared by the pool and its connections' threads.
 pub struct Ctx {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
+    /// Sent as `U <secret>` first on every connection (its Debug hides it).
+    pub auth: Option<Secret>,
     pub notifier: Notifier,
     /// Never sent on: disconnects when the client is dropped.
     stop: Receiver<()>,
@@ -28,10 +32,16 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn new(connect_timeout: Duration, request_timeout: Duration, stop: Receiver<()>) -> Ctx {
+    pub fn new(
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        auth: Option<Secret>,
+        stop: Receiver<()>,
+    ) -> Ctx {
         Ctx {
             connect_timeout,
             request_timeout,
+            auth,
             notifier: Notifier::default(),
             stop,
             closed: AtomicBool::new(false),

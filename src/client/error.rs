@@ -45,6 +45,10 @@ pub enum Error {
     InvalidArgument(String),
     /// The server answered something that makes no sense for the request.
     Protocol(String),
+    /// A server refused this client's secret (`bad-auth`), or wants one and
+    /// none was set (`auth-required`): see `ClientBuilder::auth`. The text
+    /// says which servers refused; it never holds the secret.
+    Auth(String),
 }
 
 impl fmt::Display for Error {
@@ -59,6 +63,7 @@ impl fmt::Display for Error {
             Error::NoActive(why) => write!(f, "no active node: {why}"),
             Error::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
             Error::Protocol(why) => write!(f, "protocol error: {why}"),
+            Error::Auth(why) => write!(f, "authentication failed: {why}"),
         }
     }
 }
@@ -92,6 +97,7 @@ mod tests {
             Error::NoActive("every node answered M -".into()),
             Error::InvalidArgument("lease must be above 0".into()),
             Error::Protocol("odd".into()),
+            Error::Auth("a:1 (the server refused the secret: bad-auth)".into()),
         ];
         for error in errors {
             let text = error.to_string();
@@ -110,5 +116,6 @@ mod tests {
         assert!(Error::NoActive(String::new()).is_unreachable());
         assert!(!Error::Timeout.is_unreachable());
         assert!(!Error::NotHeld.is_unreachable());
+        assert!(!Error::Auth(String::new()).is_unreachable());
     }
 }

@@ -90,7 +90,7 @@ pub use error::Error;
 pub use grant::{ConnectionStatus, Grant, KeyStatus, LockGuard, NodeInfo, ReleaseOutcome};
 pub use hold::{Held, KEEP_RETRY, Lost};
 
-use crate::protocol::Key;
+use crate::protocol::{Key, MAX_SECRET, MIN_SECRET, Secret, is_valid_secret};
 use pool::Pool;
 
 /// Default time to establish a TCP connection.
@@ -144,6 +144,8 @@ pub struct ClientBuilder {
     servers: Vec<String>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    /// Never shown by Debug (see `Secret`).
+    auth: Option<Secret>,
 }
 
 impl ClientBuilder {
@@ -161,11 +163,35 @@ impl ClientBuilder {
         self
     }
 
+    /// Authenticate with this secret (the servers' `--auth-file`): every
+    /// connection, and every reconnection, sends `U <secret>` first and
+    /// carries requests only once the server has answered `U ok` (within
+    /// the connect timeout). A server that refuses the secret makes calls
+    /// fail with [`Error::Auth`]; the connection is tried again at the
+    /// usual reconnect interval. A server without `--auth-file` answers
+    /// `auth-disabled`, and the connection is used all the same. The secret
+    /// must be 16 to 128 bytes of printable ASCII without spaces
+    /// ([`ClientBuilder::connect`] refuses anything else); it never shows
+    /// in `Debug` output or errors.
+    pub fn auth(mut self, secret: impl AsRef<[u8]>) -> ClientBuilder {
+        self.auth = Some(Secret::new(secret.as_ref()));
+        self
+    }
+
     /// Start the client. This does not wait for the connections: they are
     /// made in the background, and the first call waits for them (bounded
-    /// by its deadline). Fails only on a malformed address list.
+    /// by its deadline). Fails only on a malformed address list, a zero
+    /// timeout or a malformed secret.
     pub fn connect(self) -> Result<Client, Error> {
         let servers = parse_servers(&self.servers)?;
+        if let Some(secret) = &self.auth
+            && !is_valid_secret(secret.as_bytes())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "the secret must be {MIN_SECRET} to {MAX_SECRET} bytes of printable \
+                 ASCII without spaces"
+            )));
+        }
         for (name, value) in [
             ("connect timeout", self.connect_timeout),
             ("request timeout", self.request_timeout),
@@ -181,6 +207,7 @@ impl ClientBuilder {
             &servers,
             self.connect_timeout,
             self.request_timeout,
+            self.auth,
             stopped,
         )?;
         Ok(Client {
@@ -293,6 +320,7 @@ impl Client {
                 .collect(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            auth: None,
         }
     }
 
@@ -718,6 +746,22 @@ mod tests {
             assert!(parse_servers(&[bad]).is_err(), "{bad:?}");
         }
         assert!(parse_servers::<&str>(&[]).is_err());
+    }
+
+    #[test]
+    fn a_secret_is_checked_and_never_shown_by_the_builder() {
+        let builder = Client::builder(["127.0.0.1:1"]).auth("hunter2-hunter2-hunter2");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let Err(Error::InvalidArgument(why)) =
+            Client::builder(["127.0.0.1:1"]).auth("too short").connect()
+        else {
+            panic!("a short secret is refused");
+        };
+        assert!(
+            why.contains("16 to 128") && !why.contains("too short"),
+            "{why}"
+        );
     }
 
     #[test]

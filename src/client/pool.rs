@@ -35,6 +35,7 @@ use crate::client::conn::{Conn, Phase};
 use crate::client::ctx::Ctx;
 use crate::client::grant::ConnectionStatus;
 use crate::client::timer::Timer;
+use crate::protocol::Secret;
 
 /// Connections kept to a server when it is the only one given.
 pub const CONNECTIONS_FOR_ONE_SERVER: usize = 2;
@@ -123,9 +124,10 @@ impl Pool {
         servers: &[String],
         connect_timeout: Duration,
         request_timeout: Duration,
+        auth: Option<Secret>,
         stop: Receiver<()>,
     ) -> Result<Pool, Error> {
-        let ctx = Arc::new(Ctx::new(connect_timeout, request_timeout, stop));
+        let ctx = Arc::new(Ctx::new(connect_timeout, request_timeout, auth, stop));
         let pool = Pool {
             ctx,
             timer: Timer::default(),
@@ -283,7 +285,20 @@ impl Pool {
     }
 
     fn still_connecting(&self, target: Target) -> Error {
+        if self.auth_refused(target) {
+            return Error::Auth(self.describe(target));
+        }
         Error::NoConnection(format!("still connecting: {}", self.describe(target)))
+    }
+
+    /// Whether a server of `target` refused this client's secret on the
+    /// last attempt (then no connection is to be had until that changes).
+    pub fn auth_refused(&self, target: Target) -> bool {
+        let nodes = self.nodes.read();
+        nodes.iter().enumerate().any(|(index, node)| {
+            (target == Target::Any || target == Target::Node(index))
+                && node.conns.iter().any(|c| c.auth_refused())
+        })
     }
 
     /// A connection that is up now (Some), or None while one is connecting.
@@ -293,6 +308,7 @@ impl Pool {
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         match choose(&phases, target, self.preferred(), turn) {
             Choice::Use(i) => Ok(Some(conns[i].clone())),
+            Choice::Nothing if self.auth_refused(target) => Err(Error::Auth(self.describe(target))),
             Choice::Nothing => Err(Error::NoConnection(self.describe(target))),
             Choice::Wait => Ok(None),
         }
