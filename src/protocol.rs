@@ -148,6 +148,18 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// The lines of a secrets file (`--auth-file`, server and CLI alike) that
+/// should hold a secret, with their numbers (from 1): each line trimmed of
+/// surrounding whitespace; blank lines and lines starting with `#` left out.
+/// Whether each is a valid secret is [`is_valid_secret`].
+pub fn secret_lines(contents: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    contents
+        .split(|&b| b == b'\n')
+        .enumerate()
+        .map(|(index, line)| (index + 1, line.trim_ascii()))
+        .filter(|(_, line)| !line.is_empty() && !line.starts_with(b"#"))
+}
+
 /// The rule for a configured client secret: [`MIN_SECRET`] to
 /// [`MAX_SECRET`] bytes of printable ASCII (0x21 to 0x7E: no space).
 pub fn is_valid_secret(bytes: &[u8]) -> bool {
@@ -1319,6 +1331,14 @@ mod tests {
             secret[7] = bad;
             assert!(!is_valid_secret(&secret), "byte {bad:#x}");
         }
+    }
+
+    #[test]
+    fn secret_lines_skip_blanks_and_comments_and_keep_line_numbers() {
+        let text = b"# comment\n\n  first-secret  \r\n\t# indented comment\nsecond";
+        let lines: Vec<(usize, &[u8])> = secret_lines(text).collect();
+        assert_eq!(lines, vec![(3, &b"first-secret"[..]), (5, &b"second"[..])]);
+        assert_eq!(secret_lines(b"").count(), 0);
     }
 
     #[test]

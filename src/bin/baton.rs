@@ -54,6 +54,20 @@ fn execute(cli: Cli) -> u8 {
         _ => {}
     }
     let mut builder = Client::builder(&cli.servers);
+    let auth_file = cli.auth_file.clone().or_else(|| {
+        std::env::var_os("BATON_AUTH_FILE")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    });
+    if let Some(path) = auth_file {
+        match read_secret(&path) {
+            Ok(secret) => builder = builder.auth(secret),
+            Err(e) => {
+                eprintln!("baton: {e}");
+                return EXIT_USAGE;
+            }
+        }
+    }
     if let Some(timeout) = cli.timeout {
         builder = builder
             .request_timeout(timeout)
@@ -87,6 +101,32 @@ fn execute(cli: Cli) -> u8 {
         Command::Status => status(&client, &cli.servers),
         Command::Help | Command::Version => 0,
     }
+}
+
+/// The longest secrets file read, in bytes.
+const MAX_AUTH_FILE: u64 = 64 * 1024;
+
+/// The first secret of an `--auth-file` (the server's format); errors name
+/// the file and the line, never a secret.
+fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let shown = path.display();
+    let mut contents = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_AUTH_FILE).read_to_end(&mut contents))
+        .map_err(|e| format!("--auth-file {shown}: cannot read it: {e}"))?;
+    let Some((number, line)) = baton::protocol::secret_lines(&contents).next() else {
+        return Err(format!("--auth-file {shown}: holds no secret"));
+    };
+    if !baton::protocol::is_valid_secret(line) {
+        return Err(format!(
+            "--auth-file {shown}: line {number}: a secret must be {} to {} bytes of \
+             printable ASCII without spaces",
+            baton::protocol::MIN_SECRET,
+            baton::protocol::MAX_SECRET
+        ));
+    }
+    Ok(line.to_vec())
 }
 
 /// Print one line for a failure; its exit code.

@@ -20,7 +20,7 @@ use parking_lot::RwLock;
 use ring::hmac;
 use ring::rand::SystemRandom;
 
-use crate::protocol::{MAX_SECRET, MIN_SECRET, is_valid_secret};
+use crate::protocol::{MAX_SECRET, MIN_SECRET, is_valid_secret, secret_lines};
 
 /// The longest `--auth-file` read, in bytes.
 pub const MAX_AUTH_FILE: usize = 64 * 1024;
@@ -47,17 +47,12 @@ impl SecretSet {
         let key = hmac::Key::generate(hmac::HMAC_SHA256, &rng)
             .map_err(|_| "cannot draw a random key".to_string())?;
         let mut tags = Vec::new();
-        for (index, line) in contents.split(|&b| b == b'\n').enumerate() {
-            let line = line.trim_ascii();
-            if line.is_empty() || line.starts_with(b"#") {
-                continue;
-            }
+        for (number, line) in secret_lines(contents) {
             if !is_valid_secret(line) {
                 return Err(format!(
-                    "line {}: a secret must be {MIN_SECRET} to {MAX_SECRET} bytes of \
+                    "line {number}: a secret must be {MIN_SECRET} to {MAX_SECRET} bytes of \
                      printable ASCII without spaces (one per line; blank and '#' lines \
-                     are ignored)",
-                    index + 1
+                     are ignored)"
                 ));
             }
             if tags.len() == MAX_SECRETS {

@@ -11,6 +11,7 @@
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use baton::client::parse_servers;
@@ -62,6 +63,10 @@ FLAGS:
   -q, --quiet     print nothing when the key is busy (the exit code is still
                   75)
   --timeout S     seconds each server has to answer a request (default 5)
+  --auth-file PATH
+                  authenticate with the first secret in PATH (the servers'
+                  --auth-file format: one secret per line, blank and '#'
+                  lines ignored) (default: $BATON_AUTH_FILE, else none)
   -h, --help      print this help
   -V, --version   print the version
 
@@ -113,6 +118,9 @@ pub struct Cli {
     pub timeout: Option<Duration>,
     /// `-q`: say nothing when the key is busy.
     pub quiet: bool,
+    /// `--auth-file`: where the secret is read from (`$BATON_AUTH_FILE`
+    /// is looked at by the caller when this is None).
+    pub auth_file: Option<PathBuf>,
     pub command: Command,
 }
 
@@ -137,6 +145,7 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
                 servers: Vec::new(),
                 timeout: None,
                 quiet: false,
+                auth_file: None,
                 command,
             });
         }
@@ -145,6 +154,11 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
     let servers: Option<String> = args.opt_value_from_str("--servers").map_err(flag)?;
     let timeout: Option<String> = args.opt_value_from_str("--timeout").map_err(flag)?;
     let quiet = args.contains(["-q", "--quiet"]);
+    let auth_file = args
+        .opt_value_from_os_str("--auth-file", |s| {
+            Ok::<_, std::convert::Infallible>(PathBuf::from(s))
+        })
+        .map_err(flag)?;
     let timing = Timing {
         lease: args.opt_value_from_str("--lease").map_err(flag)?,
         wait: args.opt_value_from_str("--wait").map_err(flag)?,
@@ -161,6 +175,7 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
         servers,
         timeout,
         quiet,
+        auth_file,
         command,
     })
 }
@@ -383,6 +398,21 @@ mod tests {
         assert_eq!(servers(&["status", "--servers", "b:2"], None), vec!["b:2"]);
         let bad = parse_with(&["status"], Some("nope:x")).expect_err("bad env");
         assert!(bad.contains("BATON_SERVERS"), "{bad}");
+    }
+
+    #[test]
+    fn auth_file_is_read_from_the_flag_anywhere_before_the_dashes() {
+        let auth = |args: &[&str]| parse_with(args, None).expect("valid").auth_file;
+        assert_eq!(auth(&["status"]), None);
+        assert_eq!(
+            auth(&["--auth-file", "/s", "status"]),
+            Some(PathBuf::from("/s"))
+        );
+        assert_eq!(
+            auth(&["status", "--auth-file", "/t"]),
+            Some(PathBuf::from("/t"))
+        );
+        assert!(parse_with(&["status", "--auth-file"], None).is_err());
     }
 
     #[test]
