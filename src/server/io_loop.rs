@@ -992,6 +992,107 @@ mod tests {
         assert_eq!(io_loop.poll_timeout(), None);
     }
 
+    /// A loop whose node wants `SECRET`, and its address.
+    fn gated_loop() -> (IoLoop, SocketAddr, Receiver<ToOwner>) {
+        use crate::server::client_auth::{ClientAuth, SecretSet};
+        let mut shared = Shared::new(&Config::default(), "test".into());
+        let secrets = SecretSet::from_file_contents(SECRET.as_bytes()).expect("a secret");
+        shared.auth = Some(Arc::new(ClientAuth::new("/unused".into(), secrets)));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let addr = listener.local_addr().expect("addr");
+        let (to_owner, inbound) = crossbeam_channel::unbounded();
+        let (_answers, from_owner) = crossbeam_channel::unbounded();
+        let (io_loop, _waker, _awake) =
+            IoLoop::new(0, &listener, to_owner, from_owner, None, Arc::new(shared))
+                .expect("a loop");
+        (io_loop, addr, inbound)
+    }
+
+    const SECRET: &str = "alpha-secret-0123456789";
+
+    /// Connect and send `line`; run the loop as `run` does (poll, events,
+    /// round) until `done` says it has handled it (10 s at most).
+    fn connect_and_send(
+        io_loop: &mut IoLoop,
+        addr: SocketAddr,
+        line: &str,
+        done: impl Fn(&IoLoop) -> bool,
+    ) -> std::net::TcpStream {
+        let mut client = std::net::TcpStream::connect(addr).expect("connect");
+        client.write_all(line.as_bytes()).expect("send");
+        client
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let mut events = Events::with_capacity(16);
+        let start = Instant::now();
+        while !done(io_loop) {
+            assert!(start.elapsed() < Duration::from_secs(10), "not handled");
+            io_loop
+                .poll
+                .poll(&mut events, Some(Duration::from_millis(10)))
+                .expect("poll");
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => io_loop.accept_pending = true,
+                    WAKER => {}
+                    Token(slot) => io_loop.handle_event(slot, event),
+                }
+            }
+            io_loop.round();
+        }
+        client
+    }
+
+    fn opened(io_loop: &IoLoop) -> bool {
+        io_loop.conns.iter().any(|(_, c)| c.gate == Gate::Open)
+    }
+
+    fn closing(io_loop: &IoLoop) -> bool {
+        io_loop.conns.iter().any(|(_, c)| c.closing)
+    }
+
+    fn read_line(client: &mut std::net::TcpStream) -> String {
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while client.read(&mut byte).expect("an answer") == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        String::from_utf8_lossy(&line).into_owned()
+    }
+
+    #[test]
+    fn a_wrong_secret_waits_for_its_timer_and_a_right_one_is_let_in() {
+        let (mut io_loop, addr, _inbound) = gated_loop();
+        let _wrong = connect_and_send(&mut io_loop, addr, "U wrong-secret-0123456789\n", |l| {
+            !l.delayed_closes.is_empty()
+        });
+        assert_eq!(io_loop.delayed_closes.len(), 1);
+        let (slot, _, _) = io_loop.delayed_closes[0];
+        assert_eq!(io_loop.conns[slot].gate, Gate::Rejected);
+        let mut right = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
+        assert_eq!(read_line(&mut right), "U ok");
+    }
+
+    #[test]
+    fn past_the_bound_on_delayed_closes_a_u_is_not_checked() {
+        let (mut io_loop, addr, _inbound) = gated_loop();
+        let later = Instant::now() + Duration::from_secs(3600);
+        for serial in 0..MAX_DELAYED_CLOSES {
+            let id = ConnId::new(0, 1 << 20, serial as u32);
+            io_loop.delayed_closes.push_back((1 << 20, id, later));
+        }
+        // Even the right secret: checking it would tell a guesser the answer
+        // at once.
+        let mut client = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), closing);
+        assert_eq!(read_line(&mut client), "E - - too-many-connections");
+        assert_eq!(io_loop.delayed_closes.len(), MAX_DELAYED_CLOSES);
+        // Once there is room again, secrets are checked.
+        io_loop.delayed_closes.clear();
+        let mut client = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
+        assert_eq!(read_line(&mut client), "U ok");
+    }
+
     #[test]
     fn a_loop_never_sleeps_with_answers_waiting() {
         let (mut io_loop, _inbound, answers) = idle_loop(0);
