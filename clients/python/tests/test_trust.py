@@ -1,13 +1,15 @@
 """``auth=`` and ``tls=`` against a batond that has them. Each test is
 skipped while the batond under test lacks the flag it needs."""
 
+import os
 import shutil
+import signal
 import subprocess
 
 import pytest
 
 import baton
-from conftest import DEADLINE, client_of, has_flag
+from conftest import DEADLINE, client_of, has_flag, wait_for
 
 SECRET = "correct-horse-battery-staple"
 
@@ -34,6 +36,57 @@ def test_the_right_secret_is_let_in_and_others_are_not(nodes, tmp_path, closing)
     none = closing(client_of(node))
     with pytest.raises(baton.Unavailable):
         none.query("k")
+
+
+@needs_auth
+def test_the_client_authenticates_again_after_the_node_restarts(nodes, tmp_path, closing):
+    secrets = tmp_path / "secrets"
+    secrets.write_text(SECRET + "\n")
+    node = nodes(["--auth-file", str(secrets)])
+    c = closing(client_of(node, auth=SECRET))
+    assert c.query("k").token is None
+    node.kill()
+    nodes(["--auth-file", str(secrets)], node.port)
+
+    def served():
+        try:
+            return c.acquire("k", lease=5, wait=0)
+        except baton.Error:
+            return None
+
+    grant = wait_for("the client to authenticate with the restarted node", served)
+    assert c.release(grant)
+
+
+@needs_auth
+def test_sighup_rotates_the_secrets(nodes, tmp_path, closing):
+    new_secret = "the-next-secret-0123456789"
+    secrets = tmp_path / "secrets"
+    secrets.write_text(SECRET + "\n")
+    node = nodes(["--auth-file", str(secrets)])
+    old = closing(client_of(node, auth=SECRET))
+    assert old.query("k").token is None
+    tmp = tmp_path / "secrets.tmp"
+    tmp.write_text("# rotated\n" + new_secret + "\n")
+    tmp.replace(secrets)
+    os.kill(node.proc.pid, signal.SIGHUP)
+
+    def new_works():
+        fresh = client_of(node, auth=new_secret, connect_timeout=1)
+        try:
+            return fresh.query("k") is not None
+        except baton.Error:
+            return False
+        finally:
+            fresh._close()
+
+    wait_for("the new secret to be accepted", new_works)
+    # The old client's connections were authenticated before: still served.
+    assert old.query("k").token is None
+    refused = closing(client_of(node, auth=SECRET, connect_timeout=1))
+    with pytest.raises(baton.Unavailable) as e:
+        refused.query("k")
+    assert "bad-auth" in str(e.value)
 
 
 @needs_auth
