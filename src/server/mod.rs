@@ -302,6 +302,7 @@ impl Server {
     /// made from now on; a bad file keeps the old ones.
     fn reload_client_auth(&self) {
         let Some(auth) = &self.shared.auth else {
+            log::info!("reload: no --auth-file; nothing to read");
             return;
         };
         match auth.reload() {
