@@ -636,6 +636,33 @@ fn the_client_library_authenticates_and_a_wrong_or_missing_secret_is_an_auth_err
 }
 
 #[test]
+fn a_refused_client_library_retries_at_the_reconnect_interval_not_faster() {
+    let secrets = Secrets::new("no-spin", &format!("{ALPHA}\n"));
+    let log = secrets.path.with_extension("log");
+    let node = DebugNode::start(&["--auth-file", secrets.path()], &log);
+    let wrong = Client::builder([node.addr.to_string()])
+        .auth(WRONG)
+        .connect()
+        .expect("a client");
+    let start = Instant::now();
+    let mut calls = 0;
+    while start.elapsed() < Duration::from_secs(1) {
+        let err = wrong.query("k").expect_err("refused");
+        assert!(matches!(err, Error::Auth(_)), "{err:?}");
+        calls += 1;
+    }
+    let elapsed = start.elapsed();
+    // Two connections (one server), each tried once per 3 s at most.
+    let attempts = node.log_text().matches("wrong secret: closing").count();
+    let bound = 2 * (1 + elapsed.as_secs() as usize / 3 + 1);
+    assert!(
+        attempts <= bound,
+        "{attempts} attempts in {elapsed:?} over {calls} calls (at most {bound})"
+    );
+    assert!(calls > attempts, "calls wait for no reconnection");
+}
+
+#[test]
 fn the_client_library_with_a_secret_works_with_a_node_without_auth() {
     let node = Node::start(&[]);
     let client = Client::builder([node.addr.to_string()])
