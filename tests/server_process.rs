@@ -94,6 +94,50 @@ fn a_bad_flag_exits_non_zero_with_a_one_line_error() {
 }
 
 #[test]
+fn a_bad_number_names_the_flag_and_the_range_and_exits_2() {
+    let run = run_to_exit(
+        batond_path(),
+        &["--bind", "127.0.0.1", "--port", "abc"],
+        DEADLINE,
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert_eq!(
+        run.stderr, "batond: --port: expected a port number 0-65535, got 'abc'\n",
+        "{run:?}"
+    );
+    let run = run_to_exit(
+        batond_path(),
+        &[
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--busy-poll-us",
+            "99999",
+        ],
+        DEADLINE,
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert_eq!(
+        run.stderr, "batond: --busy-poll-us: expected microseconds 0-10000, got '99999'\n",
+        "{run:?}"
+    );
+}
+
+#[test]
+fn version_prints_the_crate_version_and_exits_0() {
+    for flag in ["--version", "-V"] {
+        let run = run_to_exit(batond_path(), &[flag], DEADLINE);
+        assert_eq!(run.code, Some(0), "batond {flag}: {run:?}");
+        assert_eq!(
+            run.stdout,
+            format!("batond {}\n", env!("CARGO_PKG_VERSION")),
+            "{run:?}"
+        );
+    }
+}
+
+#[test]
 fn sigterm_makes_the_node_exit_0_promptly() {
     let mut node = Node::start(&[]);
     let mut holder = node.client();

@@ -21,6 +21,10 @@ fn main() -> ExitCode {
             print!("{HELP}");
             return ExitCode::SUCCESS;
         }
+        Ok(Command::Version) => {
+            println!("batond {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("batond: {e}");
             return ExitCode::from(2);
@@ -55,7 +59,12 @@ fn main() -> ExitCode {
         }
     };
     if let Some(signal) = signals.forever().next() {
-        log::info!("signal {signal}: shutting down");
+        let name = match signal {
+            SIGINT => "SIGINT",
+            SIGTERM => "SIGTERM",
+            _ => "a signal",
+        };
+        log::info!("{name} received: shutting down gracefully");
     }
     server.shutdown();
     ExitCode::SUCCESS
