@@ -219,3 +219,78 @@ fn a_node_stops_busy_polling_when_traffic_stops() {
         "used {used} ticks of CPU in 1 s without requests"
     );
 }
+
+/// `batond` started by hand with `RUST_LOG=debug` and its stderr in a file;
+/// killed by PID when dropped.
+struct DebugNode {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl DebugNode {
+    fn start(port: u16) -> DebugNode {
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let log = dir.join(format!("debug-log-{}-{port}.log", std::process::id()));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = std::process::Command::new(batond_path())
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .env("RUST_LOG", "debug")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn batond");
+        DebugNode { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for DebugNode {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+#[test]
+fn debug_logs_name_the_connection_its_address_and_the_key_in_words() {
+    let port = common::free_port();
+    let node = DebugNode::start(port);
+    common::wait_for("batond to listen", DEADLINE, || {
+        node.log().contains("listening on").then_some(())
+    });
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut client = common::LineClient::connect(addr);
+    let local = client.stream.local_addr().expect("local address");
+    assert_eq!(client.ask("A reports 0 0"), "E A reports bad-lease");
+    client.send("X");
+    assert_eq!(client.recv(), "E - - unknown-op");
+    drop(client);
+    let log = common::wait_for("the close to be logged", DEADLINE, || {
+        let log = node.log();
+        log.contains(": closed").then_some(log)
+    });
+    let refused = log
+        .lines()
+        .find(|l| l.contains("refused A reports: bad-lease"))
+        .unwrap_or_else(|| panic!("the refusal is logged: {log}"));
+    assert!(
+        refused.contains("conn ") && refused.contains(&format!("({local})")),
+        "names the connection and its address: {refused}"
+    );
+    assert!(
+        log.contains(&format!("({local}): line not understood: unknown-op")),
+        "{log}"
+    );
+    for line in log.lines() {
+        for pattern in ["Some(", "None)", "ConnId(", "{ ", " }"] {
+            assert!(!line.contains(pattern), "a debug value: {line}");
+        }
+    }
+}

@@ -322,8 +322,8 @@ impl IoLoop {
         self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
         let _ = conn.stream.write(&too_many_connections());
         log::debug!(
-            "{:?}: closed: a peer-reserved slot held no peer link",
-            conn.id
+            "{}: closed: a peer-reserved slot held no peer link",
+            who(&conn)
         );
     }
 
@@ -423,7 +423,7 @@ impl IoLoop {
             release(&self.shared);
             return;
         }
-        log::debug!("{addr}: connected as {id:?}");
+        log::debug!("{id} ({addr}): connected");
         entry.insert(Conn {
             stream,
             id,
@@ -573,14 +573,24 @@ impl IoLoop {
                 }
                 Err(LineError::Blank) => {}
                 Err(LineError::Refused { op, key, reason }) => {
-                    log::debug!("{id:?}: refused {op:?} {key:?}: {}", reason.as_str());
+                    log::debug!(
+                        "{}: refused {} {}: {}",
+                        who(&self.conns[slot]),
+                        op.as_char(),
+                        key.as_ref().map_or("-".to_string(), |k| k.to_string()),
+                        reason.as_str()
+                    );
                     // Through the owner like every answer, so it leaves in
                     // request order.
                     self.conns[slot].inflight += 1;
                     self.batch.push(Inbound::Refused(id, op, key, reason));
                 }
                 Err(LineError::Fatal(reason)) => {
-                    log::debug!("{id:?}: line not understood: {}", reason.as_str());
+                    log::debug!(
+                        "{}: line not understood: {}",
+                        who(&self.conns[slot]),
+                        reason.as_str()
+                    );
                     let answer = Answer::Error {
                         op: None,
                         key: None,
@@ -626,7 +636,7 @@ impl IoLoop {
         if conn.closing {
             return;
         }
-        log::debug!("{:?}: closing: {why}", conn.id);
+        log::debug!("{}: closing: {why}", who(conn));
         conn.closing = true;
         conn.partial = Vec::new();
         self.batch.push(Inbound::Closed(conn.id));
@@ -738,7 +748,7 @@ impl IoLoop {
         if failed || pending > MAX_OUTPUT {
             let conn = &mut self.conns[slot];
             if pending > MAX_OUTPUT {
-                log::debug!("{:?}: cut off: {pending} bytes of answers unread", conn.id);
+                log::debug!("{}: cut off: {pending} bytes of answers unread", who(conn));
             }
             conn.output.clear();
             conn.written = 0;
@@ -762,7 +772,7 @@ impl IoLoop {
         } else {
             self.shared.conns.fetch_sub(1, Ordering::Relaxed);
         }
-        log::debug!("{:?}: closed", conn.id);
+        log::debug!("{}: closed", who(&conn));
     }
 }
 
@@ -776,6 +786,15 @@ fn too_many_connections() -> Vec<u8> {
     }
     .write_to(&mut line);
     line
+}
+
+/// `conn 2-17 (10.0.0.5:41234)`, for a log line: the connection and the
+/// client's address (asked of the socket only when the line is logged).
+fn who(conn: &Conn) -> String {
+    match conn.stream.peer_addr() {
+        Ok(addr) => format!("{} ({addr})", conn.id),
+        Err(_) => format!("{} (address gone)", conn.id),
+    }
 }
 
 #[cfg(test)]
