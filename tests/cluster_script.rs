@@ -123,6 +123,18 @@ fn start_status_kill_restart_and_stop_keep_the_pid_files_true() {
     assert_eq!(out.code, Some(1), "{out:?}");
     assert!(out.stderr.contains("nodes 0-1"), "{out:?}");
 
+    // A pid file naming some other live process (this test) is stale: it
+    // is reported and removed, and that process is never signalled.
+    std::fs::write(
+        cluster.dir.join("node0.pid"),
+        std::process::id().to_string(),
+    )
+    .expect("write a stale pid file");
+    let out = cluster.run(&["status"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("stale pid file removed"), "{out:?}");
+    assert_eq!(cluster.pid(0), None, "{out:?}");
+
     let out = cluster.run(&["restart", "0"]);
     assert_eq!(out.code, Some(0), "{out:?}");
     let p0 = cluster.pid(0).expect("pid 0 after restart");
