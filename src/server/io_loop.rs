@@ -371,7 +371,15 @@ impl IoLoop {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // Out of file descriptors and the like: try again next round.
-                    log::warn!("I/O loop {}: accept failed: {e}", self.index);
+                    log::warn!(
+                        "I/O loop {}: accept failed: {e}{}",
+                        self.index,
+                        if e.raw_os_error() == Some(libc::EMFILE) {
+                            " (out of file descriptors: raise the open-file limit to --max-conns + 256)"
+                        } else {
+                            ""
+                        }
+                    );
                     return;
                 }
             }
