@@ -1,21 +1,60 @@
 #!/usr/bin/env bash
-# Start, stop and inspect a local baton cluster on loopback.
+# Start, stop and inspect a local baton cluster on loopback (needs bash,
+# coreutils and cargo; nothing else).
 #
-#   scripts/cluster.sh start [N] [BASE_PORT]   start N nodes (default 3) on
-#                                              127.0.0.1:BASE_PORT.. (default 7373)
-#   scripts/cluster.sh status                  print `I` of every node
-#   scripts/cluster.sh stop                    SIGTERM every node (graceful), wait
-#   scripts/cluster.sh kill NODE               SIGKILL node NODE (0-based)
-#   scripts/cluster.sh restart NODE            start node NODE again
+#   scripts/cluster.sh start [N] [BASE_PORT]  start N nodes (1-16, default 3) on
+#                                             127.0.0.1:BASE_PORT.. (default 7373),
+#                                             and wait until each answers `I`
+#   scripts/cluster.sh status                 each node's pid and its `I` answer
+#                                             (exit 1 if a node is down)
+#   scripts/cluster.sh stop                   SIGTERM every node (graceful), wait,
+#                                             SIGKILL what is left after 15 s
+#   scripts/cluster.sh kill NODE              SIGKILL node NODE (0-based)
+#   scripts/cluster.sh restart NODE           start node NODE again after a kill
 #
 # Extra batond flags can be given in $BATOND_FLAGS (e.g. "--detect 0.5").
-# State (PIDs, logs, and the cluster key the nodes share, made on the first
-# start with 32 random bytes, mode 600) lives in
-# ${BATON_CLUSTER_DIR:-/tmp/baton-cluster}.
+# $BATOND names a batond binary to use instead of building one with cargo.
+# State (pid files, logs, and the cluster key the nodes share, made on the
+# first start with 32 random bytes, mode 600) lives in
+# ${BATON_CLUSTER_DIR:-/tmp/baton-cluster}. A pid file is trusted only while
+# its process is a batond on that node's port: a stale one is reported and
+# removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${BATON_CLUSTER_DIR:-/tmp/baton-cluster}
-bin=target/release/batond
+bin=${BATOND:-target/release/batond}
+start_timeout=${BATON_START_TIMEOUT:-10}
+
+usage() {
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+die() {
+  echo "cluster.sh: $*" >&2
+  exit 1
+}
+
+# The cluster's size and base port, or a clear error when none was started.
+load() {
+  if [ ! -s "$dir/n" ] || [ ! -s "$dir/base" ]; then
+    die "no cluster started in $dir (start one with: scripts/cluster.sh start)"
+  fi
+  n=$(cat "$dir/n") base=$(cat "$dir/base")
+}
+
+# NODE must be an index of the started cluster.
+check_index() { # COMMAND NODE
+  local command=$1 i=${2:-}
+  if [ -z "$i" ]; then
+    echo "usage: scripts/cluster.sh $command NODE   (NODE: 0-based index)" >&2
+    exit 2
+  fi
+  load
+  if ! [[ $i =~ ^[0-9]+$ ]] || ((i >= n)); then
+    die "$command: no node '$i'; this cluster has nodes 0-$((n - 1))"
+  fi
+}
 
 peers_of() { # N BASE
   local n=$1 base=$2 list="" i
@@ -23,66 +62,188 @@ peers_of() { # N BASE
   echo "$list"
 }
 
-start_node() { # I
-  local i=$1 n base port
-  n=$(cat "$dir/n") base=$(cat "$dir/base")
-  port=$((base + i))
+# The pid of node I if it is running: its pid file names a live batond
+# listening on the node's port. A stale pid file is removed, and said so.
+pid_of() { # I
+  local i=$1 f="$dir/node$1.pid" pid cmd
+  [ -s "$f" ] || return 1
+  pid=$(cat "$f")
+  if [[ $pid =~ ^[0-9]+$ ]] && [ -r "/proc/$pid/cmdline" ]; then
+    cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline")
+    if [[ $cmd == *batond* && $cmd == *" --port $((base + i)) "* ]]; then
+      echo "$pid"
+      return 0
+    fi
+  fi
+  echo "node $i: pid $pid in $f is not running (stale pid file removed)" >&2
+  rm -f "$f"
+  return 1
+}
+
+# The `I` answer of the node on PORT, through bash's /dev/tcp; fails when
+# nothing answers within 2 s.
+info() { # PORT
+  timeout 2 bash -c '
+    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+    printf "I\n" >&3
+    IFS= read -r line <&3 || exit 1
+    printf "%s\n" "${line%$'"'"'\r'"'"'}"
+  ' _ "$1" 2>/dev/null
+}
+
+# Start node I in the background; its pid file is written at once, and its
+# log offset is kept so that readiness looks at this run's lines only.
+launch() { # I
+  local i=$1 port=$((base + $1)) log="$dir/node$1.log"
+  touch "$log"
+  offset[i]=$(stat -c %s "$log")
   # shellcheck disable=SC2086
   "$bin" --bind 127.0.0.1 --port "$port" --peers "$(peers_of "$n" "$base")" \
     --cluster-key-file "$dir/cluster.key" ${BATOND_FLAGS:-} \
-    >>"$dir/node$i.log" 2>&1 &
+    >>"$log" 2>&1 </dev/null &
   echo $! >"$dir/node$i.pid"
-  echo "node $i: 127.0.0.1:$port pid $! log $dir/node$i.log"
 }
 
-info() { # PORT
-  python3 - "$1" <<'PY'
-import socket, sys
-try:
-    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1)
-    s.sendall(b"I\n")
-    s.settimeout(1)
-    print(s.recv(4096).decode().strip())
-except OSError as e:
-    print(f"down ({e})")
-PY
+# Wait until node I listens (its own log says so) and answers `I`. On
+# failure: why, with the last lines of this run's log; returns 1.
+await() { # I
+  local i=$1 port=$((base + $1)) log="$dir/node$1.log" pid answer
+  pid=$(cat "$dir/node$i.pid")
+  local deadline=$((SECONDS + start_timeout))
+  while :; do
+    if ! pid_of "$i" >/dev/null 2>&1; then
+      wait "$pid" 2>/dev/null && status=0 || status=$?
+      echo "node $i: batond exited at once (exit status $status) on 127.0.0.1:$port; the end of $log:" >&2
+      tail -c +"$((offset[i] + 1))" "$log" | tail -n 5 | sed 's/^/    /' >&2
+      rm -f "$dir/node$i.pid"
+      return 1
+    fi
+    if tail -c +"$((offset[i] + 1))" "$log" | grep -q "listening on" &&
+      answer=$(info "$port"); then
+      echo "node $i: 127.0.0.1:$port pid $pid log $log: ${answer%% node=*}"
+      return 0
+    fi
+    if ((SECONDS >= deadline)); then
+      echo "node $i: pid $pid did not answer I on 127.0.0.1:$port within ${start_timeout} s; the end of $log:" >&2
+      tail -c +"$((offset[i] + 1))" "$log" | tail -n 5 | sed 's/^/    /' >&2
+      return 1
+    fi
+    sleep 0.05
+  done
 }
 
+# SIGTERM node I (graceful: an active hands over first) and wait for it to
+# go; SIGKILL after 15 s. Removes its pid file.
+stop_node() { # I
+  local i=$1 pid
+  pid=$(pid_of "$i") || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "node $i: pid $pid still running 15 s after SIGTERM; SIGKILL" >&2
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/node$i.pid"
+  echo "node $i: stopped (pid $pid)"
+}
+
+build() {
+  if [ -z "${BATOND:-}" ]; then
+    command -v cargo >/dev/null || die "cargo not found (or set BATOND to a batond binary)"
+    cargo build --release --locked --bin batond -q
+  fi
+  [ -x "$bin" ] || die "no batond binary at $bin"
+}
+
+declare -a offset
 case ${1:-} in
 start)
-  n=${2:-3} base=${3:-7373}
+  [ $# -le 3 ] || usage
+  want_n=${2:-3} want_base=${3:-7373}
+  [[ $want_n =~ ^[0-9]+$ ]] && ((want_n >= 1 && want_n <= 16)) ||
+    die "start: N must be 1-16, got '$want_n'"
+  [[ $want_base =~ ^[0-9]+$ ]] && ((want_base >= 1 && want_base + want_n - 1 <= 65535)) ||
+    die "start: BASE_PORT must be 1-$((65536 - want_n)) for $want_n nodes, got '$want_base'"
   mkdir -p "$dir"
+  if [ -s "$dir/n" ] && [ -s "$dir/base" ]; then
+    n=$(cat "$dir/n") base=$(cat "$dir/base")
+    for ((i = 0; i < n; i++)); do
+      if pid=$(pid_of "$i"); then
+        die "a cluster is already running in $dir (node $i, pid $pid); stop it first: scripts/cluster.sh stop"
+      fi
+    done
+  fi
+  n=$want_n base=$want_base
   if [ ! -s "$dir/cluster.key" ]; then
     (umask 077 && head -c 32 /dev/urandom | base64 >"$dir/cluster.key")
   fi
+  build
   echo "$n" >"$dir/n"
   echo "$base" >"$dir/base"
-  cargo build --release --bin batond -q
-  for ((i = 0; i < n; i++)); do start_node "$i"; done
+  for ((i = 0; i < n; i++)); do launch "$i"; done
+  failed=0
+  for ((i = 0; i < n; i++)); do await "$i" || failed=1; done
+  if ((failed)); then
+    echo "cluster.sh: the cluster did not start; stopping the nodes that did" >&2
+    for ((i = 0; i < n; i++)); do stop_node "$i" >/dev/null; done
+    rm -f "$dir/n" "$dir/base"
+    exit 1
+  fi
   ;;
 status)
-  n=$(cat "$dir/n") base=$(cat "$dir/base")
-  for ((i = 0; i < n; i++)); do echo "node $i: $(info $((base + i)))"; done
+  [ $# -eq 1 ] || usage
+  load
+  down=0
+  for ((i = 0; i < n; i++)); do
+    port=$((base + i))
+    if pid=$(pid_of "$i"); then
+      if answer=$(info "$port"); then
+        echo "node $i: 127.0.0.1:$port pid $pid: $answer"
+      else
+        echo "node $i: 127.0.0.1:$port pid $pid: running but not answering I"
+        down=1
+      fi
+    else
+      echo "node $i: 127.0.0.1:$port not running"
+      down=1
+    fi
+  done
+  exit "$down"
   ;;
 stop)
-  for f in "$dir"/node*.pid; do
-    [ -e "$f" ] || continue
-    pid=$(cat "$f")
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-    kill -KILL "$pid" 2>/dev/null || true
-    rm -f "$f"
-  done
-  echo "stopped"
+  [ $# -eq 1 ] || usage
+  if [ ! -s "$dir/n" ] || [ ! -s "$dir/base" ]; then
+    echo "no cluster started in $dir; nothing to stop"
+    exit 0
+  fi
+  load
+  for ((i = 0; i < n; i++)); do stop_node "$i"; done
+  rm -f "$dir/n" "$dir/base"
   ;;
 kill)
-  kill -KILL "$(cat "$dir/node$2.pid")" && echo "node $2 killed"
+  [ $# -le 2 ] || usage
+  check_index kill "${2:-}"
+  pid=$(pid_of "$2") || die "kill: node $2 is not running"
+  kill -KILL "$pid"
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  rm -f "$dir/node$2.pid"
+  echo "node $2: killed (pid $pid)"
   ;;
 restart)
-  start_node "$2"
+  [ $# -le 2 ] || usage
+  check_index restart "${2:-}"
+  if pid=$(pid_of "$2"); then
+    die "restart: node $2 is still running (pid $pid); kill it first"
+  fi
+  [ -x "$bin" ] || build
+  launch "$2"
+  await "$2" || exit 1
+  ;;
+-h | --help | help)
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
   ;;
 *)
-  sed -n '2,13p' "$0"
-  exit 2
+  [ -z "${1:-}" ] || echo "cluster.sh: unknown command '$1'" >&2
+  usage
   ;;
 esac

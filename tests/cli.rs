@@ -344,6 +344,13 @@ fn servers_come_from_baton_servers_and_failures_are_one_line() {
     let out = baton(&nobody, &["acquire"]);
     assert_eq!(out.code, Some(2));
     assert!(one_line(&out.stderr), "{}", out.stderr);
+
+    let out = baton(&nobody, &["acquire", "k", "--lease", "abc"]);
+    assert_eq!(out.code, Some(2));
+    assert_eq!(
+        out.stderr,
+        "baton: --lease: expected seconds above 0, with up to 3 decimals (like 30 or 0.5), got 'abc' (see baton --help)\n"
+    );
 }
 
 #[test]

@@ -1044,3 +1044,54 @@ fn nodes_whose_peers_lists_differ_refuse_each_other_and_say_so_without_flapping(
         assert!(!log.contains("role now standby"), "never followed: {log}");
     }
 }
+
+// ----- logs for operators -----
+
+/// The debug renderings of internal types that must never reach an
+/// operator's log: an `Option`, a connection id, a struct or enum variant
+/// with fields.
+const DEBUG_PATTERNS: [&str; 5] = ["Some(", "None)", "ConnId(", "{ ", " }"];
+
+#[test]
+fn the_logs_of_a_failover_a_handoff_and_a_graceful_stop_are_words_not_debug_values() {
+    let mut cluster = Cluster::start_all(2);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    cluster.client(0).acquire_now("held", "30");
+    cluster.wait_held(1, 1);
+    // A failover, then a handoff back to the restarted first node, then a
+    // graceful stop of the active (a handoff to the standby).
+    cluster.kill(0);
+    cluster.wait_serving(1);
+    cluster.start(0);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    cluster.node(0).signal("TERM");
+    assert_eq!(cluster.node_mut(0).wait_exit(DEADLINE), Some(0));
+    cluster.forget_exited(0);
+    cluster.wait_serving(1);
+
+    let mut logs: Vec<(usize, String)> = cluster.old_logs.clone();
+    logs.push((1, cluster.node(1).log()));
+    let all: String = logs.iter().map(|(_, log)| log.as_str()).collect();
+    // The run happened, and the log says so in words.
+    for said in [
+        "listening on",
+        "role now active",
+        "role now standby",
+        "following 127.0.0.1:",
+        "shutdown: done",
+    ] {
+        assert!(all.contains(said), "the logs say {said:?}: {all}");
+    }
+    for (node, log) in &logs {
+        for line in log.lines() {
+            for pattern in DEBUG_PATTERNS {
+                assert!(
+                    !line.contains(pattern),
+                    "node {node} logged a debug value ({pattern:?}): {line}"
+                );
+            }
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! Real-process tests of a single `batond` node: the lock semantics of
 //! README: Protocol (the state table, FIFO handover, lease expiry, wait
-//! timeouts, disconnects, release, keep, query), fencing tokens (section 2),
-//! pipelining and `I` (section 3), seen from TCP clients.
+//! timeouts, disconnects, release, keep, query, pipelining and `I`) and
+//! Fencing tokens, seen from TCP clients.
 //!
 //! Every test starts its own node on a free loopback port (killed by PID when
 //! the test ends) and talks raw protocol lines to it. Waits are polls with a

@@ -94,6 +94,50 @@ fn a_bad_flag_exits_non_zero_with_a_one_line_error() {
 }
 
 #[test]
+fn a_bad_number_names_the_flag_and_the_range_and_exits_2() {
+    let run = run_to_exit(
+        batond_path(),
+        &["--bind", "127.0.0.1", "--port", "abc"],
+        DEADLINE,
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert_eq!(
+        run.stderr, "batond: --port: expected a port number 0-65535, got 'abc'\n",
+        "{run:?}"
+    );
+    let run = run_to_exit(
+        batond_path(),
+        &[
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--busy-poll-us",
+            "99999",
+        ],
+        DEADLINE,
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert_eq!(
+        run.stderr, "batond: --busy-poll-us: expected microseconds 0-10000, got '99999'\n",
+        "{run:?}"
+    );
+}
+
+#[test]
+fn version_prints_the_crate_version_and_exits_0() {
+    for flag in ["--version", "-V"] {
+        let run = run_to_exit(batond_path(), &[flag], DEADLINE);
+        assert_eq!(run.code, Some(0), "batond {flag}: {run:?}");
+        assert_eq!(
+            run.stdout,
+            format!("batond {}\n", env!("CARGO_PKG_VERSION")),
+            "{run:?}"
+        );
+    }
+}
+
+#[test]
 fn sigterm_makes_the_node_exit_0_promptly() {
     let mut node = Node::start(&[]);
     let mut holder = node.client();
@@ -174,4 +218,79 @@ fn a_node_stops_busy_polling_when_traffic_stops() {
         used <= 10,
         "used {used} ticks of CPU in 1 s without requests"
     );
+}
+
+/// `batond` started by hand with `RUST_LOG=debug` and its stderr in a file;
+/// killed by PID when dropped.
+struct DebugNode {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl DebugNode {
+    fn start(port: u16) -> DebugNode {
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let log = dir.join(format!("debug-log-{}-{port}.log", std::process::id()));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = std::process::Command::new(batond_path())
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .env("RUST_LOG", "debug")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn batond");
+        DebugNode { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for DebugNode {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+#[test]
+fn debug_logs_name_the_connection_its_address_and_the_key_in_words() {
+    let port = common::free_port();
+    let node = DebugNode::start(port);
+    common::wait_for("batond to listen", DEADLINE, || {
+        node.log().contains("listening on").then_some(())
+    });
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut client = common::LineClient::connect(addr);
+    let local = client.stream.local_addr().expect("local address");
+    assert_eq!(client.ask("A reports 0 0"), "E A reports bad-lease");
+    client.send("X");
+    assert_eq!(client.recv(), "E - - unknown-op");
+    drop(client);
+    let log = common::wait_for("the close to be logged", DEADLINE, || {
+        let log = node.log();
+        log.contains(": closed").then_some(log)
+    });
+    let refused = log
+        .lines()
+        .find(|l| l.contains("refused A reports: bad-lease"))
+        .unwrap_or_else(|| panic!("the refusal is logged: {log}"));
+    assert!(
+        refused.contains("conn ") && refused.contains(&format!("({local})")),
+        "names the connection and its address: {refused}"
+    );
+    assert!(
+        log.contains(&format!("({local}): line not understood: unknown-op")),
+        "{log}"
+    );
+    for line in log.lines() {
+        for pattern in ["Some(", "None)", "ConnId(", "{ ", " }"] {
+            assert!(!line.contains(pattern), "a debug value: {line}");
+        }
+    }
 }

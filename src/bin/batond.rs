@@ -22,6 +22,10 @@ fn main() -> ExitCode {
             print!("{HELP}");
             return ExitCode::SUCCESS;
         }
+        Ok(Command::Version) => {
+            println!("batond {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
             eprintln!("batond: {e}");
             return ExitCode::from(2);
@@ -64,11 +68,16 @@ fn main() -> ExitCode {
     };
     for signal in signals.forever() {
         if signal == SIGHUP {
-            log::info!("SIGHUP: reloading");
+            log::info!("SIGHUP received: reloading");
             server.reload();
             continue;
         }
-        log::info!("signal {signal}: shutting down");
+        let name = match signal {
+            SIGINT => "SIGINT",
+            SIGTERM => "SIGTERM",
+            _ => "a signal",
+        };
+        log::info!("{name} received: shutting down gracefully");
         break;
     }
     server.shutdown();

@@ -498,7 +498,16 @@ fn confirmed_grant(mut grant: Grant, confirmed: Result<Exchanged, Failure>) -> O
                 reason: Reason::NotHeld,
                 ..
             } => return None,
-            other => log::warn!("confirming {}: unexpected {other:?}", grant.key()),
+            other => {
+                let mut line = Vec::new();
+                other.write_to(&mut line);
+                let line = String::from_utf8_lossy(&line);
+                log::warn!(
+                    "confirming {}: unexpected answer {}",
+                    grant.key(),
+                    line.trim_end()
+                );
+            }
         },
         Err(failure) => log::warn!("confirming {}: {}", grant.key(), failure.error),
     }

@@ -27,6 +27,31 @@ pub const DEFAULT_DETECT_MS: u64 = 1000;
 pub const DEFAULT_BUSY_POLL_US: u64 = 500;
 /// The largest `--busy-poll-us` accepted (10 ms).
 const MAX_BUSY_POLL_US: u64 = 10_000;
+/// The most I/O loops `--threads` may ask for.
+const MAX_THREADS: usize = 64;
+/// The shortest `--detect` accepted, in milliseconds.
+const MIN_DETECT_MS: u64 = 20;
+/// The longest `--detect` accepted, in seconds (an hour).
+const MAX_DETECT_SECS: u64 = 3600;
+/// The longest `--max-lease` and `--promotion-grace` accepted, in seconds
+/// (a year): far past any real use, and far from overflowing a deadline.
+const MAX_FLAG_SECS: u64 = 365 * 86_400;
+
+// What each flag accepts, as its error message says it.
+const EXPECT_BIND: &str = "an IP address to listen on, like 0.0.0.0, 127.0.0.1 or ::";
+const EXPECT_PORT: &str = "a port number 0-65535";
+const EXPECT_PEERS: &str = "a comma-separated list of host:port";
+const EXPECT_ADVERTISE: &str = "this node's host:port entry of --peers";
+const EXPECT_THREADS: &str = "a number of I/O loops 1-64";
+const EXPECT_MAX_LEASE: &str =
+    "seconds above 0 and at most 31536000, with up to 3 decimals (like 86400 or 0.5)";
+const EXPECT_MAX_CONNS: &str = "a whole number of connections, 1 or more";
+const EXPECT_MAX_WAITING: &str = "a whole number of requests 1-4294967295";
+const EXPECT_MAX_KEYS: &str = "a whole number of keys, 1 or more";
+const EXPECT_DETECT: &str = "seconds 0.02-3600, with up to 3 decimals (like 1 or 0.25)";
+const EXPECT_PROMOTION_GRACE: &str =
+    "seconds 0-31536000, with up to 3 decimals (like 30 or 0.5; 0 is off)";
+const EXPECT_BUSY_POLL_US: &str = "microseconds 0-10000";
 
 /// The help text of `batond --help`.
 pub const HELP: &str = "\
@@ -83,6 +108,7 @@ FLAGS:
   --echo             benchmark floor: answer every line with itself, through
                      the same I/O loops, without the lock table
   -h, --help         print this help
+  -V, --version      print the version
 
 Logs go to stderr; RUST_LOG sets the level (error, warn, info, debug).
 Ctrl+C or SIGTERM stops the node gracefully; SIGHUP reads --auth-file again.
@@ -143,6 +169,8 @@ impl Default for Config {
 pub enum Command {
     Run(Config),
     Help,
+    /// `-V`, `--version`: print `batond <version>`.
+    Version,
 }
 
 impl Config {
@@ -152,75 +180,69 @@ impl Config {
         if args.contains(["-h", "--help"]) {
             return Ok(Command::Help);
         }
+        if args.contains(["-V", "--version"]) {
+            return Ok(Command::Version);
+        }
         let mut config = Config {
             echo: args.contains("--echo"),
             insecure_peers: args.contains("--insecure-peers"),
             ..Config::default()
         };
-        let flag_error = |e: pico_args::Error| e.to_string();
-        if let Some(bind) = args
-            .opt_value_from_str::<_, IpAddr>("--bind")
-            .map_err(flag_error)?
-        {
+        let flag_error = |e: pico_args::Error| match e {
+            pico_args::Error::OptionWithoutAValue(name) => {
+                format!("{name}: expected a value, got nothing")
+            }
+            e => e.to_string(),
+        };
+        let a = &mut args;
+        if let Some(bind) = flag(a, "--bind", EXPECT_BIND, |v| v.parse().ok())? {
             config.bind = bind;
         }
-        if let Some(port) = args
-            .opt_value_from_str::<_, u16>("--port")
-            .map_err(flag_error)?
-        {
+        if let Some(port) = flag(a, "--port", EXPECT_PORT, |v| v.parse().ok())? {
             config.port = port;
         }
-        if let Some(peers) = args
-            .opt_value_from_str::<_, String>("--peers")
-            .map_err(flag_error)?
-        {
+        if let Some(peers) = flag(a, "--peers", EXPECT_PEERS, |v| Some(v.to_string()))? {
             config.peers = parse_peers(&peers)?;
         }
-        config.advertise = args.opt_value_from_str("--advertise").map_err(flag_error)?;
-        if let Some(threads) = args
-            .opt_value_from_str::<_, usize>("--threads")
-            .map_err(flag_error)?
-        {
+        config.advertise = flag(a, "--advertise", EXPECT_ADVERTISE, |v| Some(v.to_string()))?;
+        if let Some(threads) = flag(a, "--threads", EXPECT_THREADS, |v| {
+            v.parse().ok().filter(|n| (1..=MAX_THREADS).contains(n))
+        })? {
             config.threads = threads;
         }
-        if let Some(secs) = args
-            .opt_value_from_str::<_, String>("--max-lease")
-            .map_err(flag_error)?
-        {
-            config.max_lease_ms = crate::protocol::parse_seconds(secs.as_bytes())
-                .ok_or_else(|| format!("--max-lease: '{secs}' is not a number of seconds"))?;
+        if let Some(ms) = flag(a, "--max-lease", EXPECT_MAX_LEASE, |v| {
+            seconds(v).filter(|ms| (1..=MAX_FLAG_SECS * 1000).contains(ms))
+        })? {
+            config.max_lease_ms = ms;
         }
-        if let Some(n) = args.opt_value_from_str("--max-conns").map_err(flag_error)? {
+        if let Some(n) = flag(a, "--max-conns", EXPECT_MAX_CONNS, |v| {
+            v.parse().ok().filter(|&n| n >= 1)
+        })? {
             config.max_conns = n;
         }
-        if let Some(n) = args
-            .opt_value_from_str("--max-waiting")
-            .map_err(flag_error)?
-        {
+        if let Some(n) = flag(a, "--max-waiting", EXPECT_MAX_WAITING, |v| {
+            v.parse().ok().filter(|&n| n >= 1)
+        })? {
             config.max_waiting = n;
         }
-        if let Some(n) = args.opt_value_from_str("--max-keys").map_err(flag_error)? {
+        if let Some(n) = flag(a, "--max-keys", EXPECT_MAX_KEYS, |v| {
+            v.parse().ok().filter(|&n| n >= 1)
+        })? {
             config.max_keys = n;
         }
-        if let Some(secs) = args
-            .opt_value_from_str::<_, String>("--detect")
-            .map_err(flag_error)?
-        {
-            config.detect_ms = crate::protocol::parse_seconds(secs.as_bytes())
-                .filter(|&ms| ms >= 20)
-                .ok_or_else(|| format!("--detect: '{secs}' is not a number of seconds >= 0.02"))?;
+        if let Some(ms) = flag(a, "--detect", EXPECT_DETECT, |v| {
+            seconds(v).filter(|ms| (MIN_DETECT_MS..=MAX_DETECT_SECS * 1000).contains(ms))
+        })? {
+            config.detect_ms = ms;
         }
-        if let Some(secs) = args
-            .opt_value_from_str::<_, String>("--promotion-grace")
-            .map_err(flag_error)?
-        {
-            config.promotion_grace_ms = crate::protocol::parse_seconds(secs.as_bytes())
-                .ok_or_else(|| format!("--promotion-grace: '{secs}' is not a number of seconds"))?;
+        if let Some(ms) = flag(a, "--promotion-grace", EXPECT_PROMOTION_GRACE, |v| {
+            seconds(v).filter(|&ms| ms <= MAX_FLAG_SECS * 1000)
+        })? {
+            config.promotion_grace_ms = ms;
         }
-        if let Some(us) = args
-            .opt_value_from_str::<_, u64>("--busy-poll-us")
-            .map_err(flag_error)?
-        {
+        if let Some(us) = flag(a, "--busy-poll-us", EXPECT_BUSY_POLL_US, |v| {
+            v.parse().ok().filter(|&us| us <= MAX_BUSY_POLL_US)
+        })? {
             config.busy_poll_us = us;
         }
         config.cluster_key_file = args
@@ -235,14 +257,17 @@ impl Config {
             .map_err(flag_error)?;
         let rest = args.finish();
         if !rest.is_empty() {
-            return Err(format!("unexpected argument {:?} (see --help)", rest[0]));
+            return Err(format!(
+                "unexpected argument '{}' (see --help)",
+                rest[0].to_string_lossy()
+            ));
         }
         config.check()?;
         Ok(Command::Run(config))
     }
 
     fn check(&self) -> Result<(), String> {
-        if self.threads == 0 || self.threads > 64 {
+        if self.threads == 0 || self.threads > MAX_THREADS {
             return Err("--threads must be 1 to 64".into());
         }
         if self.max_lease_ms == 0 {
@@ -356,6 +381,35 @@ impl Config {
     }
 }
 
+/// Read `name`'s value, if given, with `parse` (None: not accepted). Every
+/// error names the flag, what it accepts and what it got, on one line:
+/// `--port: expected a port number 0-65535, got 'abc'`.
+fn flag<T>(
+    args: &mut pico_args::Arguments,
+    name: &'static str,
+    expected: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>, String> {
+    let raw = args
+        .opt_value_from_os_str(name, |v| {
+            Ok::<_, std::convert::Infallible>(v.to_os_string())
+        })
+        .map_err(|_| format!("{name}: expected {expected}, got nothing"))?;
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let got = raw.to_string_lossy();
+    raw.to_str()
+        .and_then(&parse)
+        .map(Some)
+        .ok_or_else(|| format!("{name}: expected {expected}, got '{got}'"))
+}
+
+/// Seconds with up to 3 decimals, as milliseconds.
+fn seconds(text: &str) -> Option<u64> {
+    crate::protocol::parse_seconds(text.as_bytes())
+}
+
 fn parse_peers(list: &str) -> Result<Vec<String>, String> {
     let peers: Vec<String> = list.split(',').map(|p| p.trim().to_string()).collect();
     for peer in &peers {
@@ -390,7 +444,7 @@ mod tests {
     }
 
     #[test]
-    fn defaults_match_the_spec() {
+    fn defaults_match_the_readme() {
         let c = config(&[]);
         assert_eq!(c.bind.to_string(), "0.0.0.0");
         assert_eq!(c.port, 7373);
@@ -441,15 +495,121 @@ mod tests {
     }
 
     #[test]
-    fn bad_flags_are_clear_errors() {
-        assert!(parse(&["--port", "x"]).is_err());
-        assert!(parse(&["--threads", "0"]).is_err());
-        assert!(parse(&["--busy-poll-us", "10001"]).is_err());
-        assert!(parse(&["--busy-poll-us", "-1"]).is_err());
-        assert!(parse(&["--max-lease", "0"]).is_err());
-        assert!(parse(&["--bogus"]).is_err());
-        assert!(parse(&["--peers", "a:1,a:1"]).is_err());
-        assert!(parse(&["--peers", "nope"]).is_err());
+    fn version_is_recognised() {
+        assert_eq!(parse(&["--version"]), Ok(Command::Version));
+        assert_eq!(parse(&["-V", "--port", "1"]), Ok(Command::Version));
+        assert!(HELP.contains("--version"));
+    }
+
+    #[test]
+    fn every_flag_error_names_the_flag_what_it_accepts_and_what_it_got() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--bind", "nowhere"],
+                "--bind: expected an IP address to listen on, like 0.0.0.0, 127.0.0.1 or ::, got 'nowhere'",
+            ),
+            (
+                &["--port", "abc"],
+                "--port: expected a port number 0-65535, got 'abc'",
+            ),
+            (
+                &["--port", "65536"],
+                "--port: expected a port number 0-65535, got '65536'",
+            ),
+            (
+                &["--port", "-1"],
+                "--port: expected a port number 0-65535, got '-1'",
+            ),
+            (
+                &["--port"],
+                "--port: expected a port number 0-65535, got nothing",
+            ),
+            (
+                &["--threads", "0"],
+                "--threads: expected a number of I/O loops 1-64, got '0'",
+            ),
+            (
+                &["--threads", "65"],
+                "--threads: expected a number of I/O loops 1-64, got '65'",
+            ),
+            (
+                &["--max-lease", "0"],
+                "--max-lease: expected seconds above 0 and at most 31536000, with up to 3 decimals (like 86400 or 0.5), got '0'",
+            ),
+            (
+                &["--max-lease", "1.2345"],
+                "--max-lease: expected seconds above 0 and at most 31536000, with up to 3 decimals (like 86400 or 0.5), got '1.2345'",
+            ),
+            (
+                &["--max-lease", "31536001"],
+                "--max-lease: expected seconds above 0 and at most 31536000, with up to 3 decimals (like 86400 or 0.5), got '31536001'",
+            ),
+            (
+                &["--max-conns", "0"],
+                "--max-conns: expected a whole number of connections, 1 or more, got '0'",
+            ),
+            (
+                &["--max-conns", "many"],
+                "--max-conns: expected a whole number of connections, 1 or more, got 'many'",
+            ),
+            (
+                &["--max-waiting", "4294967296"],
+                "--max-waiting: expected a whole number of requests 1-4294967295, got '4294967296'",
+            ),
+            (
+                &["--max-waiting", "0"],
+                "--max-waiting: expected a whole number of requests 1-4294967295, got '0'",
+            ),
+            (
+                &["--max-keys", "1e6"],
+                "--max-keys: expected a whole number of keys, 1 or more, got '1e6'",
+            ),
+            (
+                &["--detect", "0.019"],
+                "--detect: expected seconds 0.02-3600, with up to 3 decimals (like 1 or 0.25), got '0.019'",
+            ),
+            (
+                &["--detect", "3600.001"],
+                "--detect: expected seconds 0.02-3600, with up to 3 decimals (like 1 or 0.25), got '3600.001'",
+            ),
+            (
+                &["--promotion-grace", "soon"],
+                "--promotion-grace: expected seconds 0-31536000, with up to 3 decimals (like 30 or 0.5; 0 is off), got 'soon'",
+            ),
+            (
+                &["--busy-poll-us", "10001"],
+                "--busy-poll-us: expected microseconds 0-10000, got '10001'",
+            ),
+            (
+                &["--busy-poll-us", "-1"],
+                "--busy-poll-us: expected microseconds 0-10000, got '-1'",
+            ),
+            (
+                &["--peers"],
+                "--peers: expected a comma-separated list of host:port, got nothing",
+            ),
+            (
+                &["--advertise"],
+                "--advertise: expected this node's host:port entry of --peers, got nothing",
+            ),
+            (
+                &["--cluster-key-file"],
+                "--cluster-key-file: expected a value, got nothing",
+            ),
+            (&["--bogus"], "unexpected argument '--bogus' (see --help)"),
+            (&["--peers", "a:1,a:1"], "--peers: 'a:1' is listed twice"),
+            (&["--peers", "nope"], "--peers: 'nope' is not host:port"),
+        ];
+        for (args, expected) in cases {
+            assert_eq!(parse(args).as_ref(), Err(&expected.to_string()), "{args:?}");
+        }
+        // The edges of each range are accepted.
+        let c = config(&["--port", "65535", "--threads", "64", "--detect", "3600"]);
+        assert_eq!((c.port, c.threads, c.detect_ms), (65535, 64, 3_600_000));
+        let c = config(&["--max-lease", "31536000", "--promotion-grace", "0"]);
+        assert_eq!((c.max_lease_ms, c.promotion_grace_ms), (31_536_000_000, 0));
+        let c = config(&["--max-waiting", "4294967295", "--busy-poll-us", "10000"]);
+        assert_eq!((c.max_waiting, c.busy_poll_us), (u32::MAX, 10_000));
     }
 
     #[test]

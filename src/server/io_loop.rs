@@ -367,8 +367,8 @@ impl IoLoop {
         self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
         let _ = conn.stream.write(&too_many_connections());
         log::debug!(
-            "{:?}: closed: a peer-reserved slot held no peer link",
-            conn.id
+            "{}: closed: a peer-reserved slot held no peer link",
+            who(&conn)
         );
     }
 
@@ -416,7 +416,15 @@ impl IoLoop {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // Out of file descriptors and the like: try again next round.
-                    log::warn!("I/O loop {}: accept failed: {e}", self.index);
+                    log::warn!(
+                        "I/O loop {}: accept failed: {e}{}",
+                        self.index,
+                        if e.raw_os_error() == Some(libc::EMFILE) {
+                            " (out of file descriptors: raise the open-file limit to --max-conns + 256)"
+                        } else {
+                            ""
+                        }
+                    );
                     return;
                 }
             }
@@ -468,7 +476,7 @@ impl IoLoop {
             release(&self.shared);
             return;
         }
-        log::debug!("{addr}: connected as {id:?}");
+        log::debug!("{id} ({addr}): connected");
         entry.insert(Conn {
             stream,
             id,
@@ -635,14 +643,24 @@ impl IoLoop {
                 }
                 Err(LineError::Blank) => {}
                 Err(LineError::Refused { op, key, reason }) => {
-                    log::debug!("{id:?}: refused {op:?} {key:?}: {}", reason.as_str());
+                    log::debug!(
+                        "{}: refused {} {}: {}",
+                        who(&self.conns[slot]),
+                        op.as_char(),
+                        key.as_ref().map_or("-".to_string(), |k| k.to_string()),
+                        reason.as_str()
+                    );
                     // Through the owner like every answer, so it leaves in
                     // request order.
                     self.conns[slot].inflight += 1;
                     self.batch.push(Inbound::Refused(id, op, key, reason));
                 }
                 Err(LineError::Fatal(reason)) => {
-                    log::debug!("{id:?}: line not understood: {}", reason.as_str());
+                    log::debug!(
+                        "{}: line not understood: {}",
+                        who(&self.conns[slot]),
+                        reason.as_str()
+                    );
                     let answer = Answer::Error {
                         op: None,
                         key: None,
@@ -768,7 +786,7 @@ impl IoLoop {
         if conn.closing {
             return;
         }
-        log::debug!("{:?}: closing: {why}", conn.id);
+        log::debug!("{}: closing: {why}", who(conn));
         conn.closing = true;
         conn.partial = Vec::new();
         self.batch.push(Inbound::Closed(conn.id));
@@ -880,7 +898,7 @@ impl IoLoop {
         if failed || pending > MAX_OUTPUT {
             let conn = &mut self.conns[slot];
             if pending > MAX_OUTPUT {
-                log::debug!("{:?}: cut off: {pending} bytes of answers unread", conn.id);
+                log::debug!("{}: cut off: {pending} bytes of answers unread", who(conn));
             }
             conn.output.clear();
             conn.written = 0;
@@ -904,7 +922,7 @@ impl IoLoop {
         } else {
             self.shared.conns.fetch_sub(1, Ordering::Relaxed);
         }
-        log::debug!("{:?}: closed", conn.id);
+        log::debug!("{}: closed", who(&conn));
     }
 }
 
@@ -921,6 +939,15 @@ fn fatal_answer(reason: Reason) -> Answer {
         op: None,
         key: None,
         reason,
+    }
+}
+
+/// `conn 2-17 (10.0.0.5:41234)`, for a log line: the connection and the
+/// client's address (asked of the socket only when the line is logged).
+fn who(conn: &Conn) -> String {
+    match conn.stream.peer_addr() {
+        Ok(addr) => format!("{} ({addr})", conn.id),
+        Err(_) => format!("{} (address gone)", conn.id),
     }
 }
 

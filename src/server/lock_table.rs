@@ -59,6 +59,14 @@ impl ConnId {
     }
 }
 
+/// `conn 2-17`: the I/O loop, then that loop's connection serial, for logs
+/// (the slab slot is an internal detail and is left out).
+impl std::fmt::Display for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "conn {}-{}", self.worker(), self.serial())
+    }
+}
+
 /// Limits the table enforces; each has a flag in `batond`.
 #[derive(Clone, Copy, Debug)]
 pub struct TableLimits {

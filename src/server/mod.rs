@@ -1,6 +1,6 @@
 //! The baton node: starting its threads, and stopping them in one place.
 //!
-//! Owns: the thread layout of ARCHITECTURE.md — `--threads` I/O loops
+//! Owns: the thread layout (README: Design) — `--threads` I/O loops
 //! (`io_loop.rs`) feeding one lock-owner thread (`owner.rs`, which owns the
 //! `LockTable` of `lock_table.rs` and its `TimingWheel` of `wheel.rs`) — and
 //! the [`Shared`] flags the threads read. Every channel and waker is built
@@ -323,7 +323,10 @@ impl Server {
                 let _ = repl.waker.wake();
                 let bound = std::time::Duration::from_millis(3 * self.detect_ms + 1000);
                 if repl.exit.recv_timeout(bound).is_err() {
-                    log::warn!("shutdown: no handoff within {bound:?}; stopping anyway");
+                    log::warn!(
+                        "shutdown: no handoff within {} ms; stopping anyway",
+                        bound.as_millis()
+                    );
                 }
             }
         }

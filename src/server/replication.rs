@@ -523,7 +523,10 @@ impl Replication {
             token,
             Interest::READABLE | Interest::WRITABLE,
         ) {
-            log::warn!("replication: cannot register a peer link: {e}");
+            log::warn!(
+                "replication: cannot register a peer link from {}: {e}",
+                addr.map_or_else(|| "an unknown address".to_string(), |a| a.to_string())
+            );
             return;
         }
         let link = entry.key();

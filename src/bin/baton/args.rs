@@ -76,6 +76,11 @@ EXIT STATUS:
   (128 + N when it is killed by signal N; 126/127 when it cannot start).
 ";
 
+// What each numeric flag accepts, as its error message says it.
+const EXPECT_LEASE: &str = "seconds above 0, with up to 3 decimals (like 30 or 0.5)";
+const EXPECT_WAIT: &str = "seconds, with up to 3 decimals (like 10 or 0.5; 0 waits without limit)";
+const EXPECT_TIMEOUT: &str = "seconds above 0, with up to 3 decimals (like 5 or 0.5)";
+
 /// The commands, for messages.
 const COMMANDS: &str = "acquire, release, run, keep, query or status";
 
@@ -150,7 +155,12 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
             });
         }
     }
-    let flag = |e: pico_args::Error| e.to_string();
+    let flag = |e: pico_args::Error| match e {
+        pico_args::Error::OptionWithoutAValue(name) => {
+            format!("{name}: expected a value, got nothing")
+        }
+        e => e.to_string(),
+    };
     let servers: Option<String> = args.opt_value_from_str("--servers").map_err(flag)?;
     let timeout: Option<String> = args.opt_value_from_str("--timeout").map_err(flag)?;
     let quiet = args.contains(["-q", "--quiet"]);
@@ -183,7 +193,9 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
 fn read_timeout(text: &str) -> Result<Duration, String> {
     match parse_seconds(text.as_bytes()) {
         Some(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
-        _ => Err(format!("--timeout {text}: seconds above 0, like 5 or 0.5")),
+        _ => Err(format!(
+            "--timeout: expected {EXPECT_TIMEOUT}, got '{text}'"
+        )),
     }
 }
 
@@ -358,13 +370,13 @@ fn read_timing(timing: &Timing) -> Result<(Duration, Option<Duration>), String> 
         None => DEFAULT_LEASE_MS,
         Some(text) => match parse_seconds(text.as_bytes()) {
             Some(ms) if ms > 0 => ms,
-            _ => return Err(format!("--lease {text}: seconds above 0, like 30 or 0.5")),
+            _ => return Err(format!("--lease: expected {EXPECT_LEASE}, got '{text}'")),
         },
     };
     let wait_ms = match &timing.wait {
         None => 0,
         Some(text) => parse_seconds(text.as_bytes())
-            .ok_or_else(|| format!("--wait {text}: seconds, like 10 or 0.5 (0: no limit)"))?,
+            .ok_or_else(|| format!("--wait: expected {EXPECT_WAIT}, got '{text}'"))?,
     };
     let wait = match timing.nonblock {
         true => Some(NONBLOCK_WAIT),
@@ -530,6 +542,54 @@ mod tests {
         let cli = parse_with(&["acquire", "job", "--quiet"], None).expect("valid");
         assert!(cli.quiet);
         assert_eq!(cli.timeout, None);
+    }
+
+    #[test]
+    fn numeric_flag_errors_name_the_flag_what_it_accepts_and_what_it_got() {
+        let lease = "seconds above 0, with up to 3 decimals (like 30 or 0.5)";
+        let wait = "seconds, with up to 3 decimals (like 10 or 0.5; 0 waits without limit)";
+        let timeout = "seconds above 0, with up to 3 decimals (like 5 or 0.5)";
+        let cases: &[(&[&str], String)] = &[
+            (
+                &["acquire", "k", "--lease", "0"],
+                format!("--lease: expected {lease}, got '0'"),
+            ),
+            (
+                &["keep", "k", "1", "--lease", "abc"],
+                format!("--lease: expected {lease}, got 'abc'"),
+            ),
+            (
+                &["run", "k", "--lease", "1.2345", "--", "true"],
+                format!("--lease: expected {lease}, got '1.2345'"),
+            ),
+            (
+                &["acquire", "k", "--wait", "-1"],
+                format!("--wait: expected {wait}, got '-1'"),
+            ),
+            (
+                &["--timeout", "0", "status"],
+                format!("--timeout: expected {timeout}, got '0'"),
+            ),
+            (
+                &["--timeout", "soon", "status"],
+                format!("--timeout: expected {timeout}, got 'soon'"),
+            ),
+            (
+                &["acquire", "k", "--lease"],
+                "--lease: expected a value, got nothing".to_string(),
+            ),
+            (
+                &["status", "--timeout"],
+                "--timeout: expected a value, got nothing".to_string(),
+            ),
+            (
+                &["status", "--servers"],
+                "--servers: expected a value, got nothing".to_string(),
+            ),
+        ];
+        for (args, expected) in cases {
+            assert_eq!(parse_with(args, None).as_ref(), Err(expected), "{args:?}");
+        }
     }
 
     #[test]

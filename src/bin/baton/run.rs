@@ -205,7 +205,10 @@ fn keep_or_stop(
     );
     child.signal(libc::SIGTERM);
     if !sleep_or_stopped(stopped, Instant::now() + KILL_GRACE) {
-        eprintln!("baton: the command is still running {KILL_GRACE:?} after SIGTERM; killing it");
+        eprintln!(
+            "baton: the command is still running {} s after SIGTERM; killing it",
+            KILL_GRACE.as_secs()
+        );
         child.signal(libc::SIGKILL);
     }
     true

@@ -1,0 +1,178 @@
+//! `scripts/cluster.sh` run as a user would (README: Cluster operations):
+//! start, status, kill, restart and stop of a 2-node cluster on free
+//! loopback ports, and a start that fails because a port is taken.
+//!
+//! The script gets the `batond` that cargo built (`BATOND`), its own state
+//! directory, and a deadline on every run; a guard stops the cluster and
+//! removes the directory whatever happens.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{Finished, batond_path, run_to_exit, wait_for};
+
+/// The longest one script run may take (a graceful stop of 2 nodes included).
+const RUN_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A state directory of the script's; `stop` and removal when dropped.
+struct ScriptCluster {
+    dir: PathBuf,
+}
+
+impl ScriptCluster {
+    fn new(name: &str) -> ScriptCluster {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("cluster-sh-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        ScriptCluster { dir }
+    }
+
+    fn run(&self, args: &[&str]) -> Finished {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/cluster.sh");
+        let mut all = vec![script];
+        all.extend_from_slice(args);
+        // run_to_exit has no environment parameter: pass it through `env`.
+        let dir = format!("BATON_CLUSTER_DIR={}", self.dir.display());
+        let bin = format!("BATOND={}", batond_path());
+        let mut with_env = vec![dir.as_str(), bin.as_str(), "BATON_START_TIMEOUT=20"];
+        with_env.extend(all);
+        run_to_exit("env", &with_env, RUN_DEADLINE)
+    }
+
+    fn pid(&self, node: usize) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join(format!("node{node}.pid")))
+            .ok()
+            .and_then(|pid| pid.trim().parse().ok())
+    }
+}
+
+impl Drop for ScriptCluster {
+    fn drop(&mut self) {
+        let _ = self.run(&["stop"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A base port with the next one free too.
+fn two_free_ports() -> u16 {
+    wait_for("two consecutive free ports", common::DEADLINE, || {
+        let base = common::free_port();
+        let free = |p: u16| p < u16::MAX && TcpListener::bind(("127.0.0.1", p)).is_ok();
+        (free(base) && free(base + 1)).then_some(base)
+    })
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has an empty cmdline: gone for our purpose.
+    std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
+}
+
+#[test]
+fn start_status_kill_restart_and_stop_keep_the_pid_files_true() {
+    let cluster = ScriptCluster::new("cycle");
+    let out = cluster.run(&["status"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("no cluster started"), "{out:?}");
+    let out = cluster.run(&["kill"]);
+    assert_eq!(out.code, Some(2), "{out:?}");
+    assert!(
+        out.stderr.contains("usage: scripts/cluster.sh kill NODE"),
+        "{out:?}"
+    );
+
+    let base = two_free_ports();
+    let out = cluster.run(&["start", "2", &base.to_string()]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("node 0: ") && out.stdout.contains("node 1: "),
+        "{out:?}"
+    );
+    let (p0, p1) = (
+        cluster.pid(0).expect("pid 0"),
+        cluster.pid(1).expect("pid 1"),
+    );
+    assert!(alive(p0) && alive(p1));
+
+    let out = cluster.run(&["status"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
+    assert!(out.stdout.contains("I role="), "{out:?}");
+
+    let out = cluster.run(&["start", "2", &base.to_string()]);
+    assert_eq!(out.code, Some(1), "a second start is refused: {out:?}");
+    assert!(out.stderr.contains("already running"), "{out:?}");
+    assert_eq!(
+        cluster.pid(0),
+        Some(p0),
+        "the pid files still name the real nodes"
+    );
+
+    let out = cluster.run(&["kill", "0"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(!alive(p0), "node 0 was killed");
+    let out = cluster.run(&["status"]);
+    assert_eq!(out.code, Some(1), "a node is down: {out:?}");
+    assert!(out.stdout.contains("not running"), "{out:?}");
+    let out = cluster.run(&["kill", "0"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("node 0 is not running"), "{out:?}");
+    let out = cluster.run(&["kill", "7"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("nodes 0-1"), "{out:?}");
+
+    // A pid file naming some other live process (this test) is stale: it
+    // is reported and removed, and that process is never signalled.
+    std::fs::write(
+        cluster.dir.join("node0.pid"),
+        std::process::id().to_string(),
+    )
+    .expect("write a stale pid file");
+    let out = cluster.run(&["status"]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("stale pid file removed"), "{out:?}");
+    assert_eq!(cluster.pid(0), None, "{out:?}");
+
+    let out = cluster.run(&["restart", "0"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let p0 = cluster.pid(0).expect("pid 0 after restart");
+    assert!(alive(p0));
+
+    let out = cluster.run(&["stop"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(!alive(p0) && !alive(p1), "both stopped: {out:?}");
+    assert_eq!(
+        (cluster.pid(0), cluster.pid(1)),
+        (None, None),
+        "pid files removed"
+    );
+    let out = cluster.run(&["status"]);
+    assert!(out.stderr.contains("no cluster started"), "{out:?}");
+}
+
+#[test]
+fn a_start_on_a_taken_port_fails_says_why_and_leaves_nothing_running() {
+    let cluster = ScriptCluster::new("taken");
+    let base = two_free_ports();
+    let taken = TcpListener::bind(("127.0.0.1", base + 1)).expect("take the port");
+    let out = cluster.run(&["start", "2", &base.to_string()]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(
+        out.stderr.contains("node 1: batond exited at once"),
+        "{out:?}"
+    );
+    assert!(
+        out.stderr.contains("Address already in use"),
+        "the log's last lines: {out:?}"
+    );
+    assert_eq!((cluster.pid(0), cluster.pid(1)), (None, None), "{out:?}");
+    // Node 0, which did start, was stopped: its port is free again.
+    wait_for("node 0's port to be free", common::DEADLINE, || {
+        TcpListener::bind(("127.0.0.1", base)).ok()
+    });
+    let out = cluster.run(&["status"]);
+    assert!(out.stderr.contains("no cluster started"), "{out:?}");
+    drop(taken);
+}
