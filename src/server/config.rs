@@ -5,7 +5,7 @@
 //!
 //! Never does: I/O beyond reading the arguments it is given.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use crate::server::peer_auth::{ClusterKey, MAX_KEY_FILE};
@@ -36,7 +36,7 @@ USAGE:
          [--threads N] [--max-lease SECS] [--max-conns N]
          [--max-waiting N] [--max-keys N] [--detect SECS]
          [--promotion-grace SECS] [--busy-poll-us N]
-         [--cluster-key-file PATH | --insecure-peers]
+         [--cluster-key-file PATH | --insecure-peers] [--metrics ADDR:PORT]
 
 FLAGS:
   --bind ADDR        address to listen on (default 0.0.0.0)
@@ -75,6 +75,9 @@ FLAGS:
                      sleeps, when work has been coming at shorter
                      intervals than that: lower latency for some CPU
                      (default 500; 0: always sleep at once, least CPU)
+  --metrics ADDR:PORT
+                     serve GET /metrics (Prometheus text format) over HTTP
+                     on this address (default: none, no metrics port)
   --echo             benchmark floor: answer every line with itself, through
                      the same I/O loops, without the lock table
   -h, --help         print this help
@@ -106,6 +109,8 @@ pub struct Config {
     pub cluster_key_file: Option<PathBuf>,
     /// `--insecure-peers`: peers without a cluster key.
     pub insecure_peers: bool,
+    /// `--metrics`: where to serve `GET /metrics` (None: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for Config {
@@ -126,6 +131,7 @@ impl Default for Config {
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             cluster_key_file: None,
             insecure_peers: false,
+            metrics: None,
         }
     }
 }
@@ -220,6 +226,9 @@ impl Config {
                 Ok::<_, std::convert::Infallible>(PathBuf::from(s))
             })
             .map_err(flag_error)?;
+        config.metrics = args
+            .opt_value_from_str::<_, SocketAddr>("--metrics")
+            .map_err(|e| format!("--metrics wants ADDR:PORT ({e})"))?;
         let rest = args.finish();
         if !rest.is_empty() {
             return Err(format!("unexpected argument {:?} (see --help)", rest[0]));
@@ -399,8 +408,12 @@ mod tests {
             "2.5",
             "--busy-poll-us",
             "0",
+            "--metrics",
+            "127.0.0.1:9100",
         ]);
         assert_eq!(c.busy_poll_us, 0);
+        assert_eq!(c.metrics, Some("127.0.0.1:9100".parse().expect("addr")));
+        assert_eq!(config(&[]).metrics, None, "no metrics port by default");
         assert_eq!(c.detect_ms, 250);
         assert_eq!(c.promotion_grace_ms, 2500);
         assert_eq!(c.bind.to_string(), "127.0.0.1");
@@ -424,6 +437,8 @@ mod tests {
         assert!(parse(&["--bogus"]).is_err());
         assert!(parse(&["--peers", "a:1,a:1"]).is_err());
         assert!(parse(&["--peers", "nope"]).is_err());
+        assert!(parse(&["--metrics", "9100"]).is_err());
+        assert!(parse(&["--metrics", "localhost"]).is_err());
     }
 
     #[test]

@@ -390,6 +390,7 @@ impl IoLoop {
             if self.handover.is_none() || used >= self.shared.peer_slots {
                 self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
                 log::debug!("refusing {addr}: over --max-conns");
+                self.shared.io_counters.refused(Reason::TooManyConnections);
                 let _ = stream.write(&too_many_connections());
                 return;
             }
@@ -581,6 +582,7 @@ impl IoLoop {
                 }
                 Err(LineError::Fatal(reason)) => {
                     log::debug!("{id:?}: line not understood: {}", reason.as_str());
+                    self.shared.io_counters.refused(reason);
                     let answer = Answer::Error {
                         op: None,
                         key: None,
