@@ -1109,6 +1109,41 @@ mod tests {
     }
 
     #[test]
+    fn grants_handoffs_expiries_and_timeouts_are_counted_with_their_latencies() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "a", 1000);
+        h.acquire(10, C2, "a", 100, 0); // waits for a release
+        h.acquire(20, C3, "a", 100, 50); // waits, then times out
+        assert_eq!(h.tick(70).len(), 1, "C3 timed out");
+        let to = |answers: Vec<(ConnId, Answer)>| {
+            granted(&answers).iter().map(|g| g.0).collect::<Vec<_>>()
+        };
+        assert_eq!(to(h.release(110, C1, "a", t1)), vec![C2]);
+        let m = h.table.metrics();
+        assert_eq!((m.grants, m.handoffs, m.timeouts, m.expiries), (2, 1, 1, 0));
+        assert_eq!((m.round_released, m.round_expired.len()), (1, 0));
+        let wait = m.grant_wait.snapshot();
+        assert_eq!((wait.count, wait.sum_us), (2, 100_000), "0 ms and 100 ms");
+        // C2's lease (deadline 210) runs out at 212; C1 was waiting.
+        h.acquire(150, C1, "a", 100, 0);
+        h.table.metrics_mut().begin_round();
+        assert_eq!(to(h.tick(212)), vec![C1]);
+        let m = h.table.metrics();
+        assert_eq!((m.grants, m.handoffs, m.expiries), (3, 2, 1));
+        assert_eq!(
+            (m.round_released, m.round_expired.as_slice()),
+            (0, &[210][..])
+        );
+        let late = m.expiry_lateness.snapshot();
+        assert_eq!((late.count, late.sum_us), (1, 2_000));
+        // A lease found run out by a request counts too; no waiter, no handoff.
+        h.query(400, C2, "a");
+        let m = h.table.metrics();
+        assert_eq!((m.handoffs, m.expiries), (2, 2));
+        assert_eq!(m.expiry_lateness.snapshot().sum_us, 2_000 + 88_000);
+    }
+
+    #[test]
     fn a_free_key_is_granted_at_once_with_a_new_token() {
         let mut h = Harness::new();
         let t1 = h.grant(0, C1, "a", 1000);

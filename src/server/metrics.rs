@@ -104,7 +104,8 @@ impl MetricsServer {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let slot = Arc::new(MetricsSlot::new(waker));
-        let std_listener = std::net::TcpListener::bind(addr)?;
+        let std_listener = std::net::TcpListener::bind(addr)
+            .map_err(|e| io::Error::new(e.kind(), format!("--metrics {addr}: {e}")))?;
         std_listener.set_nonblocking(true)?;
         let mut listener = TcpListener::from_std(std_listener);
         poll.registry()

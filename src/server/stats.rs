@@ -450,6 +450,33 @@ mod tests {
     }
 
     #[test]
+    fn publishing_never_waits_for_a_reader_and_wakes_it_when_done() {
+        let mut poll = mio::Poll::new().expect("poll");
+        let waker = mio::Waker::new(poll.registry(), mio::Token(7)).expect("waker");
+        let slot = MetricsSlot::new(waker);
+        assert_eq!(slot.read(), None, "nothing before the first publish");
+        let snap = Snapshot {
+            held: 5,
+            ..Snapshot::default()
+        };
+        {
+            let _reader = slot.snapshot.lock();
+            assert!(
+                !slot.try_publish(&snap),
+                "a held slot is skipped, not waited for"
+            );
+            assert_eq!(slot.serial(), 0);
+        }
+        assert!(slot.try_publish(&snap));
+        assert_eq!(slot.serial(), 1);
+        assert_eq!(slot.read().map(|s| s.held), Some(5));
+        let mut events = mio::Events::with_capacity(4);
+        poll.poll(&mut events, Some(std::time::Duration::ZERO))
+            .expect("poll");
+        assert!(events.iter().any(|e| e.token() == mio::Token(7)), "woken");
+    }
+
+    #[test]
     fn answers_and_refusals_are_counted_by_kind_and_reason() {
         let mut owner = OwnerStats::new(true);
         owner.count_answer(&Answer::Error {

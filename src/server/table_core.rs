@@ -784,4 +784,40 @@ mod tests {
         assert_eq!(get("lag_ms"), Some("10"));
         assert_eq!(get("standbys"), Some("0"));
     }
+
+    #[test]
+    fn the_metrics_snapshot_says_what_info_says() {
+        let mut core = core(true);
+        let gauges = Gauges {
+            conns: 3,
+            heard_active_ms: 90,
+            synced_standbys: 2,
+        };
+        let follow = ClusterToTable::Follow {
+            active: Some("n1:1".into()),
+        };
+        cluster(&mut core, at(1), follow);
+        core.begin_round(at(100), gauges);
+        let mut snap = Snapshot::default();
+        core.fill_snapshot(at(100), &mut snap);
+        assert!(!snap.active && core.is_standby());
+        assert_eq!((snap.lag_ms, snap.standbys), (10, 0));
+        let promote = ClusterToTable::BecomeActive {
+            floor: 0,
+            failover: true,
+        };
+        cluster(&mut core, at(110), promote);
+        round(
+            &mut core,
+            at(120),
+            vec![Inbound::Request(C, acquire("k", 0))],
+        );
+        core.begin_round(at(121), gauges);
+        core.fill_snapshot(at(121), &mut snap);
+        assert!(snap.active && !snap.handing_off && !core.is_standby());
+        assert_eq!((snap.lag_ms, snap.standbys), (0, 2));
+        assert_eq!((snap.held, snap.waiting), (1, 0));
+        assert_eq!(snap.last_token, core.table().stats().last_token);
+        assert!(snap.ceiling >= snap.last_token);
+    }
 }
