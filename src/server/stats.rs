@@ -75,8 +75,15 @@ pub const ANSWER_KINDS: [&str; 9] = [
 /// Reasons counted (every reason a server sends).
 pub const REASONS: usize = KNOWN_REASONS.len();
 
+/// The index of `op` in [`OPS`].
 fn op_index(op: Op) -> usize {
-    OPS.iter().position(|(o, _)| *o == op).unwrap_or(0)
+    match op {
+        Op::Acquire => 0,
+        Op::Release => 1,
+        Op::Keep => 2,
+        Op::Query => 3,
+        Op::Info => 4,
+    }
 }
 
 /// The index of `answer`'s kind in [`ANSWER_KINDS`].
@@ -259,8 +266,8 @@ pub struct Snapshot {
     pub lag_ms: u64,
     /// Live standbys that hold this node's full state.
     pub standbys: u64,
-    pub requests: [u64; 5],
-    pub answers: [u64; 9],
+    pub requests: [u64; OPS.len()],
+    pub answers: [u64; ANSWER_KINDS.len()],
     pub refusals: [u64; REASONS],
     pub grants: u64,
     pub handoffs: u64,
@@ -274,8 +281,8 @@ pub struct Snapshot {
 
 /// The lock owner's own counts (lock-owner thread only; plain fields).
 pub struct OwnerStats {
-    requests: [u64; 5],
-    answers: [u64; 9],
+    requests: [u64; OPS.len()],
+    answers: [u64; ANSWER_KINDS.len()],
     refusals: [u64; REASONS],
     role_changes: u64,
     was_active: bool,
@@ -288,8 +295,8 @@ pub struct OwnerStats {
 impl OwnerStats {
     pub fn new(active: bool) -> OwnerStats {
         OwnerStats {
-            requests: [0; 5],
-            answers: [0; 9],
+            requests: [0; OPS.len()],
+            answers: [0; ANSWER_KINDS.len()],
             refusals: [0; REASONS],
             role_changes: 0,
             was_active: active,
@@ -474,6 +481,13 @@ mod tests {
         poll.poll(&mut events, Some(std::time::Duration::ZERO))
             .expect("poll");
         assert!(events.iter().any(|e| e.token() == mio::Token(7)), "woken");
+    }
+
+    #[test]
+    fn every_op_has_its_own_label_in_order() {
+        for (i, (op, _)) in OPS.iter().enumerate() {
+            assert_eq!(op_index(*op), i);
+        }
     }
 
     #[test]
