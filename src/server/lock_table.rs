@@ -1122,7 +1122,7 @@ mod tests {
         let m = h.table.metrics();
         assert_eq!((m.grants, m.handoffs, m.timeouts, m.expiries), (2, 1, 1, 0));
         assert_eq!((m.round_released, m.round_expired.len()), (1, 0));
-        let wait = m.grant_wait.snapshot();
+        let wait = m.grant_wait();
         assert_eq!((wait.count, wait.sum_us), (2, 100_000), "0 ms and 100 ms");
         // C2's lease (deadline 210) runs out at 212; C1 was waiting.
         h.acquire(150, C1, "a", 100, 0);

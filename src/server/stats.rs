@@ -188,8 +188,12 @@ pub struct TableMetrics {
     pub expiries: u64,
     /// Waits that ran out (`T`).
     pub timeouts: u64,
-    /// Request to grant, in ms resolution (recorded in µs).
-    pub grant_wait: Latency,
+    /// Request to grant, in ms resolution (recorded in µs), for grants
+    /// that waited; see [`TableMetrics::grant_wait`].
+    grant_waited: Latency,
+    /// Grants that did not wait: only counted here (the common case costs
+    /// an addition), added to the histogram when it is read.
+    grant_at_once: u64,
     /// A lease's deadline to the moment it was reclaimed.
     pub expiry_lateness: Latency,
     /// This round's handoffs after a release: their time is measured by
@@ -209,7 +213,21 @@ impl TableMetrics {
     /// A grant after a wait of `wait_ms`.
     pub fn granted(&mut self, wait_ms: u64) {
         self.grants += 1;
-        self.grant_wait.record_us(wait_ms.saturating_mul(1000));
+        if wait_ms == 0 {
+            self.grant_at_once += 1;
+        } else {
+            self.grant_waited.record_us(wait_ms.saturating_mul(1000));
+        }
+    }
+
+    /// The grant-wait histogram: request to grant, 0 for grants at once.
+    pub fn grant_wait(&self) -> LatencySnapshot {
+        let mut snap = self.grant_waited.snapshot();
+        for le in &mut snap.le {
+            *le += self.grant_at_once;
+        }
+        snap.count += self.grant_at_once;
+        snap
     }
 
     /// A grant to the next waiter; `expired_at_ms` is the lease deadline
@@ -355,7 +373,7 @@ impl OwnerStats {
         snap.handoffs = table.handoffs;
         snap.expiries = table.expiries;
         snap.timeouts = table.timeouts;
-        snap.grant_wait = table.grant_wait.snapshot();
+        snap.grant_wait = table.grant_wait();
         snap.handoff = self.handoff.snapshot();
         snap.expiry_lateness = table.expiry_lateness.snapshot();
     }
@@ -452,6 +470,8 @@ mod tests {
         assert_eq!(snap.role_changes, 1);
         assert_eq!(snap.expiry_lateness.sum_us, 1_000);
         assert_eq!(snap.grant_wait.sum_us, 2_000);
+        assert_eq!(snap.grant_wait.count, 2, "one at once, one after 2 ms");
+        assert_eq!((snap.grant_wait.le[0], snap.grant_wait.le[4]), (1, 2));
         t.begin_round();
         assert_eq!((t.round_released, t.round_expired.len()), (0, 0));
     }
