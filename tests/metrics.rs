@@ -544,13 +544,14 @@ fn a_two_node_cluster_shows_roles_standbys_lag_and_a_failover() {
         let s = scrape(m1);
         (s.get("baton_held_keys") == 1.0 && s.get_u64("baton_last_token") >= token).then_some(())
     });
-    // The standby's lag grows while its active is gone, then it takes over.
+    // The active goes; the standby takes over.
     drop(first);
     let promoted = wait_for("node 1 to take over", DEADLINE, || {
         let s = scrape(m1);
         (s.get("baton_role{role=\"active\"}") == 1.0).then_some(s)
     });
-    assert_eq!(promoted.get("baton_role_changes_total"), 1.0);
+    // At least this promotion (a loaded machine may add a blip at start).
+    assert!(promoted.get("baton_role_changes_total") >= 1.0);
     assert_eq!(promoted.get("baton_replication_lag_seconds"), 0.0);
     assert_eq!(promoted.get("baton_standbys"), 0.0);
     drop(second);
