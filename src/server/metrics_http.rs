@@ -550,6 +550,50 @@ mod tests {
     }
 
     #[test]
+    fn random_heads_never_panic_and_a_decision_never_changes_as_bytes_come() {
+        // Pieces of good and bad heads, glued at random (xorshift, fixed seed).
+        const PIECES: [&[u8]; 16] = [
+            b"GET",
+            b" ",
+            b"/metrics",
+            b" HTTP/1.1",
+            b"\r\n",
+            b"\n",
+            b"Host: x",
+            b":",
+            b"\r",
+            b"\x00",
+            b"\xff",
+            b"POST",
+            b"/",
+            b"a",
+            b"\t",
+            b"HTTP/1.0",
+        ];
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..20_000 {
+            let mut head = Vec::new();
+            let n = next() % 12;
+            for _ in 0..n {
+                head.extend_from_slice(PIECES[(next() % 16) as usize]);
+            }
+            let whole = parse_request(&head);
+            for cut in 0..head.len() {
+                match parse_request(&head[..cut]) {
+                    Parsed::Incomplete => {}
+                    decided => assert_eq!(decided, whole, "{:?} then {:?}", &head[..cut], head),
+                }
+            }
+        }
+    }
+
+    #[test]
     fn responses_have_a_length_and_close() {
         let r = String::from_utf8(response(Status::MethodNotAllowed, "no\n")).expect("utf8");
         assert!(r.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"), "{r}");
