@@ -36,7 +36,8 @@ USAGE:
          [--threads N] [--max-lease SECS] [--max-conns N]
          [--max-waiting N] [--max-keys N] [--detect SECS]
          [--promotion-grace SECS] [--busy-poll-us N]
-         [--cluster-key-file PATH | --insecure-peers] [--metrics ADDR:PORT]
+         [--cluster-key-file PATH | --insecure-peers]
+         [--metrics ADDR:PORT]
 
 FLAGS:
   --bind ADDR        address to listen on (default 0.0.0.0)
