@@ -17,7 +17,7 @@ use signal_hook::iterator::Signals;
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let config = match Config::from_args(std::env::args_os().skip(1).collect()) {
-        Ok(Command::Run(config)) => config,
+        Ok(Command::Run(config)) => *config,
         Ok(Command::Help) => {
             print!("{HELP}");
             return ExitCode::SUCCESS;

@@ -5,7 +5,7 @@
 //!
 //! Never does: I/O beyond reading the arguments it is given.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
 use crate::server::client_auth::{ClientAuth, SecretSet};
@@ -52,6 +52,7 @@ const EXPECT_DETECT: &str = "seconds 0.02-3600, with up to 3 decimals (like 1 or
 const EXPECT_PROMOTION_GRACE: &str =
     "seconds 0-31536000, with up to 3 decimals (like 30 or 0.5; 0 is off)";
 const EXPECT_BUSY_POLL_US: &str = "microseconds 0-10000";
+const EXPECT_METRICS: &str = "an address and port to serve metrics on, like 127.0.0.1:9100";
 
 /// The help text of `batond --help`.
 pub const HELP: &str = "\
@@ -63,6 +64,7 @@ USAGE:
          [--max-waiting N] [--max-keys N] [--detect SECS]
          [--promotion-grace SECS] [--busy-poll-us N]
          [--cluster-key-file PATH | --insecure-peers] [--auth-file PATH]
+         [--metrics ADDR:PORT]
 
 FLAGS:
   --bind ADDR        address to listen on (default 0.0.0.0)
@@ -105,6 +107,9 @@ FLAGS:
                      sleeps, when work has been coming at shorter
                      intervals than that: lower latency for some CPU
                      (default 500; 0: always sleep at once, least CPU)
+  --metrics ADDR:PORT
+                     serve GET /metrics (Prometheus text format) over HTTP
+                     on this address (default: none, no metrics port)
   --echo             benchmark floor: answer every line with itself, through
                      the same I/O loops, without the lock table
   -h, --help         print this help
@@ -139,6 +144,8 @@ pub struct Config {
     pub insecure_peers: bool,
     /// `--auth-file`: client secrets, read at start and on SIGHUP.
     pub auth_file: Option<PathBuf>,
+    /// `--metrics`: where to serve `GET /metrics` (None: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for Config {
@@ -160,6 +167,7 @@ impl Default for Config {
             cluster_key_file: None,
             insecure_peers: false,
             auth_file: None,
+            metrics: None,
         }
     }
 }
@@ -167,7 +175,7 @@ impl Default for Config {
 /// What the command line asked for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
-    Run(Config),
+    Run(Box<Config>),
     Help,
     /// `-V`, `--version`: print `batond <version>`.
     Version,
@@ -255,6 +263,8 @@ impl Config {
                 Ok::<_, std::convert::Infallible>(PathBuf::from(s))
             })
             .map_err(flag_error)?;
+        let a = &mut args;
+        config.metrics = flag(a, "--metrics", EXPECT_METRICS, |v| v.parse().ok())?;
         let rest = args.finish();
         if !rest.is_empty() {
             return Err(format!(
@@ -263,7 +273,7 @@ impl Config {
             ));
         }
         config.check()?;
-        Ok(Command::Run(config))
+        Ok(Command::Run(Box::new(config)))
     }
 
     fn check(&self) -> Result<(), String> {
@@ -438,7 +448,7 @@ mod tests {
 
     fn config(args: &[&str]) -> Config {
         match parse(args) {
-            Ok(Command::Run(config)) => config,
+            Ok(Command::Run(config)) => *config,
             other => panic!("expected a config, got {other:?}"),
         }
     }
@@ -478,9 +488,13 @@ mod tests {
             "0",
             "--auth-file",
             "/secrets",
+            "--metrics",
+            "127.0.0.1:9100",
         ]);
         assert_eq!(c.auth_file, Some(PathBuf::from("/secrets")));
         assert_eq!(c.busy_poll_us, 0);
+        assert_eq!(c.metrics, Some("127.0.0.1:9100".parse().expect("addr")));
+        assert_eq!(config(&[]).metrics, None, "no metrics port by default");
         assert_eq!(c.detect_ms, 250);
         assert_eq!(c.promotion_grace_ms, 2500);
         assert_eq!(c.bind.to_string(), "127.0.0.1");
@@ -610,6 +624,11 @@ mod tests {
         assert_eq!((c.max_lease_ms, c.promotion_grace_ms), (31_536_000_000, 0));
         let c = config(&["--max-waiting", "4294967295", "--busy-poll-us", "10000"]);
         assert_eq!((c.max_waiting, c.busy_poll_us), (u32::MAX, 10_000));
+        assert_eq!(
+            parse(&["--metrics", "9100"]),
+            Err("--metrics: expected an address and port to serve metrics on, like 127.0.0.1:9100, got '9100'".to_string())
+        );
+        assert!(parse(&["--metrics", "localhost"]).is_err());
     }
 
     #[test]

@@ -443,6 +443,7 @@ impl IoLoop {
             if self.handover.is_none() || used >= self.shared.peer_slots {
                 self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
                 log::debug!("refusing {addr}: over --max-conns");
+                self.shared.io_counters.refused(Reason::TooManyConnections);
                 let _ = stream.write(&too_many_connections());
                 return;
             }
@@ -661,6 +662,7 @@ impl IoLoop {
                         who(&self.conns[slot]),
                         reason.as_str()
                     );
+                    self.shared.io_counters.refused(reason);
                     let answer = Answer::Error {
                         op: None,
                         key: None,
@@ -690,6 +692,7 @@ impl IoLoop {
             }
             Ok(_) | Err(_) => {
                 let answer = fatal_answer(Reason::AuthRequired);
+                self.shared.io_counters.refused(Reason::AuthRequired);
                 self.write_answer(slot, &answer);
                 self.start_close(slot, "a request before U");
                 false
@@ -715,6 +718,7 @@ impl IoLoop {
                 "{:?}: U not checked: {MAX_DELAYED_CLOSES} wrong secrets wait out their delay",
                 self.conns[slot].id
             );
+            self.shared.io_counters.refused(Reason::TooManyConnections);
             self.write_answer(slot, &fatal_answer(Reason::TooManyConnections));
             self.start_close(slot, "too many wrong secrets at once");
             return false;
@@ -749,6 +753,7 @@ impl IoLoop {
             }
             self.delayed_closes.pop_front();
             if self.live_slot(id).is_some() {
+                self.shared.io_counters.refused(Reason::BadAuth);
                 self.write_answer(slot, &fatal_answer(Reason::BadAuth));
                 self.start_close(slot, "wrong secret");
             }

@@ -34,6 +34,7 @@ use hashbrown::HashTable;
 use slab::Slab;
 
 use crate::protocol::{Answer, Key, Op, Reason};
+use crate::server::stats::TableMetrics;
 use crate::server::tokens::TokenSource;
 use crate::server::wheel::{TimerId, TimingWheel};
 
@@ -206,6 +207,8 @@ struct Waiter {
     conn: ConnId,
     key_idx: u32,
     lease_ms: u64,
+    /// When the request arrived (for the grant-wait histogram).
+    since_ms: u64,
     wait_timer: Option<TimerId>,
     // The key's FIFO queue.
     prev: u32,
@@ -245,6 +248,7 @@ pub struct LockTable {
     fired: Vec<(TimerId, Timer)>,
     /// Until then, keys not held wait instead of being granted at once.
     grace_until_ms: u64,
+    metrics: TableMetrics,
 }
 
 impl LockTable {
@@ -261,6 +265,7 @@ impl LockTable {
             tokens,
             fired: Vec::new(),
             grace_until_ms: 0,
+            metrics: TableMetrics::default(),
         }
     }
 
@@ -271,6 +276,16 @@ impl LockTable {
             last_token: self.tokens.last(),
             last_issued: self.tokens.last_issued(),
         }
+    }
+
+    /// Grants, handoffs, expiries, timeouts and their latencies so far.
+    pub fn metrics(&self) -> &TableMetrics {
+        &self.metrics
+    }
+
+    /// The same, to start a round (see [`TableMetrics::begin_round`]).
+    pub fn metrics_mut(&mut self) -> &mut TableMetrics {
+        &mut self.metrics
     }
 
     /// When `poll_timers` must run next, if any timer is pending.
@@ -335,11 +350,11 @@ impl LockTable {
                     // it goes first in the outbox, so that when both
                     // connections are on one I/O loop (and the releaser's
                     // has no earlier answer this round) it is written first.
-                    self.hand_off(now_ms, idx, out);
+                    self.hand_off(now_ms, idx, None, out);
                     out.answer(conn, Answer::Released { key });
                 } else {
                     out.answer(conn, Answer::Released { key });
-                    self.hand_off(now_ms, idx, out);
+                    self.hand_off(now_ms, idx, None, out);
                 }
             }
             _ => out.answer(conn, Answer::NotHeld { key }),
@@ -462,7 +477,8 @@ impl LockTable {
                         .get(idx as usize)
                         .is_some_and(|k| k.lease_timer == id);
                     if current {
-                        self.hand_off(now_ms, idx, out);
+                        let deadline = self.expire(idx, now_ms);
+                        self.hand_off(now_ms, idx, deadline, out);
                     }
                 }
                 Timer::Wait(w) => {
@@ -491,8 +507,20 @@ impl LockTable {
         }
         let timer = state.lease_timer;
         self.wheel.cancel(timer);
-        self.hand_off(now_ms, idx, out);
+        let deadline = self.expire(idx, now_ms);
+        self.hand_off(now_ms, idx, deadline, out);
         self.index.get(&self.keys, key)
+    }
+
+    /// Key `idx`'s lease ran out and is reclaimed at `now_ms`: counted
+    /// (unless it was a promotion-grace placeholder); its deadline.
+    fn expire(&mut self, idx: u32, now_ms: u64) -> Option<u64> {
+        let state = &self.keys[idx as usize];
+        if state.token == 0 {
+            return None;
+        }
+        self.metrics.expired(state.expiry_ms, now_ms);
+        Some(state.expiry_ms)
     }
 
     /// The table cannot take a new key: answer `too-many-keys`.
@@ -539,6 +567,7 @@ impl LockTable {
         let token = self.tokens.issue();
         let expiry_ms = now_ms.saturating_add(lease_ms);
         self.insert_key(key.clone(), token, expiry_ms);
+        self.metrics.granted(0);
         out.delta(|| Delta::Grant {
             key: key.clone(),
             token,
@@ -574,6 +603,7 @@ impl LockTable {
             conn,
             key_idx: idx,
             lease_ms,
+            since_ms: now_ms,
             wait_timer,
             prev,
             next: NIL,
@@ -640,10 +670,11 @@ impl LockTable {
         }
     }
 
-    /// The holder of key `idx` is done (released or expired, its timer
-    /// already gone): the key goes to the front of its queue with a new
-    /// token and a fresh lease, or leaves the table if nobody waits.
-    fn hand_off(&mut self, now_ms: u64, idx: u32, out: &mut Outbox) {
+    /// The holder of key `idx` is done (released, or its lease ran out at
+    /// `expired_at_ms`; its timer already gone): the key goes to the front
+    /// of its queue with a new token and a fresh lease, or leaves the table
+    /// if nobody waits.
+    fn hand_off(&mut self, now_ms: u64, idx: u32, expired_at_ms: Option<u64>, out: &mut Outbox) {
         let head = self.keys[idx as usize].queue_head;
         if head == NIL {
             let state = self.keys.remove(idx as usize);
@@ -655,6 +686,10 @@ impl LockTable {
             return;
         }
         let waiter = self.remove_waiter(head);
+        self.metrics.granted(now_ms.saturating_sub(waiter.since_ms));
+        if self.keys[idx as usize].token != 0 {
+            self.metrics.handed_off(expired_at_ms);
+        }
         let token = self.tokens.issue();
         let expiry_ms = now_ms.saturating_add(waiter.lease_ms);
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
@@ -685,6 +720,7 @@ impl LockTable {
     /// carried) until it is answered.
     fn time_out(&mut self, w: u32, out: &mut Outbox) {
         let mut waiter = self.remove_waiter(w);
+        self.metrics.timeouts += 1;
         if waiter.chain_prev != NIL {
             let carrier = &mut self.waiters[waiter.chain_prev as usize];
             carrier.deferred.push(Deferred::Timeout);
@@ -1078,6 +1114,41 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn grants_handoffs_expiries_and_timeouts_are_counted_with_their_latencies() {
+        let mut h = Harness::new();
+        let t1 = h.grant(0, C1, "a", 1000);
+        h.acquire(10, C2, "a", 100, 0); // waits for a release
+        h.acquire(20, C3, "a", 100, 50); // waits, then times out
+        assert_eq!(h.tick(70).len(), 1, "C3 timed out");
+        let to = |answers: Vec<(ConnId, Answer)>| {
+            granted(&answers).iter().map(|g| g.0).collect::<Vec<_>>()
+        };
+        assert_eq!(to(h.release(110, C1, "a", t1)), vec![C2]);
+        let m = h.table.metrics();
+        assert_eq!((m.grants, m.handoffs, m.timeouts, m.expiries), (2, 1, 1, 0));
+        assert_eq!((m.round_released, m.round_expired.len()), (1, 0));
+        let wait = m.grant_wait();
+        assert_eq!((wait.count, wait.sum_us), (2, 100_000), "0 ms and 100 ms");
+        // C2's lease (deadline 210) runs out at 212; C1 was waiting.
+        h.acquire(150, C1, "a", 100, 0);
+        h.table.metrics_mut().begin_round();
+        assert_eq!(to(h.tick(212)), vec![C1]);
+        let m = h.table.metrics();
+        assert_eq!((m.grants, m.handoffs, m.expiries), (3, 2, 1));
+        assert_eq!(
+            (m.round_released, m.round_expired.as_slice()),
+            (0, &[210][..])
+        );
+        let late = m.expiry_lateness.snapshot();
+        assert_eq!((late.count, late.sum_us), (1, 2_000));
+        // A lease found run out by a request counts too; no waiter, no handoff.
+        h.query(400, C2, "a");
+        let m = h.table.metrics();
+        assert_eq!((m.handoffs, m.expiries), (2, 2));
+        assert_eq!(m.expiry_lateness.snapshot().sum_us, 2_000 + 88_000);
     }
 
     #[test]

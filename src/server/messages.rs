@@ -65,6 +65,8 @@ pub enum Inbound {
 pub enum ToOwner {
     Clients(Vec<Inbound>),
     Cluster(ClusterToTable),
+    /// From the metrics thread: publish a snapshot of the figures.
+    Scrape,
 }
 
 /// What the lock owner sends one I/O loop per round.

@@ -2,8 +2,9 @@
 //!
 //! Owns: the thread layout (README: Design) — `--threads` I/O loops
 //! (`io_loop.rs`) feeding one lock-owner thread (`owner.rs`, which owns the
-//! `LockTable` of `lock_table.rs` and its `TimingWheel` of `wheel.rs`) — and
-//! the [`Shared`] flags the threads read. Every channel and waker is built
+//! `LockTable` of `lock_table.rs` and its `TimingWheel` of `wheel.rs`), with
+//! `--metrics` the metrics thread (`metrics.rs`) — and the [`Shared`] flags
+//! the threads read. Every channel and waker is built
 //! before any thread starts; [`Server::shutdown`] stops them in a fixed order
 //! and logs each step.
 //!
@@ -17,11 +18,14 @@ pub mod config;
 pub mod io_loop;
 pub mod lock_table;
 pub mod messages;
+pub mod metrics;
+pub mod metrics_http;
 pub mod owner;
 pub mod peer_auth;
 pub mod peer_wire;
 pub mod replication;
 pub mod roles;
+pub mod stats;
 pub mod table_core;
 pub mod tokens;
 pub mod wheel;
@@ -85,6 +89,8 @@ pub struct Shared {
     pub peer_slots_used: AtomicUsize,
     /// `--auth-file`: None when clients need not authenticate.
     pub auth: Option<Arc<client_auth::ClientAuth>>,
+    /// What the I/O loops count for `--metrics` (relaxed atomics).
+    pub io_counters: stats::IoCounters,
 }
 
 impl Shared {
@@ -112,6 +118,7 @@ impl Shared {
             peer_slots: PEER_SLOTS_PER_PEER * config.peers.len().saturating_sub(1),
             peer_slots_used: AtomicUsize::new(0),
             auth: None,
+            io_counters: stats::IoCounters::default(),
         }
     }
 }
@@ -132,6 +139,7 @@ pub struct Server {
     io_threads: Vec<JoinHandle<()>>,
     owner_thread: Option<JoinHandle<()>>,
     repl: Option<ReplHandle>,
+    metrics: Option<(Arc<stats::MetricsSlot>, JoinHandle<()>)>,
     detect_ms: u64,
 }
 
@@ -221,7 +229,16 @@ impl Server {
             shared.node.clone(),
             config.promotion_grace_ms,
         );
-        let owner = Owner::new(core, clock, inbound, links, handover, shared.clone());
+        let mut owner = Owner::new(core, clock, inbound, links, handover, shared.clone());
+        let metrics_server = match config.metrics {
+            Some(addr) => {
+                let (server, slot) =
+                    metrics::MetricsServer::bind(addr, to_owner.clone(), shared.clone())?;
+                owner = owner.with_metrics(slot.clone());
+                Some((server, slot))
+            }
+            None => None,
+        };
 
         // Then the threads: owner, replication, I/O loops.
         let owner_thread = std::thread::Builder::new()
@@ -271,6 +288,15 @@ impl Server {
                     .spawn(move || io_loop.run())?,
             );
         }
+        let metrics = match metrics_server {
+            Some((server, slot)) => Some((
+                slot,
+                std::thread::Builder::new()
+                    .name("baton-metrics".into())
+                    .spawn(move || server.run())?,
+            )),
+            None => None,
+        };
         log::info!(
             "listening on {local_addr} as {} with {} I/O loops",
             shared.node,
@@ -283,6 +309,7 @@ impl Server {
             io_threads,
             owner_thread: Some(owner_thread),
             repl,
+            metrics,
             detect_ms: config.detect_ms,
         })
     }
@@ -314,7 +341,7 @@ impl Server {
     /// Stop in order: first, in a cluster, hand the active role over (the
     /// replication thread says when it is done, or gives up after a bound);
     /// then the I/O loops (they flush what is pending and close every
-    /// connection); then replication; then the lock owner, which stops once
+    /// connection); then the metrics thread; then replication; then the lock owner, which stops once
     /// every sender is gone.
     pub fn shutdown(mut self) {
         if let Some(repl) = &self.repl {
@@ -336,6 +363,11 @@ impl Server {
             let _ = waker.wake();
         }
         for thread in self.io_threads.drain(..) {
+            let _ = thread.join();
+        }
+        if let Some((slot, thread)) = self.metrics.take() {
+            log::info!("shutdown: stopping the metrics thread");
+            slot.wake();
             let _ = thread.join();
         }
         if let Some(repl) = self.repl.take() {

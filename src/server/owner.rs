@@ -17,6 +17,11 @@
 //! A full outgoing channel never blocks it: the batch stays here, in order,
 //! and is retried a millisecond later (see `messages::capacity`).
 //!
+//! Counts requests, answers and handoff times as plain fields (stats.rs)
+//! and, when the metrics thread asks (`ToOwner::Scrape`), leaves a snapshot
+//! in its slot if the slot is free at that instant; else it tries again
+//! next round.
+//!
 //! Never does: socket I/O, lock decisions, or blocking on anything but its
 //! own input channel.
 
@@ -31,6 +36,7 @@ use crate::server::Shared;
 use crate::server::busy_poll::IdleStretch;
 use crate::server::clock::Clock;
 use crate::server::messages::{IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl};
+use crate::server::stats::{MetricsSlot, OwnerStats, Snapshot};
 use crate::server::table_core::{Gauges, TableCore};
 
 /// Most inbound messages drained per round before answers go out, so a
@@ -54,6 +60,11 @@ pub struct Owner {
     /// Since when no message has come and no client was answered, and the
     /// polling window.
     idle: IdleStretch,
+    stats: OwnerStats,
+    /// Where snapshots go for `--metrics` (None without it).
+    metrics: Option<Arc<MetricsSlot>>,
+    /// When the round started (for handoff times).
+    round_start: Instant,
 }
 
 impl Owner {
@@ -67,6 +78,7 @@ impl Owner {
     ) -> Owner {
         let rounds = io_loops.iter().map(|_| OwnerBatch::default()).collect();
         let busy_poll_max = shared.busy_poll;
+        let stats = OwnerStats::new(core.is_serving());
         Owner {
             core,
             clock,
@@ -77,7 +89,16 @@ impl Owner {
             rounds,
             to_repl: VecDeque::new(),
             idle: IdleStretch::new(busy_poll_max),
+            stats,
+            metrics: None,
+            round_start: Instant::now(),
         }
+    }
+
+    /// Publish snapshots into `slot` when asked (`--metrics`).
+    pub fn with_metrics(mut self, slot: Arc<MetricsSlot>) -> Owner {
+        self.metrics = Some(slot);
+        self
     }
 
     /// Run until every sender is gone.
@@ -88,6 +109,7 @@ impl Owner {
                 break;
             }
             let now = self.clock.now();
+            self.round_start = Instant::now();
             let gauges = Gauges {
                 conns: self.shared.conns.load(Ordering::Relaxed),
                 heard_active_ms: self.shared.heard_active_ms.load(Ordering::Relaxed),
@@ -98,13 +120,16 @@ impl Owner {
                 match message {
                     ToOwner::Clients(batch) => {
                         for inbound in batch {
+                            self.stats.count_inbound(&inbound);
                             self.core.handle_inbound(now, inbound);
                         }
                     }
                     ToOwner::Cluster(msg) => self.core.handle_cluster(now, msg),
+                    ToOwner::Scrape => self.stats.scrape_wanted = true,
                 }
             }
             self.end_round();
+            self.end_round_metrics(now);
         }
         log::info!("lock owner: every sender is gone, stopping");
     }
@@ -117,6 +142,7 @@ impl Owner {
         let redirected = std::mem::take(&mut effects.redirected);
         self.to_repl.extend(effects.to_cluster.drain(..));
         for (conn, answer) in effects.answers.drain(..) {
+            self.stats.count_answer(&answer);
             if let Some(round) = self.rounds.get_mut(conn.worker()) {
                 round.answers.push((conn, answer));
             }
@@ -142,6 +168,36 @@ impl Owner {
         if redirected {
             self.to_repl.push_back(TableToCluster::Redirected);
             self.send_to_repl();
+        }
+    }
+
+    /// After the round's answers left: count its handoffs and role, and
+    /// publish a snapshot if one was asked for.
+    fn end_round_metrics(&mut self, now: crate::server::clock::Now) {
+        let done = Instant::now();
+        let round_us = done.duration_since(self.round_start).as_micros() as u64;
+        let clock = self.clock;
+        self.stats.end_round(
+            !self.core.is_standby(),
+            self.core.table().metrics(),
+            round_us,
+            |deadline_ms| {
+                done.duration_since(clock.instant_of(deadline_ms))
+                    .as_micros() as u64
+            },
+        );
+        if !self.stats.scrape_wanted {
+            return;
+        }
+        let Some(slot) = &self.metrics else {
+            self.stats.scrape_wanted = false;
+            return;
+        };
+        let mut snap = Snapshot::default();
+        self.core.fill_snapshot(now, &mut snap);
+        self.stats.fill(self.core.table().metrics(), &mut snap);
+        if slot.try_publish(&snap) {
+            self.stats.scrape_wanted = false;
         }
     }
 

@@ -26,6 +26,7 @@ use crate::protocol::{Answer, Request};
 use crate::server::clock::Now;
 use crate::server::lock_table::{Delta, LockTable, Outbox};
 use crate::server::messages::{ClusterToTable, Inbound, TableToCluster};
+use crate::server::stats::Snapshot;
 use crate::server::tokens;
 
 /// Tokens reserved ahead of the last one issued: the ceiling replicated to
@@ -130,6 +131,11 @@ impl TableCore {
         matches!(self.mode, Mode::Active)
     }
 
+    /// A standby (not active, not transferring the active role).
+    pub fn is_standby(&self) -> bool {
+        matches!(self.mode, Mode::Standby { .. })
+    }
+
     /// Transferring the active role: requests are held back.
     pub fn is_transferring(&self) -> bool {
         matches!(self.mode, Mode::Transferring { .. })
@@ -155,6 +161,7 @@ impl TableCore {
     /// larger, clocks permitting), and due timers fire.
     pub fn begin_round(&mut self, now: Now, gauges: Gauges) {
         self.gauges = gauges;
+        self.table.metrics_mut().begin_round();
         self.table.observe_token(tokens::clock_floor(now.unix_ms));
         self.outbox.replicate = self.replicating();
         self.table.poll_timers(now.ms, &mut self.outbox);
@@ -386,6 +393,35 @@ impl TableCore {
         }
     }
 
+    /// A standby: ms since it last heard from its active (0 otherwise).
+    fn lag_ms(&self, now: Now) -> u64 {
+        match &self.mode {
+            Mode::Standby { active: Some(_) } => now.ms.saturating_sub(self.gauges.heard_active_ms),
+            _ => 0,
+        }
+    }
+
+    /// Live standbys that hold this node's state (0 on a standby).
+    fn standbys(&self) -> usize {
+        match self.mode {
+            Mode::Standby { .. } => 0,
+            _ => self.gauges.synced_standbys,
+        }
+    }
+
+    /// The figures of `I` for `--metrics`, into `snap`.
+    pub fn fill_snapshot(&self, now: Now, snap: &mut Snapshot) {
+        let stats = self.table.stats();
+        snap.active = !matches!(self.mode, Mode::Standby { .. });
+        snap.handing_off = self.is_transferring();
+        snap.held = stats.held as u64;
+        snap.waiting = stats.waiting as u64;
+        snap.last_token = stats.last_token;
+        snap.ceiling = self.ceiling.max(stats.last_token);
+        snap.lag_ms = self.lag_ms(now);
+        snap.standbys = self.standbys() as u64;
+    }
+
     /// The `I` answer.
     fn info(&self, now: Now) -> Answer {
         let stats = self.table.stats();
@@ -394,14 +430,7 @@ impl TableCore {
             Mode::Transferring { .. } => ("active", "handing-off", Some(self.node.clone())),
             Mode::Standby { active } => ("standby", "standby", active.clone()),
         };
-        let lag_ms = match &self.mode {
-            Mode::Standby { active: Some(_) } => now.ms.saturating_sub(self.gauges.heard_active_ms),
-            _ => 0,
-        };
-        let standbys = match self.mode {
-            Mode::Standby { .. } => 0,
-            _ => self.gauges.synced_standbys,
-        };
+        let (lag_ms, standbys) = (self.lag_ms(now), self.standbys());
         let pairs = [
             ("role", role.to_string()),
             ("node", self.node.clone()),
@@ -756,5 +785,41 @@ mod tests {
         assert_eq!(get("conns"), Some("3"));
         assert_eq!(get("lag_ms"), Some("10"));
         assert_eq!(get("standbys"), Some("0"));
+    }
+
+    #[test]
+    fn the_metrics_snapshot_says_what_info_says() {
+        let mut core = core(true);
+        let gauges = Gauges {
+            conns: 3,
+            heard_active_ms: 90,
+            synced_standbys: 2,
+        };
+        let follow = ClusterToTable::Follow {
+            active: Some("n1:1".into()),
+        };
+        cluster(&mut core, at(1), follow);
+        core.begin_round(at(100), gauges);
+        let mut snap = Snapshot::default();
+        core.fill_snapshot(at(100), &mut snap);
+        assert!(!snap.active && core.is_standby());
+        assert_eq!((snap.lag_ms, snap.standbys), (10, 0));
+        let promote = ClusterToTable::BecomeActive {
+            floor: 0,
+            failover: true,
+        };
+        cluster(&mut core, at(110), promote);
+        round(
+            &mut core,
+            at(120),
+            vec![Inbound::Request(C, acquire("k", 0))],
+        );
+        core.begin_round(at(121), gauges);
+        core.fill_snapshot(at(121), &mut snap);
+        assert!(snap.active && !snap.handing_off && !core.is_standby());
+        assert_eq!((snap.lag_ms, snap.standbys), (0, 2));
+        assert_eq!((snap.held, snap.waiting), (1, 0));
+        assert_eq!(snap.last_token, core.table().stats().last_token);
+        assert!(snap.ceiling >= snap.last_token);
     }
 }

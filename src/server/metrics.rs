@@ -1,0 +1,363 @@
+//! The metrics thread: a small mio loop that serves `GET /metrics` on the
+//! `--metrics` address, in the Prometheus text format.
+//!
+//! Owns: the metrics listener and its connections — at most
+//! [`MAX_CONNS`] at once (more are closed at accept), each with one
+//! deadline for the whole exchange ([`REQUEST_DEADLINE`]: a slow or silent
+//! client is cut off), a request head of at most `MAX_REQUEST_BYTES`, and a
+//! response written without blocking. One request per connection; the
+//! connection closes after the response. The bytes are judged by
+//! metrics_http.rs.
+//!
+//! Figures: the lock owner's come from the snapshot it leaves in the
+//! [`MetricsSlot`] when asked (`ToOwner::Scrape`, sent with `try_send`);
+//! the I/O loops' counters and the connection count are read here from
+//! [`Shared`]. If no fresh snapshot comes within [`SNAPSHOT_WAIT`] (the
+//! owner is busy, or its channel full), the last one is served (503 before
+//! the first).
+//!
+//! Runs on its own thread (`baton-metrics`), started only with `--metrics`.
+//!
+//! Never does: block (on a socket, a channel, or the owner), or touch lock
+//! state.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
+use slab::Slab;
+
+use crate::server::Shared;
+use crate::server::messages::ToOwner;
+use crate::server::metrics_http::{
+    MAX_REQUEST_BYTES, Parsed, Status, error_body, parse_request, render, response,
+};
+use crate::server::stats::MetricsSlot;
+
+/// Metrics connections open at once; past it, new ones are closed at once.
+pub const MAX_CONNS: usize = 16;
+/// From accept to the last byte of the response.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(3);
+/// How long a scrape waits for a fresh snapshot from the lock owner.
+pub const SNAPSHOT_WAIT: Duration = Duration::from_millis(500);
+/// How often the owner is asked again while a scrape waits.
+const SNAPSHOT_RETRY: Duration = Duration::from_millis(50);
+/// After the response, how long what the client still sends is read and
+/// dropped before the close (closing with unread input would reset the
+/// connection, and could lose the response on the way).
+const LINGER: Duration = Duration::from_millis(500);
+/// The most bytes read and dropped while lingering.
+const MAX_LINGER_BYTES: usize = 64 * 1024;
+/// The longest the loop sleeps without looking at the shutdown flag.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+const LISTENER: Token = Token(usize::MAX - 1);
+const WAKER: Token = Token(usize::MAX);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Reading the request head.
+    Reading,
+    /// A good request: waiting for the owner's snapshot.
+    Waiting,
+    /// Writing the response.
+    Writing,
+    /// Response sent, write side shut: dropping input until EOF.
+    Lingering,
+}
+
+struct Conn {
+    stream: TcpStream,
+    state: State,
+    input: Vec<u8>,
+    output: Vec<u8>,
+    written: usize,
+    dropped: usize,
+    deadline: Instant,
+}
+
+/// The metrics thread. Build with [`MetricsServer::bind`], run with
+/// [`MetricsServer::run`].
+pub struct MetricsServer {
+    poll: Poll,
+    listener: TcpListener,
+    conns: Slab<Conn>,
+    slot: Arc<MetricsSlot>,
+    to_owner: Sender<ToOwner>,
+    shared: Arc<Shared>,
+    /// An outstanding ask: the slot's serial then, when first and last asked.
+    asked: Option<(u64, Instant, Instant)>,
+}
+
+impl MetricsServer {
+    /// Bind `addr`; the slot the lock owner publishes into comes with it.
+    pub fn bind(
+        addr: SocketAddr,
+        to_owner: Sender<ToOwner>,
+        shared: Arc<Shared>,
+    ) -> io::Result<(MetricsServer, Arc<MetricsSlot>)> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKER)?;
+        let slot = Arc::new(MetricsSlot::new(waker));
+        let std_listener = std::net::TcpListener::bind(addr)
+            .map_err(|e| io::Error::new(e.kind(), format!("--metrics {addr}: {e}")))?;
+        std_listener.set_nonblocking(true)?;
+        let mut listener = TcpListener::from_std(std_listener);
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        log::info!(
+            "serving metrics on http://{}/metrics",
+            listener.local_addr()?
+        );
+        let server = MetricsServer {
+            poll,
+            listener,
+            conns: Slab::with_capacity(MAX_CONNS),
+            slot: slot.clone(),
+            to_owner,
+            shared,
+            asked: None,
+        };
+        Ok((server, slot))
+    }
+
+    /// Serve until the node's shutdown flag is set (and the slot's waker
+    /// rung, or a second passes).
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(64);
+        while !self.shared.shutdown.load(Ordering::Acquire) {
+            let timeout = self.poll_timeout();
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                log::error!("metrics: poll failed: {e}; no more metrics");
+                break;
+            }
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => self.accept(),
+                    WAKER => {}
+                    Token(slot) => self.handle(slot),
+                }
+            }
+            self.serve_waiting();
+            self.expire();
+        }
+        log::info!("metrics: stopped");
+    }
+
+    fn poll_timeout(&self) -> Duration {
+        let now = Instant::now();
+        let mut until = now + MAX_SLEEP;
+        for (_, conn) in &self.conns {
+            until = until.min(conn.deadline);
+        }
+        if let Some((_, first, last)) = self.asked {
+            until = until.min(last + SNAPSHOT_RETRY).min(first + SNAPSHOT_WAIT);
+        }
+        until.saturating_duration_since(now)
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((mut stream, addr)) => {
+                    if self.conns.len() >= MAX_CONNS {
+                        log::debug!("metrics: refusing {addr}: {MAX_CONNS} connections open");
+                        continue;
+                    }
+                    let entry = self.conns.vacant_entry();
+                    let interest = Interest::READABLE | Interest::WRITABLE;
+                    if let Err(e) =
+                        self.poll
+                            .registry()
+                            .register(&mut stream, Token(entry.key()), interest)
+                    {
+                        log::warn!("metrics: cannot register {addr}: {e}");
+                        continue;
+                    }
+                    entry.insert(Conn {
+                        stream,
+                        state: State::Reading,
+                        input: Vec::new(),
+                        output: Vec::new(),
+                        written: 0,
+                        dropped: 0,
+                        deadline: Instant::now() + REQUEST_DEADLINE,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    log::warn!("metrics: accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, slot: usize) {
+        let Some(conn) = self.conns.get(slot) else {
+            return;
+        };
+        match conn.state {
+            State::Reading => self.read_request(slot),
+            State::Waiting => {}
+            State::Writing => self.flush(slot),
+            State::Lingering => self.linger(slot),
+        }
+    }
+
+    fn read_request(&mut self, slot: usize) {
+        let mut chunk = [0u8; 1024];
+        loop {
+            let conn = &mut self.conns[slot];
+            match conn.stream.read(&mut chunk) {
+                Ok(0) => return self.close(slot),
+                Ok(n) => {
+                    let room = MAX_REQUEST_BYTES - conn.input.len();
+                    conn.input.extend_from_slice(&chunk[..n.min(room)]);
+                    match parse_request(&conn.input) {
+                        Parsed::Incomplete => {}
+                        Parsed::Metrics => return self.wait_for_snapshot(slot),
+                        Parsed::Reject(status) => {
+                            log::debug!("metrics: refused a request: {status:?}");
+                            return self.respond(slot, response(status, &error_body(status)));
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return self.close(slot),
+            }
+        }
+    }
+
+    fn wait_for_snapshot(&mut self, slot: usize) {
+        self.conns[slot].state = State::Waiting;
+        self.conns[slot].input = Vec::new();
+        if self.asked.is_none() {
+            let now = Instant::now();
+            self.asked = Some((self.slot.serial(), now, now));
+            self.ask_owner();
+        }
+    }
+
+    /// Ask the lock owner for a snapshot; if its channel is full, the next
+    /// retry asks again.
+    fn ask_owner(&self) {
+        let _ = self.to_owner.try_send(ToOwner::Scrape);
+    }
+
+    /// Answer the waiting scrapes once a fresh snapshot is there, or with
+    /// the last one when the wait is over; ask again meanwhile.
+    fn serve_waiting(&mut self) {
+        let Some((serial, first, last)) = self.asked else {
+            return;
+        };
+        let now = Instant::now();
+        let fresh = self.slot.serial() != serial;
+        if !fresh && now < first + SNAPSHOT_WAIT {
+            if now >= last + SNAPSHOT_RETRY {
+                self.asked = Some((serial, first, now));
+                self.ask_owner();
+            }
+            return;
+        }
+        self.asked = None;
+        let body = match self.slot.read() {
+            Some(snap) => {
+                if !fresh {
+                    log::warn!("metrics: no fresh figures from the lock owner; serving the last");
+                }
+                let io = self.shared.io_counters.refusals();
+                let conns = self.shared.conns.load(Ordering::Relaxed) as u64;
+                response(Status::Ok, &render(&snap, &io, conns))
+            }
+            None => response(Status::Unavailable, &error_body(Status::Unavailable)),
+        };
+        let waiting: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.state == State::Waiting)
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in waiting {
+            self.respond(slot, body.clone());
+        }
+    }
+
+    fn respond(&mut self, slot: usize, output: Vec<u8>) {
+        let conn = &mut self.conns[slot];
+        conn.state = State::Writing;
+        conn.output = output;
+        conn.written = 0;
+        self.flush(slot);
+    }
+
+    fn flush(&mut self, slot: usize) {
+        let conn = &mut self.conns[slot];
+        while conn.written < conn.output.len() {
+            match conn.stream.write(&conn.output[conn.written..]) {
+                Ok(0) => return self.close(slot),
+                Ok(n) => conn.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return self.close(slot),
+            }
+        }
+        conn.state = State::Lingering;
+        conn.output = Vec::new();
+        conn.deadline = conn.deadline.min(Instant::now() + LINGER);
+        let _ = conn.stream.shutdown(std::net::Shutdown::Write);
+        self.linger(slot);
+    }
+
+    fn linger(&mut self, slot: usize) {
+        let mut chunk = [0u8; 1024];
+        loop {
+            let conn = &mut self.conns[slot];
+            match conn.stream.read(&mut chunk) {
+                Ok(0) => return self.close(slot),
+                Ok(n) => {
+                    conn.dropped += n;
+                    if conn.dropped > MAX_LINGER_BYTES {
+                        return self.close(slot);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return self.close(slot),
+            }
+        }
+    }
+
+    /// Close every connection past its deadline.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let late: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.deadline <= now)
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in late {
+            if self.conns[slot].state != State::Lingering {
+                log::debug!("metrics: a connection ran past its deadline; closing it");
+            }
+            self.close(slot);
+        }
+    }
+
+    fn close(&mut self, slot: usize) {
+        if let Some(mut conn) = self.conns.try_remove(slot) {
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+        }
+    }
+}

@@ -1,0 +1,537 @@
+//! The node's figures for `--metrics`: what is counted, where, and the
+//! snapshot the lock owner publishes for the metrics thread.
+//!
+//! Owns:
+//! - [`Latency`], a latency histogram kept in an `hdrhistogram` (2
+//!   significant digits, microseconds) with an exact sum, and its
+//!   [`LatencySnapshot`] in the fixed Prometheus buckets [`BUCKETS_US`];
+//! - [`TableMetrics`], the lock table's counters and histograms (grants,
+//!   handoffs, lease expiries, wait timeouts, grant wait, expiry lateness),
+//!   written by the lock owner where the events happen, as plain fields;
+//! - [`OwnerStats`], the lock owner's own counts (requests by op, answers by
+//!   kind, refusals by reason, role changes, handoff time);
+//! - [`IoCounters`], what the I/O loops count themselves (lines refused
+//!   before the owner sees them), as relaxed atomics;
+//! - [`Snapshot`] and [`MetricsSlot`]: a plain copy of every figure, which
+//!   the owner writes into the slot only when the metrics thread asks and
+//!   only if the slot is free (`try_lock`), so a scrape never blocks it.
+//!
+//! Runs on the lock-owner thread (everything but [`IoCounters`] and the
+//! reading side of [`MetricsSlot`]).
+//!
+//! Never does: allocate or lock per request, I/O, or wait for the reader.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hdrhistogram::Histogram;
+
+use crate::protocol::{Answer, KNOWN_REASONS, Op, Reason};
+use crate::server::messages::Inbound;
+
+/// The largest latency a histogram keeps apart (one hour); longer ones
+/// count as this.
+pub const MAX_RECORDED_US: u64 = 3_600_000_000;
+
+/// The upper bounds (`le`) of the exported buckets, in microseconds, and
+/// the same in seconds as written; `+Inf` follows them.
+pub const BUCKETS_US: [(u64, &str); 20] = [
+    (100, "0.0001"),
+    (250, "0.00025"),
+    (500, "0.0005"),
+    (1_000, "0.001"),
+    (2_500, "0.0025"),
+    (5_000, "0.005"),
+    (10_000, "0.01"),
+    (25_000, "0.025"),
+    (50_000, "0.05"),
+    (100_000, "0.1"),
+    (250_000, "0.25"),
+    (500_000, "0.5"),
+    (1_000_000, "1"),
+    (2_500_000, "2.5"),
+    (5_000_000, "5"),
+    (10_000_000, "10"),
+    (30_000_000, "30"),
+    (60_000_000, "60"),
+    (300_000_000, "300"),
+    (3_600_000_000, "3600"),
+];
+pub const BUCKETS: usize = BUCKETS_US.len();
+
+/// Request ops in their order on the wire, with their metric label.
+pub const OPS: [(Op, &str); 6] = [
+    (Op::Acquire, "acquire"),
+    (Op::Release, "release"),
+    (Op::Keep, "keep"),
+    (Op::Query, "query"),
+    (Op::Info, "info"),
+    (Op::Auth, "auth"),
+];
+
+/// Answer kinds, as labelled (index: [`answer_kind`]).
+pub const ANSWER_KINDS: [&str; 10] = [
+    "granted", "timeout", "released", "not_held", "kept", "queried", "moved", "error", "info",
+    "auth_ok",
+];
+
+/// Reasons counted (every reason a server sends).
+pub const REASONS: usize = KNOWN_REASONS.len();
+
+/// The index of `op` in [`OPS`].
+fn op_index(op: Op) -> usize {
+    match op {
+        Op::Acquire => 0,
+        Op::Release => 1,
+        Op::Keep => 2,
+        Op::Query => 3,
+        Op::Info => 4,
+        Op::Auth => 5,
+    }
+}
+
+/// The index of `answer`'s kind in [`ANSWER_KINDS`].
+pub fn answer_kind(answer: &Answer) -> usize {
+    match answer {
+        Answer::Granted { .. } => 0,
+        Answer::Timeout { .. } => 1,
+        Answer::Released { .. } => 2,
+        Answer::NotHeld { .. } => 3,
+        Answer::Kept { .. } => 4,
+        Answer::Queried { .. } => 5,
+        Answer::Moved { .. } => 6,
+        Answer::Error { .. } => 7,
+        Answer::Info(_) => 8,
+        Answer::AuthOk => 9,
+    }
+}
+
+/// The index of `reason` in `KNOWN_REASONS` (None for `Other`).
+pub fn reason_index(reason: Reason) -> Option<usize> {
+    KNOWN_REASONS.iter().position(|r| *r == reason)
+}
+
+/// A latency histogram: hdrhistogram counts (1 % precision) and an exact sum.
+pub struct Latency {
+    hist: Histogram<u64>,
+    sum_us: u64,
+}
+
+impl Latency {
+    pub fn new() -> Latency {
+        Latency {
+            hist: Histogram::new_with_bounds(1, MAX_RECORDED_US, 2)
+                .expect("constant histogram bounds are valid"),
+            sum_us: 0,
+        }
+    }
+
+    /// Record one latency.
+    pub fn record_us(&mut self, us: u64) {
+        self.record_n_us(us, 1);
+    }
+
+    /// Record `n` latencies of `us` each.
+    pub fn record_n_us(&mut self, us: u64, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let us = us.min(MAX_RECORDED_US);
+        self.hist.saturating_record_n(us, n);
+        self.sum_us = self.sum_us.saturating_add(us.saturating_mul(n));
+    }
+
+    /// The counts in the exported buckets. A value counts as at most a
+    /// bound when the lowest value of its hdrhistogram bucket is (so the
+    /// bucket counts are exact to the histogram's 1 %).
+    pub fn snapshot(&self) -> LatencySnapshot {
+        let mut snap = LatencySnapshot {
+            count: self.hist.len(),
+            sum_us: self.sum_us,
+            ..LatencySnapshot::default()
+        };
+        for value in self.hist.iter_recorded() {
+            let low = self.hist.lowest_equivalent(value.value_iterated_to());
+            let n = value.count_since_last_iteration();
+            for (le, (bound, _)) in snap.le.iter_mut().zip(BUCKETS_US) {
+                if low <= bound {
+                    *le += n;
+                }
+            }
+        }
+        snap
+    }
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Latency::new()
+    }
+}
+
+/// A histogram as exported: cumulative counts per bucket of [`BUCKETS_US`]
+/// (`+Inf` is `count`), and the sum in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencySnapshot {
+    pub le: [u64; BUCKETS],
+    pub count: u64,
+    pub sum_us: u64,
+}
+
+/// Handoffs of one round buffered for the shell (bounded; past it the
+/// handoff counts as made by a release).
+const MAX_ROUND_EXPIRED: usize = 65_536;
+
+/// The lock table's figures (lock-owner thread only; plain fields).
+#[derive(Default)]
+pub struct TableMetrics {
+    /// Grants made (at once or to a waiter).
+    pub grants: u64,
+    /// Grants to the next waiter after a release or an expiry.
+    pub handoffs: u64,
+    /// Leases that ran out.
+    pub expiries: u64,
+    /// Waits that ran out (`T`).
+    pub timeouts: u64,
+    /// Request to grant, in ms resolution (recorded in µs), for grants
+    /// that waited; see [`TableMetrics::grant_wait`].
+    grant_waited: Latency,
+    /// Grants that did not wait: only counted here (the common case costs
+    /// an addition), added to the histogram when it is read.
+    grant_at_once: u64,
+    /// A lease's deadline to the moment it was reclaimed.
+    pub expiry_lateness: Latency,
+    /// This round's handoffs after a release: their time is measured by
+    /// the shell, from the round's start to its grants leaving.
+    pub round_released: u64,
+    /// This round's handoffs after an expiry: the lease deadlines (ms).
+    pub round_expired: Vec<u64>,
+}
+
+impl TableMetrics {
+    /// A new round: the shell has read the last one's handoffs.
+    pub fn begin_round(&mut self) {
+        self.round_released = 0;
+        self.round_expired.clear();
+    }
+
+    /// A grant after a wait of `wait_ms`.
+    pub fn granted(&mut self, wait_ms: u64) {
+        self.grants += 1;
+        if wait_ms == 0 {
+            self.grant_at_once += 1;
+        } else {
+            self.grant_waited.record_us(wait_ms.saturating_mul(1000));
+        }
+    }
+
+    /// The grant-wait histogram: request to grant, 0 for grants at once.
+    pub fn grant_wait(&self) -> LatencySnapshot {
+        let mut snap = self.grant_waited.snapshot();
+        for le in &mut snap.le {
+            *le += self.grant_at_once;
+        }
+        snap.count += self.grant_at_once;
+        snap
+    }
+
+    /// A grant to the next waiter; `expired_at_ms` is the lease deadline
+    /// when the last holder's lease ran out (None: it released the key).
+    pub fn handed_off(&mut self, expired_at_ms: Option<u64>) {
+        self.handoffs += 1;
+        match expired_at_ms {
+            Some(ms) if self.round_expired.len() < MAX_ROUND_EXPIRED => self.round_expired.push(ms),
+            _ => self.round_released += 1,
+        }
+    }
+
+    /// A lease with deadline `deadline_ms` reclaimed at `now_ms`.
+    pub fn expired(&mut self, deadline_ms: u64, now_ms: u64) {
+        self.expiries += 1;
+        self.expiry_lateness
+            .record_us(now_ms.saturating_sub(deadline_ms).saturating_mul(1000));
+    }
+}
+
+/// What the I/O loops count themselves: lines refused without reaching the
+/// lock owner (not understood, or over `--max-conns`). Relaxed atomics.
+#[derive(Debug, Default)]
+pub struct IoCounters {
+    refusals: [AtomicU64; REASONS],
+}
+
+impl IoCounters {
+    /// An `E - - reason` an I/O loop answered on its own.
+    pub fn refused(&self, reason: Reason) {
+        if let Some(i) = reason_index(reason) {
+            self.refusals[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The counts by reason.
+    pub fn refusals(&self) -> [u64; REASONS] {
+        std::array::from_fn(|i| self.refusals[i].load(Ordering::Relaxed))
+    }
+}
+
+/// Every figure of the lock owner, copied at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Active (serving, or handing the role over) rather than standby.
+    pub active: bool,
+    /// Handing the active role over to another node.
+    pub handing_off: bool,
+    pub held: u64,
+    pub waiting: u64,
+    pub last_token: u64,
+    pub ceiling: u64,
+    /// A standby: ms since it last heard from its active (0 when active).
+    pub lag_ms: u64,
+    /// Live standbys that hold this node's full state.
+    pub standbys: u64,
+    pub requests: [u64; OPS.len()],
+    pub answers: [u64; ANSWER_KINDS.len()],
+    pub refusals: [u64; REASONS],
+    pub grants: u64,
+    pub handoffs: u64,
+    pub expiries: u64,
+    pub timeouts: u64,
+    pub role_changes: u64,
+    pub grant_wait: LatencySnapshot,
+    pub handoff: LatencySnapshot,
+    pub expiry_lateness: LatencySnapshot,
+}
+
+/// The lock owner's own counts (lock-owner thread only; plain fields).
+pub struct OwnerStats {
+    requests: [u64; OPS.len()],
+    answers: [u64; ANSWER_KINDS.len()],
+    refusals: [u64; REASONS],
+    role_changes: u64,
+    was_active: bool,
+    /// Release or expiry to the next grant leaving the owner.
+    handoff: Latency,
+    /// The metrics thread asked for a snapshot not published yet.
+    pub scrape_wanted: bool,
+}
+
+impl OwnerStats {
+    pub fn new(active: bool) -> OwnerStats {
+        OwnerStats {
+            requests: [0; OPS.len()],
+            answers: [0; ANSWER_KINDS.len()],
+            refusals: [0; REASONS],
+            role_changes: 0,
+            was_active: active,
+            handoff: Latency::new(),
+            scrape_wanted: false,
+        }
+    }
+
+    /// A request (well-formed or refused by the parser) reached the owner.
+    pub fn count_inbound(&mut self, inbound: &Inbound) {
+        let op = match inbound {
+            Inbound::Request(_, request) => request.op(),
+            Inbound::Refused(_, op, _, _) => *op,
+            Inbound::Closed(_) => return,
+        };
+        self.requests[op_index(op)] += 1;
+    }
+
+    /// An answer leaves the owner.
+    pub fn count_answer(&mut self, answer: &Answer) {
+        self.answers[answer_kind(answer)] += 1;
+        if let Answer::Error { reason, .. } = answer
+            && let Some(i) = reason_index(*reason)
+        {
+            self.refusals[i] += 1;
+        }
+    }
+
+    /// The end of a round: the role now, and this round's handoffs, whose
+    /// grants have just left (`round_us`: since the round started;
+    /// `since_deadline_us`: since a lease deadline in ms).
+    pub fn end_round(
+        &mut self,
+        active: bool,
+        table: &TableMetrics,
+        round_us: u64,
+        since_deadline_us: impl Fn(u64) -> u64,
+    ) {
+        if active != self.was_active {
+            self.role_changes += 1;
+            self.was_active = active;
+        }
+        self.handoff.record_n_us(round_us, table.round_released);
+        for &deadline_ms in &table.round_expired {
+            self.handoff.record_us(since_deadline_us(deadline_ms));
+        }
+    }
+
+    /// Fill in the owner's own figures of `snap`.
+    pub fn fill(&self, table: &TableMetrics, snap: &mut Snapshot) {
+        snap.requests = self.requests;
+        snap.answers = self.answers;
+        snap.refusals = self.refusals;
+        snap.role_changes = self.role_changes;
+        snap.grants = table.grants;
+        snap.handoffs = table.handoffs;
+        snap.expiries = table.expiries;
+        snap.timeouts = table.timeouts;
+        snap.grant_wait = table.grant_wait();
+        snap.handoff = self.handoff.snapshot();
+        snap.expiry_lateness = table.expiry_lateness.snapshot();
+    }
+}
+
+/// Where the lock owner leaves a [`Snapshot`] for the metrics thread.
+pub struct MetricsSlot {
+    snapshot: parking_lot::Mutex<Option<Snapshot>>,
+    serial: AtomicU64,
+    /// Wakes the metrics thread when a snapshot is published.
+    waker: mio::Waker,
+}
+
+impl MetricsSlot {
+    pub fn new(waker: mio::Waker) -> MetricsSlot {
+        MetricsSlot {
+            snapshot: parking_lot::Mutex::new(None),
+            serial: AtomicU64::new(0),
+            waker,
+        }
+    }
+
+    /// Lock owner: publish `snap` unless the reader holds the slot at this
+    /// instant (then false: try again next round). Never waits.
+    pub fn try_publish(&self, snap: &Snapshot) -> bool {
+        let Some(mut slot) = self.snapshot.try_lock() else {
+            return false;
+        };
+        *slot = Some(*snap);
+        drop(slot);
+        self.serial.fetch_add(1, Ordering::Release);
+        let _ = self.waker.wake();
+        true
+    }
+
+    /// Wake the metrics thread (to see the shutdown flag).
+    pub fn wake(&self) {
+        let _ = self.waker.wake();
+    }
+
+    /// How many snapshots were published so far.
+    pub fn serial(&self) -> u64 {
+        self.serial.load(Ordering::Acquire)
+    }
+
+    /// The last snapshot published (None before the first).
+    pub fn read(&self) -> Option<Snapshot> {
+        *self.snapshot.lock()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_buckets_are_cumulative_and_exact_on_their_bounds() {
+        let mut l = Latency::new();
+        l.record_us(0);
+        l.record_us(100);
+        l.record_us(101);
+        l.record_n_us(1_000, 3);
+        l.record_us(7_200_000_000); // past the range: counted as an hour
+        let s = l.snapshot();
+        assert_eq!(s.count, 7);
+        assert_eq!(s.le[0], 2, "0 and 100 are <= 100 us");
+        assert_eq!(s.le[1], 3, "101 <= 250 us");
+        assert_eq!(s.le[3], 6, "1000 is <= 0.001 s, on the bound");
+        assert_eq!(s.le[BUCKETS - 2], 6, "nothing else below 300 s");
+        assert_eq!(s.le[BUCKETS - 1], 7, "the clamped one is <= 3600 s");
+        assert_eq!(s.sum_us, 100 + 101 + 3_000 + MAX_RECORDED_US);
+        assert!(s.le.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn table_metrics_keep_a_rounds_handoffs_apart_until_the_next_round() {
+        let mut t = TableMetrics::default();
+        t.granted(0);
+        t.granted(2);
+        t.handed_off(None);
+        t.handed_off(Some(40));
+        t.expired(40, 41);
+        assert_eq!((t.grants, t.handoffs, t.expiries), (2, 2, 1));
+        assert_eq!(
+            (t.round_released, t.round_expired.as_slice()),
+            (1, &[40][..])
+        );
+        let mut owner = OwnerStats::new(true);
+        owner.end_round(false, &t, 7, |deadline| (45 - deadline) * 1000);
+        let mut snap = Snapshot::default();
+        owner.fill(&t, &mut snap);
+        assert_eq!(snap.handoff.count, 2);
+        assert_eq!(snap.handoff.sum_us, 7 + 5_000);
+        assert_eq!(snap.role_changes, 1);
+        assert_eq!(snap.expiry_lateness.sum_us, 1_000);
+        assert_eq!(snap.grant_wait.sum_us, 2_000);
+        assert_eq!(snap.grant_wait.count, 2, "one at once, one after 2 ms");
+        assert_eq!((snap.grant_wait.le[0], snap.grant_wait.le[4]), (1, 2));
+        t.begin_round();
+        assert_eq!((t.round_released, t.round_expired.len()), (0, 0));
+    }
+
+    #[test]
+    fn publishing_never_waits_for_a_reader_and_wakes_it_when_done() {
+        let mut poll = mio::Poll::new().expect("poll");
+        let waker = mio::Waker::new(poll.registry(), mio::Token(7)).expect("waker");
+        let slot = MetricsSlot::new(waker);
+        assert_eq!(slot.read(), None, "nothing before the first publish");
+        let snap = Snapshot {
+            held: 5,
+            ..Snapshot::default()
+        };
+        {
+            let _reader = slot.snapshot.lock();
+            assert!(
+                !slot.try_publish(&snap),
+                "a held slot is skipped, not waited for"
+            );
+            assert_eq!(slot.serial(), 0);
+        }
+        assert!(slot.try_publish(&snap));
+        assert_eq!(slot.serial(), 1);
+        assert_eq!(slot.read().map(|s| s.held), Some(5));
+        let mut events = mio::Events::with_capacity(4);
+        poll.poll(&mut events, Some(std::time::Duration::ZERO))
+            .expect("poll");
+        assert!(events.iter().any(|e| e.token() == mio::Token(7)), "woken");
+    }
+
+    #[test]
+    fn every_op_has_its_own_label_in_order() {
+        for (i, (op, _)) in OPS.iter().enumerate() {
+            assert_eq!(op_index(*op), i);
+        }
+    }
+
+    #[test]
+    fn answers_and_refusals_are_counted_by_kind_and_reason() {
+        let mut owner = OwnerStats::new(true);
+        owner.count_answer(&Answer::Error {
+            op: None,
+            key: None,
+            reason: Reason::TooManyKeys,
+        });
+        owner.count_answer(&Answer::Error {
+            op: None,
+            key: None,
+            reason: Reason::Other,
+        });
+        let mut snap = Snapshot::default();
+        owner.fill(&TableMetrics::default(), &mut snap);
+        assert_eq!(snap.answers[7], 2);
+        let i = reason_index(Reason::TooManyKeys).expect("known");
+        assert_eq!(snap.refusals[i], 1);
+        assert_eq!(snap.refusals.iter().sum::<u64>(), 1);
+    }
+}
