@@ -2,7 +2,8 @@
 //!
 //! Owns: the process — flags (pico-args, through `server::config`), logging
 //! (env_logger, `RUST_LOG`), the file-descriptor limit, and the signals that
-//! stop it (SIGINT, SIGTERM: a graceful shutdown, then exit 0).
+//! stop it (SIGINT, SIGTERM: a graceful shutdown, then exit 0) or reload its
+//! TLS files (SIGHUP).
 //!
 //! Never does: anything the server module does itself.
 
@@ -10,7 +11,7 @@ use std::process::ExitCode;
 
 use baton::server::config::{Command, HELP};
 use baton::server::{Config, Server};
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
 fn main() -> ExitCode {
@@ -36,8 +37,13 @@ fn main() -> ExitCode {
     if config.peers.is_empty() && config.cluster_key_file.is_some() {
         log::warn!("--cluster-key-file is not used without --peers");
     }
+    // TLS files are checked before anything starts, for a clear message.
+    if let Err(e) = baton::server::tls::NodeTls::load(&config) {
+        eprintln!("batond: {e}");
+        return ExitCode::from(2);
+    }
     raise_fd_limit(config.max_conns);
-    let mut signals = match Signals::new([SIGINT, SIGTERM]) {
+    let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP]) {
         Ok(signals) => signals,
         Err(e) => {
             eprintln!("batond: cannot handle signals: {e}");
@@ -54,8 +60,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(signal) = signals.forever().next() {
+    for signal in signals.forever() {
+        if signal == SIGHUP {
+            match server.reload_tls() {
+                Ok(true) => log::info!("SIGHUP: TLS files reloaded"),
+                Ok(false) => log::info!("SIGHUP: no TLS files to reload"),
+                Err(e) => log::error!("SIGHUP: TLS files not reloaded, the old ones stay: {e}"),
+            }
+            continue;
+        }
         log::info!("signal {signal}: shutting down");
+        break;
     }
     server.shutdown();
     ExitCode::SUCCESS

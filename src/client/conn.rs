@@ -225,9 +225,33 @@ impl Conn {
         ctx.notifier.bump();
     }
 
-    /// One connection's life: start the writer, read until it ends, clean up.
+    /// One connection's life: the TLS handshake if the client uses TLS,
+    /// then start the writer, read until it ends, clean up.
     fn serve(&self, stream: TcpStream, ctx: &Ctx) {
-        let writer = match self.start_writer(&stream, ctx) {
+        #[cfg(feature = "tls")]
+        if let Some(connector) = &ctx.tls {
+            match crate::client::tls::handshake(connector, &self.addr, &stream, ctx.connect_timeout)
+            {
+                Ok((reader, writer)) => return self.serve_on(&stream, reader, writer, ctx),
+                Err(why) => {
+                    let _ = stream.shutdown(Shutdown::Both);
+                    self.set_phase(Phase::Down, Some(why), ctx);
+                    return;
+                }
+            }
+        }
+        match (stream.try_clone(), stream.try_clone()) {
+            (Ok(reader), Ok(writer)) => self.serve_on(&stream, reader, writer, ctx),
+            (Err(e), _) | (_, Err(e)) => {
+                self.set_phase(Phase::Down, Some(format!("cannot start: {e}")), ctx);
+            }
+        }
+    }
+
+    /// Serve one connection through its two halves (plain or TLS) over
+    /// `stream`, the socket they share.
+    fn serve_on<R: Read, W: Sink>(&self, stream: &TcpStream, reader: R, writer: W, ctx: &Ctx) {
+        let writer = match self.start_writer(stream, writer, ctx) {
             Ok(writer) => writer,
             Err(e) => {
                 self.set_phase(Phase::Down, Some(format!("cannot start: {e}")), ctx);
@@ -238,15 +262,20 @@ impl Conn {
             // The client closed while this connection was being made.
             let _ = stream.shutdown(Shutdown::Both);
         }
-        let why = self.read_loop(stream, ctx);
+        let why = self.read_loop(stream, reader, ctx);
         self.go_down(why, ctx);
         let _ = writer.join();
     }
 
-    fn start_writer(&self, stream: &TcpStream, ctx: &Ctx) -> io::Result<JoinHandle<()>> {
-        let out = stream.try_clone()?;
+    fn start_writer<W: Sink>(
+        &self,
+        stream: &TcpStream,
+        out: W,
+        ctx: &Ctx,
+    ) -> io::Result<JoinHandle<()>> {
         let killer = stream.try_clone()?;
-        out.set_write_timeout(Some(ctx.request_timeout))?;
+        // The socket's timeouts hold for every handle on it.
+        stream.set_write_timeout(Some(ctx.request_timeout))?;
         // Bounded in fact though not in type: every queued line has a
         // pending entry until it is answered, and `send_locked` refuses a
         // line past MAX_IN_FLIGHT of them (the caller then moves to another
@@ -290,7 +319,7 @@ impl Conn {
     }
 
     /// Read and dispatch answers until the connection ends; why it ended.
-    fn read_loop(&self, mut stream: TcpStream, ctx: &Ctx) -> String {
+    fn read_loop<R: Read>(&self, stream: &TcpStream, mut reader: R, ctx: &Ctx) -> String {
         if let Err(e) = stream.set_read_timeout(Some(ctx.request_timeout)) {
             return format!("cannot set a read timeout: {e}");
         }
@@ -298,7 +327,7 @@ impl Conn {
         let mut chunk = [0u8; READ_CHUNK];
         let mut probing = false;
         loop {
-            match stream.read(&mut chunk) {
+            match reader.read(&mut chunk) {
                 Ok(0) => return "closed by the server".into(),
                 Ok(n) => {
                     probing = false;
@@ -448,7 +477,7 @@ fn is_timeout(e: &io::Error) -> bool {
 
 /// The writer thread: coalesce queued lines and write them; on a failed
 /// write, shut the socket so the reader notices.
-fn write_loop(lines: Receiver<Vec<u8>>, mut stream: TcpStream) {
+fn write_loop<W: Sink>(lines: Receiver<Vec<u8>>, mut stream: W) {
     let mut batch = Vec::with_capacity(4096);
     while let Ok(first) = lines.recv() {
         batch.clear();
@@ -459,11 +488,40 @@ fn write_loop(lines: Receiver<Vec<u8>>, mut stream: TcpStream) {
                 Err(_) => break,
             }
         }
-        if let Err(e) = stream.write_all(&batch) {
+        if let Err(e) = stream.send_all(&batch) {
             log::debug!("write failed: {e}");
-            let _ = stream.shutdown(Shutdown::Both);
+            stream.shut();
             return;
         }
+    }
+}
+
+/// Where the writer thread puts its batches: a plain socket, or the
+/// writing half of a TLS connection.
+pub trait Sink: Send + 'static {
+    fn send_all(&mut self, data: &[u8]) -> io::Result<()>;
+    /// Shut the socket down, so that the reader notices.
+    fn shut(&mut self);
+}
+
+impl Sink for TcpStream {
+    fn send_all(&mut self, data: &[u8]) -> io::Result<()> {
+        self.write_all(data)
+    }
+
+    fn shut(&mut self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(feature = "tls")]
+impl Sink for crate::client::tls::TlsWriter {
+    fn send_all(&mut self, data: &[u8]) -> io::Result<()> {
+        crate::client::tls::TlsWriter::send_all(self, data)
+    }
+
+    fn shut(&mut self) {
+        let _ = self.socket().shutdown(Shutdown::Both);
     }
 }
 

@@ -17,10 +17,20 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::{Condvar, Mutex};
 
+/// The client's TLS settings, built (None: plain TCP).
+#[cfg(feature = "tls")]
+pub type TlsSetting = Option<std::sync::Arc<crate::client::tls::Connector>>;
+/// Without the `tls` feature there is nothing to set.
+#[cfg(not(feature = "tls"))]
+pub type TlsSetting = ();
+
 /// Settings and signals shared by the pool and its connections' threads.
 pub struct Ctx {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
+    /// TLS for every connection, redone on every reconnection.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub tls: TlsSetting,
     pub notifier: Notifier,
     /// Never sent on: disconnects when the client is dropped.
     stop: Receiver<()>,
@@ -28,10 +38,16 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn new(connect_timeout: Duration, request_timeout: Duration, stop: Receiver<()>) -> Ctx {
+    pub fn new(
+        connect_timeout: Duration,
+        request_timeout: Duration,
+        tls: TlsSetting,
+        stop: Receiver<()>,
+    ) -> Ctx {
         Ctx {
             connect_timeout,
             request_timeout,
+            tls,
             notifier: Notifier::default(),
             stop,
             closed: AtomicBool::new(false),

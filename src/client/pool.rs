@@ -123,9 +123,10 @@ impl Pool {
         servers: &[String],
         connect_timeout: Duration,
         request_timeout: Duration,
+        tls: crate::client::ctx::TlsSetting,
         stop: Receiver<()>,
     ) -> Result<Pool, Error> {
-        let ctx = Arc::new(Ctx::new(connect_timeout, request_timeout, stop));
+        let ctx = Arc::new(Ctx::new(connect_timeout, request_timeout, tls, stop));
         let pool = Pool {
             ctx,
             timer: Timer::default(),

@@ -37,6 +37,7 @@ USAGE:
          [--max-waiting N] [--max-keys N] [--detect SECS]
          [--promotion-grace SECS] [--busy-poll-us N]
          [--cluster-key-file PATH | --insecure-peers]
+         [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH] [--tls-ca PATH]]
 
 FLAGS:
   --bind ADDR        address to listen on (default 0.0.0.0)
@@ -54,6 +55,18 @@ FLAGS:
   --insecure-peers   run --peers without a cluster key: anyone who can reach
                      the port can pose as a peer (warned at start and every
                      minute)
+  --tls-cert PATH    this node's certificate chain (PEM): every connection
+                     on the port, client or peer, must then speak TLS (1.3,
+                     or 1.2); plain text is refused. Reloaded on SIGHUP
+  --tls-key PATH     the private key of --tls-cert (PEM)
+  --tls-client-ca PATH
+                     clients must present a certificate signed by a CA in
+                     this PEM file (mutual TLS); nodes present their own
+                     certificate, so it must vouch for those too
+  --tls-ca PATH      the CAs (PEM) peer certificates are checked against
+                     when this node dials a peer (default: the system's);
+                     a peer's certificate must name the host of its
+                     --peers entry (a DNS name, or an IP address SAN)
   --threads N        I/O loops (default: the number of cores)
   --max-lease SECS   largest lease and wait a client may ask for
                      (default 86400)
@@ -80,7 +93,8 @@ FLAGS:
   -h, --help         print this help
 
 Logs go to stderr; RUST_LOG sets the level (error, warn, info, debug).
-Ctrl+C or SIGTERM stops the node gracefully.
+Ctrl+C or SIGTERM stops the node gracefully; SIGHUP reloads the TLS files
+(a bad new file keeps the old ones, and says why in the log).
 ";
 
 /// Everything a node needs to know to start.
@@ -106,6 +120,13 @@ pub struct Config {
     pub cluster_key_file: Option<PathBuf>,
     /// `--insecure-peers`: peers without a cluster key.
     pub insecure_peers: bool,
+    /// `--tls-cert`, `--tls-key`: TLS on every connection.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// `--tls-client-ca`: clients must present a certificate it signed.
+    pub tls_client_ca: Option<PathBuf>,
+    /// `--tls-ca`: what peer certificates are checked against.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -126,12 +147,18 @@ impl Default for Config {
             busy_poll_us: DEFAULT_BUSY_POLL_US,
             cluster_key_file: None,
             insecure_peers: false,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_ca: None,
         }
     }
 }
 
 /// What the command line asked for.
 #[derive(Debug, PartialEq, Eq)]
+// Built once at start and moved out at once: its size costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     Run(Config),
     Help,
@@ -220,6 +247,16 @@ impl Config {
                 Ok::<_, std::convert::Infallible>(PathBuf::from(s))
             })
             .map_err(flag_error)?;
+        let mut path_flag = |name: &'static str| {
+            args.opt_value_from_os_str(name, |s| {
+                Ok::<_, std::convert::Infallible>(PathBuf::from(s))
+            })
+            .map_err(flag_error)
+        };
+        config.tls_cert = path_flag("--tls-cert")?;
+        config.tls_key = path_flag("--tls-key")?;
+        config.tls_client_ca = path_flag("--tls-client-ca")?;
+        config.tls_ca = path_flag("--tls-ca")?;
         let rest = args.finish();
         if !rest.is_empty() {
             return Err(format!("unexpected argument {:?} (see --help)", rest[0]));
@@ -254,6 +291,12 @@ impl Config {
         }
         if self.cluster_key_file.is_some() && self.insecure_peers {
             return Err("--cluster-key-file and --insecure-peers exclude each other".into());
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err("--tls-cert and --tls-key go together".into());
+        }
+        if self.tls_cert.is_none() && (self.tls_client_ca.is_some() || self.tls_ca.is_some()) {
+            return Err("--tls-client-ca and --tls-ca need --tls-cert and --tls-key".into());
         }
         if self.peers.len() > crate::server::tokens::MAX_NODES {
             return Err(format!(

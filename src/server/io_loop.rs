@@ -22,7 +22,17 @@
 //! - `MAX_OWNER_BATCHES` answer batches taken in per round, so one flooded
 //!   loop still gets back to its other clients;
 //! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
-//!   is closed at once.
+//!   is closed at once (under TLS it is closed without a word: it has no
+//!   TLS session to carry one);
+//! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake,
+//!   and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per connection.
+//!
+//! TLS: a connection is plain or TLS from its accept on ([`Stream`]); the
+//! loop reads and writes plaintext through it either way, and a TLS
+//! connection is read until the socket would block (rustls may hold
+//! plaintext beyond what one read returns). A TLS connection says nothing
+//! to the owner until its handshake is done, so one that fails or stalls in
+//! its handshake is dropped without the owner ever hearing of it.
 //!
 //! A connection is closed in one way only: the loop tells the owner
 //! (`Inbound::Closed`), the owner drops the connection's waiters and
@@ -49,6 +59,7 @@ use crate::server::busy_poll::IdleStretch;
 use crate::server::lock_table::ConnId;
 use crate::server::messages::{Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl};
 use crate::server::peer_wire::is_peer_line;
+use crate::server::tls::{HANDSHAKE_MS, Stream};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 /// The token of the loop's `mio::Waker`.
@@ -75,7 +86,7 @@ const MAX_OWNER_BATCHES: usize = 64;
 pub const PEER_SLOT_MS: u64 = 1_000;
 
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     id: ConnId,
     /// Bytes of an unfinished line (at most MAX_LINE).
     partial: Vec<u8>,
@@ -134,6 +145,8 @@ pub struct IoLoop {
     /// Connections in peer-reserved slots, with the time they must have
     /// shown a peer line by.
     peer_only: Vec<(usize, ConnId, Instant)>,
+    /// TLS connections whose handshake is not done, with its deadline.
+    handshakes: Vec<(usize, ConnId, Instant)>,
 }
 
 impl IoLoop {
@@ -174,6 +187,7 @@ impl IoLoop {
             idle: IdleStretch::new(busy_poll_max),
             polling: false,
             peer_only: Vec::new(),
+            handshakes: Vec::new(),
         };
         Ok((io_loop, waker, awake))
     }
@@ -232,6 +246,9 @@ impl IoLoop {
         if !self.peer_only.is_empty() {
             self.expire_peer_slots();
         }
+        if !self.handshakes.is_empty() {
+            self.expire_handshakes();
+        }
         for slot in std::mem::take(&mut self.backlog) {
             if let Some(conn) = self.conns.get_mut(slot) {
                 conn.backlogged = false;
@@ -279,8 +296,10 @@ impl IoLoop {
         }
         self.stop_polling();
         let sleep = self.may_sleep();
-        // Wake for the deadline of a connection in a peer-reserved slot.
-        match self.peer_only.iter().map(|(_, _, d)| *d).min() {
+        // Wake for the deadline of a connection in a peer-reserved slot or
+        // of a TLS handshake.
+        let deadlines = self.peer_only.iter().chain(self.handshakes.iter());
+        match deadlines.map(|(_, _, d)| *d).min() {
             Some(deadline) => {
                 let until = deadline.saturating_duration_since(Instant::now());
                 Some(sleep.map_or(until, |s| s.min(until)))
@@ -303,6 +322,40 @@ impl IoLoop {
             .collect();
         for slot in late {
             self.refuse_peer_slot(slot);
+        }
+    }
+
+    /// Forget the handshakes that are done, and close the TLS connections
+    /// whose handshake is late. The owner never heard of these.
+    fn expire_handshakes(&mut self) {
+        let now = Instant::now();
+        let mut late = Vec::new();
+        self.handshakes.retain(|&(slot, id, deadline)| {
+            let Some(conn) = self.conns.get(slot).filter(|c| c.id == id) else {
+                return false;
+            };
+            if !conn.stream.is_handshaking() || conn.closing {
+                return false;
+            }
+            if deadline <= now {
+                late.push(slot);
+                return false;
+            }
+            true
+        });
+        for slot in late {
+            let mut conn = self.conns.remove(slot);
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            if conn.peer_only {
+                self.peer_only.retain(|(s, _, _)| *s != slot);
+                self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+            }
+            log::debug!(
+                "{:?}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
+                conn.id
+            );
         }
     }
 
@@ -379,7 +432,7 @@ impl IoLoop {
         self.accept_pending = true;
     }
 
-    fn admit(&mut self, mut stream: TcpStream, addr: SocketAddr) {
+    fn admit(&mut self, stream: TcpStream, addr: SocketAddr) {
         let count = self.shared.conns.fetch_add(1, Ordering::Relaxed);
         let mut peer_only = false;
         if count >= self.shared.max_conns {
@@ -390,7 +443,9 @@ impl IoLoop {
             if self.handover.is_none() || used >= self.shared.peer_slots {
                 self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
                 log::debug!("refusing {addr}: over --max-conns");
-                let _ = stream.write(&too_many_connections());
+                if self.shared.tls.is_none() {
+                    let _ = (&stream).write(&too_many_connections());
+                }
                 return;
             }
             peer_only = true;
@@ -405,6 +460,18 @@ impl IoLoop {
         if let Err(e) = stream.set_nodelay(true) {
             log::debug!("{addr}: set_nodelay failed: {e}");
         }
+        // Plain or TLS, once for the connection's whole life.
+        let mut stream = match &self.shared.tls {
+            None => Stream::Plain(stream),
+            Some(tls) => match tls.accept(stream) {
+                Ok(stream) => stream,
+                Err(e) => {
+                    log::warn!("{addr}: cannot start TLS: {e}");
+                    release(&self.shared);
+                    return;
+                }
+            },
+        };
         let entry = self.conns.vacant_entry();
         let slot = entry.key();
         if slot >= 1 << 24 {
@@ -443,6 +510,10 @@ impl IoLoop {
             let deadline = Instant::now() + Duration::from_millis(PEER_SLOT_MS);
             self.peer_only.push((slot, id, deadline));
         }
+        if self.shared.tls.is_some() {
+            let deadline = Instant::now() + Duration::from_millis(HANDSHAKE_MS);
+            self.handshakes.push((slot, id, deadline));
+        }
         // Data may already be waiting; the edge was before registration.
         self.schedule_read(slot);
     }
@@ -458,6 +529,8 @@ impl IoLoop {
     /// Read and parse up to READ_BUDGET bytes from one connection.
     fn read_conn(&mut self, slot: usize, until_blocked: bool) {
         let mut budget = READ_BUDGET;
+        // A short read from TLS says nothing about the socket: read on.
+        let until_blocked = until_blocked || self.conns[slot].stream.is_tls();
         loop {
             let conn = &mut self.conns[slot];
             if conn.closing || conn.forgotten {
@@ -607,11 +680,12 @@ impl IoLoop {
             self.shared.conns.fetch_sub(1, Ordering::Relaxed);
         }
         if let Some(link) = &self.handover {
-            let stream = std::net::TcpStream::from(conn.stream);
             // A full channel closes the connection (the peer redials).
+            // Under TLS the rustls session goes along, with any plaintext
+            // it holds beyond `input`.
             if link
                 .tx
-                .try_send(ToRepl::AdoptPeerLink(stream, input.to_vec()))
+                .try_send(ToRepl::AdoptPeerLink(conn.stream, input.to_vec()))
                 .is_ok()
             {
                 let _ = link.waker.wake();
@@ -721,6 +795,11 @@ impl IoLoop {
                     break;
                 }
             }
+        }
+        // TLS: records rustls still holds (a handshake, or what the socket
+        // would not take) go out on the writable event too.
+        if !failed && conn.stream.push_tls().is_err() {
+            failed = true;
         }
         let pending = conn.pending_output();
         if pending == 0 {

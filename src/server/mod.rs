@@ -22,6 +22,7 @@ pub mod peer_wire;
 pub mod replication;
 pub mod roles;
 pub mod table_core;
+pub mod tls;
 pub mod tokens;
 pub mod wheel;
 
@@ -81,6 +82,8 @@ pub struct Shared {
     /// node), and how many are in use.
     pub peer_slots: usize,
     pub peer_slots_used: AtomicUsize,
+    /// TLS on every connection (`--tls-cert`), reloadable.
+    pub tls: Option<Arc<tls::NodeTls>>,
 }
 
 impl Shared {
@@ -107,6 +110,7 @@ impl Shared {
             synced_standbys: AtomicUsize::new(0),
             peer_slots: PEER_SLOTS_PER_PEER * config.peers.len().saturating_sub(1),
             peer_slots_used: AtomicUsize::new(0),
+            tls: None,
         }
     }
 }
@@ -153,7 +157,11 @@ impl Server {
         } else {
             config.node_name()
         };
-        let shared = Arc::new(Shared::new(config, node));
+        let mut shared = Shared::new(config, node);
+        shared.tls = tls::NodeTls::load(config)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+            .map(Arc::new);
+        let shared = Arc::new(shared);
         let clock = Clock::new();
         install_panic_hook();
 
@@ -285,6 +293,16 @@ impl Server {
     /// then the I/O loops (they flush what is pending and close every
     /// connection); then replication; then the lock owner, which stops once
     /// every sender is gone.
+    /// Read the TLS files again (SIGHUP): new connections use them; those
+    /// open keep theirs. Ok(false) without TLS. On an error the files in
+    /// use stay, and the error says why.
+    pub fn reload_tls(&self) -> Result<bool, String> {
+        match &self.shared.tls {
+            Some(tls) => tls.reload().map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     pub fn shutdown(mut self) {
         if let Some(repl) = &self.repl {
             log::info!("shutdown: handing over to a successor, if any");

@@ -62,6 +62,12 @@ FLAGS:
   -q, --quiet     print nothing when the key is busy (the exit code is still
                   75)
   --timeout S     seconds each server has to answer a request (default 5)
+  --tls           speak TLS, trusting the system's CAs
+  --tls-ca PATH   speak TLS, trusting the CA certificates in this PEM file
+                  (default: $BATON_TLS_CA; either one turns TLS on)
+  --tls-cert PATH, --tls-key PATH
+                  a client certificate and key (PEM) for servers that ask for
+                  one (batond --tls-client-ca); turns TLS on
   -h, --help      print this help
   -V, --version   print the version
 
@@ -113,7 +119,18 @@ pub struct Cli {
     pub timeout: Option<Duration>,
     /// `-q`: say nothing when the key is busy.
     pub quiet: bool,
+    /// The TLS flags (`$BATON_TLS_CA` is looked at by the caller).
+    pub tls: TlsFlags,
     pub command: Command,
+}
+
+/// `--tls`, `--tls-ca`, `--tls-cert`, `--tls-key`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsFlags {
+    pub on: bool,
+    pub ca: Option<std::path::PathBuf>,
+    /// Certificate and key, given together.
+    pub cert_key: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// Flags of `acquire`, `run` and `keep`.
@@ -137,6 +154,7 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
                 servers: Vec::new(),
                 timeout: None,
                 quiet: false,
+                tls: TlsFlags::default(),
                 command,
             });
         }
@@ -145,6 +163,7 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
     let servers: Option<String> = args.opt_value_from_str("--servers").map_err(flag)?;
     let timeout: Option<String> = args.opt_value_from_str("--timeout").map_err(flag)?;
     let quiet = args.contains(["-q", "--quiet"]);
+    let tls = tls_flags(&mut args)?;
     let timing = Timing {
         lease: args.opt_value_from_str("--lease").map_err(flag)?,
         wait: args.opt_value_from_str("--wait").map_err(flag)?,
@@ -161,8 +180,38 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
         servers,
         timeout,
         quiet,
+        tls,
         command,
     })
+}
+
+fn tls_flags(args: &mut pico_args::Arguments) -> Result<TlsFlags, String> {
+    let flag = |e: pico_args::Error| e.to_string();
+    let on = args.contains("--tls");
+    let ca = args.opt_value_from_os_str("--tls-ca", path).map_err(flag)?;
+    let cert = args
+        .opt_value_from_os_str("--tls-cert", path)
+        .map_err(flag)?;
+    let key = args
+        .opt_value_from_os_str("--tls-key", path)
+        .map_err(flag)?;
+    let cert_key = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err("--tls-cert and --tls-key go together".into()),
+    };
+    Ok(TlsFlags {
+        on: on || ca.is_some() || cert_key.is_some(),
+        ca,
+        cert_key,
+    })
+}
+
+fn path(value: &std::ffi::OsStr) -> Result<std::path::PathBuf, String> {
+    if value.is_empty() {
+        return Err("a path, not an empty word".into());
+    }
+    Ok(std::path::PathBuf::from(value))
 }
 
 fn read_timeout(text: &str) -> Result<Duration, String> {
