@@ -103,10 +103,7 @@ impl NodeTls {
         let config = self.current.read().server.clone();
         let mut conn = ServerConnection::new(config).map_err(|e| e.to_string())?;
         conn.set_buffer_limit(Some(TLS_BUFFER_LIMIT));
-        Ok(Stream::Tls(Box::new(TlsStream {
-            sock,
-            conn: Connection::Server(conn),
-        })))
+        Ok(Stream::tls(sock, conn))
     }
 
     /// The client side of a peer link dialed to `peer` (its `--peers`
@@ -118,10 +115,7 @@ impl NodeTls {
         let name: ServerName<'static> = crate::tls::server_name_of(peer)?;
         let mut conn = ClientConnection::new(config, name).map_err(|e| e.to_string())?;
         conn.set_buffer_limit(Some(TLS_BUFFER_LIMIT));
-        Ok(Stream::Tls(Box::new(TlsStream {
-            sock,
-            conn: Connection::Client(conn),
-        })))
+        Ok(Stream::tls(sock, conn))
     }
 }
 
@@ -182,6 +176,15 @@ pub struct TlsStream {
 }
 
 impl Stream {
+    /// A TLS stream over `sock` driven by `conn` (a rustls server or client
+    /// connection, its handshake done or not).
+    pub fn tls(sock: TcpStream, conn: impl Into<Connection>) -> Stream {
+        Stream::Tls(Box::new(TlsStream {
+            sock,
+            conn: conn.into(),
+        }))
+    }
+
     /// The TCP socket underneath.
     pub fn tcp(&self) -> &TcpStream {
         match self {
