@@ -373,3 +373,96 @@ impl mio::event::Source for Stream {
         self.tcp_mut().deregister(registry)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A server `Stream` over a loopback socket, and the raw peer socket.
+    fn pair() -> (Stream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let peer =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (sock, _) = listener.accept().expect("accept");
+        sock.set_nonblocking(true).expect("non-blocking");
+        let rcgen::CertifiedKey { cert, signing_key } =
+            rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("cert");
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(signing_key.serialize_der()).expect("key");
+        let config = ServerConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key)
+            .expect("config");
+        let conn = ServerConnection::new(Arc::new(config)).expect("server connection");
+        (Stream::tls(TcpStream::from_std(sock), conn), peer)
+    }
+
+    /// Read until something other than WouldBlock, or give up.
+    fn read_some(stream: &mut Stream, buf: &mut [u8]) -> io::Result<usize> {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match stream.read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_to_read_is_would_block_and_a_handshake_is_pending() {
+        let (mut stream, _peer) = pair();
+        let mut buf = [0u8; 64];
+        let e = stream.read(&mut buf).expect_err("nothing yet");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert!(stream.is_tls() && stream.is_handshaking());
+    }
+
+    #[test]
+    fn plain_text_is_an_error_not_a_line() {
+        let (mut stream, mut peer) = pair();
+        peer.write_all(b"I\n").expect("send");
+        let mut buf = [0u8; 64];
+        let e = read_some(&mut stream, &mut buf).expect_err("refused");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+
+    #[test]
+    fn garbage_after_a_record_header_is_an_error() {
+        let (mut stream, mut peer) = pair();
+        let mut bytes = vec![22u8, 3, 3, 0, 64];
+        bytes.extend((0..64u8).map(|i| i.wrapping_mul(37)));
+        peer.write_all(&bytes).expect("send");
+        let mut buf = [0u8; 64];
+        let e = read_some(&mut stream, &mut buf).expect_err("refused");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+
+    #[test]
+    fn an_end_before_the_handshake_reads_as_the_end() {
+        let (mut stream, peer) = pair();
+        drop(peer);
+        let mut buf = [0u8; 64];
+        assert_eq!(read_some(&mut stream, &mut buf).expect("an end"), 0);
+    }
+
+    #[test]
+    fn writes_stop_at_the_buffer_limit_while_the_handshake_is_pending() {
+        let (mut stream, _peer) = pair();
+        let chunk = [b'x'; 4096];
+        let mut taken = 0;
+        loop {
+            match stream.write(&chunk) {
+                Ok(n) => taken += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+            assert!(taken <= 2 * TLS_BUFFER_LIMIT, "unbounded: {taken}");
+        }
+        assert!(taken <= TLS_BUFFER_LIMIT, "{taken}");
+    }
+}
