@@ -661,3 +661,40 @@ fn a_peer_whose_certificate_names_another_host_is_refused() {
         );
     }
 }
+
+#[test]
+fn a_peer_that_dials_with_a_certificate_for_another_host_is_refused_by_the_node_it_dials() {
+    // Node 0's certificate is right; node 1's names another host. Node 1
+    // can check node 0 and dial it, but node 0 refuses the link when node
+    // 1's certificate does not name node 1's --peers entry.
+    let mut cluster = TlsCluster::new(2, |i| {
+        vec![if i == 0 {
+            "127.0.0.1".to_string()
+        } else {
+            "node1.wrong.example".to_string()
+        }]
+    });
+    cluster.start(0);
+    cluster.start(1);
+    wait_for("node 0 to refuse node 1's certificate", DEADLINE, || {
+        let log = cluster.nodes[0]
+            .as_ref()
+            .map(|n| n.log())
+            .unwrap_or_default();
+        log.contains("the peer's certificate").then_some(())
+    });
+    let info = cluster.wait_role(0, "active", Some(0));
+    assert_eq!(
+        info_field(&info, "standbys").as_deref(),
+        Some("0"),
+        "{info}"
+    );
+    let config = common::pki::client_config(&cluster.pki.ca_file, None);
+    let mut c = TlsLine::connect(cluster.addr(1), "node1.wrong.example", config).expect("node 1");
+    let info = c.ask("I").expect("I");
+    assert_ne!(
+        info_field(&info, "active"),
+        Some(cluster.name(0)),
+        "node 1 follows node 0 over a link node 0 refused: {info}"
+    );
+}

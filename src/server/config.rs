@@ -61,12 +61,13 @@ FLAGS:
   --tls-key PATH     the private key of --tls-cert (PEM)
   --tls-client-ca PATH
                      clients must present a certificate signed by a CA in
-                     this PEM file (mutual TLS); nodes present their own
-                     certificate, so it must vouch for those too
-  --tls-ca PATH      the CAs (PEM) peer certificates are checked against
-                     when this node dials a peer (default: the system's);
-                     a peer's certificate must name the host of its
-                     --peers entry (a DNS name, or an IP address SAN)
+                     this PEM file (mutual TLS; on a cluster node, one
+                     signed by a --tls-ca CA is accepted too)
+  --tls-ca PATH      the CAs (PEM) peer certificates are checked against,
+                     on links this node dials and links dialed to it
+                     (default: the system's); a peer's certificate must
+                     name the host of its --peers entry (a DNS name, or an
+                     IP address SAN)
   --threads N        I/O loops (default: the number of cores)
   --max-lease SECS   largest lease and wait a client may ask for
                      (default 86400)

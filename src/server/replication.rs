@@ -15,9 +15,12 @@
 //!
 //! TLS (`--tls-cert`): every link is a [`Stream`]. An outgoing link is
 //! dialed as a TLS client that checks the peer's certificate against
-//! `--tls-ca` and the host of the peer's `--peers` entry; an incoming link
-//! arrives from an I/O loop with its TLS session already up. The cluster-key
-//! handshake and the seals run inside TLS unchanged.
+//! `--tls-ca` and the host of the peer's `--peers` entry, and presents this
+//! node's certificate; an incoming link arrives from an I/O loop with its
+//! TLS session already up, and the certificate its peer presented must
+//! chain to `--tls-ca` and name the `--peers` entry of the node it proves
+//! to be (checked with the proof, before the link is acted on). The
+//! cluster-key handshake and the seals run inside TLS unchanged.
 //!
 //! Never does: touch lock state, decide anything, or block: a slow or dead
 //! standby only grows its own bounded output buffer (past `MAX_PEER_OUTPUT`
@@ -665,6 +668,13 @@ impl Replication {
             return;
         };
         let from = acceptor.from();
+        // Under TLS the peer's certificate must name its --peers entry too.
+        if let Some(tls) = &self.shared.tls
+            && let Some(peer) = self.peers.get(from)
+            && let Err(why) = tls.check_peer(&state.stream, peer)
+        {
+            return self.reject_in(link, &why);
+        }
         match acceptor.handle_auth(line) {
             Ok(opener) => {
                 state.phase = InPhase::Open(opener);

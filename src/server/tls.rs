@@ -25,7 +25,11 @@ use std::sync::Arc;
 
 use mio::net::TcpStream;
 use parking_lot::RwLock;
+use rustls::RootCertStore;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::ServerName;
+use rustls::pki_types::UnixTime;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection};
 
@@ -55,6 +59,9 @@ struct Configs {
     server: Arc<ServerConfig>,
     /// For dialing peers (cluster nodes only).
     dialer: Option<Arc<ClientConfig>>,
+    /// Checks a peer's certificate (chain to `--tls-ca`, and its name) on
+    /// links peers dial to this node (cluster nodes only).
+    peer_check: Option<Arc<WebPkiServerVerifier>>,
 }
 
 /// The node's TLS settings: the files, and the configuration last built
@@ -106,6 +113,30 @@ impl NodeTls {
         Ok(Stream::tls(sock, conn))
     }
 
+    /// Check the certificate a peer presented on a link it dialed to this
+    /// node: it must chain to `--tls-ca` and name the host of `peer`, its
+    /// `--peers` entry. Ok for a plain stream (no TLS, nothing to check).
+    pub fn check_peer(&self, stream: &Stream, peer: &str) -> Result<(), String> {
+        let Stream::Tls(tls) = stream else {
+            return Ok(());
+        };
+        let Some(check) = self.current.read().peer_check.clone() else {
+            return Err("no TLS configuration for peer links".into());
+        };
+        let Some((end_entity, intermediates)) = tls
+            .conn
+            .peer_certificates()
+            .and_then(|chain| chain.split_first())
+        else {
+            return Err("the peer presented no certificate".into());
+        };
+        let name = crate::tls::server_name_of(peer)?;
+        check
+            .verify_server_cert(end_entity, intermediates, &name, &[], UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| format!("the peer's certificate: {e}"))
+    }
+
     /// The client side of a peer link dialed to `peer` (its `--peers`
     /// entry, whose host part the peer's certificate must name).
     pub fn dial(&self, sock: TcpStream, peer: &str) -> Result<Stream, String> {
@@ -120,46 +151,82 @@ impl NodeTls {
 }
 
 /// Build every configuration from the files; errors name the flag.
+///
+/// Client certificates: with `--tls-client-ca` every client must present
+/// one signed by it. A cluster node also asks every connection for a
+/// certificate (optional without `--tls-client-ca`), trusting the peer CAs
+/// too (`--tls-ca`, else the system's when no client CA is given), so that
+/// a peer's certificate can be checked when its link is adopted.
 fn build(paths: &Paths) -> Result<Configs, String> {
     let provider = crate::tls::provider();
     let certs = crate::tls::load_certs(&paths.cert).map_err(|e| format!("--tls-cert: {e}"))?;
     let key = crate::tls::load_key(&paths.key).map_err(|e| format!("--tls-key: {e}"))?;
+    let client_roots = match &paths.client_ca {
+        Some(path) => {
+            Some(crate::tls::roots_from_file(path).map_err(|e| format!("--tls-client-ca: {e}"))?)
+        }
+        None => None,
+    };
+    let peer_roots = if paths.dials {
+        Some(crate::tls::roots(paths.ca.as_deref()).map_err(|e| format!("--tls-ca: {e}"))?)
+    } else {
+        None
+    };
+    // The CAs client certificates are checked against in the handshake.
+    let mut asked = RootCertStore::empty();
+    if let Some(roots) = &client_roots {
+        asked.roots.extend(roots.roots.iter().cloned());
+    }
+    if let Some(roots) = &peer_roots
+        && (paths.ca.is_some() || client_roots.is_none())
+    {
+        asked.roots.extend(roots.roots.iter().cloned());
+    }
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
-    let builder = match &paths.client_ca {
-        Some(path) => {
-            let roots =
-                crate::tls::roots_from_file(path).map_err(|e| format!("--tls-client-ca: {e}"))?;
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                    .build()
-                    .map_err(|e| format!("--tls-client-ca: {e}"))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
+    let builder = if asked.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(asked), provider.clone());
+        let verifier = if client_roots.is_some() {
+            verifier
+        } else {
+            verifier.allow_unauthenticated()
+        };
+        let verifier = verifier
+            .build()
+            .map_err(|e| format!("--tls-client-ca/--tls-ca: {e}"))?;
+        builder.with_client_cert_verifier(verifier)
     };
     let server = builder
         .with_single_cert(certs.clone(), key.clone_key())
         .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
-    let dialer = if paths.dials {
-        let roots = crate::tls::roots(paths.ca.as_deref()).map_err(|e| format!("--tls-ca: {e}"))?;
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .with_root_certificates(roots);
-        // A node presents its own certificate when it dials, so that peers
-        // started with --tls-client-ca accept its links too.
-        let config = builder
-            .with_client_auth_cert(certs, key)
-            .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
-        Some(Arc::new(config))
-    } else {
-        None
+    let (dialer, peer_check) = match peer_roots {
+        Some(roots) => {
+            let roots = Arc::new(roots);
+            let peer_check =
+                WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+                    .build()
+                    .map_err(|e| format!("--tls-ca: {e}"))?;
+            let builder = ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_root_certificates(roots);
+            // A node presents its own certificate when it dials: the peer
+            // checks its name as this node checks the peer's.
+            let config = builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+            (Some(Arc::new(config)), Some(peer_check))
+        }
+        None => (None, None),
     };
     Ok(Configs {
         server: Arc::new(server),
         dialer,
+        peer_check,
     })
 }
 
