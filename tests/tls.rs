@@ -450,6 +450,9 @@ struct TlsCluster {
     pki: Pki,
     certs: Vec<(std::path::PathBuf, std::path::PathBuf)>,
     nodes: Vec<Option<Node>>,
+    /// `--tls-client-ca` (the cluster's CA) on every node, and the client
+    /// certificate probes then present.
+    mtls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl TlsCluster {
@@ -474,7 +477,19 @@ impl TlsCluster {
             pki,
             certs,
             nodes: (0..n).map(|_| None).collect(),
+            mtls: None,
         }
+    }
+
+    /// Every node started with `--tls-client-ca` (the cluster's own CA).
+    fn with_client_certs(mut self) -> TlsCluster {
+        self.mtls = Some(self.pki.issue("probe", &["probe.example"]));
+        self
+    }
+
+    fn client_config(&self) -> std::sync::Arc<rustls::ClientConfig> {
+        let cert_key = self.mtls.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+        self.pki.client_config(cert_key)
     }
 
     fn name(&self, i: usize) -> String {
@@ -490,7 +505,7 @@ impl TlsCluster {
         let peers = peers.join(",");
         let port = self.ports[i].to_string();
         let (cert, key) = &self.certs[i];
-        let args = [
+        let mut args = vec![
             "--bind",
             "127.0.0.1",
             "--port",
@@ -508,6 +523,9 @@ impl TlsCluster {
             "--tls-ca",
             p(&self.pki.ca_file),
         ];
+        if self.mtls.is_some() {
+            args.extend(["--tls-client-ca", p(&self.pki.ca_file)]);
+        }
         self.nodes[i] = Some(Node::start_raw(&args, Some(self.ports[i])));
     }
 
@@ -517,8 +535,7 @@ impl TlsCluster {
 
     /// `I` of node `i` over TLS; None if it does not answer.
     fn info(&self, i: usize) -> Option<String> {
-        let mut c =
-            TlsLine::connect(self.addr(i), "127.0.0.1", self.pki.client_config(None)).ok()?;
+        let mut c = TlsLine::connect(self.addr(i), "127.0.0.1", self.client_config()).ok()?;
         c.ask("I").ok()
     }
 
@@ -538,8 +555,7 @@ impl TlsCluster {
     }
 
     fn line(&self, i: usize) -> TlsLine {
-        TlsLine::connect(self.addr(i), "127.0.0.1", self.pki.client_config(None))
-            .expect("a TLS connection")
+        TlsLine::connect(self.addr(i), "127.0.0.1", self.client_config()).expect("a TLS connection")
     }
 
     fn logs(&self) -> String {
@@ -697,4 +713,31 @@ fn a_peer_that_dials_with_a_certificate_for_another_host_is_refused_by_the_node_
         Some(cluster.name(0)),
         "node 1 follows node 0 over a link node 0 refused: {info}"
     );
+}
+
+#[test]
+fn a_hardened_cluster_with_client_certificates_links_and_serves_only_certified_clients() {
+    let mut cluster = TlsCluster::new(2, |_| vec!["127.0.0.1".to_string()]).with_client_certs();
+    cluster.start(0);
+    cluster.start(1);
+    cluster.wait_role(0, "active", Some(0));
+    cluster.wait_role(1, "standby", Some(0));
+    let granted = cluster.line(0).ask("A hard 30 0").expect("granted");
+    assert!(granted.starts_with("A "), "{granted}");
+    wait_for("the standby to hold the key", DEADLINE, || {
+        (cluster.field(1, "held").as_deref() == Some("1")).then_some(())
+    });
+    // A client without a certificate is refused, on either node.
+    for i in 0..2 {
+        let refused = TlsLine::connect(
+            cluster.addr(i),
+            "127.0.0.1",
+            cluster.pki.client_config(None),
+        )
+        .and_then(|mut c| c.ask("I"));
+        assert!(
+            refused.is_err(),
+            "node {i} served a client without a certificate"
+        );
+    }
 }
