@@ -491,6 +491,31 @@ mod tests {
     }
 
     #[test]
+    fn tls_flags_go_together() {
+        let c = config(&[
+            "--tls-cert",
+            "/c",
+            "--tls-key",
+            "/k",
+            "--tls-client-ca",
+            "/cca",
+        ]);
+        assert_eq!(c.tls_cert, Some(PathBuf::from("/c")));
+        assert_eq!(c.tls_key, Some(PathBuf::from("/k")));
+        assert_eq!(c.tls_client_ca, Some(PathBuf::from("/cca")));
+        assert_eq!(c.tls_ca, None);
+        for (args, flag) in [
+            (&["--tls-cert", "/c"][..], "--tls-key"),
+            (&["--tls-key", "/k"][..], "--tls-cert"),
+            (&["--tls-client-ca", "/c"][..], "--tls-cert"),
+            (&["--tls-ca", "/c"][..], "--tls-cert"),
+        ] {
+            let err = parse(args).expect_err("refused");
+            assert!(err.contains(flag), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
     fn peers_need_a_cluster_key_file_or_insecure_peers() {
         let err = parse(&["--port", "1", "--peers", "h:1,h:2"]).expect_err("refused");
         assert!(err.contains("--cluster-key-file"), "{err}");

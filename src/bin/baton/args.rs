@@ -552,6 +552,25 @@ mod tests {
     }
 
     #[test]
+    fn any_tls_flag_turns_tls_on() {
+        let plain = parse_with(&["status"], None).expect("valid");
+        assert_eq!(plain.tls, TlsFlags::default());
+        let system = parse_with(&["--tls", "status"], None).expect("valid");
+        assert!(system.tls.on && system.tls.ca.is_none());
+        let ca = parse_with(&["--tls-ca", "/ca.pem", "status"], None).expect("valid");
+        assert!(ca.tls.on);
+        assert_eq!(ca.tls.ca, Some("/ca.pem".into()));
+        let mtls =
+            parse_with(&["--tls-cert", "/c", "--tls-key", "/k", "status"], None).expect("valid");
+        assert!(mtls.tls.on);
+        assert_eq!(mtls.tls.cert_key, Some(("/c".into(), "/k".into())));
+        for lone in [["--tls-cert", "/c"], ["--tls-key", "/k"]] {
+            let err = parse_with(&[lone[0], lone[1], "status"], None).expect_err("alone");
+            assert!(err.contains("go together"), "{err}");
+        }
+    }
+
+    #[test]
     fn mistakes_get_one_clear_message() {
         let cases: &[(&[&str], &str)] = &[
             (&[], "no command"),
