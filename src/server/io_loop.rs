@@ -247,7 +247,7 @@ impl IoLoop {
             self.expire_peer_slots();
         }
         if !self.handshakes.is_empty() {
-            self.expire_handshakes();
+            self.expire_handshakes(Instant::now());
         }
         for slot in std::mem::take(&mut self.backlog) {
             if let Some(conn) = self.conns.get_mut(slot) {
@@ -326,9 +326,8 @@ impl IoLoop {
     }
 
     /// Forget the handshakes that are done, and close the TLS connections
-    /// whose handshake is late. The owner never heard of these.
-    fn expire_handshakes(&mut self) {
-        let now = Instant::now();
+    /// whose handshake is late at `now`. The owner never heard of these.
+    fn expire_handshakes(&mut self, now: Instant) {
         let mut late = Vec::new();
         self.handshakes.retain(|&(slot, id, deadline)| {
             let Some(conn) = self.conns.get(slot).filter(|c| c.id == id) else {
@@ -878,6 +877,55 @@ mod tests {
             IoLoop::new(0, &listener, to_owner, from_owner, None, shared).expect("a loop");
         io_loop.round();
         (io_loop, inbound, answers)
+    }
+
+    #[test]
+    fn a_tls_connection_that_does_not_finish_its_handshake_is_dropped_at_its_deadline() {
+        let dir = std::env::temp_dir().join(format!("baton-io-loop-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let rcgen::CertifiedKey { cert, signing_key } =
+            rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("cert");
+        std::fs::write(dir.join("c.pem"), cert.pem()).expect("write");
+        std::fs::write(dir.join("k.pem"), signing_key.serialize_pem()).expect("write");
+        let config = Config {
+            busy_poll_us: 0,
+            tls_cert: Some(dir.join("c.pem")),
+            tls_key: Some(dir.join("k.pem")),
+            ..Config::default()
+        };
+        let tls = crate::server::tls::NodeTls::load(&config).expect("tls");
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut shared = Shared::new(&config, "test".into());
+        shared.tls = tls.map(Arc::new);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let (to_owner, inbound) = crossbeam_channel::unbounded();
+        let (_answers, from_owner) = crossbeam_channel::unbounded();
+        let (mut io_loop, _waker, _awake) =
+            IoLoop::new(0, &listener, to_owner, from_owner, None, Arc::new(shared))
+                .expect("a loop");
+        let _client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let admitted = Instant::now();
+        while io_loop.conns.is_empty() {
+            assert!(
+                admitted.elapsed() < Duration::from_secs(10),
+                "never accepted"
+            );
+            io_loop.accept_pending = true;
+            io_loop.round();
+        }
+        assert_eq!(io_loop.handshakes.len(), 1);
+        assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 1);
+        // Before the deadline it stays; after it, it is gone.
+        io_loop.expire_handshakes(admitted);
+        assert_eq!(io_loop.conns.len(), 1);
+        let late = Instant::now() + Duration::from_millis(HANDSHAKE_MS + 1);
+        io_loop.expire_handshakes(late);
+        assert!(io_loop.conns.is_empty() && io_loop.handshakes.is_empty());
+        assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 0);
+        // The owner never heard of it.
+        assert!(inbound.try_recv().is_err());
     }
 
     #[test]
