@@ -741,3 +741,16 @@ fn a_hardened_cluster_with_client_certificates_links_and_serves_only_certified_c
         );
     }
 }
+
+#[test]
+fn past_max_conns_a_tls_connection_is_closed_without_a_word_and_the_others_stay() {
+    let pki = Pki::new("max-conns");
+    let node = tls_node(&pki, &["--max-conns", "1"]);
+    let mut first = line(&node, &pki);
+    assert!(first.ask("I").expect("I").starts_with("I "));
+    let mut extra = TcpStream::connect(node.addr).expect("connect");
+    let got = read_until_closed(&mut extra, DEADLINE).expect("closed at once");
+    // No plain-text line on a TLS port: not even the refusal.
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+    assert!(first.ask("I").expect("still served").starts_with("I "));
+}
