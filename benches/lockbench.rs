@@ -16,6 +16,8 @@
 mod engine;
 #[path = "lockbench/report.rs"]
 mod report;
+#[path = "lockbench/tls_rows.rs"]
+mod tls_rows;
 #[path = "lockbench/wire.rs"]
 mod wire;
 
@@ -49,6 +51,12 @@ SERVERS (each optional; rows of a server not given are left out):
                          a fresh redis-server for the held-keys memory row
   --default-threads N    batond's default --threads here (for the labels)
   --redis-note TEXT      why there is no --redis (printed under the tables)
+  --baton-tls ADDR --tls-ca PATH
+                         batond with --tls-cert: the TLS rows (section tls),
+                         against --baton and --redis as the plain baselines
+  --redis-tls ADDR --redis-tls-plain ADDR
+                         redis-server's TLS port, and its plain port
+  --tls-note TEXT        printed under the TLS table (why no Redis TLS, say)
 
 SHAPE:
   --quick                short windows, one round (about a minute in all)
@@ -56,7 +64,7 @@ SHAPE:
   --measure SECS         per run, recorded (default 2.5; quick 1)
   --rounds N             runs per (row, system), interleaved (default 2; quick 1)
   --client-threads N     load-generator threads (default 1)
-  --only LIST            sections to run: sweep,pipelined,contended,expiry,memory
+  --only LIST            sections to run: sweep,pipelined,contended,expiry,memory,tls
                          (default: all)
   --sweep LIST           connections of the closed-loop sweep
                          (default 1,10,50,100,200,500)
@@ -68,6 +76,8 @@ SHAPE:
 
 HELPERS:
   --free-ports N         print N free loopback TCP ports and exit
+  --make-certs DIR       write a test CA and a certificate for 127.0.0.1
+                         (ca.pem, node.pem, node.key) into DIR and exit
   -h, --help             print this help
 
 Workloads: uncontended acquire+release of random keys (closed loop and
@@ -126,6 +136,22 @@ fn main() -> ExitCode {
         Ok(None) => {}
         Err(e) => return usage_error(&e.to_string()),
     }
+    match args.opt_value_from_os_str("--make-certs", |s| {
+        Ok::<_, std::convert::Infallible>(std::path::PathBuf::from(s))
+    }) {
+        Ok(Some(dir)) => {
+            return match tls_rows::make_certs(&dir) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => usage_error(&e),
+            };
+        }
+        Ok(None) => {}
+        Err(e) => return usage_error(&e.to_string()),
+    }
+    let tls = match tls_rows::parse(&mut args) {
+        Ok(tls) => tls,
+        Err(e) => return usage_error(&e),
+    };
     let options = match parse_options(args) {
         Ok(options) => options,
         Err(e) => return usage_error(&e),
@@ -133,6 +159,24 @@ fn main() -> ExitCode {
     match run_all(&options) {
         Ok(results) => {
             print!("{}", results.render());
+            if let Some(tls) = tls.filter(|_| options.wants("tls")) {
+                let shape = tls_rows::Shape {
+                    warmup: options.warmup,
+                    measure: options.measure,
+                    rounds: options.rounds,
+                    threads: options.client_threads,
+                    seed: options.seed,
+                };
+                let baton = options.servers.get(&System::Baton).copied();
+                let redis = options.servers.get(&System::Redis).copied();
+                match tls_rows::run(&tls, &shape, baton, redis, script_load) {
+                    Ok(text) => print!("{text}"),
+                    Err(e) => {
+                        eprintln!("lockbench: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -466,6 +510,7 @@ fn run_spec(
         threads: options.client_threads,
         sha: sha.to_vec(),
         seed: options.seed ^ run_no.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        tls: None,
     }
 }
 
@@ -522,6 +567,7 @@ fn fill_keys(
         threads: 1,
         sha: sha.to_vec(),
         seed: options.seed,
+        tls: None,
     };
     let outcome = engine::run(&spec)?;
     if outcome.errors > 0 {

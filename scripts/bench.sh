@@ -10,7 +10,8 @@
 #
 # Builds release; starts, on free 127.0.0.1 ports, batond with the default
 # --threads and with --threads 1, batond --echo (both settings: the floor),
-# fresh servers for the memory rows, and redis-server when it is installed
+# fresh servers for the memory rows, batond and redis-server with TLS (the
+# TLS rows), and redis-server when it is installed
 # (the Redis rows are left out with a note when it is not); runs the harness
 # (benches/lockbench.rs); prints its Markdown tables on stdout (progress on
 # stderr); and stops every process it started, by PID, when it exits.
@@ -147,6 +148,44 @@ else
   echo "bench.sh: $redis_note (apt-get install redis-server to compare)" >&2
   harness_args+=(--redis-note "$redis_note")
 fi
+
+# ----- TLS rows (self-contained): baton over TLS against plain baton, and
+# Redis over TLS against plain Redis when redis-server was built with TLS.
+# Certificates are made at run time by the harness (rcgen), in $work.
+tls_dir="$work/tls"
+"$bench_bin" --make-certs "$tls_dir"
+start_batond baton-tls --tls-cert "$tls_dir/node.pem" --tls-key "$tls_dir/node.key"
+args+=(--baton-tls "$last_addr" --tls-ca "$tls_dir/ca.pem")
+tls_note="Redis TLS left out (no Redis)"
+if [ "$use_redis" = yes ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  tls_note="Redis TLS left out: this redis-server does not start with --tls-port (built without TLS?)"
+  for _ in 1 2 3; do
+    tls_ports=($("$bench_bin" --free-ports 2))
+    plain_port=${tls_ports[0]}
+    tls_port=${tls_ports[1]}
+    redis-server --port "$plain_port" --tls-port "$tls_port" --bind 127.0.0.1 --save '' \
+      --appendonly no --daemonize no --dir "$work" --logfile "$work/redis-tls.log" \
+      --tls-cert-file "$tls_dir/node.pem" --tls-key-file "$tls_dir/node.key" \
+      --tls-ca-cert-file "$tls_dir/ca.pem" --tls-auth-clients no &
+    pid=$!
+    pids+=("$pid")
+    for _ in $(seq 100); do
+      [ "$(redis-cli -h 127.0.0.1 -p "$plain_port" ping 2>/dev/null)" = PONG ] && break
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    if [ "$(redis-cli -h 127.0.0.1 -p "$plain_port" ping 2>/dev/null)" = PONG ]; then
+      echo "bench.sh: redis-tls: redis-server TLS on 127.0.0.1:$tls_port (pid $pid)" >&2
+      args+=(--redis-tls "127.0.0.1:$tls_port" --redis-tls-plain "127.0.0.1:$plain_port")
+      tls_note="Redis TLS: $(redis-server --version | sed 's/ sha=.*//'), --tls-port, no client certificates."
+      break
+    fi
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+fi
+echo "bench.sh: $tls_note" >&2
+args+=(--tls-note "$tls_note")
+# ----- end of the TLS rows
 
 echo "## baton benchmark: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo

@@ -9,10 +9,13 @@
 //! - `src/bin/batond.rs`: the server binary; `src/bin/baton.rs`: the CLI.
 //!
 //! Cargo features: `client` (the library alone), `server` (the node and
-//! `batond`), `cli` (`baton`); the default is all three.
+//! `batond`), `cli` (`baton`), `tls` (TLS in the client library; `server`
+//! and `cli` turn it on); the default is all of them.
 
 #[cfg(feature = "client")]
 pub mod client;
 pub mod protocol;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "tls")]
+pub mod tls;

@@ -26,6 +26,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use baton::server::tls::Stream;
 use hdrhistogram::Histogram;
 use mio::net::TcpStream;
 use mio::unix::SourceFd;
@@ -84,6 +85,9 @@ pub struct RunSpec {
     /// The release script's SHA1 (Redis lock only).
     pub sha: Vec<u8>,
     pub seed: u64,
+    /// Speak TLS (trusting this configuration's CAs, the server named
+    /// 127.0.0.1): the handshake is done before the run starts.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// What a run measured. Latencies are in nanoseconds.
@@ -208,7 +212,7 @@ pub fn run(spec: &RunSpec) -> Result<Outcome, String> {
     let shared = Arc::new(Mutex::new(vec![KeyShared::default(); keys]));
     let mut streams = Vec::with_capacity(spec.conns);
     for _ in 0..spec.conns {
-        streams.push(connect(spec.addr)?);
+        streams.push(connect(spec.addr, spec.tls.as_ref())?);
     }
     let total_slots = spec.conns * slots_per_conn(spec.workload);
     let mut workers = Vec::with_capacity(threads);
@@ -253,14 +257,38 @@ fn slots_per_conn(workload: Workload) -> usize {
     }
 }
 
-fn connect(addr: SocketAddr) -> Result<TcpStream, String> {
-    let stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+fn connect(addr: SocketAddr, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Stream, String> {
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .map_err(|e| format!("connect {addr}: {e}"))?;
     stream
         .set_nodelay(true)
-        .and_then(|()| stream.set_nonblocking(true))
         .map_err(|e| format!("{addr}: {e}"))?;
-    Ok(TcpStream::from_std(stream))
+    // TLS: the whole handshake first, blocking, so that the run measures
+    // requests only; then the same non-blocking loop drives the session.
+    let session = match tls {
+        Some(config) => {
+            let name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+            let mut conn = rustls::ClientConnection::new(config.clone(), name)
+                .map_err(|e| format!("{addr}: tls: {e}"))?;
+            stream
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .map_err(|e| format!("{addr}: {e}"))?;
+            while conn.is_handshaking() {
+                conn.complete_io(&mut stream)
+                    .map_err(|e| format!("{addr}: tls handshake: {e}"))?;
+            }
+            Some(conn)
+        }
+        None => None,
+    };
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let sock = TcpStream::from_std(stream);
+    Ok(match session {
+        Some(conn) => Stream::tls(sock, conn),
+        None => Stream::Plain(sock),
+    })
 }
 
 /// What every client knows about a shared key (contended and expiry runs).
@@ -300,7 +328,7 @@ struct Slot {
 }
 
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     out: Vec<u8>,
     written: usize,
     /// An unfinished answer carried over to the next read.
@@ -352,7 +380,7 @@ impl Worker {
         spec: &RunSpec,
         shared: Arc<Mutex<Vec<KeyShared>>>,
         first_conn: usize,
-        streams: Vec<TcpStream>,
+        streams: Vec<Stream>,
         total_slots: usize,
         thread: u64,
     ) -> Result<Worker, String> {
@@ -879,7 +907,7 @@ impl Worker {
                 partial.drain(..used);
             }
             self.conns[c].partial = partial;
-            if n < scratch.len() {
+            if n < scratch.len() && !self.conns[c].stream.is_tls() {
                 // A short read drained the socket; new data raises a new
                 // edge, so the extra read that would say WouldBlock is saved.
                 return Ok(());
@@ -931,6 +959,8 @@ impl Worker {
                 conn.out.clear();
                 conn.written = 0;
             }
+            // TLS records the socket did not take yet.
+            conn.stream.push_tls().map_err(|e| format!("write: {e}"))?;
         }
         Ok(())
     }

@@ -41,7 +41,7 @@ fn main() -> ExitCode {
     ExitCode::from(execute(cli))
 }
 
-fn execute(cli: Cli) -> u8 {
+fn execute(mut cli: Cli) -> u8 {
     match cli.command {
         Command::Help => {
             print!("{HELP}");
@@ -67,6 +67,22 @@ fn execute(cli: Cli) -> u8 {
                 return EXIT_USAGE;
             }
         }
+    }
+    if cli.tls.ca.is_none()
+        && let Some(ca) = std::env::var_os("BATON_TLS_CA").filter(|ca| !ca.is_empty())
+    {
+        cli.tls.ca = Some(ca.into());
+        cli.tls.on = true;
+    }
+    if cli.tls.on {
+        let mut tls = baton::client::TlsConfig::new();
+        if let Some(ca) = &cli.tls.ca {
+            tls = tls.ca_file(ca);
+        }
+        if let Some((cert, key)) = &cli.tls.cert_key {
+            tls = tls.client_cert(cert, key);
+        }
+        builder = builder.tls(tls);
     }
     if let Some(timeout) = cli.timeout {
         builder = builder

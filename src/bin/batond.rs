@@ -2,8 +2,8 @@
 //!
 //! Owns: the process — flags (pico-args, through `server::config`), logging
 //! (env_logger, `RUST_LOG`), the file-descriptor limit, and the signals that
-//! stop it (SIGINT, SIGTERM: a graceful shutdown, then exit 0) or reload it
-//! (SIGHUP: `Server::reload`).
+//! stop it (SIGINT, SIGTERM: a graceful shutdown, then exit 0) or reload
+//! its `--auth-file` and TLS files (SIGHUP: `Server::reload`).
 //!
 //! Never does: anything the server module does itself.
 
@@ -47,6 +47,11 @@ fn main() -> ExitCode {
     };
     if config.peers.is_empty() && config.cluster_key_file.is_some() {
         log::warn!("--cluster-key-file is not used without --peers");
+    }
+    // TLS files are checked before anything starts, for a clear message.
+    if let Err(e) = baton::server::tls::NodeTls::load(&config) {
+        eprintln!("batond: {e}");
+        return ExitCode::from(2);
     }
     raise_fd_limit(config.max_conns);
     let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP]) {

@@ -5,8 +5,9 @@
 //! [`Pending`] table behind one mutex), and two threads:
 //!
 //! - the **manager** thread (`baton-conn <addr>`), for the client's whole
-//!   life: connects (bounded by the connect timeout), authenticates when the
-//!   client has a secret (`U <secret>`, then `U ok` awaited within the same
+//!   life: connects (bounded by the connect timeout), does the TLS
+//!   handshake when the client uses TLS, authenticates when the client has a
+//!   secret (`U <secret>` inside TLS, then `U ok` awaited within the same
 //!   timeout, before the connection counts as up), reads and dispatches
 //!   answers while the connection is up, and after a failed attempt or a drop
 //!   waits [`RECONNECT_INTERVAL`] before the next attempt;
@@ -213,16 +214,7 @@ impl Conn {
     fn run(self: Arc<Self>, ctx: &Ctx) {
         while !ctx.is_closed() {
             self.set_phase(Phase::Connecting, None, ctx);
-            let opened = open(&self.addr, ctx.connect_timeout).and_then(|stream| match &ctx.auth {
-                Some(secret) => authenticate(&stream, secret, ctx.connect_timeout)
-                    .map(|()| stream)
-                    .map_err(|refused| {
-                        self.state.lock().auth_refused = refused.by_server;
-                        refused.why
-                    }),
-                None => Ok(stream),
-            });
-            match opened {
+            match open(&self.addr, ctx.connect_timeout) {
                 Ok(stream) => self.serve(stream, ctx),
                 Err(why) => self.set_phase(Phase::Down, Some(why), ctx),
             }
@@ -245,9 +237,54 @@ impl Conn {
         ctx.notifier.bump();
     }
 
-    /// One connection's life: start the writer, read until it ends, clean up.
+    /// One connection's life: the TLS handshake if the client uses TLS,
+    /// then start the writer, read until it ends, clean up.
     fn serve(&self, stream: TcpStream, ctx: &Ctx) {
-        let writer = match self.start_writer(&stream, ctx) {
+        #[cfg(feature = "tls")]
+        if let Some(connector) = &ctx.tls {
+            match crate::client::tls::handshake(connector, &self.addr, &stream, ctx.connect_timeout)
+            {
+                Ok((reader, writer)) => return self.serve_on(&stream, reader, writer, ctx),
+                Err(why) => {
+                    let _ = stream.shutdown(Shutdown::Both);
+                    self.set_phase(Phase::Down, Some(why), ctx);
+                    return;
+                }
+            }
+        }
+        match (stream.try_clone(), stream.try_clone()) {
+            (Ok(reader), Ok(writer)) => self.serve_on(&stream, reader, writer, ctx),
+            (Err(e), _) | (_, Err(e)) => {
+                self.set_phase(Phase::Down, Some(format!("cannot start: {e}")), ctx);
+            }
+        }
+    }
+
+    /// Serve one connection through its two halves (plain or TLS) over
+    /// `stream`, the socket they share.
+    /// First, with a secret, `U` and its answer (inside TLS, if any).
+    fn serve_on<R: Read, W: Sink>(
+        &self,
+        stream: &TcpStream,
+        mut reader: R,
+        mut writer: W,
+        ctx: &Ctx,
+    ) {
+        if let Some(secret) = &ctx.auth
+            && let Err(refused) = authenticate(
+                stream,
+                &mut reader,
+                &mut writer,
+                secret,
+                ctx.connect_timeout,
+            )
+        {
+            self.state.lock().auth_refused = refused.by_server;
+            writer.shut();
+            self.set_phase(Phase::Down, Some(refused.why), ctx);
+            return;
+        }
+        let writer = match self.start_writer(stream, writer, ctx) {
             Ok(writer) => writer,
             Err(e) => {
                 self.set_phase(Phase::Down, Some(format!("cannot start: {e}")), ctx);
@@ -258,15 +295,20 @@ impl Conn {
             // The client closed while this connection was being made.
             let _ = stream.shutdown(Shutdown::Both);
         }
-        let why = self.read_loop(stream, ctx);
+        let why = self.read_loop(stream, reader, ctx);
         self.go_down(why, ctx);
         let _ = writer.join();
     }
 
-    fn start_writer(&self, stream: &TcpStream, ctx: &Ctx) -> io::Result<JoinHandle<()>> {
-        let out = stream.try_clone()?;
+    fn start_writer<W: Sink>(
+        &self,
+        stream: &TcpStream,
+        out: W,
+        ctx: &Ctx,
+    ) -> io::Result<JoinHandle<()>> {
         let killer = stream.try_clone()?;
-        out.set_write_timeout(Some(ctx.request_timeout))?;
+        // The socket's timeouts hold for every handle on it.
+        stream.set_write_timeout(Some(ctx.request_timeout))?;
         // Bounded in fact though not in type: every queued line has a
         // pending entry until it is answered, and `send_locked` refuses a
         // line past MAX_IN_FLIGHT of them (the caller then moves to another
@@ -311,7 +353,7 @@ impl Conn {
     }
 
     /// Read and dispatch answers until the connection ends; why it ended.
-    fn read_loop(&self, mut stream: TcpStream, ctx: &Ctx) -> String {
+    fn read_loop<R: Read>(&self, stream: &TcpStream, mut reader: R, ctx: &Ctx) -> String {
         if let Err(e) = stream.set_read_timeout(Some(ctx.request_timeout)) {
             return format!("cannot set a read timeout: {e}");
         }
@@ -319,7 +361,7 @@ impl Conn {
         let mut chunk = [0u8; READ_CHUNK];
         let mut probing = false;
         loop {
-            match stream.read(&mut chunk) {
+            match reader.read(&mut chunk) {
                 Ok(0) => return "closed by the server".into(),
                 Ok(n) => {
                     probing = false;
@@ -464,8 +506,16 @@ struct AuthFailure {
     why: String,
 }
 
-/// Send `U <secret>` and wait, until `timeout` from now, for the answer.
-fn authenticate(stream: &TcpStream, secret: &Secret, timeout: Duration) -> Result<(), AuthFailure> {
+/// Send `U <secret>` through `writer` and wait, until `timeout` from now,
+/// for the answer from `reader` (the two halves of the connection over
+/// `stream`, plain or TLS).
+fn authenticate(
+    stream: &TcpStream,
+    reader: &mut impl Read,
+    writer: &mut impl Sink,
+    secret: &Secret,
+    timeout: Duration,
+) -> Result<(), AuthFailure> {
     let failed = |why: String| AuthFailure {
         by_server: false,
         why,
@@ -476,10 +526,9 @@ fn authenticate(stream: &TcpStream, secret: &Secret, timeout: Duration) -> Resul
         secret: secret.clone(),
     }
     .write_to(&mut line);
-    let mut stream = stream;
     stream
         .set_write_timeout(Some(timeout))
-        .and_then(|()| stream.write_all(&line))
+        .and_then(|()| writer.send_all(&line))
         .map_err(|e| failed(format!("authenticating: {}", plain(&e))))?;
     let mut input = Vec::with_capacity(64);
     let mut chunk = [0u8; 256];
@@ -494,7 +543,7 @@ fn authenticate(stream: &TcpStream, secret: &Secret, timeout: Duration) -> Resul
         stream
             .set_read_timeout(Some(left))
             .map_err(|e| failed(plain(&e)))?;
-        match stream.read(&mut chunk) {
+        match reader.read(&mut chunk) {
             Ok(0) => return Err(failed("closed by the server while authenticating".into())),
             Ok(n) => input.extend_from_slice(&chunk[..n]),
             Err(e) if is_timeout(&e) || e.kind() == io::ErrorKind::Interrupted => {}
@@ -549,7 +598,7 @@ fn is_timeout(e: &io::Error) -> bool {
 
 /// The writer thread: coalesce queued lines and write them; on a failed
 /// write, shut the socket so the reader notices.
-fn write_loop(lines: Receiver<Vec<u8>>, mut stream: TcpStream) {
+fn write_loop<W: Sink>(lines: Receiver<Vec<u8>>, mut stream: W) {
     let mut batch = Vec::with_capacity(4096);
     while let Ok(first) = lines.recv() {
         batch.clear();
@@ -560,11 +609,40 @@ fn write_loop(lines: Receiver<Vec<u8>>, mut stream: TcpStream) {
                 Err(_) => break,
             }
         }
-        if let Err(e) = stream.write_all(&batch) {
+        if let Err(e) = stream.send_all(&batch) {
             log::debug!("write failed: {e}");
-            let _ = stream.shutdown(Shutdown::Both);
+            stream.shut();
             return;
         }
+    }
+}
+
+/// Where the writer thread puts its batches: a plain socket, or the
+/// writing half of a TLS connection.
+pub trait Sink: Send + 'static {
+    fn send_all(&mut self, data: &[u8]) -> io::Result<()>;
+    /// Shut the socket down, so that the reader notices.
+    fn shut(&mut self);
+}
+
+impl Sink for TcpStream {
+    fn send_all(&mut self, data: &[u8]) -> io::Result<()> {
+        self.write_all(data)
+    }
+
+    fn shut(&mut self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(feature = "tls")]
+impl Sink for crate::client::tls::TlsWriter {
+    fn send_all(&mut self, data: &[u8]) -> io::Result<()> {
+        crate::client::tls::TlsWriter::send_all(self, data)
+    }
+
+    fn shut(&mut self) {
+        let _ = self.socket().shutdown(Shutdown::Both);
     }
 }
 

@@ -19,12 +19,22 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use crate::protocol::Secret;
 use parking_lot::{Condvar, Mutex};
 
+/// The client's TLS settings, built (None: plain TCP).
+#[cfg(feature = "tls")]
+pub type TlsSetting = Option<std::sync::Arc<crate::client::tls::Connector>>;
+/// Without the `tls` feature there is nothing to set.
+#[cfg(not(feature = "tls"))]
+pub type TlsSetting = ();
+
 /// Settings and signals shared by the pool and its connections' threads.
 pub struct Ctx {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     /// Sent as `U <secret>` first on every connection (its Debug hides it).
     pub auth: Option<Secret>,
+    /// TLS for every connection, redone on every reconnection.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    pub tls: TlsSetting,
     pub notifier: Notifier,
     /// Never sent on: disconnects when the client is dropped.
     stop: Receiver<()>,
@@ -36,12 +46,14 @@ impl Ctx {
         connect_timeout: Duration,
         request_timeout: Duration,
         auth: Option<Secret>,
+        tls: TlsSetting,
         stop: Receiver<()>,
     ) -> Ctx {
         Ctx {
             connect_timeout,
             request_timeout,
             auth,
+            tls,
             notifier: Notifier::default(),
             stop,
             closed: AtomicBool::new(false),

@@ -43,7 +43,9 @@
 //!   blocking and async;
 //! - `grant.rs`: grants, the release-on-drop guard, plain results;
 //! - `hold.rs`: held locks and their watchdog;
-//! - `error.rs`: the error type.
+//! - `error.rs`: the error type;
+//! - `tls.rs` (feature `tls`): TLS settings and the two halves of a TLS
+//!   connection.
 //!
 //! Never does: speak the wire format itself (that is `protocol.rs`), use an
 //! async runtime, or block forever — except an acquire asked to wait
@@ -77,6 +79,8 @@ mod oneshot;
 mod pending;
 mod pool;
 mod timer;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -89,6 +93,8 @@ pub use conn::RECONNECT_INTERVAL;
 pub use error::Error;
 pub use grant::{ConnectionStatus, Grant, KeyStatus, LockGuard, NodeInfo, ReleaseOutcome};
 pub use hold::{Held, KEEP_RETRY, Lost};
+#[cfg(feature = "tls")]
+pub use tls::TlsConfig;
 
 use crate::protocol::{Key, MAX_SECRET, MIN_SECRET, Secret, is_valid_secret};
 use pool::Pool;
@@ -146,6 +152,8 @@ pub struct ClientBuilder {
     request_timeout: Duration,
     /// Never shown by Debug (see `Secret`).
     auth: Option<Secret>,
+    #[cfg(feature = "tls")]
+    tls: Option<TlsConfig>,
 }
 
 impl ClientBuilder {
@@ -178,10 +186,21 @@ impl ClientBuilder {
         self
     }
 
+    /// Speak TLS to every server (feature `tls`): each connection, and each
+    /// reconnection, does a full handshake within the connect timeout and
+    /// checks the server's certificate (see [`TlsConfig`]). A failed
+    /// handshake counts as a failed connection attempt; its reason (an
+    /// unknown issuer, a name mismatch) is in the call's error.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, tls: TlsConfig) -> ClientBuilder {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Start the client. This does not wait for the connections: they are
     /// made in the background, and the first call waits for them (bounded
     /// by its deadline). Fails only on a malformed address list, a zero
-    /// timeout or a malformed secret.
+    /// timeout, a malformed secret, or TLS files that cannot be read.
     pub fn connect(self) -> Result<Client, Error> {
         let servers = parse_servers(&self.servers)?;
         if let Some(secret) = &self.auth
@@ -202,12 +221,20 @@ impl ClientBuilder {
                 )));
             }
         }
+        #[cfg(feature = "tls")]
+        let tls = match &self.tls {
+            Some(tls) => Some(Arc::new(tls.build()?)),
+            None => None,
+        };
+        #[cfg(not(feature = "tls"))]
+        let tls = ();
         let (stop, stopped) = crossbeam_channel::bounded(0);
         let pool = Pool::start(
             &servers,
             self.connect_timeout,
             self.request_timeout,
             self.auth,
+            tls,
             stopped,
         )?;
         Ok(Client {
@@ -321,6 +348,8 @@ impl Client {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             auth: None,
+            #[cfg(feature = "tls")]
+            tls: None,
         }
     }
 

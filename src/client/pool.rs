@@ -125,9 +125,10 @@ impl Pool {
         connect_timeout: Duration,
         request_timeout: Duration,
         auth: Option<Secret>,
+        tls: crate::client::ctx::TlsSetting,
         stop: Receiver<()>,
     ) -> Result<Pool, Error> {
-        let ctx = Arc::new(Ctx::new(connect_timeout, request_timeout, auth, stop));
+        let ctx = Arc::new(Ctx::new(connect_timeout, request_timeout, auth, tls, stop));
         let pool = Pool {
             ctx,
             timer: Timer::default(),

@@ -64,6 +64,7 @@ USAGE:
          [--max-waiting N] [--max-keys N] [--detect SECS]
          [--promotion-grace SECS] [--busy-poll-us N]
          [--cluster-key-file PATH | --insecure-peers] [--auth-file PATH]
+         [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH] [--tls-ca PATH]]
          [--metrics ADDR:PORT]
 
 FLAGS:
@@ -86,6 +87,19 @@ FLAGS:
                      bytes of printable ASCII without spaces; blank and '#'
                      lines ignored). Every client connection must then
                      begin with `U <secret>`. Read again on SIGHUP
+  --tls-cert PATH    this node's certificate chain (PEM): every connection
+                     on the port, client or peer, must then speak TLS (1.3,
+                     or 1.2); plain text is refused. Reloaded on SIGHUP
+  --tls-key PATH     the private key of --tls-cert (PEM)
+  --tls-client-ca PATH
+                     clients must present a certificate signed by a CA in
+                     this PEM file (mutual TLS; on a cluster node, one
+                     signed by a --tls-ca CA is accepted too)
+  --tls-ca PATH      the CAs (PEM) peer certificates are checked against,
+                     on links this node dials and links dialed to it
+                     (default: the system's); a peer's certificate must
+                     name the host of its --peers entry (a DNS name, or an
+                     IP address SAN)
   --threads N        I/O loops (default: the number of cores)
   --max-lease SECS   largest lease and wait a client may ask for
                      (default 86400)
@@ -116,7 +130,9 @@ FLAGS:
   -V, --version      print the version
 
 Logs go to stderr; RUST_LOG sets the level (error, warn, info, debug).
-Ctrl+C or SIGTERM stops the node gracefully; SIGHUP reads --auth-file again.
+Ctrl+C or SIGTERM stops the node gracefully; SIGHUP reads --auth-file and
+the TLS files again (a bad new file keeps the old ones, and says why in the
+log).
 ";
 
 /// Everything a node needs to know to start.
@@ -146,6 +162,13 @@ pub struct Config {
     pub auth_file: Option<PathBuf>,
     /// `--metrics`: where to serve `GET /metrics` (None: nowhere).
     pub metrics: Option<SocketAddr>,
+    /// `--tls-cert`, `--tls-key`: TLS on every connection.
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// `--tls-client-ca`: clients must present a certificate it signed.
+    pub tls_client_ca: Option<PathBuf>,
+    /// `--tls-ca`: what peer certificates are checked against.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -168,6 +191,10 @@ impl Default for Config {
             insecure_peers: false,
             auth_file: None,
             metrics: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_ca: None,
         }
     }
 }
@@ -258,11 +285,17 @@ impl Config {
                 Ok::<_, std::convert::Infallible>(PathBuf::from(s))
             })
             .map_err(flag_error)?;
-        config.auth_file = args
-            .opt_value_from_os_str("--auth-file", |s| {
+        let mut path_flag = |name: &'static str| {
+            args.opt_value_from_os_str(name, |s| {
                 Ok::<_, std::convert::Infallible>(PathBuf::from(s))
             })
-            .map_err(flag_error)?;
+            .map_err(flag_error)
+        };
+        config.tls_cert = path_flag("--tls-cert")?;
+        config.tls_key = path_flag("--tls-key")?;
+        config.tls_client_ca = path_flag("--tls-client-ca")?;
+        config.tls_ca = path_flag("--tls-ca")?;
+        config.auth_file = path_flag("--auth-file")?;
         let a = &mut args;
         config.metrics = flag(a, "--metrics", EXPECT_METRICS, |v| v.parse().ok())?;
         let rest = args.finish();
@@ -302,6 +335,12 @@ impl Config {
         }
         if self.cluster_key_file.is_some() && self.insecure_peers {
             return Err("--cluster-key-file and --insecure-peers exclude each other".into());
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err("--tls-cert and --tls-key go together".into());
+        }
+        if self.tls_cert.is_none() && (self.tls_client_ca.is_some() || self.tls_ca.is_some()) {
+            return Err("--tls-client-ca and --tls-ca need --tls-cert and --tls-key".into());
         }
         if self.peers.len() > crate::server::tokens::MAX_NODES {
             return Err(format!(
@@ -649,6 +688,31 @@ mod tests {
         let insecure = ["--insecure-peers"];
         assert!(parse(&[&["--port", "1", "--peers", "a:1,b:1"][..], &insecure].concat()).is_err());
         assert!(parse(&[&["--port", "5", "--peers", "a:1,b:2"][..], &insecure].concat()).is_err());
+    }
+
+    #[test]
+    fn tls_flags_go_together() {
+        let c = config(&[
+            "--tls-cert",
+            "/c",
+            "--tls-key",
+            "/k",
+            "--tls-client-ca",
+            "/cca",
+        ]);
+        assert_eq!(c.tls_cert, Some(PathBuf::from("/c")));
+        assert_eq!(c.tls_key, Some(PathBuf::from("/k")));
+        assert_eq!(c.tls_client_ca, Some(PathBuf::from("/cca")));
+        assert_eq!(c.tls_ca, None);
+        for (args, flag) in [
+            (&["--tls-cert", "/c"][..], "--tls-key"),
+            (&["--tls-key", "/k"][..], "--tls-cert"),
+            (&["--tls-client-ca", "/c"][..], "--tls-cert"),
+            (&["--tls-ca", "/c"][..], "--tls-cert"),
+        ] {
+            let err = parse(args).expect_err("refused");
+            assert!(err.contains(flag), "{args:?}: {err}");
+        }
     }
 
     #[test]

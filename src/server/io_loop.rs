@@ -22,7 +22,10 @@
 //! - `MAX_OWNER_BATCHES` answer batches taken in per round, so one flooded
 //!   loop still gets back to its other clients;
 //! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
-//!   is closed at once;
+//!   is closed at once (under TLS it is closed without a word: it has no
+//!   TLS session to carry one);
+//! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake,
+//!   and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per connection;
 //! - `MAX_DELAYED_CLOSES` connections waiting out `BAD_AUTH_DELAY` after a
 //!   wrong secret: past it, a `U` is not checked at all, the connection gets
 //!   `E - - too-many-connections` and is closed at once (so guessing stays
@@ -38,6 +41,13 @@
 //! connection is checked again the same way (`U ok`, or bad-auth and
 //! close); without `--auth-file` it gets `E U - auth-disabled`. Peer links
 //! are recognised before the gate: they prove the cluster key instead.
+//!
+//! TLS: a connection is plain or TLS from its accept on ([`Stream`]); the
+//! loop reads and writes plaintext through it either way, and a TLS
+//! connection is read until the socket would block (rustls may hold
+//! plaintext beyond what one read returns). A TLS connection says nothing
+//! to the owner until its handshake is done, so one that fails or stalls in
+//! its handshake is dropped without the owner ever hearing of it.
 //!
 //! A connection is closed in one way only: the loop tells the owner
 //! (`Inbound::Closed`), the owner drops the connection's waiters and
@@ -65,6 +75,7 @@ use crate::server::busy_poll::IdleStretch;
 use crate::server::lock_table::ConnId;
 use crate::server::messages::{Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl};
 use crate::server::peer_wire::is_peer_line;
+use crate::server::tls::{HANDSHAKE_MS, Stream};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 /// The token of the loop's `mio::Waker`.
@@ -108,7 +119,7 @@ enum Gate {
 }
 
 struct Conn {
-    stream: TcpStream,
+    stream: Stream,
     id: ConnId,
     /// Bytes of an unfinished line (at most MAX_LINE).
     partial: Vec<u8>,
@@ -172,6 +183,8 @@ pub struct IoLoop {
     /// Connections rejected for a wrong secret, with the time they get
     /// their answer and close (in that order: the delay is fixed).
     delayed_closes: VecDeque<(usize, ConnId, Instant)>,
+    /// TLS connections whose handshake is not done, with its deadline.
+    handshakes: Vec<(usize, ConnId, Instant)>,
 }
 
 impl IoLoop {
@@ -213,6 +226,7 @@ impl IoLoop {
             polling: false,
             peer_only: Vec::new(),
             delayed_closes: VecDeque::new(),
+            handshakes: Vec::new(),
         };
         Ok((io_loop, waker, awake))
     }
@@ -274,6 +288,9 @@ impl IoLoop {
         if !self.delayed_closes.is_empty() {
             self.answer_delayed_closes();
         }
+        if !self.handshakes.is_empty() {
+            self.expire_handshakes(Instant::now());
+        }
         for slot in std::mem::take(&mut self.backlog) {
             if let Some(conn) = self.conns.get_mut(slot) {
                 conn.backlogged = false;
@@ -321,11 +338,11 @@ impl IoLoop {
         }
         self.stop_polling();
         let sleep = self.may_sleep();
-        // Wake for the deadline of a connection in a peer-reserved slot, or
-        // of the first delayed close.
-        let peer_deadline = self.peer_only.iter().map(|(_, _, d)| *d).min();
+        // Wake for the deadline of a connection in a peer-reserved slot, of
+        // a TLS handshake, or of the first delayed close.
+        let deadlines = self.peer_only.iter().chain(self.handshakes.iter());
         let close_deadline = self.delayed_closes.front().map(|(_, _, d)| *d);
-        match peer_deadline.into_iter().chain(close_deadline).min() {
+        match deadlines.map(|(_, _, d)| *d).chain(close_deadline).min() {
             Some(deadline) => {
                 let until = deadline.saturating_duration_since(Instant::now());
                 Some(sleep.map_or(until, |s| s.min(until)))
@@ -348,6 +365,39 @@ impl IoLoop {
             .collect();
         for slot in late {
             self.refuse_peer_slot(slot);
+        }
+    }
+
+    /// Forget the handshakes that are done, and close the TLS connections
+    /// whose handshake is late at `now`. The owner never heard of these.
+    fn expire_handshakes(&mut self, now: Instant) {
+        let mut late = Vec::new();
+        self.handshakes.retain(|&(slot, id, deadline)| {
+            let Some(conn) = self.conns.get(slot).filter(|c| c.id == id) else {
+                return false;
+            };
+            if !conn.stream.is_handshaking() || conn.closing {
+                return false;
+            }
+            if deadline <= now {
+                late.push(slot);
+                return false;
+            }
+            true
+        });
+        for slot in late {
+            let mut conn = self.conns.remove(slot);
+            let _ = self.poll.registry().deregister(&mut conn.stream);
+            if conn.peer_only {
+                self.peer_only.retain(|(s, _, _)| *s != slot);
+                self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+            }
+            log::debug!(
+                "{:?}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
+                conn.id
+            );
         }
     }
 
@@ -432,7 +482,7 @@ impl IoLoop {
         self.accept_pending = true;
     }
 
-    fn admit(&mut self, mut stream: TcpStream, addr: SocketAddr) {
+    fn admit(&mut self, stream: TcpStream, addr: SocketAddr) {
         let count = self.shared.conns.fetch_add(1, Ordering::Relaxed);
         let mut peer_only = false;
         if count >= self.shared.max_conns {
@@ -444,7 +494,9 @@ impl IoLoop {
                 self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
                 log::debug!("refusing {addr}: over --max-conns");
                 self.shared.io_counters.refused(Reason::TooManyConnections);
-                let _ = stream.write(&too_many_connections());
+                if self.shared.tls.is_none() {
+                    let _ = (&stream).write(&too_many_connections());
+                }
                 return;
             }
             peer_only = true;
@@ -459,6 +511,18 @@ impl IoLoop {
         if let Err(e) = stream.set_nodelay(true) {
             log::debug!("{addr}: set_nodelay failed: {e}");
         }
+        // Plain or TLS, once for the connection's whole life.
+        let mut stream = match &self.shared.tls {
+            None => Stream::Plain(stream),
+            Some(tls) => match tls.accept(stream) {
+                Ok(stream) => stream,
+                Err(e) => {
+                    log::warn!("{addr}: cannot start TLS: {e}");
+                    release(&self.shared);
+                    return;
+                }
+            },
+        };
         let entry = self.conns.vacant_entry();
         let slot = entry.key();
         if slot >= 1 << 24 {
@@ -502,6 +566,10 @@ impl IoLoop {
             let deadline = Instant::now() + Duration::from_millis(PEER_SLOT_MS);
             self.peer_only.push((slot, id, deadline));
         }
+        if self.shared.tls.is_some() {
+            let deadline = Instant::now() + Duration::from_millis(HANDSHAKE_MS);
+            self.handshakes.push((slot, id, deadline));
+        }
         // Data may already be waiting; the edge was before registration.
         self.schedule_read(slot);
     }
@@ -517,6 +585,8 @@ impl IoLoop {
     /// Read and parse up to READ_BUDGET bytes from one connection.
     fn read_conn(&mut self, slot: usize, until_blocked: bool) {
         let mut budget = READ_BUDGET;
+        // A short read from TLS says nothing about the socket: read on.
+        let until_blocked = until_blocked || self.conns[slot].stream.is_tls();
         loop {
             let conn = &mut self.conns[slot];
             if conn.closing || conn.forgotten || conn.gate == Gate::Rejected {
@@ -772,11 +842,12 @@ impl IoLoop {
             self.shared.conns.fetch_sub(1, Ordering::Relaxed);
         }
         if let Some(link) = &self.handover {
-            let stream = std::net::TcpStream::from(conn.stream);
             // A full channel closes the connection (the peer redials).
+            // Under TLS the rustls session goes along, with any plaintext
+            // it holds beyond `input`.
             if link
                 .tx
-                .try_send(ToRepl::AdoptPeerLink(stream, input.to_vec()))
+                .try_send(ToRepl::AdoptPeerLink(conn.stream, input.to_vec()))
                 .is_ok()
             {
                 let _ = link.waker.wake();
@@ -887,6 +958,11 @@ impl IoLoop {
                 }
             }
         }
+        // TLS: records rustls still holds (a handshake, or what the socket
+        // would not take) go out on the writable event too.
+        if !failed && conn.stream.push_tls().is_err() {
+            failed = true;
+        }
         let pending = conn.pending_output();
         if pending == 0 {
             conn.output.clear();
@@ -977,6 +1053,55 @@ mod tests {
             IoLoop::new(0, &listener, to_owner, from_owner, None, shared).expect("a loop");
         io_loop.round();
         (io_loop, inbound, answers)
+    }
+
+    #[test]
+    fn a_tls_connection_that_does_not_finish_its_handshake_is_dropped_at_its_deadline() {
+        let dir = std::env::temp_dir().join(format!("baton-io-loop-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let rcgen::CertifiedKey { cert, signing_key } =
+            rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("cert");
+        std::fs::write(dir.join("c.pem"), cert.pem()).expect("write");
+        std::fs::write(dir.join("k.pem"), signing_key.serialize_pem()).expect("write");
+        let config = Config {
+            busy_poll_us: 0,
+            tls_cert: Some(dir.join("c.pem")),
+            tls_key: Some(dir.join("k.pem")),
+            ..Config::default()
+        };
+        let tls = crate::server::tls::NodeTls::load(&config).expect("tls");
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut shared = Shared::new(&config, "test".into());
+        shared.tls = tls.map(Arc::new);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let (to_owner, inbound) = crossbeam_channel::unbounded();
+        let (_answers, from_owner) = crossbeam_channel::unbounded();
+        let (mut io_loop, _waker, _awake) =
+            IoLoop::new(0, &listener, to_owner, from_owner, None, Arc::new(shared))
+                .expect("a loop");
+        let _client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let admitted = Instant::now();
+        while io_loop.conns.is_empty() {
+            assert!(
+                admitted.elapsed() < Duration::from_secs(10),
+                "never accepted"
+            );
+            io_loop.accept_pending = true;
+            io_loop.round();
+        }
+        assert_eq!(io_loop.handshakes.len(), 1);
+        assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 1);
+        // Before the deadline it stays; after it, it is gone.
+        io_loop.expire_handshakes(admitted);
+        assert_eq!(io_loop.conns.len(), 1);
+        let late = Instant::now() + Duration::from_millis(HANDSHAKE_MS + 1);
+        io_loop.expire_handshakes(late);
+        assert!(io_loop.conns.is_empty() && io_loop.handshakes.is_empty());
+        assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 0);
+        // The owner never heard of it.
+        assert!(inbound.try_recv().is_err());
     }
 
     #[test]

@@ -105,7 +105,7 @@ pub enum ToRepl {
     Table(TableToCluster),
     /// From an I/O loop: a connection that opened with a peer line, and the
     /// bytes already read from it (adopting a peer link).
-    AdoptPeerLink(std::net::TcpStream, Vec<u8>),
+    AdoptPeerLink(crate::server::tls::Stream, Vec<u8>),
     /// Graceful shutdown asked for (SIGINT/SIGTERM).
     Shutdown,
     /// Stop now (the last step of shutdown).

@@ -27,6 +27,7 @@ pub mod replication;
 pub mod roles;
 pub mod stats;
 pub mod table_core;
+pub mod tls;
 pub mod tokens;
 pub mod wheel;
 
@@ -91,6 +92,8 @@ pub struct Shared {
     pub auth: Option<Arc<client_auth::ClientAuth>>,
     /// What the I/O loops count for `--metrics` (relaxed atomics).
     pub io_counters: stats::IoCounters,
+    /// TLS on every connection (`--tls-cert`), reloadable.
+    pub tls: Option<Arc<tls::NodeTls>>,
 }
 
 impl Shared {
@@ -119,6 +122,7 @@ impl Shared {
             peer_slots_used: AtomicUsize::new(0),
             auth: None,
             io_counters: stats::IoCounters::default(),
+            tls: None,
         }
     }
 }
@@ -173,6 +177,9 @@ impl Server {
         };
         let mut shared = Shared::new(config, node);
         shared.auth = client_auth.map(Arc::new);
+        shared.tls = tls::NodeTls::load(config)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+            .map(Arc::new);
         let shared = Arc::new(shared);
         let clock = Clock::new();
         install_panic_hook();
@@ -323,6 +330,11 @@ impl Server {
     /// logs what it did; a part that fails keeps what it had.
     pub fn reload(&self) {
         self.reload_client_auth();
+        match self.reload_tls() {
+            Ok(true) => log::info!("reload: TLS certificate and keys read again"),
+            Ok(false) => {}
+            Err(e) => log::error!("reload: TLS files not reloaded, the old ones stay: {e}"),
+        }
     }
 
     /// `--auth-file`: the new secrets replace the old ones for connections
@@ -338,11 +350,21 @@ impl Server {
         }
     }
 
+    /// Read the TLS files again (SIGHUP): new connections use them; those
+    /// open keep theirs. Ok(false) without TLS. On an error the files in
+    /// use stay, and the error says why.
+    pub fn reload_tls(&self) -> Result<bool, String> {
+        match &self.shared.tls {
+            Some(tls) => tls.reload().map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     /// Stop in order: first, in a cluster, hand the active role over (the
     /// replication thread says when it is done, or gives up after a bound);
     /// then the I/O loops (they flush what is pending and close every
-    /// connection); then the metrics thread; then replication; then the lock owner, which stops once
-    /// every sender is gone.
+    /// connection); then the metrics thread; then replication; then the
+    /// lock owner, which stops once every sender is gone.
     pub fn shutdown(mut self) {
         if let Some(repl) = &self.repl {
             log::info!("shutdown: handing over to a successor, if any");

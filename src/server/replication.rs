@@ -13,6 +13,15 @@
 //! [`READ_BUDGET`] bytes read per round, so a flood on one link never
 //! starves the heartbeats.
 //!
+//! TLS (`--tls-cert`): every link is a [`Stream`]. An outgoing link is
+//! dialed as a TLS client that checks the peer's certificate against
+//! `--tls-ca` and the host of the peer's `--peers` entry, and presents this
+//! node's certificate; an incoming link arrives from an I/O loop with its
+//! TLS session already up, and the certificate its peer presented must
+//! chain to `--tls-ca` and name the `--peers` entry of the node it proves
+//! to be (checked with the proof, before the link is acted on). The
+//! cluster-key handshake and the seals run inside TLS unchanged.
+//!
 //! Never does: touch lock state, decide anything, or block: a slow or dead
 //! standby only grows its own bounded output buffer (past `MAX_PEER_OUTPUT`
 //! the link is dropped and later re-synced from a fresh snapshot), never the
@@ -41,6 +50,7 @@ use crate::server::peer_auth::{
     Acceptor, ClusterKey, Dialer, LinkIds, NONCE_LEN, Opener, peers_fingerprint,
 };
 use crate::server::peer_wire::{PeerParsed, PeerReader, PeerWriter, parse_peer};
+use crate::server::tls::Stream;
 
 /// Token of the replication thread's waker.
 pub const REPL_WAKER: Token = Token(usize::MAX - 1);
@@ -67,7 +77,7 @@ enum OutPhase {
 
 struct OutLink {
     addr: Option<SocketAddr>,
-    stream: Option<TcpStream>,
+    stream: Option<Stream>,
     phase: OutPhase,
     writer: PeerWriter,
     reader: PeerReader,
@@ -83,7 +93,7 @@ enum InPhase {
 }
 
 struct InLink {
-    stream: TcpStream,
+    stream: Stream,
     addr: Option<SocketAddr>,
     reader: PeerReader,
     phase: InPhase,
@@ -348,7 +358,14 @@ impl Replication {
             let e = io::Error::new(io::ErrorKind::NotFound, "address does not resolve");
             return self.out_failed(p, &e);
         };
-        match TcpStream::connect(addr) {
+        let connected = TcpStream::connect(addr).and_then(|sock| match &self.shared.tls {
+            None => Ok(Stream::Plain(sock)),
+            Some(tls) => tls
+                .dial(sock, &self.peers[p])
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e)),
+        });
+        let out = &mut self.outs[p];
+        match connected {
             Ok(mut stream) => {
                 let interest = Interest::READABLE | Interest::WRITABLE;
                 match self
@@ -403,7 +420,8 @@ impl Replication {
             }
             return;
         }
-        // A link reads the peer's challenge, then only EOF or an error;
+        // A link reads the peer's challenge (after the TLS handshake, if
+        // any), then only EOF or an error;
         // anything else the peer sends after the handshake is discarded.
         if event.is_readable() || event.is_error() || event.is_read_closed() {
             let mut scratch = [0u8; 4096];
@@ -426,6 +444,11 @@ impl Replication {
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // A TLS failure: a certificate that does not check,
+                    // say. The peer is there but is not to be trusted.
+                    Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                        return self.out_rejected(p, &e.to_string());
+                    }
                     Err(e) => return self.out_failed(p, &e),
                 }
             }
@@ -509,13 +532,15 @@ impl Replication {
                 Err(e) => return self.out_failed(p, &e),
             }
         }
+        if let Err(e) = stream.push_tls() {
+            self.out_failed(p, &e);
+        }
     }
 
     // ----- incoming links -----
 
-    fn adopt_incoming(&mut self, stream: std::net::TcpStream, bytes: Vec<u8>) {
+    fn adopt_incoming(&mut self, mut stream: Stream, bytes: Vec<u8>) {
         let addr = stream.peer_addr().ok();
-        let mut stream = TcpStream::from_std(stream);
         let entry = self.ins.vacant_entry();
         let token = Token(IN_BASE + entry.key());
         if let Err(e) = self.poll.registry().register(
@@ -646,6 +671,13 @@ impl Replication {
             return;
         };
         let from = acceptor.from();
+        // Under TLS the peer's certificate must name its --peers entry too.
+        if let Some(tls) = &self.shared.tls
+            && let Some(peer) = self.peers.get(from)
+            && let Err(why) = tls.check_peer(&state.stream, peer)
+        {
+            return self.reject_in(link, &why);
+        }
         match acceptor.handle_auth(line) {
             Ok(opener) => {
                 state.phase = InPhase::Open(opener);
@@ -703,6 +735,9 @@ impl Replication {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return self.close_in(link, &e.to_string()),
             }
+        }
+        if let Err(e) = state.stream.push_tls() {
+            self.close_in(link, &e.to_string());
         }
     }
 

@@ -11,6 +11,7 @@
 
 pub mod cluster_key;
 pub mod faults;
+pub mod pki;
 pub mod rng;
 
 #[allow(unused_imports)]

@@ -67,6 +67,12 @@ FLAGS:
                   authenticate with the first secret in PATH (the servers'
                   --auth-file format: one secret per line, blank and '#'
                   lines ignored) (default: $BATON_AUTH_FILE, else none)
+  --tls           speak TLS, trusting the system's CAs
+  --tls-ca PATH   speak TLS, trusting the CA certificates in this PEM file
+                  (default: $BATON_TLS_CA; either one turns TLS on)
+  --tls-cert PATH, --tls-key PATH
+                  a client certificate and key (PEM) for servers that ask for
+                  one (batond --tls-client-ca); turns TLS on
   -h, --help      print this help
   -V, --version   print the version
 
@@ -126,7 +132,18 @@ pub struct Cli {
     /// `--auth-file`: where the secret is read from (`$BATON_AUTH_FILE`
     /// is looked at by the caller when this is None).
     pub auth_file: Option<PathBuf>,
+    /// The TLS flags (`$BATON_TLS_CA` is looked at by the caller).
+    pub tls: TlsFlags,
     pub command: Command,
+}
+
+/// `--tls`, `--tls-ca`, `--tls-cert`, `--tls-key`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsFlags {
+    pub on: bool,
+    pub ca: Option<std::path::PathBuf>,
+    /// Certificate and key, given together.
+    pub cert_key: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// Flags of `acquire`, `run` and `keep`.
@@ -151,6 +168,7 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
                 timeout: None,
                 quiet: false,
                 auth_file: None,
+                tls: TlsFlags::default(),
                 command,
             });
         }
@@ -169,6 +187,7 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
             Ok::<_, std::convert::Infallible>(PathBuf::from(s))
         })
         .map_err(flag)?;
+    let tls = tls_flags(&mut args)?;
     let timing = Timing {
         lease: args.opt_value_from_str("--lease").map_err(flag)?,
         wait: args.opt_value_from_str("--wait").map_err(flag)?,
@@ -186,8 +205,38 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
         timeout,
         quiet,
         auth_file,
+        tls,
         command,
     })
+}
+
+fn tls_flags(args: &mut pico_args::Arguments) -> Result<TlsFlags, String> {
+    let flag = |e: pico_args::Error| e.to_string();
+    let on = args.contains("--tls");
+    let ca = args.opt_value_from_os_str("--tls-ca", path).map_err(flag)?;
+    let cert = args
+        .opt_value_from_os_str("--tls-cert", path)
+        .map_err(flag)?;
+    let key = args
+        .opt_value_from_os_str("--tls-key", path)
+        .map_err(flag)?;
+    let cert_key = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err("--tls-cert and --tls-key go together".into()),
+    };
+    Ok(TlsFlags {
+        on: on || ca.is_some() || cert_key.is_some(),
+        ca,
+        cert_key,
+    })
+}
+
+fn path(value: &std::ffi::OsStr) -> Result<std::path::PathBuf, String> {
+    if value.is_empty() {
+        return Err("a path, not an empty word".into());
+    }
+    Ok(std::path::PathBuf::from(value))
 }
 
 fn read_timeout(text: &str) -> Result<Duration, String> {
@@ -589,6 +638,25 @@ mod tests {
         ];
         for (args, expected) in cases {
             assert_eq!(parse_with(args, None).as_ref(), Err(expected), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn any_tls_flag_turns_tls_on() {
+        let plain = parse_with(&["status"], None).expect("valid");
+        assert_eq!(plain.tls, TlsFlags::default());
+        let system = parse_with(&["--tls", "status"], None).expect("valid");
+        assert!(system.tls.on && system.tls.ca.is_none());
+        let ca = parse_with(&["--tls-ca", "/ca.pem", "status"], None).expect("valid");
+        assert!(ca.tls.on);
+        assert_eq!(ca.tls.ca, Some("/ca.pem".into()));
+        let mtls =
+            parse_with(&["--tls-cert", "/c", "--tls-key", "/k", "status"], None).expect("valid");
+        assert!(mtls.tls.on);
+        assert_eq!(mtls.tls.cert_key, Some(("/c".into(), "/k".into())));
+        for lone in [["--tls-cert", "/c"], ["--tls-key", "/k"]] {
+            let err = parse_with(&[lone[0], lone[1], "status"], None).expect_err("alone");
+            assert!(err.contains("go together"), "{err}");
         }
     }
 
