@@ -36,7 +36,7 @@ use crate::server::clock::Clock;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::server::cluster_core::{ClusterCore, ClusterEffect, ClusterParams, LinkId, OutDown};
-use crate::server::messages::{ClusterToTable, ToOwner, ToRepl};
+use crate::server::messages::{ClusterToTable, TableToCluster, ToOwner, ToRepl};
 use crate::server::peer_auth::{
     Acceptor, ClusterKey, Dialer, LinkIds, NONCE_LEN, Opener, peers_fingerprint,
 };
@@ -53,6 +53,9 @@ const RETRY_FULL_MS: u64 = 1;
 /// Bytes read from one incoming link per round, at most; the rest waits for
 /// the next round (which comes at once).
 pub const READ_BUDGET: usize = 64 * 1024;
+/// While the lock owner's deltas stream, the thread takes them at most once
+/// per this many ms (see [`DeltaPace`]).
+pub const DELTA_PACE_MS: u64 = 1;
 
 /// Where an outgoing link is in its life.
 enum OutPhase {
@@ -113,6 +116,8 @@ pub struct Replication {
     shared: Arc<Shared>,
     exit: Sender<()>,
     done: bool,
+    /// When the inbox is next looked at while deltas stream.
+    pace: DeltaPace,
 }
 
 impl Replication {
@@ -166,6 +171,7 @@ impl Replication {
             shared,
             exit,
             done: false,
+            pace: DeltaPace::new(DELTA_PACE_MS),
         }
     }
 
@@ -183,6 +189,9 @@ impl Replication {
             let mut wake_ms = self.core.next_wake_ms(now);
             if !self.owner_backlog.is_empty() {
                 wake_ms = wake_ms.min(now.ms + RETRY_FULL_MS);
+            }
+            if let Some(pace_ms) = self.pace.wake_ms() {
+                wake_ms = wake_ms.min(pace_ms);
             }
             if !self.unread.is_empty() {
                 wake_ms = now.ms;
@@ -212,7 +221,8 @@ impl Replication {
                     Token(p) => self.handle_out_event(p, event),
                 }
             }
-            self.take_inbox();
+            let took_deltas = self.take_inbox();
+            self.pace_inbox(took_deltas);
             self.round();
         }
         log::info!("replication: stopped");
@@ -304,20 +314,41 @@ impl Replication {
 
     // ----- the inbox: owner, I/O loops, shutdown -----
 
-    fn take_inbox(&mut self) {
+    /// Take everything in the inbox; true if deltas were among it.
+    fn take_inbox(&mut self) -> bool {
+        let mut took_deltas = false;
         loop {
             let now = self.clock.now();
             match self.inbox.try_recv() {
-                Ok(ToRepl::Table(msg)) => self.core.handle_table(now, msg),
+                Ok(ToRepl::Table(msg)) => {
+                    took_deltas |= matches!(msg, TableToCluster::Deltas(_));
+                    self.core.handle_table(now, msg);
+                }
                 Ok(ToRepl::AdoptPeerLink(stream, bytes)) => self.adopt_incoming(stream, bytes),
                 Ok(ToRepl::Shutdown) => self.core.handle_shutdown(now),
                 Ok(ToRepl::Stop) | Err(TryRecvError::Disconnected) => {
                     self.done = true;
-                    return;
+                    return took_deltas;
                 }
-                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Empty) => return took_deltas,
             }
             self.carry_out();
+        }
+    }
+
+    /// After a look at the inbox: pace the deltas (and tell the owner it
+    /// need not wake this thread for them) while they stream; once a look
+    /// finds none, stop pacing, and look once more for deltas sent while
+    /// the owner still thought it need not wake us.
+    fn pace_inbox(&mut self, mut took_deltas: bool) {
+        loop {
+            let pacing = self.pace.looked(self.clock.now().ms, took_deltas);
+            self.shared.repl_paced.store(pacing, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if pacing || self.inbox.is_empty() || self.done {
+                return;
+            }
+            took_deltas = self.take_inbox();
         }
     }
 
@@ -715,4 +746,86 @@ impl Replication {
 
 fn resolve(peer: &str) -> Option<SocketAddr> {
     peer.to_socket_addrs().ok()?.next()
+}
+
+/// When the replication thread takes the lock owner's deltas.
+///
+/// The owner sends one message of deltas per round, and a busy active has
+/// tens of thousands of rounds a second. Taking each at once costs a wake
+/// of this thread, a sealed write, and on the standby a read, a seal check
+/// and a wake of its owner — per round. So while deltas stream, the thread
+/// takes them at most once per `interval_ms`, and the owner sends them
+/// without waking it: every standby gets one batch per interval. A look
+/// that finds no deltas ends the pacing, and the next delta wakes the
+/// thread at once (an idle active replicates its first change without
+/// delay). Replication is asynchronous either way; this adds at most the
+/// interval to the lag. Time is passed in (clock ms).
+#[derive(Debug)]
+pub struct DeltaPace {
+    interval_ms: u64,
+    next_ms: Option<u64>,
+}
+
+impl DeltaPace {
+    /// Pacing by `interval_ms`; 0 never paces.
+    pub fn new(interval_ms: u64) -> DeltaPace {
+        DeltaPace {
+            interval_ms,
+            next_ms: None,
+        }
+    }
+
+    /// The inbox was looked at, at `now_ms`, and `took_deltas` says whether
+    /// deltas were in it. True while pacing: the thread looks again at
+    /// [`DeltaPace::wake_ms`] by itself, so deltas need no wake.
+    pub fn looked(&mut self, now_ms: u64, took_deltas: bool) -> bool {
+        self.next_ms =
+            (took_deltas && self.interval_ms > 0).then(|| now_ms.saturating_add(self.interval_ms));
+        self.next_ms.is_some()
+    }
+
+    /// When to look at the inbox next, while pacing.
+    pub fn wake_ms(&self) -> Option<u64> {
+        self.next_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_deltas_are_taken_once_per_interval() {
+        let mut pace = DeltaPace::new(1);
+        assert_eq!(pace.wake_ms(), None);
+        assert!(pace.looked(10, true));
+        assert_eq!(pace.wake_ms(), Some(11));
+        assert!(pace.looked(11, true));
+        assert_eq!(pace.wake_ms(), Some(12));
+    }
+
+    #[test]
+    fn a_look_without_deltas_ends_the_pacing() {
+        let mut pace = DeltaPace::new(1);
+        assert!(pace.looked(10, true));
+        assert!(!pace.looked(11, false));
+        assert_eq!(pace.wake_ms(), None);
+        // The next delta starts it again, from when it was taken.
+        assert!(pace.looked(500, true));
+        assert_eq!(pace.wake_ms(), Some(501));
+    }
+
+    #[test]
+    fn a_zero_interval_never_paces() {
+        let mut pace = DeltaPace::new(0);
+        assert!(!pace.looked(10, true));
+        assert_eq!(pace.wake_ms(), None);
+    }
+
+    #[test]
+    fn the_clock_at_its_end_does_not_wrap() {
+        let mut pace = DeltaPace::new(5);
+        assert!(pace.looked(u64::MAX - 1, true));
+        assert_eq!(pace.wake_ms(), Some(u64::MAX));
+    }
 }
