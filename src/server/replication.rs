@@ -685,17 +685,18 @@ impl Replication {
         }
     }
 
-    /// The lines of a batch whose seal checked: each to the core.
+    /// The lines of a batch whose seal checked: each to the core. They
+    /// arrived together: one clock reading serves them all.
     fn handle_batch(&mut self, link: LinkId, batch: &[u8]) {
+        let now = self.clock.now();
         let mut rest = batch;
         while !rest.is_empty() {
             let PeerParsed::Line { used, msg } = parse_peer(rest) else {
                 // A sealed batch holds whole lines only.
-                self.core.handle_in_malformed(self.clock.now(), link);
+                self.core.handle_in_malformed(now, link);
                 return self.carry_out();
             };
             rest = &rest[used..];
-            let now = self.clock.now();
             match msg {
                 Some(msg) => self.core.handle_peer_msg(now, link, msg),
                 None => self.core.handle_in_malformed(now, link),
