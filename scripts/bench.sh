@@ -4,6 +4,8 @@
 #   scripts/bench.sh                  full run (about 8 minutes)
 #   scripts/bench.sh --quick          short windows, one round (1-2 minutes)
 #   scripts/bench.sh --no-redis       leave Redis out even if it is installed
+#   BATOND_FLAGS='--busy-poll-us 0' scripts/bench.sh
+#                                     extra flags for every batond started
 #   scripts/bench.sh [--quick] -- OPTIONS...
 #                                     more lockbench options, e.g. --only sweep
 #                                     (see: cargo bench --bench lockbench -- --help)
@@ -33,7 +35,7 @@ while [ $# -gt 0 ]; do
     break
     ;;
   -h | --help)
-    sed -n '2,19p' "$0"
+    sed -n '2,21p' "$0"
     exit 0
     ;;
   *)
@@ -80,7 +82,8 @@ threads=$(($(nproc) - 1))
 start_batond() {
   local name=$1 log="$work/$1.log" addr=""
   shift
-  RUST_LOG=info "$batond" --bind 127.0.0.1 --port 0 "$@" >/dev/null 2>"$log" &
+  # shellcheck disable=SC2086 # BATOND_FLAGS is a list of flags
+  RUST_LOG=info "$batond" --bind 127.0.0.1 --port 0 "$@" ${BATOND_FLAGS:-} >/dev/null 2>"$log" &
   last_pid=$!
   pids+=("$last_pid")
   for _ in $(seq 200); do
@@ -161,8 +164,9 @@ start_cluster() {
   (umask 077 && head -c 32 /dev/urandom | base64 >"$work/cluster.key")
   local node_pids=()
   for i in 0 1; do
+    # shellcheck disable=SC2086
     RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${ports[$i]}" --peers "$peers" \
-      --cluster-key-file "$work/cluster.key" >/dev/null 2>"$work/node$i.log" &
+      --cluster-key-file "$work/cluster.key" ${BATOND_FLAGS:-} >/dev/null 2>"$work/node$i.log" &
     node_pids+=($!)
     pids+=($!)
   done

@@ -110,6 +110,17 @@ fn write_delta(delta: &Delta, out: &mut Vec<u8>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A decimal number: digits only, at least one, no overflow.
+fn parse_u64(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    field.iter().try_fold(0u64, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
 /// `n` in decimal.
 fn write_u64(mut n: u64, out: &mut Vec<u8>) {
     let mut digits = [0u8; 20];
@@ -171,7 +182,7 @@ fn parse_line(line: &[u8]) -> Option<PeerMsg> {
         n += 1;
     }
     let rest = &rest[..n];
-    let num = |f: &[u8]| std::str::from_utf8(f).ok()?.parse::<u64>().ok();
+    let num = parse_u64;
     let msg = match (kind, rest) {
         (b"B", [role, following, synced, has_state, last_token, ceiling]) => PeerMsg::Beat {
             beat: Beat {
@@ -390,6 +401,25 @@ mod tests {
         let mut out = Vec::new();
         PeerMsg::Delta(Delta::Ceiling(u64::MAX)).write_to(&mut out);
         assert_eq!(out, b"P C 18446744073709551615\n");
+    }
+
+    #[test]
+    fn numbers_are_digits_only_and_never_overflow() {
+        assert_eq!(parse_u64(b"0"), Some(0));
+        assert_eq!(parse_u64(b"007"), Some(7));
+        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"18446744073709551616",
+            b"99999999999999999999999",
+            b"+5",
+            b"-1",
+            b"1a",
+            b" 1",
+            b"\xff",
+        ] {
+            assert_eq!(parse_u64(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -36,6 +36,7 @@ use crate::server::clock::Clock;
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::server::cluster_core::{ClusterCore, ClusterEffect, ClusterParams, LinkId, OutDown};
+use crate::server::lock_table::Delta;
 use crate::server::messages::{ClusterToTable, TableToCluster, ToOwner, ToRepl};
 use crate::server::peer_auth::{
     Acceptor, ClusterKey, Dialer, LinkIds, NONCE_LEN, Opener, peers_fingerprint,
@@ -314,26 +315,71 @@ impl Replication {
 
     // ----- the inbox: owner, I/O loops, shutdown -----
 
-    /// Take everything in the inbox; true if deltas were among it.
+    /// Take everything in the inbox; true if deltas were among it. Deltas
+    /// of consecutive messages go to the core as one batch, coalesced
+    /// ([`coalesce_deltas`]).
     fn take_inbox(&mut self) -> bool {
+        let mut deltas: Vec<Delta> = Vec::new();
+        let took_deltas = self.take_inbox_into(&mut deltas);
+        self.hand_deltas(&mut deltas);
+        took_deltas
+    }
+
+    /// The deltas gathered so far, to the core, before anything else.
+    fn hand_deltas(&mut self, deltas: &mut Vec<Delta>) {
+        if deltas.is_empty() {
+            return;
+        }
+        let batch = coalesce_deltas(std::mem::take(deltas));
+        self.core
+            .handle_table(self.clock.now(), TableToCluster::Deltas(batch));
+        self.carry_out();
+    }
+
+    fn take_inbox_into(&mut self, deltas: &mut Vec<Delta>) -> bool {
         let mut took_deltas = false;
         loop {
-            let now = self.clock.now();
             match self.inbox.try_recv() {
-                Ok(ToRepl::Table(msg)) => {
-                    took_deltas |= matches!(msg, TableToCluster::Deltas(_));
-                    self.core.handle_table(now, msg);
+                Ok(ToRepl::Table(TableToCluster::Deltas(more))) => {
+                    took_deltas = true;
+                    if deltas.is_empty() {
+                        *deltas = more;
+                    } else {
+                        deltas.extend(more);
+                    }
+                    continue;
                 }
-                Ok(ToRepl::AdoptPeerLink(stream, bytes)) => self.adopt_incoming(stream, bytes),
-                Ok(ToRepl::Shutdown) => self.core.handle_shutdown(now),
-                Ok(ToRepl::Stop) | Err(TryRecvError::Disconnected) => {
+                Ok(other) => {
+                    // In order: the deltas before it go first.
+                    self.hand_deltas(deltas);
+                    self.take_one(other);
+                    if self.done {
+                        return took_deltas;
+                    }
+                }
+                Err(TryRecvError::Disconnected) => {
+                    self.hand_deltas(deltas);
                     self.done = true;
                     return took_deltas;
                 }
                 Err(TryRecvError::Empty) => return took_deltas,
             }
-            self.carry_out();
         }
+    }
+
+    /// One message other than deltas.
+    fn take_one(&mut self, msg: ToRepl) {
+        let now = self.clock.now();
+        match msg {
+            ToRepl::Table(msg) => self.core.handle_table(now, msg),
+            ToRepl::AdoptPeerLink(stream, bytes) => self.adopt_incoming(stream, bytes),
+            ToRepl::Shutdown => self.core.handle_shutdown(now),
+            ToRepl::Stop => {
+                self.done = true;
+                return;
+            }
+        }
+        self.carry_out();
     }
 
     /// After a look at the inbox: pace the deltas (and tell the owner it
@@ -749,6 +795,46 @@ fn resolve(peer: &str) -> Option<SocketAddr> {
     peer.to_socket_addrs().ok()?.next()
 }
 
+/// A batch of deltas with only each key's last change left, in order.
+///
+/// A standby needs a key's final state, not its history: a later grant of a
+/// key replaces an earlier one (the same token extended, or a newer token
+/// handed over), and a free frees the key if it is held by that token or an
+/// older one (`LockTable::apply_delta`). So a key granted and released
+/// within one paced batch — the usual fate of a short lock under load — costs
+/// the standby one line instead of two, and a key handed from client to
+/// client costs one line per batch however many handovers it saw. Ceilings
+/// are all kept (they are rare). Run on the active's replication thread.
+pub fn coalesce_deltas(deltas: Vec<Delta>) -> Vec<Delta> {
+    if deltas.len() < 2 {
+        return deltas;
+    }
+    let keep: Vec<bool> = {
+        let mut last: std::collections::HashMap<&[u8], usize> =
+            std::collections::HashMap::with_capacity(deltas.len());
+        for (i, delta) in deltas.iter().enumerate() {
+            if let Delta::Grant { key, .. } | Delta::Free { key, .. } = delta {
+                last.insert(key.as_bytes(), i);
+            }
+        }
+        deltas
+            .iter()
+            .enumerate()
+            .map(|(i, delta)| match delta {
+                Delta::Grant { key, .. } | Delta::Free { key, .. } => {
+                    last.get(key.as_bytes()) == Some(&i)
+                }
+                Delta::Ceiling(_) => true,
+            })
+            .collect()
+    };
+    deltas
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(delta, keep)| keep.then_some(delta))
+        .collect()
+}
+
 /// When the replication thread takes the lock owner's deltas.
 ///
 /// The owner sends one message of deltas per round, and a busy active has
@@ -794,6 +880,105 @@ impl DeltaPace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::protocol::Key;
+    use crate::server::lock_table::{LockTable, TableLimits};
+    use crate::server::tokens::TokenSource;
+
+    fn grant(k: &str, token: u64, ms_left: u64) -> Delta {
+        Delta::Grant {
+            key: Key::new(k.as_bytes()).expect("valid"),
+            token,
+            ms_left,
+        }
+    }
+
+    fn free(k: &str, token: u64) -> Delta {
+        Delta::Free {
+            key: Key::new(k.as_bytes()).expect("valid"),
+            token,
+        }
+    }
+
+    #[test]
+    fn only_the_last_change_of_each_key_is_sent() {
+        let batch = vec![
+            grant("a", 10, 1000),
+            Delta::Ceiling(100),
+            grant("b", 11, 1000),
+            free("a", 10),
+            grant("b", 11, 2000),
+            grant("c", 12, 1000),
+            free("c", 12),
+            grant("c", 13, 500),
+            Delta::Ceiling(200),
+        ];
+        assert_eq!(
+            coalesce_deltas(batch),
+            vec![
+                Delta::Ceiling(100),
+                free("a", 10),
+                grant("b", 11, 2000),
+                grant("c", 13, 500),
+                Delta::Ceiling(200),
+            ]
+        );
+        assert_eq!(coalesce_deltas(vec![]), vec![]);
+        assert_eq!(coalesce_deltas(vec![free("x", 1)]), vec![free("x", 1)]);
+    }
+
+    /// A standby that applies the coalesced batch ends where one that
+    /// applies every delta does, from any start: here a key held before the
+    /// batch and handed over twice, one freed after a handover, one new.
+    #[test]
+    fn a_standby_ends_in_the_same_state_with_coalesced_deltas() {
+        let before = [grant("held", 5, 1000), grant("freed", 6, 1000)];
+        let batch = vec![
+            grant("held", 20, 1000),
+            grant("held", 21, 900),
+            grant("freed", 22, 1000),
+            free("freed", 22),
+            grant("new", 23, 1000),
+            free("new", 23),
+            grant("new", 24, 800),
+            grant("gone", 25, 1000),
+            free("gone", 25),
+            Delta::Ceiling(1 << 30),
+        ];
+        let limits = TableLimits {
+            max_waiting_per_conn: 8,
+            max_keys: 100,
+        };
+        let run = |deltas: Vec<Delta>| {
+            let mut table = LockTable::new(0, limits, TokenSource::new(0, 1));
+            for delta in before.iter().cloned().chain(deltas) {
+                table.apply_delta(0, delta).expect("applied");
+            }
+            let mut held: Vec<(String, u64)> = table
+                .snapshot(0)
+                .into_iter()
+                .filter_map(|entry| match entry {
+                    Delta::Grant { key, token, .. } => {
+                        Some((String::from_utf8_lossy(key.as_bytes()).into_owned(), token))
+                    }
+                    _ => None,
+                })
+                .collect();
+            held.sort();
+            held
+        };
+        let coalesced = coalesce_deltas(batch.clone());
+        assert!(coalesced.len() < batch.len());
+        assert_eq!(run(coalesced), run(batch));
+        assert_eq!(
+            run(vec![]),
+            vec![("freed".to_string(), 6), ("held".to_string(), 5)]
+        );
+        assert_eq!(
+            run(coalesce_deltas(vec![])),
+            vec![("freed".to_string(), 6), ("held".to_string(), 5)]
+        );
+    }
 
     #[test]
     fn streaming_deltas_are_taken_once_per_interval() {
