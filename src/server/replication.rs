@@ -56,7 +56,7 @@ const RETRY_FULL_MS: u64 = 1;
 pub const READ_BUDGET: usize = 64 * 1024;
 /// While the lock owner's deltas stream, the thread takes them at most once
 /// per this many ms (see [`DeltaPace`]).
-pub const DELTA_PACE_MS: u64 = 1;
+pub const DELTA_PACE_MS: u64 = 2;
 
 /// Where an outgoing link is in its life.
 enum OutPhase {
