@@ -13,7 +13,9 @@
 use std::fmt::Write;
 
 use crate::engine::Outcome;
-use crate::report::{Results, Row, Section, System, fmt_ns, fmt_rate, notes, p99, rate, ratio};
+use crate::report::{
+    LOAD_GEN_BOUND, Results, Row, Section, System, fmt_ns, fmt_rate, notes, p99, rate, ratio,
+};
 
 /// The systems of a row, in interleaved order (reversed every other round).
 pub fn systems(row: &Row, round: usize) -> Vec<System> {
@@ -77,9 +79,6 @@ fn load_gen_busy(o: &Outcome) -> Option<f64> {
     let secs = *o.cpu.last()?;
     (o.secs > 0.0).then(|| secs / o.secs)
 }
-
-/// Past this share of a core, the load generator is what bounds the row.
-const LOAD_GEN_BOUND: f64 = 0.9;
 
 fn us(v: Option<f64>) -> String {
     v.map_or_else(String::new, |v| format!("{v:.1}"))

@@ -628,6 +628,10 @@ fn spread(v: &[u64]) -> f64 {
     }
 }
 
+/// Past this share of a core (user + system, over the window), the load
+/// generator is what bounds a row.
+pub const LOAD_GEN_BOUND: f64 = 0.9;
+
 /// Anything unusual about a run, for the notes column.
 pub(crate) fn notes(o: &Outcome) -> String {
     let mut parts = Vec::new();
@@ -662,6 +666,14 @@ pub(crate) fn notes(o: &Outcome) -> String {
     }
     if o.unfinished > 0 {
         parts.push(format!("{} slots unfinished at drain", o.unfinished));
+    }
+    if let Some(busy) = o.cpu.last().filter(|_| o.secs > 0.0).map(|c| c / o.secs)
+        && busy >= LOAD_GEN_BOUND
+    {
+        parts.push(format!(
+            "load generator at {:.0}% of a core: bound by it",
+            busy * 100.0
+        ));
     }
     parts.join("; ")
 }
