@@ -6,6 +6,8 @@
 #   scripts/bench.sh --no-redis       leave Redis out even if it is installed
 #   BATOND_FLAGS='--busy-poll-us 0' scripts/bench.sh
 #                                     extra flags for every batond started
+#   BATOND=/path/to/batond scripts/bench.sh
+#                                     another build of batond (to compare)
 #   scripts/bench.sh [--quick] -- OPTIONS...
 #                                     more lockbench options, e.g. --only sweep
 #                                     (see: cargo bench --bench lockbench -- --help)
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
     break
     ;;
   -h | --help)
-    sed -n '2,21p' "$0"
+    sed -n '2,23p' "$0"
     exit 0
     ;;
   *)
@@ -72,7 +74,7 @@ if [ -z "$bench_bin" ] || [ ! -x "$bench_bin" ]; then
   echo "bench.sh: cannot find the lockbench binary" >&2
   exit 1
 fi
-batond=target/release/batond
+batond=${BATOND:-target/release/batond} # BATOND=path: another build, to compare
 # batond's default --threads: one I/O loop per core but one, at least 1.
 threads=$(($(nproc) - 1))
 [ "$threads" -ge 1 ] || threads=1
