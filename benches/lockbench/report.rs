@@ -407,23 +407,31 @@ impl Results {
         if targets.is_empty() {
             return;
         }
+        // Without a --threads 1 server (it is the default), one column.
+        let single = self.outcomes.keys().any(|(_, s)| *s == System::Baton1);
         let _ = write!(
             out,
-            "\n### Targets (ratios from this interleaved run)\n\n| target | goal | baton T={} | | baton T=1 | |\n|---|---|---:|---|---:|---|\n",
-            self.default_threads
+            "\n### Targets (ratios from this interleaved run)\n\n| target | goal | baton T={} | |{}\n|---|---|---:|---|{}\n",
+            self.default_threads,
+            if single { " baton T=1 | |" } else { "" },
+            if single { "---:|---|" } else { "" },
         );
         for t in targets {
             let cell = |v: Verdict| match v {
                 Some((v, ok)) => format!("{v:.3} | {}", if ok { "PASS" } else { "**MISS**" }),
                 None => "n/a | ".to_string(),
             };
+            let second = if single {
+                format!(" {} |", cell(t.single))
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} |",
+                "| {} | {} | {} |{second}",
                 t.name,
                 t.goal,
                 cell(t.default),
-                cell(t.single)
             );
         }
     }
