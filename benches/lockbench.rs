@@ -12,6 +12,8 @@
 //! `cargo test` (it is a `harness = false` bench; there are no timing
 //! thresholds in tests).
 
+#[path = "lockbench/deployed.rs"]
+mod deployed;
 #[path = "lockbench/engine.rs"]
 mod engine;
 #[path = "lockbench/report.rs"]
@@ -49,6 +51,14 @@ SERVERS (each optional; rows of a server not given are left out):
                          a fresh batond for the queued-waiters memory row
   --mem-redis ADDR --mem-redis-pid PID
                          a fresh redis-server for the held-keys memory row
+  --cluster ADDR --cluster-pids ACTIVE,STANDBY
+                         the active of a 2-node batond cluster (default flags,
+                         standby attached): the deployed rows
+  --redis-repl ADDR --redis-repl-pids MASTER,REPLICA
+                         a redis-server master with one replica attached
+  --baton-pid PID, --echo-pid PID, --redis-pid PID
+                         the processes of --baton, --echo, --redis, for the
+                         CPU time per pair of the deployed rows
   --default-threads N    batond's default --threads here (for the labels)
   --redis-note TEXT      why there is no --redis (printed under the tables)
   --baton-tls ADDR --tls-ca PATH
@@ -64,8 +74,8 @@ SHAPE:
   --measure SECS         per run, recorded (default 2.5; quick 1)
   --rounds N             runs per (row, system), interleaved (default 2; quick 1)
   --client-threads N     load-generator threads (default 1)
-  --only LIST            sections to run: sweep,pipelined,contended,expiry,memory,tls
-                         (default: all)
+  --only LIST            sections to run: sweep,pipelined,contended,expiry,
+                         memory,deployed,tls (default: all)
   --sweep LIST           connections of the closed-loop sweep
                          (default 1,10,50,100,200,500)
   --depth N              pipeline depth of the pipelined row (default 16)
@@ -102,6 +112,8 @@ const MEMORY_BOUND: Duration = Duration::from_secs(120);
 
 struct Options {
     servers: HashMap<System, SocketAddr>,
+    /// The processes of each system, for its CPU time (deployed rows).
+    pids: HashMap<System, Vec<u32>>,
     mem_baton: Option<(SocketAddr, u32)>,
     mem_waiters: Option<(SocketAddr, u32)>,
     mem_redis: Option<(SocketAddr, u32)>,
@@ -212,6 +224,41 @@ fn parse_options(mut args: pico_args::Arguments) -> Result<Options, String> {
             }
         }
     }
+    let mut pids = HashMap::new();
+    for (flag, pid_flag, system, want) in [
+        ("--cluster", "--cluster-pids", System::Cluster, 2),
+        ("--redis-repl", "--redis-repl-pids", System::RedisRepl, 2),
+    ] {
+        let addr = args
+            .opt_value_from_str::<_, SocketAddr>(flag)
+            .map_err(err)?;
+        let list: Option<String> = args.opt_value_from_str(pid_flag).map_err(err)?;
+        match (addr, list) {
+            (Some(addr), Some(list)) => {
+                let list = list
+                    .split(',')
+                    .map(|p| p.trim().parse::<u32>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| format!("{pid_flag}: not a list of PIDs"))?;
+                if list.len() != want {
+                    return Err(format!("{pid_flag}: {want} PIDs wanted"));
+                }
+                servers.insert(system, addr);
+                pids.insert(system, list);
+            }
+            (None, None) => {}
+            _ => return Err(format!("{flag} and {pid_flag} go together")),
+        }
+    }
+    for (flag, system) in [
+        ("--baton-pid", System::Baton),
+        ("--echo-pid", System::Echo),
+        ("--redis-pid", System::Redis),
+    ] {
+        if let Some(pid) = args.opt_value_from_str::<_, u32>(flag).map_err(err)? {
+            pids.insert(system, vec![pid]);
+        }
+    }
     let mut mem = |flag: &'static str, pid_flag: &'static str| -> Result<_, String> {
         let addr = args
             .opt_value_from_str::<_, SocketAddr>(flag)
@@ -265,6 +312,7 @@ fn parse_options(mut args: pico_args::Arguments) -> Result<Options, String> {
         });
     let options = Options {
         servers,
+        pids,
         mem_baton,
         mem_waiters,
         mem_redis,
@@ -367,6 +415,9 @@ fn plan_rows(options: &Options) -> Vec<Row> {
             }
         }
     }
+    if options.wants("deployed") {
+        rows.extend(deployed::rows(options.depth));
+    }
     if options.wants("expiry") {
         rows.push(Row {
             section: Section::Expiry,
@@ -401,6 +452,7 @@ fn systems_of(row: &Row, round: usize) -> Vec<System> {
             System::Echo1,
         ],
         Section::Expiry => vec![System::Baton, System::Redis, System::Baton1],
+        Section::Deployed => return deployed::systems(row, round),
     };
     if round % 2 == 1 {
         systems.reverse();
@@ -426,6 +478,11 @@ fn run_all(options: &Options) -> Result<Results, String> {
     let sha = match options.servers.get(&System::Redis) {
         Some(&addr) => script_load(addr)?,
         None => Vec::new(),
+    };
+    // The same script, so the same SHA1, on the master with a replica.
+    let sha = match options.servers.get(&System::RedisRepl) {
+        Some(&addr) => script_load(addr)?,
+        None => sha,
     };
     let started = Instant::now();
     let mut run_no = 0u64;
@@ -495,6 +552,14 @@ fn run_spec(
             hold: Duration::from_micros(row.hold_us),
         },
         (Section::Expiry, _) => Workload::Expiry { keys: row.keys },
+        (Section::Deployed, _) if deployed::is_contended(row) => Workload::Contended {
+            hold: Duration::ZERO,
+        },
+        (Section::Deployed, _) => Workload::Uncontended { depth: row.depth },
+    };
+    let cpu_pids = match row.section {
+        Section::Deployed => options.pids.get(&system).cloned().unwrap_or_default(),
+        _ => Vec::new(),
     };
     RunSpec {
         addr,
@@ -511,6 +576,7 @@ fn run_spec(
         sha: sha.to_vec(),
         seed: options.seed ^ run_no.wrapping_mul(0x9E37_79B9_7F4A_7C15),
         tls: None,
+        cpu_pids,
     }
 }
 
@@ -568,6 +634,7 @@ fn fill_keys(
         sha: sha.to_vec(),
         seed: options.seed,
         tls: None,
+        cpu_pids: Vec::new(),
     };
     let outcome = engine::run(&spec)?;
     if outcome.errors > 0 {

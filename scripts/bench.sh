@@ -4,14 +4,21 @@
 #   scripts/bench.sh                  full run (about 8 minutes)
 #   scripts/bench.sh --quick          short windows, one round (1-2 minutes)
 #   scripts/bench.sh --no-redis       leave Redis out even if it is installed
+#   BATOND_FLAGS='--busy-poll-us 0' scripts/bench.sh
+#                                     extra flags for every batond started
+#   BATOND=/path/to/batond scripts/bench.sh
+#                                     another build of batond (to compare)
 #   scripts/bench.sh [--quick] -- OPTIONS...
 #                                     more lockbench options, e.g. --only sweep
 #                                     (see: cargo bench --bench lockbench -- --help)
 #
 # Builds release; starts, on free 127.0.0.1 ports, batond with the default
-# --threads and with --threads 1, batond --echo (both settings: the floor),
-# fresh servers for the memory rows, batond and redis-server with TLS (the
-# TLS rows), and redis-server when it is installed
+# --threads and with --threads 1 (when that is not the default), batond
+# --echo (both settings: the floor), a 2-node cluster with default flags
+# (the active with its standby attached and synced: the deployed rows, with
+# the CPU time of both processes), fresh servers for the memory rows, and
+# redis-server when it is installed (alone, and a master with a replica),
+# and batond and redis-server with TLS (the TLS rows)
 # (the Redis rows are left out with a note when it is not); runs the harness
 # (benches/lockbench.rs); prints its Markdown tables on stdout (progress on
 # stderr); and stops every process it started, by PID, when it exits.
@@ -31,7 +38,7 @@ while [ $# -gt 0 ]; do
     break
     ;;
   -h | --help)
-    sed -n '2,17p' "$0"
+    sed -n '2,23p' "$0"
     exit 0
     ;;
   *)
@@ -68,15 +75,18 @@ if [ -z "$bench_bin" ] || [ ! -x "$bench_bin" ]; then
   echo "bench.sh: cannot find the lockbench binary" >&2
   exit 1
 fi
-batond=target/release/batond
-threads=$(nproc)
+batond=${BATOND:-target/release/batond} # BATOND=path: another build, to compare
+# batond's default --threads: one I/O loop per core but one, at least 1.
+threads=$(($(nproc) - 1))
+[ "$threads" -ge 1 ] || threads=1
 
 # start_batond NAME FLAGS...: sets last_pid and last_addr. batond binds
 # port 0 and logs the port it got, so there is no race for a free port.
 start_batond() {
   local name=$1 log="$work/$1.log" addr=""
   shift
-  RUST_LOG=info "$batond" --bind 127.0.0.1 --port 0 "$@" >/dev/null 2>"$log" &
+  # shellcheck disable=SC2086 # BATOND_FLAGS is a list of flags
+  RUST_LOG=info "$batond" --bind 127.0.0.1 --port 0 "$@" ${BATOND_FLAGS:-} >/dev/null 2>"$log" &
   last_pid=$!
   pids+=("$last_pid")
   for _ in $(seq 200); do
@@ -124,23 +134,81 @@ start_redis() {
 
 args=(--default-threads "$threads")
 start_batond baton
-args+=(--baton "$last_addr")
-start_batond baton1 --threads 1
-args+=(--baton1 "$last_addr")
+args+=(--baton "$last_addr" --baton-pid "$last_pid")
+if [ "$threads" -ne 1 ]; then # else the default is --threads 1
+  start_batond baton1 --threads 1
+  args+=(--baton1 "$last_addr")
+fi
 start_batond echo --echo
-args+=(--echo "$last_addr")
-start_batond echo1 --echo --threads 1
-args+=(--echo1 "$last_addr")
+args+=(--echo "$last_addr" --echo-pid "$last_pid")
+if [ "$threads" -ne 1 ]; then
+  start_batond echo1 --echo --threads 1
+  args+=(--echo1 "$last_addr")
+fi
 start_batond mem-baton
 args+=(--mem-baton "$last_addr" --mem-baton-pid "$last_pid")
 start_batond mem-waiters
 args+=(--mem-waiters "$last_addr" --mem-waiters-pid "$last_pid")
 
+# ---- as deployed: a 2-node cluster, default flags (the deployed rows) ----
+# info PORT: baton's `I` line.
+info() {
+  local line=""
+  exec 3<>"/dev/tcp/127.0.0.1/$1" || return 1
+  printf 'I\n' >&3
+  IFS= read -r -t 2 line <&3 || true
+  exec 3>&-
+  printf '%s\n' "$line"
+}
+start_cluster() {
+  local ports peers i active="" standby=""
+  mapfile -t ports < <("$bench_bin" --free-ports 2)
+  peers=127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}
+  (umask 077 && head -c 32 /dev/urandom | base64 >"$work/cluster.key")
+  local node_pids=()
+  for i in 0 1; do
+    # shellcheck disable=SC2086
+    RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${ports[$i]}" --peers "$peers" \
+      --cluster-key-file "$work/cluster.key" ${BATOND_FLAGS:-} >/dev/null 2>"$work/node$i.log" &
+    node_pids+=($!)
+    pids+=($!)
+  done
+  # The first in --peers becomes active; wait until its standby is synced.
+  for _ in $(seq 200); do
+    case $(info "${ports[0]}" 2>/dev/null) in
+    *role=active*standbys=1*) active=0 standby=1 ;;
+    esac
+    [ -n "$active" ] && break
+    sleep 0.05
+  done
+  if [ -z "$active" ]; then
+    echo "bench.sh: the 2-node cluster did not sync within 10 s:" >&2
+    cat "$work/node0.log" "$work/node1.log" >&2
+    exit 1
+  fi
+  args+=(--cluster "127.0.0.1:${ports[$active]}"
+    --cluster-pids "${node_pids[$active]},${node_pids[$standby]}")
+  echo "bench.sh: cluster: active 127.0.0.1:${ports[$active]} (pid ${node_pids[$active]})," \
+    "standby 127.0.0.1:${ports[$standby]} (pid ${node_pids[$standby]})" >&2
+}
+start_cluster
+
 redis_note="redis-server not installed: Redis rows skipped"
 [ "$use_redis" = yes ] || redis_note="Redis left out (--no-redis)"
 if [ "$use_redis" = yes ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
   start_redis redis
-  args+=(--redis "$last_addr")
+  args+=(--redis "$last_addr" --redis-pid "$last_pid")
+  # A master with one replica attached and in sync (the deployed rows).
+  start_redis redis-master
+  master_addr=$last_addr master_pid=$last_pid
+  start_redis redis-replica
+  redis-cli -h 127.0.0.1 -p "${last_addr##*:}" replicaof 127.0.0.1 "${master_addr##*:}" >/dev/null
+  for _ in $(seq 200); do
+    redis-cli -h 127.0.0.1 -p "${last_addr##*:}" info replication |
+      grep -q 'master_link_status:up' && break
+    sleep 0.05
+  done
+  args+=(--redis-repl "$master_addr" --redis-repl-pids "$master_pid,$last_pid")
   start_redis mem-redis
   args+=(--mem-redis "$last_addr" --mem-redis-pid "$last_pid")
   redis_note=$(redis-server --version | sed 's/ sha=.*//')
@@ -189,6 +257,6 @@ args+=(--tls-note "$tls_note")
 
 echo "## baton benchmark: $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo
-echo "Command: \`scripts/bench.sh${shown_args[*]:+ ${shown_args[*]}}\`. Machine: $threads cores" \
+echo "Command: \`scripts/bench.sh${shown_args[*]:+ ${shown_args[*]}}\`. Machine: $(nproc) cores, batond default --threads $threads" \
   "($(uname -sr)), shared with the load generator. $redis_note."
 "$bench_bin" "${args[@]}" "${harness_args[@]}"

@@ -434,6 +434,48 @@ fn a_grant_on_the_active_shows_up_on_the_standby_and_leaves_with_its_release() {
     tokens.check();
 }
 
+/// Replication sends each key's last change per batch (a batch every few
+/// ms while changes stream): a key handed over and then released within
+/// one batch reaches the standby as one free of a token it never saw
+/// granted, which must still free the older grant it holds.
+#[test]
+fn a_standby_ends_with_the_actives_keys_after_a_burst_of_handovers_and_releases() {
+    let cluster = Cluster::start_all(2);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    let mut tokens = TokenLog::default();
+    let mut clients = [cluster.client(0), cluster.client(0)];
+    let mut token = tokens.grant(0, &mut clients[0], "hot", "30");
+    cluster.wait_held(1, 1);
+    // Two clients take turns on one key as fast as the network allows.
+    let mut holder = 0;
+    for _ in 0..300 {
+        let other = 1 - holder;
+        clients[other].send("A hot 30 10");
+        assert_eq!(clients[holder].ask(&format!("R hot {token}")), "R hot");
+        let answer = clients[other].recv();
+        token = tokens.record(0, &answer, "hot");
+        holder = other;
+    }
+    // Short locks, each granted and released within a batch.
+    for i in 0..200 {
+        let key = format!("short{i}");
+        let t = tokens.grant(0, &mut clients[0], &key, "30");
+        assert_eq!(clients[0].ask(&format!("R {key} {t}")), format!("R {key}"));
+    }
+    // The last handover and the release right behind it.
+    let other = 1 - holder;
+    clients[other].send("A hot 30 10");
+    assert_eq!(clients[holder].ask(&format!("R hot {token}")), "R hot");
+    let answer = clients[other].recv();
+    let last = tokens.record(0, &answer, "hot");
+    assert_eq!(clients[other].ask(&format!("R hot {last}")), "R hot");
+    cluster.wait_held(0, 0);
+    let standby = cluster.wait_held(1, 0);
+    assert_eq!(num(&standby, "waiting"), 0, "{standby}");
+    tokens.check();
+}
+
 #[test]
 fn a_standby_reports_its_lag_and_a_ceiling_above_every_token_of_the_active() {
     let cluster = Cluster::start_all(2);

@@ -88,6 +88,9 @@ pub struct RunSpec {
     /// Speak TLS (trusting this configuration's CAs, the server named
     /// 127.0.0.1): the handshake is done before the run starts.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Server processes whose CPU time is read over the measure window
+    /// (the load generator's own is read too, last).
+    pub cpu_pids: Vec<u32>,
 }
 
 /// What a run measured. Latencies are in nanoseconds.
@@ -102,6 +105,10 @@ pub struct Outcome {
     /// Grants received in the window.
     pub grants: u64,
     pub requests: u64,
+    /// CPU seconds (user + system) over the measure window(s): one per
+    /// `RunSpec::cpu_pids` entry, then the load generator's; empty when
+    /// no pids were given or /proc could not be read.
+    pub cpu: Vec<f64>,
     /// Redis `SET NX` answered nil, so retried.
     pub retries: u64,
     pub timeouts: u64,
@@ -142,6 +149,7 @@ impl Outcome {
             pairs: 0,
             grants: 0,
             requests: 0,
+            cpu: Vec::new(),
             retries: 0,
             timeouts: 0,
             not_held: 0,
@@ -171,6 +179,16 @@ impl Outcome {
         self.pairs += other.pairs;
         self.grants += other.grants;
         self.requests += other.requests;
+        if !same_window {
+            // Rounds: CPU seconds add up like the windows do.
+            if self.cpu.is_empty() {
+                self.cpu.clone_from(&other.cpu);
+            } else if self.cpu.len() == other.cpu.len() {
+                for (total, more) in self.cpu.iter_mut().zip(&other.cpu) {
+                    *total += more;
+                }
+            }
+        }
         self.retries += other.retries;
         self.timeouts += other.timeouts;
         self.not_held += other.not_held;
@@ -231,6 +249,13 @@ pub fn run(spec: &RunSpec) -> Result<Outcome, String> {
         first_conn = end;
     }
     let t0 = Instant::now() + Duration::from_millis(5);
+    // Every run reads the load generator's own CPU (is it what bounds the
+    // row?); the deployed rows the servers' too.
+    let sampler = (!matches!(spec.workload, Workload::Fill { .. })).then(|| {
+        let pids = spec.cpu_pids.clone();
+        let (from, to) = (t0 + spec.warmup, t0 + spec.warmup + spec.measure);
+        std::thread::spawn(move || cpu_over(&pids, from, to))
+    });
     let handles: Vec<_> = workers
         .into_iter()
         .map(|worker| std::thread::spawn(move || worker.run(t0)))
@@ -244,10 +269,59 @@ pub fn run(spec: &RunSpec) -> Result<Outcome, String> {
             Err(_) => failure = Some("a load thread panicked".to_string()),
         }
     }
+    if let Some(sampler) = sampler {
+        outcome.cpu = sampler.join().unwrap_or_default();
+    }
     match failure {
         Some(e) => Err(e),
         None => Ok(outcome),
     }
+}
+
+/// CPU seconds (user + system, all threads) each of `pids`, then this
+/// process (the load generator), used between `from` and `to`; empty if
+/// /proc cannot be read.
+fn cpu_over(pids: &[u32], from: Instant, to: Instant) -> Vec<f64> {
+    let read = || -> Option<Vec<u64>> {
+        let mut ticks = pids
+            .iter()
+            .map(|pid| cpu_ticks(&format!("/proc/{pid}/stat")))
+            .collect::<Option<Vec<_>>>()?;
+        ticks.push(cpu_ticks("/proc/self/stat")?);
+        Some(ticks)
+    };
+    let sleep_until = |at: Instant| {
+        if let Some(wait) = at.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    };
+    sleep_until(from);
+    let Some(before) = read() else {
+        return Vec::new();
+    };
+    sleep_until(to);
+    let Some(after) = read() else {
+        return Vec::new();
+    };
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| a.saturating_sub(*b) as f64 / hz)
+        .collect()
+}
+
+/// utime + stime of a process, in clock ticks, from its /proc stat line.
+fn cpu_ticks(path: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // The command name (field 2) may hold spaces: count from its ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After ')': state is field 3, so utime (14) and stime (15) are 11, 12.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
 }
 
 fn slots_per_conn(workload: Workload) -> usize {

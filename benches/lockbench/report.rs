@@ -28,14 +28,19 @@ pub enum System {
     Echo1,
     /// Redis `PING` inline: the floor of Redis.
     Ping,
+    /// The active of a 2-node baton cluster (default flags), its standby
+    /// attached and synced.
+    Cluster,
+    /// A Redis master with one replica attached (`--replicaof`).
+    RedisRepl,
 }
 
 impl System {
     pub fn proto(self) -> Proto {
         match self {
-            System::Baton | System::Baton1 => Proto::Baton,
+            System::Baton | System::Baton1 | System::Cluster => Proto::Baton,
             System::Echo | System::Echo1 => Proto::Echo,
-            System::Redis => Proto::RedisLock,
+            System::Redis | System::RedisRepl => Proto::RedisLock,
             System::Ping => Proto::RedisPing,
         }
     }
@@ -48,6 +53,8 @@ impl System {
             System::Echo => format!("echo T={default_threads}"),
             System::Echo1 => "echo T=1".into(),
             System::Ping => "redis PING".into(),
+            System::Cluster => format!("baton T={default_threads} active + standby"),
+            System::RedisRepl => "redis master + replica".into(),
         }
     }
 
@@ -75,6 +82,9 @@ pub enum Section {
     Pipelined,
     Contended,
     Expiry,
+    /// As deployed: a single node against the active of a 2-node cluster
+    /// (and Redis alone against a master with a replica), with CPU time.
+    Deployed,
 }
 
 impl Section {
@@ -84,6 +94,7 @@ impl Section {
             Section::Pipelined => "pipelined",
             Section::Contended => "contended",
             Section::Expiry => "expiry",
+            Section::Deployed => "deployed",
         }
     }
 }
@@ -140,7 +151,7 @@ impl Results {
         }
     }
 
-    fn get(&self, row: usize, system: System) -> Option<&Outcome> {
+    pub(crate) fn get(&self, row: usize, system: System) -> Option<&Outcome> {
         self.outcomes.get(&(row, system))
     }
 
@@ -158,6 +169,7 @@ impl Results {
         self.render_expiry(&mut out);
         self.render_memory(&mut out);
         self.render_targets(&mut out);
+        self.render_deployed(&mut out);
         if !self.notes.is_empty() {
             out.push_str("\nNotes:\n");
             for note in &self.notes {
@@ -169,6 +181,10 @@ impl Results {
 
     fn name(&self, system: System) -> String {
         system.name(&self.default_threads)
+    }
+
+    fn render_deployed(&self, out: &mut String) {
+        crate::deployed::render(self, out);
     }
 
     fn render_uncontended(&self, out: &mut String) {
@@ -391,23 +407,31 @@ impl Results {
         if targets.is_empty() {
             return;
         }
+        // Without a --threads 1 server (it is the default), one column.
+        let single = self.outcomes.keys().any(|(_, s)| *s == System::Baton1);
         let _ = write!(
             out,
-            "\n### Targets (ratios from this interleaved run)\n\n| target | goal | baton T={} | | baton T=1 | |\n|---|---|---:|---|---:|---|\n",
-            self.default_threads
+            "\n### Targets (ratios from this interleaved run)\n\n| target | goal | baton T={} | |{}\n|---|---|---:|---|{}\n",
+            self.default_threads,
+            if single { " baton T=1 | |" } else { "" },
+            if single { "---:|---|" } else { "" },
         );
         for t in targets {
             let cell = |v: Verdict| match v {
                 Some((v, ok)) => format!("{v:.3} | {}", if ok { "PASS" } else { "**MISS**" }),
                 None => "n/a | ".to_string(),
             };
+            let second = if single {
+                format!(" {} |", cell(t.single))
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} |",
+                "| {} | {} | {} |{second}",
                 t.name,
                 t.goal,
                 cell(t.default),
-                cell(t.single)
             );
         }
     }
@@ -567,19 +591,19 @@ struct Target {
     single: Verdict,
 }
 
-fn rate(count: u64, secs: f64) -> f64 {
+pub(crate) fn rate(count: u64, secs: f64) -> f64 {
     if secs > 0.0 { count as f64 / secs } else { 0.0 }
 }
 
-fn rate_of(o: &Outcome) -> f64 {
+pub(crate) fn rate_of(o: &Outcome) -> f64 {
     rate(o.pairs, o.secs)
 }
 
-fn p99(o: &Outcome) -> f64 {
+pub(crate) fn p99(o: &Outcome) -> f64 {
     o.acquire.value_at_quantile(0.99).max(1) as f64
 }
 
-fn ratio(a: f64, b: f64) -> String {
+pub(crate) fn ratio(a: f64, b: f64) -> String {
     if b > 0.0 {
         format!("{:.2}", a / b)
     } else {
@@ -612,8 +636,12 @@ fn spread(v: &[u64]) -> f64 {
     }
 }
 
+/// Past this share of a core (user + system, over the window), the load
+/// generator is what bounds a row.
+pub const LOAD_GEN_BOUND: f64 = 0.9;
+
 /// Anything unusual about a run, for the notes column.
-fn notes(o: &Outcome) -> String {
+pub(crate) fn notes(o: &Outcome) -> String {
     let mut parts = Vec::new();
     if o.retries > 0 {
         parts.push(format!("{} SET retries", fmt_count(o.retries)));
@@ -646,6 +674,14 @@ fn notes(o: &Outcome) -> String {
     }
     if o.unfinished > 0 {
         parts.push(format!("{} slots unfinished at drain", o.unfinished));
+    }
+    if let Some(busy) = o.cpu.last().filter(|_| o.secs > 0.0).map(|c| c / o.secs)
+        && busy >= LOAD_GEN_BOUND
+    {
+        parts.push(format!(
+            "load generator at {:.0}% of a core: bound by it",
+            busy * 100.0
+        ));
     }
     parts.join("; ")
 }

@@ -51,6 +51,15 @@ impl BusyPoll {
         self.window
     }
 
+    /// The window of a thread whose input may or may not be latency
+    /// sensitive: a lock owner polls only while it serves clients. A
+    /// standby's owner gets its input from the replication thread, in
+    /// batches no client waits on: it sleeps at once (so it leaves the CPU
+    /// to the active when both share a machine).
+    pub fn window_if(&self, serving: bool) -> Duration {
+        if serving { self.window } else { Duration::ZERO }
+    }
+
     /// An idle stretch ended (work arrived) after `idle`.
     pub fn idle_ended(&mut self, idle: Duration) {
         if idle <= self.window {
@@ -87,7 +96,13 @@ impl IdleStretch {
     /// The thread is out of work: the stretch begins now unless it already
     /// has. When its polling window closes.
     pub fn poll_until(&mut self) -> Instant {
-        *self.since.get_or_insert_with(Instant::now) + self.window.window()
+        self.poll_until_if(true)
+    }
+
+    /// As [`IdleStretch::poll_until`], for a thread that polls only while
+    /// `serving` (see [`BusyPoll::window_if`]).
+    pub fn poll_until_if(&mut self, serving: bool) -> Instant {
+        *self.since.get_or_insert_with(Instant::now) + self.window.window_if(serving)
     }
 
     /// Work arrived from outside: the stretch is over and the window adapts
@@ -207,6 +222,18 @@ mod tests {
         slots.give_back();
         assert!(slots.try_take());
         assert!(!slots.try_take());
+    }
+
+    #[test]
+    fn a_thread_that_does_not_serve_never_polls() {
+        let mut poll = BusyPoll::new(us(500));
+        for _ in 0..6 {
+            poll.idle_ended(us(180));
+        }
+        assert_eq!(poll.window_if(true), us(200));
+        assert_eq!(poll.window_if(false), Duration::ZERO);
+        // The window it learnt is kept for when it serves again.
+        assert_eq!(poll.window(), us(200));
     }
 
     #[test]

@@ -50,7 +50,7 @@
 //!
 //! Never does: I/O, clock reads, lock state (that is the lock owner's core).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use crate::server::clock::Now;
@@ -236,7 +236,9 @@ pub struct ClusterCore {
     refusal_warn: Vec<RateLimit>,
     roles: Roles,
     outs: Vec<OutLink>,
-    ins: HashMap<LinkId, InLink>,
+    /// A few links at most: a B-tree finds one in a couple of compares,
+    /// where hashing (SipHash) cost more per replicated change.
+    ins: BTreeMap<LinkId, InLink>,
     next_beat_ms: u64,
     /// Deltas received and not yet passed to the lock owner.
     deltas_in: Vec<Delta>,
@@ -286,7 +288,7 @@ impl ClusterCore {
             refusal_warn: vec![RateLimit::default(); outs.len()],
             roles,
             outs,
-            ins: HashMap::new(),
+            ins: BTreeMap::new(),
             next_beat_ms: 0,
             deltas_in: Vec::new(),
             awaiting_redirect: false,

@@ -27,8 +27,6 @@ pub const DEFAULT_DETECT_MS: u64 = 1000;
 pub const DEFAULT_BUSY_POLL_US: u64 = 500;
 /// The largest `--busy-poll-us` accepted (10 ms).
 const MAX_BUSY_POLL_US: u64 = 10_000;
-/// The most I/O loops `--threads` may ask for.
-const MAX_THREADS: usize = 64;
 /// The shortest `--detect` accepted, in milliseconds.
 const MIN_DETECT_MS: u64 = 20;
 /// The longest `--detect` accepted, in seconds (an hour).
@@ -100,7 +98,8 @@ FLAGS:
                      (default: the system's); a peer's certificate must
                      name the host of its --peers entry (a DNS name, or an
                      IP address SAN)
-  --threads N        I/O loops (default: the number of cores)
+  --threads N        I/O loops (default: one per core but one, which is left
+                     to the lock owner; at least 1)
   --max-lease SECS   largest lease and wait a client may ask for
                      (default 86400)
   --max-conns N      client connections at once (default 10000)
@@ -171,6 +170,20 @@ pub struct Config {
     pub tls_ca: Option<PathBuf>,
 }
 
+/// The most I/O loops `--threads` allows.
+pub const MAX_THREADS: usize = 64;
+
+/// `--threads` by default on a machine with `cores` cores: one I/O loop per
+/// core but one, at least one. The lock owner is a thread of its own that
+/// busy-polls under load (busy_poll.rs); with as many loops as cores, the
+/// loops and the owner take turns on every core, and each turn is a context
+/// switch on a request's path. With one core left to it, a request crosses
+/// threads that are each already running. Never more than `--threads`
+/// allows.
+pub fn default_threads(cores: usize) -> usize {
+    cores.saturating_sub(1).clamp(1, MAX_THREADS)
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -178,7 +191,7 @@ impl Default for Config {
             port: DEFAULT_PORT,
             peers: Vec::new(),
             advertise: None,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: default_threads(std::thread::available_parallelism().map_or(1, |n| n.get())),
             max_lease_ms: DEFAULT_MAX_LEASE_SECS * 1000,
             max_conns: DEFAULT_MAX_CONNS,
             max_waiting: DEFAULT_MAX_WAITING,
@@ -500,6 +513,15 @@ mod tests {
         assert!(c.peers.is_empty());
         assert_eq!(c.max_lease_ms, 86_400_000);
         assert!(c.threads >= 1);
+    }
+
+    #[test]
+    fn default_threads_leave_a_core_to_the_lock_owner() {
+        let got: Vec<_> = [0, 1, 2, 3, 4, 8, 64, 200]
+            .into_iter()
+            .map(default_threads)
+            .collect();
+        assert_eq!(got, [1, 1, 1, 2, 3, 7, 63, 64]);
     }
 
     #[test]

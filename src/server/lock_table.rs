@@ -106,6 +106,8 @@ pub enum Delta {
     /// a handover, or an extension).
     Grant { key: Key, token: u64, ms_left: u64 },
     /// `key`, held by `token`, is free (released or expired, nobody waiting).
+    /// A standby frees the key if it holds it with this token or an older
+    /// one (the grants between may have been coalesced away).
     Free { key: Key, token: u64 },
     /// No token at or above this has been issued: a promoted node starts above it.
     Ceiling(u64),
@@ -875,8 +877,11 @@ impl LockTable {
                 let Some(idx) = self.index.get(&self.keys, &key) else {
                     return Ok(());
                 };
+                // Held by this token or an older one: replication may send
+                // only a key's last change of a batch (`coalesce_deltas`),
+                // so a handover's grant can be left out before its free.
                 let state = &self.keys[idx as usize];
-                if state.token == token && state.queue_len == 0 {
+                if state.token <= token && state.queue_len == 0 {
                     let state = self.keys.remove(idx as usize);
                     self.wheel.cancel(state.lease_timer);
                     self.index.remove(&state.key, idx);
@@ -1614,6 +1619,31 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_standby_frees_a_key_held_by_the_token_or_an_older_one_only() {
+        let mut standby = Harness::new();
+        let grant = |k: &str, token: u64| Delta::Grant {
+            key: key(k),
+            token,
+            ms_left: 1000,
+        };
+        let free = |k: &str, token: u64| Delta::Free { key: key(k), token };
+        for k in ["older", "same", "newer"] {
+            standby.step(|t, _| t.apply_delta(0, grant(k, 500)).expect("applied"));
+        }
+        // A handover to 600 was coalesced away: its free still frees.
+        standby.step(|t, _| t.apply_delta(0, free("older", 600)).expect("applied"));
+        standby.step(|t, _| t.apply_delta(0, free("same", 500)).expect("applied"));
+        // A free of an older token is stale: the key stays held.
+        standby.step(|t, _| t.apply_delta(0, free("newer", 400)).expect("applied"));
+        // A free of a key not held is nothing.
+        standby.step(|t, _| t.apply_delta(0, free("absent", 700)).expect("applied"));
+        assert_eq!(standby.table.query_token(&key("older")), None);
+        assert_eq!(standby.table.query_token(&key("same")), None);
+        assert_eq!(standby.table.query_token(&key("newer")), Some(500));
+        assert_eq!(standby.table.stats().held, 1);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! Sleeps only until the next timer is due (or input arrives), after
 //! polling its input for an adaptive window as the I/O loops do
 //! (busy_poll.rs: waking a sleeping thread costs more than a round of work
-//! when requests come at short intervals). Exits when every sender (I/O
+//! when requests come at short intervals) — but only while it serves
+//! clients: a standby's owner sleeps at once between replicated batches. Exits when every sender (I/O
 //! loops, replication) is gone, which is the shutdown signal.
 //!
 //! A full outgoing channel never blocks it: the batch stays here, in order,
@@ -227,7 +228,8 @@ impl Owner {
     /// rounds between: so after the last request the owner polls one
     /// window in all, however many leases run out after it.
     fn wait_first(&mut self) -> Result<Option<ToOwner>, ()> {
-        let window_closes = self.idle.poll_until();
+        // Only while serving: a standby's input is replication batches.
+        let window_closes = self.idle.poll_until_if(self.core.is_serving());
         let mut wake_at = self.core.next_wake_ms().map(|ms| self.clock.instant_of(ms));
         if self.backed_up() {
             let retry = Instant::now() + RETRY_FULL;
@@ -287,16 +289,22 @@ impl Owner {
     }
 
     /// Send what is queued for replication, in order, as far as its channel
-    /// has room; wake it once.
+    /// has room; wake it once, unless it is pacing deltas and only deltas
+    /// were sent.
     fn send_to_repl(&mut self) {
         let Some(repl) = &self.repl else {
             self.to_repl.clear();
             return;
         };
         let mut sent = false;
+        let mut urgent = false;
         while let Some(msg) = self.to_repl.pop_front() {
+            let deltas = matches!(msg, TableToCluster::Deltas(_));
             match repl.tx.try_send(ToRepl::Table(msg)) {
-                Ok(()) => sent = true,
+                Ok(()) => {
+                    sent = true;
+                    urgent |= !deltas;
+                }
                 Err(TrySendError::Full(ToRepl::Table(msg))) => {
                     self.to_repl.push_front(msg);
                     break;
@@ -307,7 +315,10 @@ impl Owner {
                 }
             }
         }
-        if sent {
+        // Deltas need no wake while replication paces them (it looks again
+        // within a millisecond by itself); anything else does.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if sent && (urgent || !self.shared.repl_paced.load(Ordering::SeqCst)) {
             let _ = repl.waker.wake();
         }
     }

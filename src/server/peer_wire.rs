@@ -81,7 +81,7 @@ impl PeerMsg {
 }
 
 fn write_delta(delta: &Delta, out: &mut Vec<u8>) -> std::io::Result<()> {
-    use std::io::Write;
+    // By hand, not `write!`: the active writes a line per replicated change.
     match delta {
         Delta::Grant {
             key,
@@ -90,15 +90,50 @@ fn write_delta(delta: &Delta, out: &mut Vec<u8>) -> std::io::Result<()> {
         } => {
             out.extend_from_slice(b"P G ");
             out.extend_from_slice(key.as_bytes());
-            writeln!(out, " {token} {ms_left}")
+            out.push(b' ');
+            write_u64(*token, out);
+            out.push(b' ');
+            write_u64(*ms_left, out);
         }
         Delta::Free { key, token } => {
             out.extend_from_slice(b"P F ");
             out.extend_from_slice(key.as_bytes());
-            writeln!(out, " {token}")
+            out.push(b' ');
+            write_u64(*token, out);
         }
-        Delta::Ceiling(ceiling) => writeln!(out, "P C {ceiling}"),
+        Delta::Ceiling(ceiling) => {
+            out.extend_from_slice(b"P C ");
+            write_u64(*ceiling, out);
+        }
     }
+    out.push(b'\n');
+    Ok(())
+}
+
+/// A decimal number: digits only, at least one, no overflow.
+fn parse_u64(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    field.iter().try_fold(0u64, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
+/// `n` in decimal.
+fn write_u64(mut n: u64, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[start..]);
 }
 
 /// Parse one peer line from the start of `buf`.
@@ -120,16 +155,35 @@ pub fn parse_peer(buf: &[u8]) -> PeerParsed {
     }
 }
 
+/// Fields after the kind, at most (a heartbeat has the most).
+const MAX_FIELDS: usize = 6;
+
 fn parse_line(line: &[u8]) -> Option<PeerMsg> {
-    let text = std::str::from_utf8(line).ok();
+    let not_understood = || {
+        log::debug!(
+            "peer line not understood: {:?}",
+            std::str::from_utf8(line).ok()
+        );
+        None
+    };
     let mut fields = line.split(|&b| b == b' ');
     if fields.next()? != b"P" {
         return None;
     }
     let kind = fields.next()?;
-    let rest: Vec<&[u8]> = fields.collect();
-    let num = |f: &[u8]| std::str::from_utf8(f).ok()?.parse::<u64>().ok();
-    let msg = match (kind, rest.as_slice()) {
+    // On the stack: a standby parses every replicated change here.
+    let mut rest: [&[u8]; MAX_FIELDS] = [&[]; MAX_FIELDS];
+    let mut n = 0;
+    for field in fields {
+        if n == MAX_FIELDS {
+            return not_understood();
+        }
+        rest[n] = field;
+        n += 1;
+    }
+    let rest = &rest[..n];
+    let num = parse_u64;
+    let msg = match (kind, rest) {
         (b"B", [role, following, synced, has_state, last_token, ceiling]) => PeerMsg::Beat {
             beat: Beat {
                 role: RoleName::parse(std::str::from_utf8(role).ok()?)?,
@@ -157,10 +211,7 @@ fn parse_line(line: &[u8]) -> Option<PeerMsg> {
             token: num(token)?,
         }),
         (b"C", [ceiling]) => PeerMsg::Delta(Delta::Ceiling(num(ceiling)?)),
-        _ => {
-            log::debug!("peer line not understood: {text:?}");
-            return None;
-        }
+        _ => return not_understood(),
     };
     Some(msg)
 }
@@ -330,6 +381,62 @@ mod tests {
         }));
         round_trip(PeerMsg::Delta(Delta::Free { key, token: 17 }));
         round_trip(PeerMsg::Delta(Delta::Ceiling(1 << 40)));
+    }
+
+    #[test]
+    fn deltas_round_trip_at_the_ends_of_their_numbers() {
+        let key = Key::new(b"k").expect("valid");
+        for n in [0, 1, 9, 10, u64::MAX - 1, u64::MAX] {
+            round_trip(PeerMsg::Delta(Delta::Grant {
+                key: key.clone(),
+                token: n,
+                ms_left: n,
+            }));
+            round_trip(PeerMsg::Delta(Delta::Free {
+                key: key.clone(),
+                token: n,
+            }));
+            round_trip(PeerMsg::Delta(Delta::Ceiling(n)));
+        }
+        let mut out = Vec::new();
+        PeerMsg::Delta(Delta::Ceiling(u64::MAX)).write_to(&mut out);
+        assert_eq!(out, b"P C 18446744073709551615\n");
+    }
+
+    #[test]
+    fn numbers_are_digits_only_and_never_overflow() {
+        assert_eq!(parse_u64(b"0"), Some(0));
+        assert_eq!(parse_u64(b"007"), Some(7));
+        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b"18446744073709551616",
+            b"99999999999999999999999",
+            b"+5",
+            b"-1",
+            b"1a",
+            b" 1",
+            b"\xff",
+        ] {
+            assert_eq!(parse_u64(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_line_with_too_many_fields_is_not_understood() {
+        for line in [
+            &b"P B active - 1 1 5 6 7\n"[..],
+            b"P G k 1 2 3 4 5 6 7 8 9\n",
+            b"P C 1 2 3 4 5 6 7\n",
+        ] {
+            assert_eq!(
+                parse_peer(line),
+                PeerParsed::Line {
+                    used: line.len(),
+                    msg: None
+                }
+            );
+        }
     }
 
     #[test]
