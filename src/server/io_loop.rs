@@ -26,7 +26,11 @@
 //! - `MAX_DELAYED_CLOSES` connections waiting out `BAD_AUTH_DELAY` after a
 //!   wrong secret: past it, a `U` is not checked at all, the connection gets
 //!   `E - - too-many-connections` and is closed at once (so guessing stays
-//!   slow however many connections try at once).
+//!   slow however many connections try at once);
+//! - `AUTH_DEADLINE`: with `--auth-file`, a connection that has not
+//!   authenticated by then gets `E - - auth-required` and is closed, so
+//!   clients without a secret cannot hold `--max-conns` slots by saying
+//!   nothing.
 //!
 //! Client authentication (`--auth-file`) is a gate per connection, checked
 //! here and nowhere else (the lock owner never sees `U`): a connection
@@ -94,6 +98,9 @@ pub const PEER_SLOT_MS: u64 = 1_000;
 pub const BAD_AUTH_DELAY: Duration = Duration::from_millis(100);
 /// Connections one loop keeps waiting out `BAD_AUTH_DELAY` at once.
 pub const MAX_DELAYED_CLOSES: usize = 1024;
+/// With `--auth-file`, a connection must have authenticated this long after
+/// it was accepted, or it is closed.
+pub const AUTH_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Where a connection stands with client authentication.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,6 +179,9 @@ pub struct IoLoop {
     /// Connections rejected for a wrong secret, with the time they get
     /// their answer and close (in that order: the delay is fixed).
     delayed_closes: VecDeque<(usize, ConnId, Instant)>,
+    /// With `--auth-file`: connections with the time they must have
+    /// authenticated by (in that order: the deadline is fixed).
+    auth_deadlines: VecDeque<(usize, ConnId, Instant)>,
 }
 
 impl IoLoop {
@@ -213,6 +223,7 @@ impl IoLoop {
             polling: false,
             peer_only: Vec::new(),
             delayed_closes: VecDeque::new(),
+            auth_deadlines: VecDeque::new(),
         };
         Ok((io_loop, waker, awake))
     }
@@ -274,6 +285,9 @@ impl IoLoop {
         if !self.delayed_closes.is_empty() {
             self.answer_delayed_closes();
         }
+        if !self.auth_deadlines.is_empty() {
+            self.expire_auth_deadlines();
+        }
         for slot in std::mem::take(&mut self.backlog) {
             if let Some(conn) = self.conns.get_mut(slot) {
                 conn.backlogged = false;
@@ -321,11 +335,17 @@ impl IoLoop {
         }
         self.stop_polling();
         let sleep = self.may_sleep();
-        // Wake for the deadline of a connection in a peer-reserved slot, or
-        // of the first delayed close.
+        // Wake for the deadline of a connection in a peer-reserved slot, of
+        // the first delayed close, or of the first authentication deadline.
         let peer_deadline = self.peer_only.iter().map(|(_, _, d)| *d).min();
         let close_deadline = self.delayed_closes.front().map(|(_, _, d)| *d);
-        match peer_deadline.into_iter().chain(close_deadline).min() {
+        let auth_deadline = self.auth_deadlines.front().map(|(_, _, d)| *d);
+        match peer_deadline
+            .into_iter()
+            .chain(close_deadline)
+            .chain(auth_deadline)
+            .min()
+        {
             Some(deadline) => {
                 let until = deadline.saturating_duration_since(Instant::now());
                 Some(sleep.map_or(until, |s| s.min(until)))
@@ -501,6 +521,10 @@ impl IoLoop {
         if peer_only {
             let deadline = Instant::now() + Duration::from_millis(PEER_SLOT_MS);
             self.peer_only.push((slot, id, deadline));
+        }
+        if self.shared.auth.is_some() {
+            let deadline = Instant::now() + AUTH_DEADLINE;
+            self.auth_deadlines.push_back((slot, id, deadline));
         }
         // Data may already be waiting; the edge was before registration.
         self.schedule_read(slot);
@@ -756,6 +780,27 @@ impl IoLoop {
                 self.shared.io_counters.refused(Reason::BadAuth);
                 self.write_answer(slot, &fatal_answer(Reason::BadAuth));
                 self.start_close(slot, "wrong secret");
+            }
+        }
+    }
+
+    /// Close, with `E - - auth-required`, every connection whose time to
+    /// authenticate is up and that has not (those that did, were rejected,
+    /// closed or became peer links are just taken off).
+    fn expire_auth_deadlines(&mut self) {
+        let now = Instant::now();
+        while let Some(&(slot, id, due)) = self.auth_deadlines.front() {
+            if due > now {
+                return;
+            }
+            self.auth_deadlines.pop_front();
+            let awaiting = self
+                .live_slot(id)
+                .is_some_and(|slot| self.conns[slot].gate == Gate::Awaiting);
+            if awaiting && !self.conns[slot].closing {
+                self.shared.io_counters.refused(Reason::AuthRequired);
+                self.write_answer(slot, &fatal_answer(Reason::AuthRequired));
+                self.start_close(slot, "no U in time");
             }
         }
     }
@@ -1123,6 +1168,33 @@ mod tests {
         io_loop.delayed_closes.clear();
         let mut client = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
         assert_eq!(read_line(&mut client), "U ok");
+    }
+
+    #[test]
+    fn a_connection_silent_past_the_auth_deadline_is_closed() {
+        let (mut io_loop, addr, _inbound) = gated_loop();
+        let mut silent = connect_and_send(&mut io_loop, addr, "", |l| !l.conns.is_empty());
+        assert_eq!(io_loop.auth_deadlines.len(), 1);
+        let timeout = io_loop.poll_timeout().expect("a wake-up for the deadline");
+        assert!(timeout <= AUTH_DEADLINE, "{timeout:?}");
+        // Not due yet: nothing happens.
+        io_loop.round();
+        assert!(!closing(&io_loop));
+        // Due: answered and closed, without a line from the client.
+        io_loop.auth_deadlines[0].2 = Instant::now();
+        io_loop.round();
+        assert!(closing(&io_loop));
+        assert!(io_loop.auth_deadlines.is_empty());
+        assert_eq!(read_line(&mut silent), "E - - auth-required");
+        // One that authenticated in time is left alone when its deadline
+        // comes.
+        let (mut io_loop, addr, _inbound) = gated_loop();
+        let mut right = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
+        assert_eq!(read_line(&mut right), "U ok");
+        io_loop.auth_deadlines[0].2 = Instant::now();
+        io_loop.round();
+        assert!(io_loop.auth_deadlines.is_empty());
+        assert!(opened(&io_loop) && !closing(&io_loop));
     }
 
     #[test]
