@@ -111,7 +111,10 @@ await() { # I
   pid=$(cat "$dir/node$i.pid")
   local deadline=$((SECONDS + start_timeout))
   while :; do
-    if ! pid_of "$i" >/dev/null 2>&1; then
+    # Alive is enough here: until the fork in launch has exec'd, the pid is
+    # a copy of this script (no batond on the port yet), and `wait` below
+    # would block on a node that is starting, not failing.
+    if ! kill -0 "$pid" 2>/dev/null; then
       wait "$pid" 2>/dev/null && status=0 || status=$?
       echo "node $i: batond exited at once (exit status $status) on 127.0.0.1:$port; the end of $log:" >&2
       tail -c +"$((offset[i] + 1))" "$log" | tail -n 5 | sed 's/^/    /' >&2
