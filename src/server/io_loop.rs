@@ -711,6 +711,7 @@ impl IoLoop {
             Ok(Request::Auth { secret }) => self.handle_auth(slot, &secret),
             Err(LineError::Refused { op: Op::Auth, .. }) => {
                 // `U` with extra fields: a failed attempt like a wrong secret.
+                self.shared.io_counters.auth_request();
                 self.reject(slot);
                 false
             }
@@ -727,7 +728,9 @@ impl IoLoop {
     /// `U <secret>`: `U ok`, `E U - auth-disabled` without `--auth-file`, or
     /// a wrong secret rejected. False when nothing more is to be parsed.
     fn handle_auth(&mut self, slot: usize, secret: &Secret) -> bool {
+        self.shared.io_counters.auth_request();
         let Some(auth) = self.shared.auth.as_ref() else {
+            self.shared.io_counters.refused(Reason::AuthDisabled);
             let answer = Answer::Error {
                 op: Some(Op::Auth),
                 key: None,
@@ -749,6 +752,7 @@ impl IoLoop {
         }
         if auth.accepts(secret.as_bytes()) {
             self.conns[slot].gate = Gate::Open;
+            self.shared.io_counters.auth_ok();
             self.write_answer(slot, &Answer::AuthOk);
             return true;
         }
