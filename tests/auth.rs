@@ -354,6 +354,13 @@ fn no_secret_ever_appears_in_a_debug_log() {
     for secret in [ALPHA, BRAVO, CHARLIE, WRONG] {
         assert!(!text.contains(secret), "{secret} is in the log:\n{text}");
     }
+    // In words, like every other connection line: no debug values.
+    for line in text.lines().filter(|l| l.contains("wrong secret")) {
+        assert!(
+            line.contains("conn ") && !line.contains("ConnId("),
+            "{line}"
+        );
+    }
 }
 
 // ----- attacks -----

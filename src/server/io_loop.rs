@@ -742,8 +742,8 @@ impl IoLoop {
         if self.delayed_closes.len() >= MAX_DELAYED_CLOSES {
             // Not checked: answering at once would let guesses go faster.
             log::debug!(
-                "{:?}: U not checked: {MAX_DELAYED_CLOSES} wrong secrets wait out their delay",
-                self.conns[slot].id
+                "{}: U not checked: {MAX_DELAYED_CLOSES} wrong secrets wait out their delay",
+                who(&self.conns[slot])
             );
             self.shared.io_counters.refused(Reason::TooManyConnections);
             self.write_answer(slot, &fatal_answer(Reason::TooManyConnections));
@@ -764,7 +764,11 @@ impl IoLoop {
     /// the delay is up.
     fn reject(&mut self, slot: usize) {
         let conn = &mut self.conns[slot];
-        log::debug!("{:?}: wrong secret: closing in {BAD_AUTH_DELAY:?}", conn.id);
+        log::debug!(
+            "{}: wrong secret: closing in {} ms",
+            who(conn),
+            BAD_AUTH_DELAY.as_millis()
+        );
         conn.gate = Gate::Rejected;
         conn.partial = Vec::new();
         let due = Instant::now() + BAD_AUTH_DELAY;
