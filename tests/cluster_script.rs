@@ -22,6 +22,8 @@ struct ScriptCluster {
     dir: PathBuf,
     /// What the script runs as batond (`BATOND`).
     bin: String,
+    /// More `NAME=value` for the script's environment.
+    env: Vec<String>,
 }
 
 impl ScriptCluster {
@@ -32,6 +34,7 @@ impl ScriptCluster {
         ScriptCluster {
             dir,
             bin: batond_path().to_string(),
+            env: Vec::new(),
         }
     }
 
@@ -43,6 +46,7 @@ impl ScriptCluster {
         let dir = format!("BATON_CLUSTER_DIR={}", self.dir.display());
         let bin = format!("BATOND={}", self.bin);
         let mut with_env = vec![dir.as_str(), bin.as_str(), "BATON_START_TIMEOUT=20"];
+        with_env.extend(self.env.iter().map(String::as_str));
         with_env.extend(all);
         run_to_exit("env", &with_env, RUN_DEADLINE)
     }
@@ -206,4 +210,30 @@ fn a_node_slow_to_exec_is_waited_for_not_taken_for_dead() {
     assert!(out.stdout.contains("node 0: 127.0.0.1:"), "{out:?}");
     let out = cluster.run(&["status"]);
     assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+#[test]
+fn a_cluster_with_client_authentication_starts_and_reports_status() {
+    // `I` alone gets auth-required: the probes must send U first, with the
+    // first secret of BATON_AUTH_FILE (comments and blank lines skipped).
+    let mut cluster = ScriptCluster::new("auth");
+    std::fs::create_dir_all(&cluster.dir).expect("state dir");
+    let secrets = cluster.dir.join("secrets");
+    std::fs::write(
+        &secrets,
+        "# clients\n\n  script-secret-0123456789  \nother-secret-0123456789\n",
+    )
+    .expect("write secrets");
+    let path = secrets.display().to_string();
+    cluster.env = vec![
+        format!("BATOND_FLAGS=--auth-file {path}"),
+        format!("BATON_AUTH_FILE={path}"),
+    ];
+    let base = two_free_ports();
+    let out = cluster.run(&["start", "2", &base.to_string()]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = cluster.run(&["status"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("role=active"), "{out:?}");
+    assert!(!out.stdout.contains("script-secret"), "{out:?}");
 }
