@@ -523,6 +523,17 @@ impl IoLoop {
             self.peer_only.push((slot, id, deadline));
         }
         if self.shared.auth.is_some() {
+            // Entries of connections gone or through the gate wait for
+            // their deadline; drop them when they outnumber the open
+            // connections, so churn cannot grow the queue (amortised O(1)).
+            if self.auth_deadlines.len() >= 2 * self.conns.len() + 64 {
+                let conns = &self.conns;
+                self.auth_deadlines.retain(|&(slot, id, _)| {
+                    conns
+                        .get(slot)
+                        .is_some_and(|c| c.id == id && c.gate == Gate::Awaiting)
+                });
+            }
             let deadline = Instant::now() + AUTH_DEADLINE;
             self.auth_deadlines.push_back((slot, id, deadline));
         }
@@ -1203,6 +1214,21 @@ mod tests {
         io_loop.round();
         assert!(io_loop.auth_deadlines.is_empty());
         assert!(opened(&io_loop) && !closing(&io_loop));
+    }
+
+    #[test]
+    fn auth_deadlines_of_gone_connections_do_not_pile_up() {
+        let (mut io_loop, addr, _inbound) = gated_loop();
+        // Entries of connections long gone (as after a storm of short
+        // connections), all due far off.
+        let later = Instant::now() + Duration::from_secs(3600);
+        for serial in 0..10_000u32 {
+            let id = ConnId::new(0, 1 << 20, serial);
+            io_loop.auth_deadlines.push_back((1 << 20, id, later));
+        }
+        let _client = connect_and_send(&mut io_loop, addr, "", |l| !l.conns.is_empty());
+        // Only the live, waiting connection's entry is left.
+        assert_eq!(io_loop.auth_deadlines.len(), 1);
     }
 
     #[test]
