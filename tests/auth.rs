@@ -714,3 +714,25 @@ fn the_cli_authenticates_with_auth_file_or_baton_auth_file() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_client_that_never_authenticates_is_closed_and_gives_its_slot_back() {
+    // --max-conns 2: two silent clients would otherwise hold the node for
+    // ever. Past the 10 s gate deadline each gets auth-required and the
+    // close, and a client with the secret gets in.
+    let secrets = Secrets::new("silent", &format!("{ALPHA}\n"));
+    let node = node_with(&secrets, &["--max-conns", "2"]);
+    let mut silent = LineClient::connect(node.addr);
+    let mut dribbling = LineClient::connect(node.addr);
+    dribbling.send_raw(b"U alp");
+    let late = Duration::from_secs(30);
+    assert_eq!(silent.recv_within(late), "E - - auth-required");
+    assert!(silent.closed_within(DEADLINE));
+    assert_eq!(dribbling.recv_within(late), "E - - auth-required");
+    assert!(dribbling.closed_within(DEADLINE));
+    wait_for("a slot for a client with the secret", DEADLINE, || {
+        let mut client = LineClient::connect(node.addr);
+        client.send(&format!("U {ALPHA}"));
+        (client.recv() == "U ok").then_some(())
+    });
+}
