@@ -13,6 +13,8 @@
 #   scripts/cluster.sh restart NODE           start node NODE again after a kill
 #
 # Extra batond flags can be given in $BATOND_FLAGS (e.g. "--detect 0.5").
+# With "--auth-file PATH" there, set $BATON_AUTH_FILE=PATH too: the `I`
+# probes authenticate with its first secret.
 # $BATOND names a batond binary to use instead of building one with cargo.
 # State (pid files, logs, and the cluster key the nodes share, made on the
 # first start with 32 random bytes, mode 600) lives in
@@ -26,7 +28,7 @@ bin=${BATOND:-target/release/batond}
 start_timeout=${BATON_START_TIMEOUT:-10}
 
 usage() {
-  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -80,11 +82,29 @@ pid_of() { # I
   return 1
 }
 
-# The `I` answer of the node on PORT, through bash's /dev/tcp; fails when
-# nothing answers within 2 s.
+# The first secret of $BATON_AUTH_FILE (batond --auth-file's format), or
+# nothing without it.
+auth_secret() {
+  [ -n "${BATON_AUTH_FILE:-}" ] || return 0
+  [ -r "$BATON_AUTH_FILE" ] || die "BATON_AUTH_FILE: cannot read $BATON_AUTH_FILE"
+  local line
+  while IFS= read -r line || [ -n "$line" ]; do
+    line=${line#"${line%%[![:space:]]*}"} line=${line%"${line##*[![:space:]]}"}
+    [ -z "$line" ] || [[ $line == \#* ]] || { printf '%s' "$line"; return 0; }
+  done <"$BATON_AUTH_FILE"
+}
+
+# The `I` answer of the node on PORT, through bash's /dev/tcp, after `U`
+# when there is a secret (passed in the environment, never in argv); fails
+# when nothing answers within 2 s.
 info() { # PORT
-  timeout 2 bash -c '
+  BATON_SECRET=$(auth_secret) timeout 2 bash -c '
     exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+    if [ -n "$BATON_SECRET" ]; then
+      printf "U %s\n" "$BATON_SECRET" >&3
+      IFS= read -r line <&3 || exit 1
+      [ "${line%$'"'"'\r'"'"'}" = "U ok" ] || exit 1
+    fi
     printf "I\n" >&3
     IFS= read -r line <&3 || exit 1
     printf "%s\n" "${line%$'"'"'\r'"'"'}"
@@ -111,7 +131,10 @@ await() { # I
   pid=$(cat "$dir/node$i.pid")
   local deadline=$((SECONDS + start_timeout))
   while :; do
-    if ! pid_of "$i" >/dev/null 2>&1; then
+    # Alive is enough here: until the fork in launch has exec'd, the pid is
+    # a copy of this script (no batond on the port yet), and `wait` below
+    # would block on a node that is starting, not failing.
+    if ! kill -0 "$pid" 2>/dev/null; then
       wait "$pid" 2>/dev/null && status=0 || status=$?
       echo "node $i: batond exited at once (exit status $status) on 127.0.0.1:$port; the end of $log:" >&2
       tail -c +"$((offset[i] + 1))" "$log" | tail -n 5 | sed 's/^/    /' >&2
@@ -240,7 +263,7 @@ restart)
   await "$2" || exit 1
   ;;
 -h | --help | help)
-  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
   ;;
 *)
   [ -z "${1:-}" ] || echo "cluster.sh: unknown command '$1'" >&2

@@ -12,10 +12,9 @@
 
 mod common;
 
-use std::fs::File;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use baton::client::{Client, Error};
@@ -313,56 +312,10 @@ fn a_bad_auth_file_at_start_exits_2_naming_the_flag_and_the_rule_but_not_the_sec
     }
 }
 
-/// A `batond` logging at debug level into a file, killed when dropped.
-struct DebugNode {
-    child: Child,
-    addr: SocketAddr,
-    log: PathBuf,
-}
-
-impl DebugNode {
-    fn start(args: &[&str], log: &Path) -> DebugNode {
-        let port = free_port();
-        let child = Command::new(batond_path())
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(args)
-            .env("RUST_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(log).expect("log file"))
-            .spawn()
-            .expect("spawn batond");
-        let node = DebugNode {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            log: log.to_path_buf(),
-        };
-        wait_for("batond to listen", DEADLINE, || {
-            node.log_text().contains("listening on").then_some(())
-        });
-        node
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for DebugNode {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
 #[test]
 fn no_secret_ever_appears_in_a_debug_log() {
     let secrets = Secrets::new("log", &format!("{ALPHA}\n{BRAVO}\n"));
-    let log = secrets.path.with_extension("log");
-    let node = DebugNode::start(&["--auth-file", secrets.path()], &log);
+    let node = Node::start_debug(&["--auth-file", secrets.path()]);
     let mut good = authed(node.addr, ALPHA);
     assert_eq!(good.ask(&format!("U {BRAVO}")), "U ok");
     assert_eq!(
@@ -384,30 +337,29 @@ fn no_secret_ever_appears_in_a_debug_log() {
     let next = Secrets::new("log-next", "");
     std::fs::copy(&secrets.path, &next.path).expect("copy");
     secrets.write(&format!("{CHARLIE}\nnot valid {WRONG}\n"));
-    let pid = node.child.id().to_string();
-    let hup = || {
-        let status = Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    };
-    hup();
+    node.signal("HUP");
     wait_for("the refused reload", DEADLINE, || {
-        node.log_text()
+        node.log()
             .contains("keeping the secrets in use")
             .then_some(())
     });
     secrets.write(&format!("{CHARLIE}\n"));
-    hup();
+    node.signal("HUP");
     wait_for("the reload", DEADLINE, || {
         accepted(node.addr, CHARLIE).then_some(())
     });
-    let text = node.log_text();
+    let text = node.log();
     assert!(text.contains("DEBUG"), "not a debug log: {text}");
     assert!(text.contains("wrong secret"), "{text}");
     for secret in [ALPHA, BRAVO, CHARLIE, WRONG] {
         assert!(!text.contains(secret), "{secret} is in the log:\n{text}");
+    }
+    // In words, like every other connection line: no debug values.
+    for line in text.lines().filter(|l| l.contains("wrong secret")) {
+        assert!(
+            line.contains("conn ") && !line.contains("ConnId("),
+            "{line}"
+        );
     }
 }
 
@@ -638,8 +590,7 @@ fn the_client_library_authenticates_and_a_wrong_or_missing_secret_is_an_auth_err
 #[test]
 fn a_refused_client_library_retries_at_the_reconnect_interval_not_faster() {
     let secrets = Secrets::new("no-spin", &format!("{ALPHA}\n"));
-    let log = secrets.path.with_extension("log");
-    let node = DebugNode::start(&["--auth-file", secrets.path()], &log);
+    let node = Node::start_debug(&["--auth-file", secrets.path()]);
     let wrong = Client::builder([node.addr.to_string()])
         .auth(WRONG)
         .connect()
@@ -653,7 +604,7 @@ fn a_refused_client_library_retries_at_the_reconnect_interval_not_faster() {
     }
     let elapsed = start.elapsed();
     // Two connections (one server), each tried once per 3 s at most.
-    let attempts = node.log_text().matches("wrong secret: closing").count();
+    let attempts = node.log().matches("wrong secret: closing").count();
     let bound = 2 * (1 + elapsed.as_secs() as usize / 3 + 1);
     assert!(
         attempts <= bound,
@@ -762,4 +713,26 @@ fn the_cli_authenticates_with_auth_file_or_baton_auth_file() {
         stderr.contains("line 1") && !stderr.contains("tiny-one"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_client_that_never_authenticates_is_closed_and_gives_its_slot_back() {
+    // --max-conns 2: two silent clients would otherwise hold the node for
+    // ever. Past the 10 s gate deadline each gets auth-required and the
+    // close, and a client with the secret gets in.
+    let secrets = Secrets::new("silent", &format!("{ALPHA}\n"));
+    let node = node_with(&secrets, &["--max-conns", "2"]);
+    let mut silent = LineClient::connect(node.addr);
+    let mut dribbling = LineClient::connect(node.addr);
+    dribbling.send_raw(b"U alp");
+    let late = Duration::from_secs(30);
+    assert_eq!(silent.recv_within(late), "E - - auth-required");
+    assert!(silent.closed_within(DEADLINE));
+    assert_eq!(dribbling.recv_within(late), "E - - auth-required");
+    assert!(dribbling.closed_within(DEADLINE));
+    wait_for("a slot for a client with the secret", DEADLINE, || {
+        let mut client = LineClient::connect(node.addr);
+        client.send(&format!("U {ALPHA}"));
+        (client.recv() == "U ok").then_some(())
+    });
 }

@@ -20,6 +20,10 @@ const RUN_DEADLINE: Duration = Duration::from_secs(60);
 /// A state directory of the script's; `stop` and removal when dropped.
 struct ScriptCluster {
     dir: PathBuf,
+    /// What the script runs as batond (`BATOND`).
+    bin: String,
+    /// More `NAME=value` for the script's environment.
+    env: Vec<String>,
 }
 
 impl ScriptCluster {
@@ -27,7 +31,11 @@ impl ScriptCluster {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("cluster-sh-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        ScriptCluster { dir }
+        ScriptCluster {
+            dir,
+            bin: batond_path().to_string(),
+            env: Vec::new(),
+        }
     }
 
     fn run(&self, args: &[&str]) -> Finished {
@@ -36,8 +44,9 @@ impl ScriptCluster {
         all.extend_from_slice(args);
         // run_to_exit has no environment parameter: pass it through `env`.
         let dir = format!("BATON_CLUSTER_DIR={}", self.dir.display());
-        let bin = format!("BATOND={}", batond_path());
+        let bin = format!("BATOND={}", self.bin);
         let mut with_env = vec![dir.as_str(), bin.as_str(), "BATON_START_TIMEOUT=20"];
+        with_env.extend(self.env.iter().map(String::as_str));
         with_env.extend(all);
         run_to_exit("env", &with_env, RUN_DEADLINE)
     }
@@ -175,4 +184,56 @@ fn a_start_on_a_taken_port_fails_says_why_and_leaves_nothing_running() {
     let out = cluster.run(&["status"]);
     assert!(out.stderr.contains("no cluster started"), "{out:?}");
     drop(taken);
+}
+
+#[test]
+fn a_node_slow_to_exec_is_waited_for_not_taken_for_dead() {
+    // Between the fork in `launch` and the exec of batond the pid is a copy
+    // of the script (not a batond on the port). A wrapper that pauses
+    // before its exec (and whose name says nothing of batond) stretches
+    // that window so the start must get through it.
+    let mut cluster = ScriptCluster::new("slow-exec");
+    std::fs::create_dir_all(&cluster.dir).expect("state dir");
+    let wrapper = cluster.dir.join("slow-exec.sh");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nsleep 1\nexec '{}' \"$@\"\n", batond_path()),
+    )
+    .expect("write wrapper");
+    let mut perms = std::fs::metadata(&wrapper).expect("wrapper").permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&wrapper, perms).expect("chmod wrapper");
+    cluster.bin = wrapper.display().to_string();
+    let base = two_free_ports();
+    let out = cluster.run(&["start", "1", &base.to_string()]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("node 0: 127.0.0.1:"), "{out:?}");
+    let out = cluster.run(&["status"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+#[test]
+fn a_cluster_with_client_authentication_starts_and_reports_status() {
+    // `I` alone gets auth-required: the probes must send U first, with the
+    // first secret of BATON_AUTH_FILE (comments and blank lines skipped).
+    let mut cluster = ScriptCluster::new("auth");
+    std::fs::create_dir_all(&cluster.dir).expect("state dir");
+    let secrets = cluster.dir.join("secrets");
+    std::fs::write(
+        &secrets,
+        "# clients\n\n  script-secret-0123456789  \nother-secret-0123456789\n",
+    )
+    .expect("write secrets");
+    let path = secrets.display().to_string();
+    cluster.env = vec![
+        format!("BATOND_FLAGS=--auth-file {path}"),
+        format!("BATON_AUTH_FILE={path}"),
+    ];
+    let base = two_free_ports();
+    let out = cluster.run(&["start", "2", &base.to_string()]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = cluster.run(&["status"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("role=active"), "{out:?}");
+    assert!(!out.stdout.contains("script-secret"), "{out:?}");
 }

@@ -556,3 +556,39 @@ fn a_two_node_cluster_shows_roles_standbys_lag_and_a_failover() {
     assert_eq!(promoted.get("baton_standbys"), 0.0);
     drop(second);
 }
+
+#[test]
+fn u_lines_their_answers_and_auth_refusals_are_counted() {
+    // U is answered by the I/O loops, never by the lock owner: its
+    // requests, `U ok` answers and refusals must still reach the scrape.
+    const SECRET: &str = "metrics-secret-0123456789";
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("metrics-auth-{}", std::process::id()));
+    std::fs::write(&path, format!("{SECRET}\n")).expect("write the secrets");
+    let auth_file = path.to_str().expect("a UTF-8 temp path");
+    let (node, metrics) = metrics_node(&["--auth-file", auth_file]);
+    let before = scrape(metrics);
+    let mut good = LineClient::connect(node.addr);
+    assert_eq!(good.ask(&format!("U {SECRET}")), "U ok");
+    let mut bad = LineClient::connect(node.addr);
+    assert_eq!(bad.ask("U wrong-secret-0123456789"), "E - - bad-auth");
+    assert!(bad.closed_within(DEADLINE));
+    let after = scrape(metrics);
+    let moved = |name: &str| after.get(name) - before.get(name);
+    assert_eq!(moved("baton_requests_total{op=\"auth\"}"), 2.0);
+    assert_eq!(moved("baton_answers_total{kind=\"auth_ok\"}"), 1.0);
+    assert_eq!(moved("baton_refusals_total{reason=\"bad-auth\"}"), 1.0);
+    assert_eq!(moved("baton_answers_total{kind=\"error\"}"), 1.0);
+    drop(node);
+    let _ = std::fs::remove_file(&path);
+
+    let (node, metrics) = metrics_node(&[]);
+    let before = scrape(metrics);
+    let mut open = node.client();
+    assert_eq!(open.ask(&format!("U {SECRET}")), "E U - auth-disabled");
+    let after = scrape(metrics);
+    let moved = |name: &str| after.get(name) - before.get(name);
+    assert_eq!(moved("baton_requests_total{op=\"auth\"}"), 1.0);
+    assert_eq!(moved("baton_refusals_total{reason=\"auth-disabled\"}"), 1.0);
+    assert_eq!(moved("baton_answers_total{kind=\"error\"}"), 1.0);
+}

@@ -220,53 +220,10 @@ fn a_node_stops_busy_polling_when_traffic_stops() {
     );
 }
 
-/// `batond` started by hand with `RUST_LOG=debug` and its stderr in a file;
-/// killed by PID when dropped.
-struct DebugNode {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-}
-
-impl DebugNode {
-    fn start(port: u16) -> DebugNode {
-        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let log = dir.join(format!("debug-log-{}-{port}.log", std::process::id()));
-        let file = std::fs::File::create(&log).expect("log file");
-        let child = std::process::Command::new(batond_path())
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .env("RUST_LOG", "debug")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("spawn batond");
-        DebugNode { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for DebugNode {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
 #[test]
 fn debug_logs_name_the_connection_its_address_and_the_key_in_words() {
-    let port = common::free_port();
-    let node = DebugNode::start(port);
-    common::wait_for("batond to listen", DEADLINE, || {
-        node.log().contains("listening on").then_some(())
-    });
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut client = common::LineClient::connect(addr);
+    let node = Node::start_debug(&[]);
+    let mut client = node.client();
     let local = client.stream.local_addr().expect("local address");
     assert_eq!(client.ask("A reports 0 0"), "E A reports bad-lease");
     client.send("X");

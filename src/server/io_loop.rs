@@ -29,7 +29,11 @@
 //! - `MAX_DELAYED_CLOSES` connections waiting out `BAD_AUTH_DELAY` after a
 //!   wrong secret: past it, a `U` is not checked at all, the connection gets
 //!   `E - - too-many-connections` and is closed at once (so guessing stays
-//!   slow however many connections try at once).
+//!   slow however many connections try at once);
+//! - `AUTH_DEADLINE`: with `--auth-file`, a connection that has not
+//!   authenticated by then gets `E - - auth-required` and is closed, so
+//!   clients without a secret cannot hold `--max-conns` slots by saying
+//!   nothing.
 //!
 //! Client authentication (`--auth-file`) is a gate per connection, checked
 //! here and nowhere else (the lock owner never sees `U`): a connection
@@ -105,6 +109,9 @@ pub const PEER_SLOT_MS: u64 = 1_000;
 pub const BAD_AUTH_DELAY: Duration = Duration::from_millis(100);
 /// Connections one loop keeps waiting out `BAD_AUTH_DELAY` at once.
 pub const MAX_DELAYED_CLOSES: usize = 1024;
+/// With `--auth-file`, a connection must have authenticated this long after
+/// it was accepted, or it is closed.
+pub const AUTH_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Where a connection stands with client authentication.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +192,9 @@ pub struct IoLoop {
     delayed_closes: VecDeque<(usize, ConnId, Instant)>,
     /// TLS connections whose handshake is not done, with its deadline.
     handshakes: Vec<(usize, ConnId, Instant)>,
+    /// With `--auth-file`: connections with the time they must have
+    /// authenticated by (in that order: the deadline is fixed).
+    auth_deadlines: VecDeque<(usize, ConnId, Instant)>,
 }
 
 impl IoLoop {
@@ -227,6 +237,7 @@ impl IoLoop {
             peer_only: Vec::new(),
             delayed_closes: VecDeque::new(),
             handshakes: Vec::new(),
+            auth_deadlines: VecDeque::new(),
         };
         Ok((io_loop, waker, awake))
     }
@@ -291,6 +302,9 @@ impl IoLoop {
         if !self.handshakes.is_empty() {
             self.expire_handshakes(Instant::now());
         }
+        if !self.auth_deadlines.is_empty() {
+            self.expire_auth_deadlines();
+        }
         for slot in std::mem::take(&mut self.backlog) {
             if let Some(conn) = self.conns.get_mut(slot) {
                 conn.backlogged = false;
@@ -339,10 +353,17 @@ impl IoLoop {
         self.stop_polling();
         let sleep = self.may_sleep();
         // Wake for the deadline of a connection in a peer-reserved slot, of
-        // a TLS handshake, or of the first delayed close.
+        // a TLS handshake, the first delayed close, or the first
+        // authentication deadline.
         let deadlines = self.peer_only.iter().chain(self.handshakes.iter());
         let close_deadline = self.delayed_closes.front().map(|(_, _, d)| *d);
-        match deadlines.map(|(_, _, d)| *d).chain(close_deadline).min() {
+        let auth_deadline = self.auth_deadlines.front().map(|(_, _, d)| *d);
+        match deadlines
+            .map(|(_, _, d)| *d)
+            .chain(close_deadline)
+            .chain(auth_deadline)
+            .min()
+        {
             Some(deadline) => {
                 let until = deadline.saturating_duration_since(Instant::now());
                 Some(sleep.map_or(until, |s| s.min(until)))
@@ -570,6 +591,21 @@ impl IoLoop {
             let deadline = Instant::now() + Duration::from_millis(HANDSHAKE_MS);
             self.handshakes.push((slot, id, deadline));
         }
+        if self.shared.auth.is_some() {
+            // Entries of connections gone or through the gate wait for
+            // their deadline; drop them when they outnumber the open
+            // connections, so churn cannot grow the queue (amortised O(1)).
+            if self.auth_deadlines.len() >= 2 * self.conns.len() + 64 {
+                let conns = &self.conns;
+                self.auth_deadlines.retain(|&(slot, id, _)| {
+                    conns
+                        .get(slot)
+                        .is_some_and(|c| c.id == id && c.gate == Gate::Awaiting)
+                });
+            }
+            let deadline = Instant::now() + AUTH_DEADLINE;
+            self.auth_deadlines.push_back((slot, id, deadline));
+        }
         // Data may already be waiting; the edge was before registration.
         self.schedule_read(slot);
     }
@@ -757,6 +793,7 @@ impl IoLoop {
             Ok(Request::Auth { secret }) => self.handle_auth(slot, &secret),
             Err(LineError::Refused { op: Op::Auth, .. }) => {
                 // `U` with extra fields: a failed attempt like a wrong secret.
+                self.shared.io_counters.auth_request();
                 self.reject(slot);
                 false
             }
@@ -773,7 +810,9 @@ impl IoLoop {
     /// `U <secret>`: `U ok`, `E U - auth-disabled` without `--auth-file`, or
     /// a wrong secret rejected. False when nothing more is to be parsed.
     fn handle_auth(&mut self, slot: usize, secret: &Secret) -> bool {
+        self.shared.io_counters.auth_request();
         let Some(auth) = self.shared.auth.as_ref() else {
+            self.shared.io_counters.refused(Reason::AuthDisabled);
             let answer = Answer::Error {
                 op: Some(Op::Auth),
                 key: None,
@@ -785,8 +824,8 @@ impl IoLoop {
         if self.delayed_closes.len() >= MAX_DELAYED_CLOSES {
             // Not checked: answering at once would let guesses go faster.
             log::debug!(
-                "{:?}: U not checked: {MAX_DELAYED_CLOSES} wrong secrets wait out their delay",
-                self.conns[slot].id
+                "{}: U not checked: {MAX_DELAYED_CLOSES} wrong secrets wait out their delay",
+                who(&self.conns[slot])
             );
             self.shared.io_counters.refused(Reason::TooManyConnections);
             self.write_answer(slot, &fatal_answer(Reason::TooManyConnections));
@@ -795,6 +834,7 @@ impl IoLoop {
         }
         if auth.accepts(secret.as_bytes()) {
             self.conns[slot].gate = Gate::Open;
+            self.shared.io_counters.auth_ok();
             self.write_answer(slot, &Answer::AuthOk);
             return true;
         }
@@ -806,7 +846,11 @@ impl IoLoop {
     /// the delay is up.
     fn reject(&mut self, slot: usize) {
         let conn = &mut self.conns[slot];
-        log::debug!("{:?}: wrong secret: closing in {BAD_AUTH_DELAY:?}", conn.id);
+        log::debug!(
+            "{}: wrong secret: closing in {} ms",
+            who(conn),
+            BAD_AUTH_DELAY.as_millis()
+        );
         conn.gate = Gate::Rejected;
         conn.partial = Vec::new();
         let due = Instant::now() + BAD_AUTH_DELAY;
@@ -826,6 +870,27 @@ impl IoLoop {
                 self.shared.io_counters.refused(Reason::BadAuth);
                 self.write_answer(slot, &fatal_answer(Reason::BadAuth));
                 self.start_close(slot, "wrong secret");
+            }
+        }
+    }
+
+    /// Close, with `E - - auth-required`, every connection whose time to
+    /// authenticate is up and that has not (those that did, were rejected,
+    /// closed or became peer links are just taken off).
+    fn expire_auth_deadlines(&mut self) {
+        let now = Instant::now();
+        while let Some(&(slot, id, due)) = self.auth_deadlines.front() {
+            if due > now {
+                return;
+            }
+            self.auth_deadlines.pop_front();
+            let awaiting = self
+                .live_slot(id)
+                .is_some_and(|slot| self.conns[slot].gate == Gate::Awaiting);
+            if awaiting && !self.conns[slot].closing {
+                self.shared.io_counters.refused(Reason::AuthRequired);
+                self.write_answer(slot, &fatal_answer(Reason::AuthRequired));
+                self.start_close(slot, "no U in time");
             }
         }
     }
@@ -1248,6 +1313,48 @@ mod tests {
         io_loop.delayed_closes.clear();
         let mut client = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
         assert_eq!(read_line(&mut client), "U ok");
+    }
+
+    #[test]
+    fn a_connection_silent_past_the_auth_deadline_is_closed() {
+        let (mut io_loop, addr, _inbound) = gated_loop();
+        let mut silent = connect_and_send(&mut io_loop, addr, "", |l| !l.conns.is_empty());
+        assert_eq!(io_loop.auth_deadlines.len(), 1);
+        let timeout = io_loop.poll_timeout().expect("a wake-up for the deadline");
+        assert!(timeout <= AUTH_DEADLINE, "{timeout:?}");
+        // Not due yet: nothing happens.
+        io_loop.round();
+        assert!(!closing(&io_loop));
+        // Due: answered and closed, without a line from the client.
+        io_loop.auth_deadlines[0].2 = Instant::now();
+        io_loop.round();
+        assert!(closing(&io_loop));
+        assert!(io_loop.auth_deadlines.is_empty());
+        assert_eq!(read_line(&mut silent), "E - - auth-required");
+        // One that authenticated in time is left alone when its deadline
+        // comes.
+        let (mut io_loop, addr, _inbound) = gated_loop();
+        let mut right = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
+        assert_eq!(read_line(&mut right), "U ok");
+        io_loop.auth_deadlines[0].2 = Instant::now();
+        io_loop.round();
+        assert!(io_loop.auth_deadlines.is_empty());
+        assert!(opened(&io_loop) && !closing(&io_loop));
+    }
+
+    #[test]
+    fn auth_deadlines_of_gone_connections_do_not_pile_up() {
+        let (mut io_loop, addr, _inbound) = gated_loop();
+        // Entries of connections long gone (as after a storm of short
+        // connections), all due far off.
+        let later = Instant::now() + Duration::from_secs(3600);
+        for serial in 0..10_000u32 {
+            let id = ConnId::new(0, 1 << 20, serial);
+            io_loop.auth_deadlines.push_back((1 << 20, id, later));
+        }
+        let _client = connect_and_send(&mut io_loop, addr, "", |l| !l.conns.is_empty());
+        // Only the live, waiting connection's entry is left.
+        assert_eq!(io_loop.auth_deadlines.len(), 1);
     }
 
     #[test]

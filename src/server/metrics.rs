@@ -272,7 +272,8 @@ impl MetricsServer {
         }
         self.asked = None;
         let body = match self.slot.read() {
-            Some(snap) => {
+            Some(mut snap) => {
+                self.shared.io_counters.add_auth_to(&mut snap);
                 if !fresh {
                     log::warn!("metrics: no fresh figures from the lock owner; serving the last");
                 }

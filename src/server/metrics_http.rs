@@ -288,7 +288,7 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
         o,
         "baton_requests_total",
         "counter",
-        "Requests that reached the lock owner, by op (refused ones included).",
+        "Requests, by op (refused ones included).",
     );
     for (i, (_, op)) in OPS.iter().enumerate() {
         sample(o, "baton_requests_total", &[("op", op)], snap.requests[i]);

@@ -253,10 +253,13 @@ impl TableMetrics {
 }
 
 /// What the I/O loops count themselves: lines refused without reaching the
-/// lock owner (not understood, or over `--max-conns`). Relaxed atomics.
+/// lock owner (not understood, or over `--max-conns`), and `U` lines with
+/// their `U ok` answers (the owner never sees `U`). Relaxed atomics.
 #[derive(Debug, Default)]
 pub struct IoCounters {
     refusals: [AtomicU64; REASONS],
+    auth_requests: AtomicU64,
+    auth_oks: AtomicU64,
 }
 
 impl IoCounters {
@@ -270,6 +273,27 @@ impl IoCounters {
     /// The counts by reason.
     pub fn refusals(&self) -> [u64; REASONS] {
         std::array::from_fn(|i| self.refusals[i].load(Ordering::Relaxed))
+    }
+
+    /// A `U` line an I/O loop handled (right, wrong or malformed).
+    pub fn auth_request(&self) {
+        self.auth_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A `U ok` an I/O loop answered.
+    pub fn auth_ok(&self) {
+        self.auth_oks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Add the `U` requests and `U ok` answers counted here to the owner's
+    /// snapshot, under op `auth` and kind `auth_ok`.
+    pub fn add_auth_to(&self, snap: &mut Snapshot) {
+        let op = op_index(Op::Auth);
+        let requests = self.auth_requests.load(Ordering::Relaxed);
+        snap.requests[op] = snap.requests[op].saturating_add(requests);
+        let kind = answer_kind(&Answer::AuthOk);
+        let oks = self.auth_oks.load(Ordering::Relaxed);
+        snap.answers[kind] = snap.answers[kind].saturating_add(oks);
     }
 }
 

@@ -72,12 +72,22 @@ impl Node {
     /// Start `batond <args>` as given; `port` is where it will listen if known
     /// (else it is read from the "listening on" log line).
     pub fn start_raw(args: &[&str], port: Option<u16>) -> Node {
+        let level = std::env::var("BATON_TEST_LOG").unwrap_or_else(|_| "info".into());
+        Node::spawn(args, port, &level)
+    }
+
+    /// Start `batond --bind 127.0.0.1 --port 0 <args>` logging at debug
+    /// level (for tests of what the log says), and wait until it listens.
+    pub fn start_debug(args: &[&str]) -> Node {
+        let mut all = vec!["--bind", "127.0.0.1", "--port", "0"];
+        all.extend_from_slice(args);
+        Node::spawn(&all, None, "debug")
+    }
+
+    fn spawn(args: &[&str], port: Option<u16>, log_level: &str) -> Node {
         let mut child = Command::new(batond_path())
             .args(args)
-            .env(
-                "RUST_LOG",
-                std::env::var("BATON_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
+            .env("RUST_LOG", log_level)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
