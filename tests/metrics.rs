@@ -259,6 +259,20 @@ fn metrics_node(args: &[&str]) -> (Node, SocketAddr) {
 }
 
 #[test]
+fn back_to_back_scrapes_each_see_every_grant_made_before_them() {
+    // The owner is asked at most once per 100 ms, but a scrape still waits
+    // for a snapshot taken after it arrived: never an older one.
+    let (node, metrics) = metrics_node(&[]);
+    let mut client = node.client();
+    let base = scrape(metrics).get("baton_grants_total");
+    for i in 1..=8 {
+        client.acquire_now(&format!("fresh{i}"), "30");
+        let now = scrape(metrics);
+        assert_eq!(now.get("baton_grants_total") - base, f64::from(i), "scrape {i}");
+    }
+}
+
+#[test]
 fn a_scrape_counts_grants_handoffs_expiries_timeouts_and_refusals() {
     let (node, metrics) = metrics_node(&["--threads", "1"]);
     let before = scrape(metrics);

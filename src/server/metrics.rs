@@ -47,6 +47,11 @@ pub const REQUEST_DEADLINE: Duration = Duration::from_secs(3);
 pub const SNAPSHOT_WAIT: Duration = Duration::from_millis(500);
 /// How often the owner is asked again while a scrape waits.
 const SNAPSHOT_RETRY: Duration = Duration::from_millis(50);
+/// The lock owner is asked for a snapshot at most once per this interval: a
+/// scrape that comes sooner after the last snapshot waits out the rest of
+/// it, then gets a snapshot taken after it arrived (never an older one).
+/// So scrapes in a tight loop cost the owner at most ten snapshots a second.
+pub const SNAPSHOT_INTERVAL: Duration = Duration::from_millis(100);
 /// After the response, how long what the client still sends is read and
 /// dropped before the close (closing with unread input would reset the
 /// connection, and could lose the response on the way).
@@ -92,6 +97,9 @@ pub struct MetricsServer {
     shared: Arc<Shared>,
     /// An outstanding ask: the slot's serial then, when first and last asked.
     asked: Option<(u64, Instant, Instant)>,
+    /// The owner is not asked again before this (`SNAPSHOT_INTERVAL` after
+    /// the last snapshot it wrote).
+    next_ask: Option<Instant>,
 }
 
 impl MetricsServer {
@@ -122,6 +130,7 @@ impl MetricsServer {
             to_owner,
             shared,
             asked: None,
+            next_ask: None,
         };
         Ok((server, slot))
     }
@@ -244,8 +253,18 @@ impl MetricsServer {
         self.conns[slot].input = Vec::new();
         if self.asked.is_none() {
             let now = Instant::now();
-            self.asked = Some((self.slot.serial(), now, now));
-            self.ask_owner();
+            match self.next_ask.filter(|&at| now < at) {
+                // Too soon: ask when the interval is over (the retry in
+                // `serve_waiting` does, SNAPSHOT_RETRY after `last`).
+                Some(at) => {
+                    let last = at.checked_sub(SNAPSHOT_RETRY).unwrap_or(now);
+                    self.asked = Some((self.slot.serial(), now, last));
+                }
+                None => {
+                    self.asked = Some((self.slot.serial(), now, now));
+                    self.ask_owner();
+                }
+            }
         }
     }
 
@@ -271,6 +290,9 @@ impl MetricsServer {
             return;
         }
         self.asked = None;
+        if fresh {
+            self.next_ask = Some(now + SNAPSHOT_INTERVAL);
+        }
         let body = match self.slot.read() {
             Some(mut snap) => {
                 self.shared.io_counters.add_auth_to(&mut snap);
