@@ -268,7 +268,11 @@ fn back_to_back_scrapes_each_see_every_grant_made_before_them() {
     for i in 1..=8 {
         client.acquire_now(&format!("fresh{i}"), "30");
         let now = scrape(metrics);
-        assert_eq!(now.get("baton_grants_total") - base, f64::from(i), "scrape {i}");
+        assert_eq!(
+            now.get("baton_grants_total") - base,
+            f64::from(i),
+            "scrape {i}"
+        );
     }
 }
 
