@@ -582,7 +582,7 @@ pub fn write_seconds(ms: u64, out: &mut Vec<u8>) {
 }
 
 /// Decimal digits only (at least one, no sign), fitting a u64.
-fn parse_u64(field: &[u8]) -> Option<u64> {
+pub(crate) fn parse_u64(field: &[u8]) -> Option<u64> {
     if field.is_empty() {
         return None;
     }
@@ -593,7 +593,7 @@ fn parse_u64(field: &[u8]) -> Option<u64> {
 }
 
 /// Writes `n` in decimal without allocating beyond growing `out`.
-fn write_u64(mut n: u64, out: &mut Vec<u8>) {
+pub(crate) fn write_u64(mut n: u64, out: &mut Vec<u8>) {
     let mut digits = [0u8; 20];
     let mut start = digits.len();
     loop {

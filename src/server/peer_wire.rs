@@ -17,7 +17,7 @@
 //! Never does: I/O. Never panics on input; a malformed line is an error the
 //! caller answers by dropping the link.
 
-use crate::protocol::{Key, MAX_LINE};
+use crate::protocol::{Key, MAX_LINE, parse_u64, write_u64};
 use crate::server::lock_table::Delta;
 use crate::server::peer_auth::Sealer;
 use crate::server::roles::{Beat, RoleName};
@@ -108,32 +108,6 @@ fn write_delta(delta: &Delta, out: &mut Vec<u8>) -> std::io::Result<()> {
     }
     out.push(b'\n');
     Ok(())
-}
-
-/// A decimal number: digits only, at least one, no overflow.
-fn parse_u64(field: &[u8]) -> Option<u64> {
-    if field.is_empty() {
-        return None;
-    }
-    field.iter().try_fold(0u64, |n, &b| {
-        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
-        n.checked_mul(10)?.checked_add(u64::from(digit))
-    })
-}
-
-/// `n` in decimal.
-fn write_u64(mut n: u64, out: &mut Vec<u8>) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[start..]);
 }
 
 /// Parse one peer line from the start of `buf`.
