@@ -258,13 +258,7 @@ impl IoLoop {
             if !events.is_empty() {
                 self.idle.end();
             }
-            for event in events.iter() {
-                match event.token() {
-                    LISTENER => self.accept_pending = true,
-                    WAKER => {}
-                    Token(slot) => self.handle_event(slot, event),
-                }
-            }
+            self.handle_events(&events);
             self.round();
         }
         self.stop_polling();
@@ -459,6 +453,17 @@ impl IoLoop {
             None
         } else {
             Some(Duration::ZERO)
+        }
+    }
+
+    /// Note what one `poll` reported: accepts to make, connections to serve.
+    fn handle_events(&mut self, events: &Events) {
+        for event in events.iter() {
+            match event.token() {
+                LISTENER => self.accept_pending = true,
+                WAKER => {}
+                Token(slot) => self.handle_event(slot, event),
+            }
         }
     }
 
@@ -1254,13 +1259,7 @@ mod tests {
                 .poll
                 .poll(&mut events, Some(Duration::from_millis(10)))
                 .expect("poll");
-            for event in events.iter() {
-                match event.token() {
-                    LISTENER => io_loop.accept_pending = true,
-                    WAKER => {}
-                    Token(slot) => io_loop.handle_event(slot, event),
-                }
-            }
+            io_loop.handle_events(&events);
             io_loop.round();
         }
         client
