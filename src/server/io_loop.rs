@@ -401,17 +401,10 @@ impl IoLoop {
             true
         });
         for slot in late {
-            let mut conn = self.conns.remove(slot);
-            let _ = self.poll.registry().deregister(&mut conn.stream);
-            if conn.peer_only {
-                self.peer_only.retain(|(s, _, _)| *s != slot);
-                self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
-            } else {
-                self.shared.conns.fetch_sub(1, Ordering::Relaxed);
-            }
+            let conn = self.unlist(slot);
             log::debug!(
-                "{:?}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
-                conn.id
+                "{}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
+                who(&conn)
             );
         }
     }
@@ -903,14 +896,7 @@ impl IoLoop {
     /// A peer link: the replication thread takes the socket and the bytes
     /// read so far. The owner never heard of this connection.
     fn hand_over(&mut self, slot: usize, input: &[u8]) {
-        let mut conn = self.conns.remove(slot);
-        let _ = self.poll.registry().deregister(&mut conn.stream);
-        if conn.peer_only {
-            self.peer_only.retain(|(s, _, _)| *s != slot);
-            self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
-        } else {
-            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
-        }
+        let conn = self.unlist(slot);
         if let Some(link) = &self.handover {
             // A full channel closes the connection (the peer redials).
             // Under TLS the rustls session goes along, with any plaintext
@@ -1064,7 +1050,9 @@ impl IoLoop {
         }
     }
 
-    fn free(&mut self, slot: usize) {
+    /// Take a connection out of the loop: its slot, its registration, and
+    /// its count (of clients, or of peer-reserved slots).
+    fn unlist(&mut self, slot: usize) -> Conn {
         let mut conn = self.conns.remove(slot);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         if conn.peer_only {
@@ -1073,6 +1061,11 @@ impl IoLoop {
         } else {
             self.shared.conns.fetch_sub(1, Ordering::Relaxed);
         }
+        conn
+    }
+
+    fn free(&mut self, slot: usize) {
+        let conn = self.unlist(slot);
         log::debug!("{}: closed", who(&conn));
     }
 }
