@@ -331,7 +331,7 @@ impl Sim {
         for inbound in std::mem::take(&mut node.client_in) {
             node.table.handle_inbound(now, inbound);
         }
-        let effects = std::mem::take(node.table.end_round());
+        let effects = std::mem::take(node.table.end_round(now));
         node.to_cluster.extend(effects.to_cluster);
         for (conn, answer) in effects.answers {
             self.check_answer(i, conn, answer);

@@ -60,6 +60,14 @@ use crate::server::peer_wire::PeerMsg;
 use crate::server::roles::{RoleEffect, Roles};
 use crate::server::tokens;
 
+/// A standby passes the deltas it receives to its lock owner at most once
+/// per this many ms (each pass wakes that thread), or once
+/// `APPLY_BATCH_MAX` wait — and at once whenever its table must be
+/// current: a heartbeat of its active (which makes the state current as of
+/// then), a snapshot, a handoff, a role change. Its table lags the wire by
+/// at most this much; nothing but `I` reads it in between.
+pub const APPLY_BATCH_MS: u64 = 20;
+pub const APPLY_BATCH_MAX: usize = 4096;
 /// Wait before the second attempt to connect to a peer; it doubles with
 /// every failure up to `RECONNECT_MAX_MS`.
 pub const RECONNECT_MS: u64 = 100;
@@ -240,8 +248,10 @@ pub struct ClusterCore {
     /// where hashing (SipHash) cost more per replicated change.
     ins: BTreeMap<LinkId, InLink>,
     next_beat_ms: u64,
-    /// Deltas received and not yet passed to the lock owner.
+    /// Deltas received and not yet passed to the lock owner, and when the
+    /// first of them came.
     deltas_in: Vec<Delta>,
+    deltas_in_since_ms: Option<u64>,
     /// The lock owner has been told to redirect its clients and has not
     /// confirmed yet.
     awaiting_redirect: bool,
@@ -291,6 +301,7 @@ impl ClusterCore {
             ins: BTreeMap::new(),
             next_beat_ms: 0,
             deltas_in: Vec::new(),
+            deltas_in_since_ms: None,
             awaiting_redirect: false,
             exit_when_redirected: false,
             exited: false,
@@ -374,6 +385,9 @@ impl ClusterCore {
         if self.params.insecure {
             wake = wake.min(self.insecure_warn.next_ms);
         }
+        if let Some(since) = self.deltas_in_since_ms {
+            wake = wake.min(since.saturating_add(APPLY_BATCH_MS));
+        }
         let silence = self.silence_ms();
         for link in self.ins.values() {
             if link.peer.is_some() {
@@ -388,7 +402,12 @@ impl ClusterCore {
         if self.exited {
             return;
         }
-        self.flush_deltas_in();
+        if self
+            .deltas_in_since_ms
+            .is_some_and(|since| now.ms >= since.saturating_add(APPLY_BATCH_MS))
+        {
+            self.flush_deltas_in();
+        }
         if self.params.insecure && self.insecure_warn.allow(now.ms, INSECURE_WARN_MS).is_some() {
             log::warn!(
                 "replication: --insecure-peers: peer links are not authenticated; anyone who \
@@ -825,7 +844,13 @@ impl ClusterCore {
             PeerMsg::Delta(delta) if from_my_active => {
                 match self.ins.get_mut(&link).and_then(|l| l.snapshot.as_mut()) {
                     Some(entries) => entries.push(delta),
-                    None => self.deltas_in.push(delta),
+                    None => {
+                        self.deltas_in_since_ms.get_or_insert(now.ms);
+                        self.deltas_in.push(delta);
+                        if self.deltas_in.len() >= APPLY_BATCH_MAX {
+                            self.flush_deltas_in();
+                        }
+                    }
                 }
             }
             PeerMsg::SnapshotEnd if from_my_active => {
@@ -1057,6 +1082,7 @@ impl ClusterCore {
     }
 
     fn flush_deltas_in(&mut self) {
+        self.deltas_in_since_ms = None;
         if !self.deltas_in.is_empty() {
             let deltas = std::mem::take(&mut self.deltas_in);
             self.tell_table(ClusterToTable::Deltas(deltas));
@@ -1576,6 +1602,68 @@ mod tests {
             } if beat.synced
         )));
         assert_eq!(core.heard_active_ms(), 3);
+    }
+
+    /// The deltas the core passed to the lock owner in these effects.
+    fn to_table_deltas(out: &[ClusterEffect]) -> Vec<Delta> {
+        out.iter()
+            .filter_map(|e| match e {
+                ClusterEffect::ToTable(ClusterToTable::Deltas(d)) => Some(d.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn a_standby_passes_deltas_to_its_owner_in_batches_and_at_once_on_a_heartbeat() {
+        let mut core = linked(1);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+        effects(&mut core);
+        let ceiling = |c: u64| PeerMsg::Delta(Delta::Ceiling(c));
+        core.handle_peer_msg(at(10), 7, ceiling(1));
+        core.handle_peer_msg(at(11), 7, ceiling(2));
+        // Ticks before the batch is due pass nothing, and the core asks to
+        // be woken when it is.
+        core.handle_tick(at(10 + APPLY_BATCH_MS - 1));
+        assert!(to_table_deltas(&effects(&mut core)).is_empty());
+        assert!(core.next_wake_ms(at(12)) <= 10 + APPLY_BATCH_MS);
+        core.handle_tick(at(10 + APPLY_BATCH_MS));
+        assert_eq!(
+            to_table_deltas(&effects(&mut core)),
+            vec![Delta::Ceiling(1), Delta::Ceiling(2)]
+        );
+        // The active's heartbeat makes the state current at once.
+        core.handle_peer_msg(at(40), 7, ceiling(3));
+        core.handle_peer_msg(at(41), 7, beat(RoleName::Active, None, true));
+        assert_eq!(
+            to_table_deltas(&effects(&mut core)),
+            vec![Delta::Ceiling(3)]
+        );
+        // So does a full batch.
+        for c in 0..APPLY_BATCH_MAX as u64 {
+            core.handle_peer_msg(at(42), 7, ceiling(10 + c));
+        }
+        assert_eq!(to_table_deltas(&effects(&mut core)).len(), APPLY_BATCH_MAX);
+        // And a role change: the deltas of the old role are applied first.
+        core.handle_peer_msg(at(43), 7, ceiling(99_999));
+        core.handle_peer_msg(at(44), 7, PeerMsg::Handoff);
+        let out = effects(&mut core);
+        let first_deltas = out
+            .iter()
+            .position(|e| matches!(e, ClusterEffect::ToTable(ClusterToTable::Deltas(_))));
+        let became_active = out.iter().position(|e| {
+            matches!(
+                e,
+                ClusterEffect::ToTable(ClusterToTable::BecomeActive { .. })
+            )
+        });
+        assert!(
+            first_deltas.is_some() && first_deltas < became_active,
+            "{out:?}"
+        );
     }
 
     #[test]

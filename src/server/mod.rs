@@ -25,6 +25,7 @@ pub mod peer_auth;
 pub mod peer_wire;
 pub mod replication;
 pub mod roles;
+pub mod sched;
 pub mod stats;
 pub mod table_core;
 pub mod tls;
@@ -84,10 +85,6 @@ pub struct Shared {
     pub heard_active_ms: AtomicU64,
     /// Live standbys that hold this node's full state (by replication).
     pub synced_standbys: AtomicUsize,
-    /// Set by replication while it paces the lock owner's deltas (it looks
-    /// at its inbox again within `replication::DELTA_PACE_MS` by itself):
-    /// the owner then sends deltas without waking it.
-    pub repl_paced: AtomicBool,
     /// Connections past `--max-conns` kept for peer links (0 on a single
     /// node), and how many are in use.
     pub peer_slots: usize,
@@ -122,7 +119,6 @@ impl Shared {
             ceiling: AtomicU64::new(0),
             heard_active_ms: AtomicU64::new(0),
             synced_standbys: AtomicUsize::new(0),
-            repl_paced: AtomicBool::new(false),
             peer_slots: PEER_SLOTS_PER_PEER * config.peers.len().saturating_sub(1),
             peer_slots_used: AtomicUsize::new(0),
             auth: None,

@@ -129,7 +129,7 @@ impl Owner {
                     ToOwner::Scrape => self.stats.scrape_wanted = true,
                 }
             }
-            self.end_round();
+            self.end_round(now);
             self.end_round_metrics(now);
         }
         log::info!("lock owner: every sender is gone, stopping");
@@ -137,8 +137,8 @@ impl Owner {
 
     /// Carry out the round's effects: messages for replication, then the
     /// answers, then (after a role transfer) `Redirected`.
-    fn end_round(&mut self) {
-        let effects = self.core.end_round();
+    fn end_round(&mut self, now: crate::server::clock::Now) {
+        let effects = self.core.end_round(now);
         let answered = !effects.answers.is_empty();
         let redirected = std::mem::take(&mut effects.redirected);
         self.to_repl.extend(effects.to_cluster.drain(..));
@@ -289,22 +289,16 @@ impl Owner {
     }
 
     /// Send what is queued for replication, in order, as far as its channel
-    /// has room; wake it once, unless it is pacing deltas and only deltas
-    /// were sent.
+    /// has room; wake it once.
     fn send_to_repl(&mut self) {
         let Some(repl) = &self.repl else {
             self.to_repl.clear();
             return;
         };
         let mut sent = false;
-        let mut urgent = false;
         while let Some(msg) = self.to_repl.pop_front() {
-            let deltas = matches!(msg, TableToCluster::Deltas(_));
             match repl.tx.try_send(ToRepl::Table(msg)) {
-                Ok(()) => {
-                    sent = true;
-                    urgent |= !deltas;
-                }
+                Ok(()) => sent = true,
                 Err(TrySendError::Full(ToRepl::Table(msg))) => {
                     self.to_repl.push_front(msg);
                     break;
@@ -315,10 +309,9 @@ impl Owner {
                 }
             }
         }
-        // Deltas need no wake while replication paces them (it looks again
-        // within a millisecond by itself); anything else does.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if sent && (urgent || !self.shared.repl_paced.load(Ordering::SeqCst)) {
+        // The core sends deltas at most once per `REPL_BATCH_MS` while
+        // they stream: each message is worth a wake.
+        if sent {
             let _ = repl.waker.wake();
         }
     }

@@ -64,9 +64,6 @@ const RETRY_FULL_MS: u64 = 1;
 /// Bytes read from one incoming link per round, at most; the rest waits for
 /// the next round (which comes at once).
 pub const READ_BUDGET: usize = 64 * 1024;
-/// While the lock owner's deltas stream, the thread takes them at most once
-/// per this many ms (see [`DeltaPace`]).
-pub const DELTA_PACE_MS: u64 = 2;
 
 /// Where an outgoing link is in its life.
 enum OutPhase {
@@ -127,8 +124,6 @@ pub struct Replication {
     shared: Arc<Shared>,
     exit: Sender<()>,
     done: bool,
-    /// When the inbox is next looked at while deltas stream.
-    pace: DeltaPace,
 }
 
 impl Replication {
@@ -182,12 +177,12 @@ impl Replication {
             shared,
             exit,
             done: false,
-            pace: DeltaPace::new(DELTA_PACE_MS),
         }
     }
 
     /// Run until the node exits.
     pub fn run(mut self) {
+        crate::server::sched::run_in_background("replication");
         let mut events = Events::with_capacity(256);
         log::info!(
             "replication: node {} of {}, detection {} ms",
@@ -200,9 +195,6 @@ impl Replication {
             let mut wake_ms = self.core.next_wake_ms(now);
             if !self.owner_backlog.is_empty() {
                 wake_ms = wake_ms.min(now.ms + RETRY_FULL_MS);
-            }
-            if let Some(pace_ms) = self.pace.wake_ms() {
-                wake_ms = wake_ms.min(pace_ms);
             }
             if !self.unread.is_empty() {
                 wake_ms = now.ms;
@@ -232,8 +224,7 @@ impl Replication {
                     Token(p) => self.handle_out_event(p, event),
                 }
             }
-            let took_deltas = self.take_inbox();
-            self.pace_inbox(took_deltas);
+            self.take_inbox();
             self.round();
         }
         log::info!("replication: stopped");
@@ -325,14 +316,36 @@ impl Replication {
 
     // ----- the inbox: owner, I/O loops, shutdown -----
 
-    /// Take everything in the inbox; true if deltas were among it. Deltas
-    /// of consecutive messages go to the core as one batch, coalesced
-    /// ([`coalesce_deltas`]).
-    fn take_inbox(&mut self) -> bool {
+    /// Take everything in the inbox. Deltas of consecutive messages go to
+    /// the core as one batch (each message is already one batch of the
+    /// lock owner's, with each key's last change: `LockTable::take_deltas`).
+    fn take_inbox(&mut self) {
         let mut deltas: Vec<Delta> = Vec::new();
-        let took_deltas = self.take_inbox_into(&mut deltas);
-        self.hand_deltas(&mut deltas);
-        took_deltas
+        loop {
+            match self.inbox.try_recv() {
+                Ok(ToRepl::Table(TableToCluster::Deltas(more))) => {
+                    if deltas.is_empty() {
+                        deltas = more;
+                    } else {
+                        deltas.extend(more);
+                    }
+                }
+                Ok(other) => {
+                    // In order: the deltas before it go first.
+                    self.hand_deltas(&mut deltas);
+                    self.take_one(other);
+                    if self.done {
+                        return;
+                    }
+                }
+                Err(TryRecvError::Disconnected) => {
+                    self.hand_deltas(&mut deltas);
+                    self.done = true;
+                    return;
+                }
+                Err(TryRecvError::Empty) => return self.hand_deltas(&mut deltas),
+            }
+        }
     }
 
     /// The deltas gathered so far, to the core, before anything else.
@@ -340,41 +353,10 @@ impl Replication {
         if deltas.is_empty() {
             return;
         }
-        let batch = coalesce_deltas(std::mem::take(deltas));
+        let batch = std::mem::take(deltas);
         self.core
             .handle_table(self.clock.now(), TableToCluster::Deltas(batch));
         self.carry_out();
-    }
-
-    fn take_inbox_into(&mut self, deltas: &mut Vec<Delta>) -> bool {
-        let mut took_deltas = false;
-        loop {
-            match self.inbox.try_recv() {
-                Ok(ToRepl::Table(TableToCluster::Deltas(more))) => {
-                    took_deltas = true;
-                    if deltas.is_empty() {
-                        *deltas = more;
-                    } else {
-                        deltas.extend(more);
-                    }
-                    continue;
-                }
-                Ok(other) => {
-                    // In order: the deltas before it go first.
-                    self.hand_deltas(deltas);
-                    self.take_one(other);
-                    if self.done {
-                        return took_deltas;
-                    }
-                }
-                Err(TryRecvError::Disconnected) => {
-                    self.hand_deltas(deltas);
-                    self.done = true;
-                    return took_deltas;
-                }
-                Err(TryRecvError::Empty) => return took_deltas,
-            }
-        }
     }
 
     /// One message other than deltas.
@@ -390,22 +372,6 @@ impl Replication {
             }
         }
         self.carry_out();
-    }
-
-    /// After a look at the inbox: pace the deltas (and tell the owner it
-    /// need not wake this thread for them) while they stream; once a look
-    /// finds none, stop pacing, and look once more for deltas sent while
-    /// the owner still thought it need not wake us.
-    fn pace_inbox(&mut self, mut took_deltas: bool) {
-        loop {
-            let pacing = self.pace.looked(self.clock.now().ms, took_deltas);
-            self.shared.repl_paced.store(pacing, Ordering::SeqCst);
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if pacing || self.inbox.is_empty() || self.done {
-                return;
-            }
-            took_deltas = self.take_inbox();
-        }
     }
 
     // ----- outgoing links -----
@@ -831,225 +797,4 @@ impl Replication {
 
 fn resolve(peer: &str) -> Option<SocketAddr> {
     peer.to_socket_addrs().ok()?.next()
-}
-
-/// A batch of deltas with only each key's last change left, in order.
-///
-/// A standby needs a key's final state, not its history: a later grant of a
-/// key replaces an earlier one (the same token extended, or a newer token
-/// handed over), and a free frees the key if it is held by that token or an
-/// older one (`LockTable::apply_delta`). So a key granted and released
-/// within one paced batch — the usual fate of a short lock under load — costs
-/// the standby one line instead of two, and a key handed from client to
-/// client costs one line per batch however many handovers it saw. Ceilings
-/// are all kept (they are rare). Run on the active's replication thread.
-pub fn coalesce_deltas(deltas: Vec<Delta>) -> Vec<Delta> {
-    if deltas.len() < 2 {
-        return deltas;
-    }
-    let keep: Vec<bool> = {
-        let mut last: std::collections::HashMap<&[u8], usize> =
-            std::collections::HashMap::with_capacity(deltas.len());
-        for (i, delta) in deltas.iter().enumerate() {
-            if let Delta::Grant { key, .. } | Delta::Free { key, .. } = delta {
-                last.insert(key.as_bytes(), i);
-            }
-        }
-        deltas
-            .iter()
-            .enumerate()
-            .map(|(i, delta)| match delta {
-                Delta::Grant { key, .. } | Delta::Free { key, .. } => {
-                    last.get(key.as_bytes()) == Some(&i)
-                }
-                Delta::Ceiling(_) => true,
-            })
-            .collect()
-    };
-    deltas
-        .into_iter()
-        .zip(keep)
-        .filter_map(|(delta, keep)| keep.then_some(delta))
-        .collect()
-}
-
-/// When the replication thread takes the lock owner's deltas.
-///
-/// The owner sends one message of deltas per round, and a busy active has
-/// tens of thousands of rounds a second. Taking each at once costs a wake
-/// of this thread, a sealed write, and on the standby a read, a seal check
-/// and a wake of its owner — per round. So while deltas stream, the thread
-/// takes them at most once per `interval_ms`, and the owner sends them
-/// without waking it: every standby gets one batch per interval. A look
-/// that finds no deltas ends the pacing, and the next delta wakes the
-/// thread at once (an idle active replicates its first change without
-/// delay). Replication is asynchronous either way; this adds at most the
-/// interval to the lag. Time is passed in (clock ms).
-#[derive(Debug)]
-pub struct DeltaPace {
-    interval_ms: u64,
-    next_ms: Option<u64>,
-}
-
-impl DeltaPace {
-    /// Pacing by `interval_ms`; 0 never paces.
-    pub fn new(interval_ms: u64) -> DeltaPace {
-        DeltaPace {
-            interval_ms,
-            next_ms: None,
-        }
-    }
-
-    /// The inbox was looked at, at `now_ms`, and `took_deltas` says whether
-    /// deltas were in it. True while pacing: the thread looks again at
-    /// [`DeltaPace::wake_ms`] by itself, so deltas need no wake.
-    pub fn looked(&mut self, now_ms: u64, took_deltas: bool) -> bool {
-        self.next_ms =
-            (took_deltas && self.interval_ms > 0).then(|| now_ms.saturating_add(self.interval_ms));
-        self.next_ms.is_some()
-    }
-
-    /// When to look at the inbox next, while pacing.
-    pub fn wake_ms(&self) -> Option<u64> {
-        self.next_ms
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::protocol::Key;
-    use crate::server::lock_table::{LockTable, TableLimits};
-    use crate::server::tokens::TokenSource;
-
-    fn grant(k: &str, token: u64, ms_left: u64) -> Delta {
-        Delta::Grant {
-            key: Key::new(k.as_bytes()).expect("valid"),
-            token,
-            ms_left,
-        }
-    }
-
-    fn free(k: &str, token: u64) -> Delta {
-        Delta::Free {
-            key: Key::new(k.as_bytes()).expect("valid"),
-            token,
-        }
-    }
-
-    #[test]
-    fn only_the_last_change_of_each_key_is_sent() {
-        let batch = vec![
-            grant("a", 10, 1000),
-            Delta::Ceiling(100),
-            grant("b", 11, 1000),
-            free("a", 10),
-            grant("b", 11, 2000),
-            grant("c", 12, 1000),
-            free("c", 12),
-            grant("c", 13, 500),
-            Delta::Ceiling(200),
-        ];
-        assert_eq!(
-            coalesce_deltas(batch),
-            vec![
-                Delta::Ceiling(100),
-                free("a", 10),
-                grant("b", 11, 2000),
-                grant("c", 13, 500),
-                Delta::Ceiling(200),
-            ]
-        );
-        assert_eq!(coalesce_deltas(vec![]), vec![]);
-        assert_eq!(coalesce_deltas(vec![free("x", 1)]), vec![free("x", 1)]);
-    }
-
-    /// A standby that applies the coalesced batch ends where one that
-    /// applies every delta does, from any start: here a key held before the
-    /// batch and handed over twice, one freed after a handover, one new.
-    #[test]
-    fn a_standby_ends_in_the_same_state_with_coalesced_deltas() {
-        let before = [grant("held", 5, 1000), grant("freed", 6, 1000)];
-        let batch = vec![
-            grant("held", 20, 1000),
-            grant("held", 21, 900),
-            grant("freed", 22, 1000),
-            free("freed", 22),
-            grant("new", 23, 1000),
-            free("new", 23),
-            grant("new", 24, 800),
-            grant("gone", 25, 1000),
-            free("gone", 25),
-            Delta::Ceiling(1 << 30),
-        ];
-        let limits = TableLimits {
-            max_waiting_per_conn: 8,
-            max_keys: 100,
-        };
-        let run = |deltas: Vec<Delta>| {
-            let mut table = LockTable::new(0, limits, TokenSource::new(0, 1));
-            for delta in before.iter().cloned().chain(deltas) {
-                table.apply_delta(0, delta).expect("applied");
-            }
-            let mut held: Vec<(String, u64)> = table
-                .snapshot(0)
-                .into_iter()
-                .filter_map(|entry| match entry {
-                    Delta::Grant { key, token, .. } => {
-                        Some((String::from_utf8_lossy(key.as_bytes()).into_owned(), token))
-                    }
-                    _ => None,
-                })
-                .collect();
-            held.sort();
-            held
-        };
-        let coalesced = coalesce_deltas(batch.clone());
-        assert!(coalesced.len() < batch.len());
-        assert_eq!(run(coalesced), run(batch));
-        assert_eq!(
-            run(vec![]),
-            vec![("freed".to_string(), 6), ("held".to_string(), 5)]
-        );
-        assert_eq!(
-            run(coalesce_deltas(vec![])),
-            vec![("freed".to_string(), 6), ("held".to_string(), 5)]
-        );
-    }
-
-    #[test]
-    fn streaming_deltas_are_taken_once_per_interval() {
-        let mut pace = DeltaPace::new(1);
-        assert_eq!(pace.wake_ms(), None);
-        assert!(pace.looked(10, true));
-        assert_eq!(pace.wake_ms(), Some(11));
-        assert!(pace.looked(11, true));
-        assert_eq!(pace.wake_ms(), Some(12));
-    }
-
-    #[test]
-    fn a_look_without_deltas_ends_the_pacing() {
-        let mut pace = DeltaPace::new(1);
-        assert!(pace.looked(10, true));
-        assert!(!pace.looked(11, false));
-        assert_eq!(pace.wake_ms(), None);
-        // The next delta starts it again, from when it was taken.
-        assert!(pace.looked(500, true));
-        assert_eq!(pace.wake_ms(), Some(501));
-    }
-
-    #[test]
-    fn a_zero_interval_never_paces() {
-        let mut pace = DeltaPace::new(0);
-        assert!(!pace.looked(10, true));
-        assert_eq!(pace.wake_ms(), None);
-    }
-
-    #[test]
-    fn the_clock_at_its_end_does_not_wrap() {
-        let mut pace = DeltaPace::new(5);
-        assert!(pace.looked(u64::MAX - 1, true));
-        assert_eq!(pace.wake_ms(), Some(u64::MAX));
-    }
 }

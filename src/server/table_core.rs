@@ -24,7 +24,7 @@
 
 use crate::protocol::{Answer, Request};
 use crate::server::clock::Now;
-use crate::server::lock_table::{Delta, LockTable, Outbox};
+use crate::server::lock_table::{LockTable, Outbox};
 use crate::server::messages::{ClusterToTable, Inbound, TableToCluster};
 use crate::server::stats::Snapshot;
 use crate::server::tokens;
@@ -35,6 +35,20 @@ use crate::server::tokens;
 /// `LEAD_MS` of clock: small, so that tokens never run far ahead of the
 /// clock (a node restarting without memory starts `LEAD_MS` ahead).
 pub const TOKEN_RESERVE: u64 = tokens::LEAD_MS << 20;
+/// While changes stream, they go to the standbys at most once per this many
+/// ms, as one batch holding each changed key's last state (see
+/// [`LockTable::take_deltas`]): a short lock granted and released in
+/// between costs the standbys nothing, and a key handed from client to
+/// client costs one line. The first change after a quiet spell goes at
+/// once. Replication is asynchronous either way; this adds at most this
+/// much to a standby's lag, far inside the failure detection time.
+pub const REPL_BATCH_MS: u64 = 2;
+/// The grant of a key the standbys do not hold yet goes in the first batch
+/// at least this many ms after it was made: a lock held for less is never
+/// replicated (it is freed first, and the standbys never needed it), which
+/// is what most locks under heavy load are. A grant still held then
+/// reaches the standbys within `REPL_YOUNG_MS + REPL_BATCH_MS` of being made.
+pub const REPL_YOUNG_MS: u64 = 2;
 /// Requests held back during a role transfer, at most; past it they are
 /// redirected at once (`M -`). Closes are always held, so that a held
 /// request of a closed connection is never served.
@@ -97,6 +111,8 @@ pub struct TableCore {
     gauges: Gauges,
     outbox: Outbox,
     effects: TableEffects,
+    /// When changes last went to the cluster core (clock ms).
+    deltas_sent_ms: Option<u64>,
 }
 
 impl TableCore {
@@ -118,6 +134,7 @@ impl TableCore {
             gauges: Gauges::default(),
             outbox: Outbox::default(),
             effects: TableEffects::default(),
+            deltas_sent_ms: None,
         }
     }
 
@@ -151,9 +168,25 @@ impl TableCore {
         self.ceiling
     }
 
-    /// The next time a timer is due.
+    /// The next time a timer is due, or a batch of changes for the
+    /// standbys.
     pub fn next_wake_ms(&self) -> Option<u64> {
-        self.table.next_wake_ms()
+        let timer = self.table.next_wake_ms();
+        match self.deltas_due_ms() {
+            Some(due) => Some(timer.map_or(due, |t| t.min(due))),
+            None => timer,
+        }
+    }
+
+    /// When the changes recorded so far are to be sent, if there are any:
+    /// at most one batch per `REPL_BATCH_MS`, and not before a change is
+    /// ready (`REPL_YOUNG_MS`).
+    fn deltas_due_ms(&self) -> Option<u64> {
+        let ready = self.table.changes_ready_ms(REPL_YOUNG_MS)?;
+        let paced = self
+            .deltas_sent_ms
+            .map_or(0, |sent| sent.saturating_add(REPL_BATCH_MS));
+        Some(ready.max(paced))
     }
 
     /// The start of a round: tokens go above the wall clock's floor (so a
@@ -163,7 +196,7 @@ impl TableCore {
         self.gauges = gauges;
         self.table.metrics_mut().begin_round();
         self.table.observe_token(tokens::clock_floor(now.unix_ms));
-        self.outbox.replicate = self.replicating();
+        self.table.set_replicating(self.replicating());
         self.table.poll_timers(now.ms, &mut self.outbox);
     }
 
@@ -265,7 +298,7 @@ impl TableCore {
                     self.mode = Mode::Transferring { held: Vec::new() };
                 }
                 // After this round's deltas, so the successor has them all.
-                self.flush_deltas();
+                self.flush_deltas(now);
                 self.effects
                     .to_cluster
                     .push(TableToCluster::TransferReady { to });
@@ -308,7 +341,7 @@ impl TableCore {
             }
             ClusterToTable::Observe(token) => self.table.observe_token(token),
             ClusterToTable::SnapshotWanted { peer } => {
-                self.flush_deltas();
+                self.flush_deltas(now);
                 self.raise_ceiling();
                 let entries = self.table.snapshot(now.ms);
                 self.effects.to_cluster.push(TableToCluster::Snapshot {
@@ -320,11 +353,14 @@ impl TableCore {
         }
     }
 
-    /// The end of a round: keep the ceiling ahead, send the round's deltas;
-    /// then hand the round's effects to the shell.
-    pub fn end_round(&mut self) -> &mut TableEffects {
+    /// The end of a round: keep the ceiling ahead, send the changes if
+    /// their batch is due (`REPL_BATCH_MS`); then hand the round's effects
+    /// to the shell.
+    pub fn end_round(&mut self, now: Now) -> &mut TableEffects {
         self.raise_ceiling();
-        self.flush_deltas();
+        if self.deltas_due_ms().is_some_and(|due| now.ms >= due) {
+            self.send_deltas(now, REPL_YOUNG_MS);
+        }
         self.effects.answers.append(&mut self.outbox.answers);
         self.effects.forgotten.append(&mut self.outbox.closes);
         &mut self.effects
@@ -338,7 +374,7 @@ impl TableCore {
     /// are served in their order.
     fn resume_serving(&mut self, now: Now) {
         let previous = std::mem::replace(&mut self.mode, Mode::Active);
-        self.outbox.replicate = self.clustered;
+        self.table.set_replicating(self.clustered);
         self.raise_ceiling();
         if let Mode::Transferring { held } = previous {
             for inbound in held {
@@ -362,8 +398,7 @@ impl TableCore {
         }
         self.table
             .redirect_waiters(active.as_deref(), &mut self.outbox);
-        self.outbox.deltas.clear();
-        self.outbox.replicate = false;
+        self.table.set_replicating(false);
     }
 
     /// Keep the replicated ceiling TOKEN_RESERVE ahead of the last token.
@@ -379,17 +414,25 @@ impl TableCore {
             && let Some(ceiling) = last.checked_add(TOKEN_RESERVE)
         {
             self.ceiling = ceiling;
-            self.outbox.deltas.push(Delta::Ceiling(ceiling));
+            self.table.note_ceiling(ceiling);
         }
     }
 
-    fn flush_deltas(&mut self) {
-        if self.outbox.deltas.is_empty() {
+    /// Send every change recorded so far, now.
+    fn flush_deltas(&mut self, now: Now) {
+        self.send_deltas(now, 0);
+    }
+
+    /// Send the changes recorded so far but new keys' grants younger than
+    /// `hold_young_ms`.
+    fn send_deltas(&mut self, now: Now, hold_young_ms: u64) {
+        if !self.table.has_changes() {
             return;
         }
-        let deltas = std::mem::take(&mut self.outbox.deltas);
-        if self.replicating() {
+        let deltas = self.table.take_deltas(now.ms, hold_young_ms);
+        if self.replicating() && !deltas.is_empty() {
             self.effects.to_cluster.push(TableToCluster::Deltas(deltas));
+            self.deltas_sent_ms = Some(now.ms);
         }
     }
 
@@ -466,7 +509,7 @@ fn moved(active: Option<String>, request: &Request) -> Answer {
 mod tests {
     use super::*;
     use crate::protocol::{Key, Op, Reason};
-    use crate::server::lock_table::{ConnId, TableLimits};
+    use crate::server::lock_table::{ConnId, Delta, TableLimits};
     use crate::server::tokens::TokenSource;
 
     const UNIX: u64 = 1_700_000_000_000;
@@ -498,13 +541,13 @@ mod tests {
         for i in inbound {
             core.handle_inbound(now, i);
         }
-        std::mem::take(core.end_round())
+        std::mem::take(core.end_round(now))
     }
 
     fn cluster(core: &mut TableCore, now: Now, msg: ClusterToTable) -> TableEffects {
         core.begin_round(now, Gauges::default());
         core.handle_cluster(now, msg);
-        std::mem::take(core.end_round())
+        std::mem::take(core.end_round(now))
     }
 
     const C: ConnId = ConnId(1);
@@ -598,9 +641,105 @@ mod tests {
             token < core.ceiling(),
             "every token stays below the ceiling"
         );
+        // A new key's grant waits until it is REPL_YOUNG_MS old (and a
+        // batch went at 1 ms), and the owner is told to wake for it.
+        assert!(out.to_cluster.is_empty());
+        let due = (2 + REPL_YOUNG_MS).max(1 + REPL_BATCH_MS);
+        assert_eq!(core.next_wake_ms(), Some(due));
+        let out = round(&mut core, at(due), vec![]);
+        assert_eq!(
+            out.to_cluster,
+            vec![TableToCluster::Deltas(vec![Delta::Grant {
+                key: key("k"),
+                token,
+                ms_left: 1000 - (due - 2)
+            }])]
+        );
+        assert_eq!(core.next_wake_ms(), core.table().next_wake_ms());
+    }
+
+    #[test]
+    fn streaming_changes_go_one_batch_per_interval_each_grant_once_it_is_old_enough() {
+        let mut core = core(true);
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        // A new key every ms, each held; plus one freed at once every ms.
+        let mut made = std::collections::HashMap::new();
+        let mut batches = Vec::new();
+        for ms in 100..140u64 {
+            let k = format!("k{ms}");
+            made.insert(key(&k), ms);
+            let out = round(&mut core, at(ms), vec![Inbound::Request(C, acquire(&k, 0))]);
+            let short = format!("short{ms}");
+            let out2 = round(
+                &mut core,
+                at(ms),
+                vec![Inbound::Request(D, acquire(&short, 0))],
+            );
+            let Answer::Granted { token, .. } = out2.answers[0].1 else {
+                panic!("granted");
+            };
+            let release = Request::Release {
+                key: key(&short),
+                token,
+            };
+            let out3 = round(&mut core, at(ms), vec![Inbound::Request(D, release)]);
+            for out in [out, out2, out3] {
+                for msg in out.to_cluster {
+                    let TableToCluster::Deltas(deltas) = msg else {
+                        panic!("only deltas");
+                    };
+                    batches.push((ms, deltas));
+                }
+            }
+        }
+        for pair in batches.windows(2) {
+            assert!(pair[1].0 >= pair[0].0 + REPL_BATCH_MS, "paced: {batches:?}");
+        }
+        for (ms, deltas) in &batches {
+            for delta in deltas {
+                match delta {
+                    Delta::Grant { key, .. } => {
+                        let at_ms = made[key];
+                        assert!(
+                            *ms >= at_ms + REPL_YOUNG_MS
+                                && *ms <= at_ms + REPL_YOUNG_MS + REPL_BATCH_MS,
+                            "{key:?} made at {at_ms} went at {ms}"
+                        );
+                    }
+                    Delta::Ceiling(_) => {}
+                    other => panic!("a lock freed at once is never sent: {other:?}"),
+                }
+            }
+        }
+        let sent: usize = batches.iter().map(|(_, d)| d.len()).sum();
+        assert!(sent >= 40 - (REPL_YOUNG_MS + REPL_BATCH_MS) as usize);
+    }
+
+    #[test]
+    fn a_transfer_sends_the_changes_not_yet_batched_before_it_is_ready() {
+        let mut core = core(true);
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        let out = round(&mut core, at(1), vec![Inbound::Request(C, acquire("k", 0))]);
+        assert!(out.to_cluster.is_empty(), "a batch went at 1 ms already");
+        let out = cluster(&mut core, at(1), ClusterToTable::StartTransfer { to: 1 });
         assert!(matches!(
             &out.to_cluster[..],
-            [TableToCluster::Deltas(d)] if matches!(d[0], Delta::Grant { .. })
+            [TableToCluster::Deltas(d), TableToCluster::TransferReady { to: 1 }]
+                if matches!(d[..], [Delta::Grant { .. }])
         ));
     }
 
@@ -776,7 +915,7 @@ mod tests {
         };
         core.begin_round(at(100), gauges);
         core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
-        let out = std::mem::take(core.end_round());
+        let out = std::mem::take(core.end_round(at(100)));
         let Answer::Info(pairs) = &out.answers[0].1 else {
             panic!("info");
         };
