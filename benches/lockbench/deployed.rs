@@ -74,6 +74,13 @@ fn cpu_us(row: &Row, o: &Outcome, i: usize) -> Option<f64> {
     (n > 0).then(|| secs * 1e6 / n as f64)
 }
 
+/// CPU µs per pair of the replication thread of process `i` (baton only).
+fn repl_us(row: &Row, o: &Outcome, i: usize) -> Option<f64> {
+    let secs = *o.repl_cpu.get(i)?;
+    let n = done(row, o);
+    (n > 0).then(|| secs * 1e6 / n as f64)
+}
+
 /// Share of one core the load generator used over the window.
 fn load_gen_busy(o: &Outcome) -> Option<f64> {
     let secs = *o.cpu.last()?;
@@ -98,9 +105,10 @@ pub fn render(results: &Results, out: &mut String) {
     );
     out.push_str(
         "| workload | system | per s | acq p99 | ×alone | ×echo | CPU µs/pair: server | \
-         standby / replica | standby ÷ server | load gen (share of a core) | notes |\n",
+         standby / replica | standby ÷ server | of which replication threads (active / standby) | \
+         load gen (share of a core) | notes |\n",
     );
-    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|\n");
+    out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n");
     for &i in &rows {
         let row = &results.rows[i];
         for system in [
@@ -134,6 +142,14 @@ pub fn render(results: &Results, out: &mut String) {
                 (Some(a), Some(b)) if a > 0.0 => format!("{:.2}", b / a),
                 _ => String::new(),
             };
+            let repl = if system == System::Cluster {
+                match (repl_us(row, o, 0), repl_us(row, o, 1)) {
+                    (Some(a), Some(b)) => format!("{a:.2} / {b:.2}"),
+                    _ => String::new(),
+                }
+            } else {
+                String::new()
+            };
             let load_gen = load_gen_busy(o).map_or_else(String::new, |busy| {
                 let bound = if busy >= LOAD_GEN_BOUND {
                     " **bound**"
@@ -144,7 +160,7 @@ pub fn render(results: &Results, out: &mut String) {
             });
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 label(row),
                 name(system),
                 fmt_rate(per_s),
@@ -154,6 +170,7 @@ pub fn render(results: &Results, out: &mut String) {
                 us(server),
                 us(second),
                 second_ratio,
+                repl,
                 load_gen,
                 notes(o),
             );
@@ -162,7 +179,8 @@ pub fn render(results: &Results, out: &mut String) {
     out.push_str(
         "\nCPU µs/pair = user + system CPU time of the process over the measure window \
          (/proc/PID/stat, all its threads) ÷ pairs (acquire + release; on one key, \
-         handoffs) done in it. A load generator at ≥ 90% of a core is marked **bound**: \
+         handoffs) done in it; the replication threads' share is read from \
+         /proc/PID/task (threads named baton-repl). A load generator at ≥ 90% of a core is marked **bound**: \
          it, not the server, sets that row's rate, and the ratios of such a row say \
          little about the servers.\n",
     );

@@ -109,6 +109,9 @@ pub struct Outcome {
     /// `RunSpec::cpu_pids` entry, then the load generator's; empty when
     /// no pids were given or /proc could not be read.
     pub cpu: Vec<f64>,
+    /// Of `cpu`, per `RunSpec::cpu_pids` entry: the seconds of its threads
+    /// named `baton-repl` (baton's replication thread; 0 for Redis).
+    pub repl_cpu: Vec<f64>,
     /// Redis `SET NX` answered nil, so retried.
     pub retries: u64,
     pub timeouts: u64,
@@ -137,6 +140,17 @@ pub struct Outcome {
     pub per_client: Vec<u64>,
 }
 
+/// Add `more` to `total`, entry by entry (or take it, if `total` is empty).
+fn add_secs(total: &mut Vec<f64>, more: &[f64]) {
+    if total.is_empty() {
+        total.extend_from_slice(more);
+    } else if total.len() == more.len() {
+        for (t, m) in total.iter_mut().zip(more) {
+            *t += m;
+        }
+    }
+}
+
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid histogram bounds")
 }
@@ -150,6 +164,7 @@ impl Outcome {
             grants: 0,
             requests: 0,
             cpu: Vec::new(),
+            repl_cpu: Vec::new(),
             retries: 0,
             timeouts: 0,
             not_held: 0,
@@ -181,13 +196,8 @@ impl Outcome {
         self.requests += other.requests;
         if !same_window {
             // Rounds: CPU seconds add up like the windows do.
-            if self.cpu.is_empty() {
-                self.cpu.clone_from(&other.cpu);
-            } else if self.cpu.len() == other.cpu.len() {
-                for (total, more) in self.cpu.iter_mut().zip(&other.cpu) {
-                    *total += more;
-                }
-            }
+            add_secs(&mut self.cpu, &other.cpu);
+            add_secs(&mut self.repl_cpu, &other.repl_cpu);
         }
         self.retries += other.retries;
         self.timeouts += other.timeouts;
@@ -270,7 +280,7 @@ pub fn run(spec: &RunSpec) -> Result<Outcome, String> {
         }
     }
     if let Some(sampler) = sampler {
-        outcome.cpu = sampler.join().unwrap_or_default();
+        (outcome.cpu, outcome.repl_cpu) = sampler.join().unwrap_or_default();
     }
     match failure {
         Some(e) => Err(e),
@@ -279,16 +289,21 @@ pub fn run(spec: &RunSpec) -> Result<Outcome, String> {
 }
 
 /// CPU seconds (user + system, all threads) each of `pids`, then this
-/// process (the load generator), used between `from` and `to`; empty if
+/// process (the load generator), used between `from` and `to`; and of
+/// each of `pids`, its replication thread's (`REPL_THREAD`). Empty if
 /// /proc cannot be read.
-fn cpu_over(pids: &[u32], from: Instant, to: Instant) -> Vec<f64> {
-    let read = || -> Option<Vec<u64>> {
+fn cpu_over(pids: &[u32], from: Instant, to: Instant) -> (Vec<f64>, Vec<f64>) {
+    let read = || -> Option<(Vec<u64>, Vec<u64>)> {
         let mut ticks = pids
             .iter()
             .map(|pid| cpu_ticks(&format!("/proc/{pid}/stat")))
             .collect::<Option<Vec<_>>>()?;
         ticks.push(cpu_ticks("/proc/self/stat")?);
-        Some(ticks)
+        let repl = pids
+            .iter()
+            .map(|&pid| thread_ticks(pid, REPL_THREAD))
+            .collect();
+        Some((ticks, repl))
     };
     let sleep_until = |at: Instant| {
         if let Some(wait) = at.checked_duration_since(Instant::now()) {
@@ -297,19 +312,38 @@ fn cpu_over(pids: &[u32], from: Instant, to: Instant) -> Vec<f64> {
     };
     sleep_until(from);
     let Some(before) = read() else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     sleep_until(to);
     let Some(after) = read() else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    before
-        .iter()
-        .zip(&after)
-        .map(|(b, a)| a.saturating_sub(*b) as f64 / hz)
-        .collect()
+    let secs = |b: &[u64], a: &[u64]| -> Vec<f64> {
+        b.iter()
+            .zip(a)
+            .map(|(b, a)| a.saturating_sub(*b) as f64 / hz)
+            .collect()
+    };
+    (secs(&before.0, &after.0), secs(&before.1, &after.1))
+}
+
+/// The name batond gives its replication thread.
+const REPL_THREAD: &str = "baton-repl";
+
+/// utime + stime of the threads of process `pid` named `name` (0 if none).
+fn thread_ticks(pid: u32, name: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim_end() == name)
+        })
+        .filter_map(|task| cpu_ticks(&task.path().join("stat").to_string_lossy()))
+        .sum()
 }
 
 /// utime + stime of a process, in clock ticks, from its /proc stat line.
