@@ -67,11 +67,7 @@ impl Drop for ScriptCluster {
 
 /// A base port with the next one free too.
 fn two_free_ports() -> u16 {
-    wait_for("two consecutive free ports", common::DEADLINE, || {
-        let base = common::free_port();
-        let free = |p: u16| p < u16::MAX && TcpListener::bind(("127.0.0.1", p)).is_ok();
-        (free(base) && free(base + 1)).then_some(base)
-    })
+    common::free_port_run(2)
 }
 
 fn alive(pid: u32) -> bool {

@@ -115,6 +115,19 @@ impl Outbox {
     }
 }
 
+/// How soon the changes recorded so far should go (see
+/// [`LockTable::changes_ready`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ready {
+    /// When a change that must not wait goes: a handover or extension of a
+    /// key the standbys hold (now, 0), or the first new key's grant that
+    /// has come of age. None: no such change.
+    pub urgent_ms: Option<u64>,
+    /// There are other changes (frees, ceilings, keys that changed more
+    /// than once since the last batch): they may wait longer.
+    pub settled: bool,
+}
+
 /// One entry of the batch of changes the standbys have not been sent yet
 /// (see [`LockTable::take_deltas`]): each key has at most one, its last
 /// state, kept where the key's first change of the batch put it.
@@ -124,7 +137,13 @@ enum Change {
     /// from the table when the batch is taken. `new_since`: the key was not
     /// in the table before this batch (so the standbys do not hold it), and
     /// came in at that time.
-    Held { slot: u32, new_since: Option<u64> },
+    /// `hot`: a key the standbys hold that changed more than once since
+    /// the last batch (their copy is a past state however soon it goes).
+    Held {
+        slot: u32,
+        new_since: Option<u64>,
+        hot: bool,
+    },
     /// The key was freed; it had been held by `token`.
     Freed { key: Key, token: u64 },
     /// Granted and freed within the batch, and unknown to the standbys
@@ -270,6 +289,9 @@ pub struct LockTable {
     /// oldest (it may have been freed since: then it is a little early).
     young: usize,
     first_young_ms: Option<u64>,
+    /// Entries that are the one change of a key the standbys hold (a
+    /// handover or extension of a key that changed once since the batch).
+    urgent: usize,
     /// The spare buffer `take_deltas` swaps with `changes`.
     kept: Vec<Change>,
 }
@@ -293,6 +315,7 @@ impl LockTable {
             changes: Vec::new(),
             young: 0,
             first_young_ms: None,
+            urgent: 0,
             kept: Vec::new(),
         }
     }
@@ -311,15 +334,18 @@ impl LockTable {
         !self.changes.is_empty()
     }
 
-    /// When the changes recorded so far are worth taking: now (0) if any
-    /// is more than a new key's grant younger than `hold_young_ms`, else
-    /// when the oldest such grant comes of age; None without changes.
-    pub fn changes_ready_ms(&self, hold_young_ms: u64) -> Option<u64> {
-        if self.changes.len() > self.young {
-            return Some(0);
+    /// What the changes recorded so far are worth: see [`Ready`].
+    pub fn changes_ready(&self, hold_young_ms: u64) -> Ready {
+        let urgent_ms = if self.urgent > 0 {
+            Some(0)
+        } else {
+            self.first_young_ms
+                .map(|since| since.saturating_add(hold_young_ms))
+        };
+        Ready {
+            urgent_ms,
+            settled: self.changes.len() > self.young + self.urgent,
         }
-        self.first_young_ms
-            .map(|since| since.saturating_add(hold_young_ms))
     }
 
     /// The changes since the last call, as the deltas a standby applies to
@@ -339,6 +365,7 @@ impl LockTable {
                 Change::Held {
                     slot,
                     new_since: Some(since),
+                    ..
                 } if now_ms.saturating_sub(since) < hold_young_ms => {
                     self.keys[slot as usize].pending = kept.len() as u32;
                     kept.push(change);
@@ -361,6 +388,7 @@ impl LockTable {
         // What stays is young grants only, oldest first.
         self.kept = std::mem::replace(&mut self.changes, kept);
         self.young = self.changes.len();
+        self.urgent = 0;
         self.first_young_ms = match self.changes.first() {
             Some(Change::Held { new_since, .. }) => *new_since,
             _ => None,
@@ -376,6 +404,7 @@ impl LockTable {
             }
         }
         self.young = 0;
+        self.urgent = 0;
         self.first_young_ms = None;
     }
 
@@ -399,11 +428,25 @@ impl LockTable {
             self.changes.push(Change::Held {
                 slot: idx,
                 new_since: new_at,
+                hot: false,
             });
-            if let Some(since) = new_at {
-                self.young += 1;
-                self.first_young_ms.get_or_insert(since);
+            match new_at {
+                Some(since) => {
+                    self.young += 1;
+                    self.first_young_ms.get_or_insert(since);
+                }
+                None => self.urgent += 1,
             }
+        } else if let Some(Change::Held {
+            new_since: None,
+            hot,
+            ..
+        }) = self.changes.get_mut(state.pending as usize)
+            && !*hot
+        {
+            // Changed again within the batch: no longer urgent.
+            *hot = true;
+            self.urgent -= 1;
         }
     }
 
@@ -421,6 +464,14 @@ impl LockTable {
                     } => {
                         self.young -= 1;
                         Change::Gone
+                    }
+                    Change::Held {
+                        new_since: None,
+                        hot: false,
+                        ..
+                    } => {
+                        self.urgent -= 1;
+                        Change::Freed { key, token }
                     }
                     _ => Change::Freed { key, token },
                 };
@@ -1123,6 +1174,24 @@ impl LockTable {
             })
             .count();
         assert_eq!(young, self.young, "new keys' grants are counted");
+        let urgent = self
+            .changes
+            .iter()
+            .filter(|c| {
+                matches!(
+                    c,
+                    Change::Held {
+                        new_since: None,
+                        hot: false,
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(
+            urgent, self.urgent,
+            "single changes of held keys are counted"
+        );
         for (i, change) in self.changes.iter().enumerate() {
             if let Change::Held { slot, .. } = change {
                 assert_eq!(
@@ -1906,17 +1975,31 @@ mod tests {
         let mut h = Harness::new();
         h.table.set_replicating(true);
         let short = h.grant(10, C1, "short", 1000);
-        let long = h.grant(10, C1, "long", 1000);
-        assert_eq!(h.table.changes_ready_ms(2), Some(12));
+        h.grant(10, C1, "long", 1000);
+        let ready = |h: &Harness| h.table.changes_ready(2);
+        assert_eq!(
+            ready(&h),
+            Ready {
+                urgent_ms: Some(12),
+                settled: false
+            }
+        );
         // Too young at 11: nothing goes, both stay for the next batch.
         assert_eq!(h.table.take_deltas(11, 2), vec![]);
-        assert_eq!(h.table.changes_ready_ms(2), Some(12));
+        assert_eq!(ready(&h).urgent_ms, Some(12));
         h.release(11, C1, "short", short);
-        // A free of an old key is ready at once; the young grant waits.
+        // A free of a key the standbys hold may wait; the young grant waits
+        // until it comes of age.
         let old = h.grant(11, C2, "old", 1000);
         h.table.take_deltas(14, 0);
         h.release(15, C2, "old", old);
-        assert_eq!(h.table.changes_ready_ms(2), Some(0));
+        assert_eq!(
+            ready(&h),
+            Ready {
+                urgent_ms: None,
+                settled: true
+            }
+        );
         assert_eq!(
             h.table.take_deltas(15, 2),
             vec![Delta::Free {
@@ -1924,7 +2007,6 @@ mod tests {
                 token: old
             }]
         );
-        let _ = long;
         let young = h.grant(16, C3, "young", 1000);
         assert_eq!(h.table.take_deltas(17, 2), vec![]);
         assert_eq!(
@@ -1935,7 +2017,38 @@ mod tests {
                 ms_left: 998
             }]
         );
-        assert_eq!(h.table.changes_ready_ms(2), None);
+        assert_eq!(
+            ready(&h),
+            Ready {
+                urgent_ms: None,
+                settled: false
+            }
+        );
+    }
+
+    #[test]
+    fn one_handover_of_a_held_key_is_urgent_and_a_key_that_keeps_changing_is_not() {
+        let mut h = Harness::new();
+        h.table.set_replicating(true);
+        let t1 = h.grant(0, C1, "k", 1000);
+        h.acquire(0, C2, "k", 1000, 0);
+        h.acquire(0, C3, "k", 1000, 0);
+        h.table.take_deltas(5, 0);
+        // One handover: the standbys must hear of it soon.
+        let t2 = granted(&h.release(6, C1, "k", t1))[0].1;
+        assert_eq!(h.table.changes_ready(2).urgent_ms, Some(0));
+        // A second change of the same key in the batch: it is hot, and its
+        // batch may wait (the standbys' copy is a past state either way).
+        h.release(7, C2, "k", t2);
+        assert_eq!(
+            h.table.changes_ready(2),
+            Ready {
+                urgent_ms: None,
+                settled: true
+            }
+        );
+        let taken = h.table.take_deltas(8, 2);
+        assert!(matches!(&taken[..], [Delta::Grant { token, .. }] if *token > t2));
     }
 
     /// xorshift64*: a small seeded generator for the property test below.

@@ -43,6 +43,14 @@ pub const TOKEN_RESERVE: u64 = tokens::LEAD_MS << 20;
 /// once. Replication is asynchronous either way; this adds at most this
 /// much to a standby's lag, far inside the failure detection time.
 pub const REPL_BATCH_MS: u64 = 2;
+/// Batches that hold only changes that may wait go at most once per this
+/// many ms: frees (a lost one only keeps a key held until its lease runs
+/// out), ceilings (a reserve of `LEAD_MS` stands behind them), and keys
+/// that changed more than once since the last batch — a key handed from
+/// client to client many times a millisecond, whose copy on the standbys
+/// is a past holder's however often batches go. Each batch wakes a thread
+/// on both nodes; a hot key would otherwise cost that 500 times a second.
+pub const REPL_SETTLED_MS: u64 = 10;
 /// The grant of a key the standbys do not hold yet goes in the first batch
 /// at least this many ms after it was made: a lock held for less is never
 /// replicated (it is freed first, and the standbys never needed it), which
@@ -179,14 +187,21 @@ impl TableCore {
     }
 
     /// When the changes recorded so far are to be sent, if there are any:
-    /// at most one batch per `REPL_BATCH_MS`, and not before a change is
-    /// ready (`REPL_YOUNG_MS`).
+    /// an urgent one (`Ready::urgent_ms`, after `REPL_YOUNG_MS` for a new
+    /// key) at most `REPL_BATCH_MS` after the last batch, the others at most
+    /// `REPL_SETTLED_MS` after it.
     fn deltas_due_ms(&self) -> Option<u64> {
-        let ready = self.table.changes_ready_ms(REPL_YOUNG_MS)?;
-        let paced = self
-            .deltas_sent_ms
-            .map_or(0, |sent| sent.saturating_add(REPL_BATCH_MS));
-        Some(ready.max(paced))
+        let ready = self.table.changes_ready(REPL_YOUNG_MS);
+        let after = |ms: u64| {
+            self.deltas_sent_ms
+                .map_or(0, |sent| sent.saturating_add(ms))
+        };
+        let urgent = ready.urgent_ms.map(|at| at.max(after(REPL_BATCH_MS)));
+        let settled = ready.settled.then(|| after(REPL_SETTLED_MS));
+        match (urgent, settled) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The start of a round: tokens go above the wall clock's floor (so a
@@ -720,6 +735,77 @@ mod tests {
         }
         let sent: usize = batches.iter().map(|(_, d)| d.len()).sum();
         assert!(sent >= 40 - (REPL_YOUNG_MS + REPL_BATCH_MS) as usize);
+    }
+
+    #[test]
+    fn a_key_handed_over_again_and_again_goes_once_per_settled_interval() {
+        let mut core = core(true);
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        let grant = |out: &TableEffects| {
+            out.answers.iter().find_map(|(c, a)| match a {
+                Answer::Granted { token, .. } => Some((*c, *token)),
+                _ => None,
+            })
+        };
+        let mut holder = grant(&round(
+            &mut core,
+            at(10),
+            vec![Inbound::Request(C, acquire("k", 0))],
+        ))
+        .expect("granted");
+        round(
+            &mut core,
+            at(10),
+            vec![Inbound::Request(D, acquire("k", 0))],
+        );
+        let mut batches = Vec::new();
+        for ms in 20..120u64 {
+            // Twice a ms: the holder releases (the key goes to the other
+            // client) and asks again.
+            for _ in 0..2 {
+                let (conn, token) = holder;
+                let release = Request::Release {
+                    key: key("k"),
+                    token,
+                };
+                let out = round(
+                    &mut core,
+                    at(ms),
+                    vec![
+                        Inbound::Request(conn, release),
+                        Inbound::Request(conn, acquire("k", 0)),
+                    ],
+                );
+                holder = grant(&out).expect("handed over");
+                batches.extend(out.to_cluster.iter().map(|_| ms));
+            }
+        }
+        for pair in batches.windows(2) {
+            assert!(pair[1] - pair[0] >= REPL_SETTLED_MS, "{batches:?}");
+        }
+        assert!(
+            batches.len() as u64 >= 100 / REPL_SETTLED_MS - 1,
+            "{batches:?}"
+        );
+        // One handover after a quiet spell goes within REPL_BATCH_MS.
+        let (conn, token) = holder;
+        let release = Request::Release {
+            key: key("k"),
+            token,
+        };
+        let out = round(&mut core, at(200), vec![Inbound::Request(conn, release)]);
+        assert_eq!(
+            out.to_cluster.len(),
+            1,
+            "urgent, and the last batch is long past"
+        );
     }
 
     #[test]

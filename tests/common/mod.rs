@@ -36,10 +36,41 @@ pub fn baton_path() -> &'static str {
     env!("CARGO_BIN_EXE_baton")
 }
 
-/// A free loopback port (bound and released; good enough for tests).
+/// A free loopback port, for a node that must know its port before it
+/// starts (a cluster's `--peers`). See [`free_port_run`].
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
+    free_port_run(1)
+}
+
+/// The first of `n` consecutive free loopback ports. They are taken below
+/// the kernel's ephemeral range (32768 and up by default), so no outgoing
+/// connection of another test can take one between this check and the
+/// node's bind; each test process walks its own stretch of the range (from
+/// its PID), one run at a time, so two tests of a process never get the
+/// same port; and each port is checked to bind.
+pub fn free_port_run(n: u16) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let n = u32::from(n.max(1));
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(1_031) % SPAN,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..SPAN {
+        let offset = NEXT.fetch_add(n, Ordering::Relaxed) % SPAN;
+        if offset + n > SPAN {
+            continue;
+        }
+        let base = FIRST + offset;
+        if (base..base + n).all(|p| TcpListener::bind(("127.0.0.1", p as u16)).is_ok()) {
+            return base as u16;
+        }
+    }
+    panic!("no {n} consecutive free ports in {FIRST}..{}", FIRST + SPAN);
 }
 
 /// Poll `f` until it returns Some or the deadline passes.
