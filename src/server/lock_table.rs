@@ -1302,6 +1302,12 @@ mod tests {
         fn new() -> Harness {
             Harness::with_limits(TableLimits::default())
         }
+        /// A table that records changes for the standbys (an active).
+        fn replicating() -> Harness {
+            let mut h = Harness::new();
+            h.table.set_replicating(true);
+            h
+        }
         fn with_limits(limits: TableLimits) -> Harness {
             Harness {
                 table: LockTable::new(0, limits, TokenSource::new(0, 1000)),
@@ -1836,8 +1842,7 @@ mod tests {
 
     #[test]
     fn a_batch_holds_each_keys_last_state_counted_from_when_it_is_taken() {
-        let mut h = Harness::new();
-        h.table.set_replicating(true);
+        let mut h = Harness::replicating();
         let t1 = h.grant(0, C1, "k", 1000);
         h.acquire(0, C2, "k", 500, 0);
         h.keep(10, C1, "k", t1, 2000);
@@ -1867,8 +1872,7 @@ mod tests {
 
     #[test]
     fn a_key_granted_and_freed_within_one_batch_costs_the_standbys_nothing() {
-        let mut h = Harness::new();
-        h.table.set_replicating(true);
+        let mut h = Harness::replicating();
         let t1 = h.grant(0, C1, "short", 1000);
         h.release(1, C1, "short", t1);
         // Handed from holder to holder and freed: still nothing.
@@ -1904,8 +1908,7 @@ mod tests {
 
     #[test]
     fn a_free_and_a_new_grant_of_one_key_leave_in_that_order() {
-        let mut h = Harness::new();
-        h.table.set_replicating(true);
+        let mut h = Harness::replicating();
         let t1 = h.grant(0, C1, "k", 1000);
         let other = h.grant(0, C1, "other", 1000);
         h.table.take_deltas(0, 0);
@@ -1935,8 +1938,7 @@ mod tests {
 
     #[test]
     fn a_node_that_stops_replicating_drops_its_batch_and_records_nothing() {
-        let mut h = Harness::new();
-        h.table.set_replicating(true);
+        let mut h = Harness::replicating();
         let t1 = h.grant(0, C1, "a", 1000);
         h.table.set_replicating(false);
         assert!(!h.table.has_changes());
@@ -1958,8 +1960,7 @@ mod tests {
 
     #[test]
     fn a_promotion_grace_placeholder_is_never_replicated() {
-        let mut h = Harness::new();
-        h.table.set_replicating(true);
+        let mut h = Harness::replicating();
         h.table.set_grace_until(100);
         // The request waits behind a placeholder, then gives up.
         assert!(h.acquire(0, C1, "k", 1000, 50).is_empty());
@@ -1972,8 +1973,7 @@ mod tests {
 
     #[test]
     fn a_new_keys_grant_waits_until_it_is_old_enough_and_is_never_sent_if_freed_first() {
-        let mut h = Harness::new();
-        h.table.set_replicating(true);
+        let mut h = Harness::replicating();
         let short = h.grant(10, C1, "short", 1000);
         h.grant(10, C1, "long", 1000);
         let ready = |h: &Harness| h.table.changes_ready(2);
@@ -2028,8 +2028,7 @@ mod tests {
 
     #[test]
     fn one_handover_of_a_held_key_is_urgent_and_a_key_that_keeps_changing_is_not() {
-        let mut h = Harness::new();
-        h.table.set_replicating(true);
+        let mut h = Harness::replicating();
         let t1 = h.grant(0, C1, "k", 1000);
         h.acquire(0, C2, "k", 1000, 0);
         h.acquire(0, C3, "k", 1000, 0);

@@ -216,7 +216,11 @@ impl Roles {
 
     /// The full state of `from` has been applied here.
     pub fn handle_synced(&mut self, now_ms: u64, from: usize) -> Vec<RoleEffect> {
-        if self.following == Some(from) && matches!(self.role, Role::Standby) {
+        // A node shutting down never says it holds the state: its successor
+        // would otherwise hand the role straight back to it (it ranks
+        // higher) just before it exits.
+        if self.following == Some(from) && matches!(self.role, Role::Standby) && !self.shutting_down
+        {
             self.synced = true;
             self.has_state = true;
         }
@@ -234,7 +238,11 @@ impl Roles {
 
     /// `from`, the active this node follows, hands over to it.
     pub fn handle_handoff(&mut self, now_ms: u64, from: usize) -> Vec<RoleEffect> {
-        if self.following != Some(from) || !self.synced || !matches!(self.role, Role::Standby) {
+        if self.following != Some(from)
+            || !self.synced
+            || self.shutting_down
+            || !matches!(self.role, Role::Standby)
+        {
             return self.decide(now_ms);
         }
         self.role = Role::Active;
@@ -435,6 +443,9 @@ impl Roles {
 
     /// With no live active: is this node the highest-priority eligible one?
     fn elected(&self, now_ms: u64) -> bool {
+        if self.shutting_down {
+            return false;
+        }
         let live: Vec<usize> = (0..self.peers.len())
             .filter(|&p| self.is_live(p, now_ms))
             .collect();
@@ -662,6 +673,33 @@ mod tests {
         assert_eq!(
             n0.handle_took(25, 2),
             vec![RoleEffect::FinishTransfer { to: 2 }, RoleEffect::Exit]
+        );
+    }
+
+    #[test]
+    fn a_node_that_handed_over_to_shut_down_is_never_handed_the_role_back() {
+        // Node 0 hands over to node 1 and waits to exit; node 1, now
+        // active, sends it a snapshot as to any follower.
+        let mut n0 = Roles::new(0, 2, DETECT, 500, 0);
+        n0.handle_peer_dead(0, 1);
+        n0.handle_beat(10, 1, standby_of(0));
+        assert_eq!(
+            n0.handle_shutdown(20),
+            vec![RoleEffect::StartTransfer { to: 1 }]
+        );
+        assert_eq!(
+            n0.handle_took(25, 1),
+            vec![RoleEffect::FinishTransfer { to: 1 }, RoleEffect::Exit]
+        );
+        n0.handle_synced(30, 1);
+        assert!(!n0.beat().synced, "it must not look like a successor");
+        // Even handed the role, it does not take it; nor is it elected when
+        // the new active goes silent.
+        n0.handle_handoff(31, 1);
+        assert_eq!(n0.role_name(), RoleName::Standby);
+        assert!(
+            !n0.poll(31 + 3 * DETECT).contains(&RoleEffect::BecomeActive),
+            "a node on its way out is not elected"
         );
     }
 

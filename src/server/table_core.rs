@@ -534,6 +534,20 @@ mod tests {
         TableCore::new(table, clustered, "n0:1".into(), 0)
     }
 
+    /// A cluster node made active at 1 ms.
+    fn active_core() -> TableCore {
+        let mut core = core(true);
+        cluster(
+            &mut core,
+            at(1),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        core
+    }
+
     fn at(ms: u64) -> Now {
         Now::at(ms, UNIX + ms)
     }
@@ -675,15 +689,7 @@ mod tests {
 
     #[test]
     fn streaming_changes_go_one_batch_per_interval_each_grant_once_it_is_old_enough() {
-        let mut core = core(true);
-        cluster(
-            &mut core,
-            at(1),
-            ClusterToTable::BecomeActive {
-                floor: 5,
-                failover: false,
-            },
-        );
+        let mut core = active_core();
         // A new key every ms, each held; plus one freed at once every ms.
         let mut made = std::collections::HashMap::new();
         let mut batches = Vec::new();
@@ -739,15 +745,7 @@ mod tests {
 
     #[test]
     fn a_key_handed_over_again_and_again_goes_once_per_settled_interval() {
-        let mut core = core(true);
-        cluster(
-            &mut core,
-            at(1),
-            ClusterToTable::BecomeActive {
-                floor: 5,
-                failover: false,
-            },
-        );
+        let mut core = active_core();
         let grant = |out: &TableEffects| {
             out.answers.iter().find_map(|(c, a)| match a {
                 Answer::Granted { token, .. } => Some((*c, *token)),
@@ -810,15 +808,7 @@ mod tests {
 
     #[test]
     fn a_transfer_sends_the_changes_not_yet_batched_before_it_is_ready() {
-        let mut core = core(true);
-        cluster(
-            &mut core,
-            at(1),
-            ClusterToTable::BecomeActive {
-                floor: 5,
-                failover: false,
-            },
-        );
+        let mut core = active_core();
         let out = round(&mut core, at(1), vec![Inbound::Request(C, acquire("k", 0))]);
         assert!(out.to_cluster.is_empty(), "a batch went at 1 ms already");
         let out = cluster(&mut core, at(1), ClusterToTable::StartTransfer { to: 1 });
@@ -855,15 +845,7 @@ mod tests {
 
     #[test]
     fn during_a_role_transfer_requests_wait_in_order_then_go_to_the_successor() {
-        let mut core = core(true);
-        cluster(
-            &mut core,
-            at(1),
-            ClusterToTable::BecomeActive {
-                floor: 5,
-                failover: false,
-            },
-        );
+        let mut core = active_core();
         let out = cluster(&mut core, at(2), ClusterToTable::StartTransfer { to: 1 });
         assert_eq!(
             out.to_cluster.last(),
@@ -904,15 +886,7 @@ mod tests {
 
     #[test]
     fn a_connection_closed_during_a_transfer_is_never_served_when_it_fails() {
-        let mut core = core(true);
-        cluster(
-            &mut core,
-            at(1),
-            ClusterToTable::BecomeActive {
-                floor: 5,
-                failover: false,
-            },
-        );
+        let mut core = active_core();
         round(&mut core, at(2), vec![Inbound::Request(C, acquire("k", 0))]);
         cluster(&mut core, at(3), ClusterToTable::StartTransfer { to: 1 });
         // D asks for the held key, then closes, while requests are held.
@@ -961,15 +935,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_asked_for_carries_the_table_and_the_ceiling() {
-        let mut core = core(true);
-        cluster(
-            &mut core,
-            at(1),
-            ClusterToTable::BecomeActive {
-                floor: 5,
-                failover: false,
-            },
-        );
+        let mut core = active_core();
         round(&mut core, at(2), vec![Inbound::Request(C, acquire("k", 0))]);
         let out = cluster(&mut core, at(3), ClusterToTable::SnapshotWanted { peer: 1 });
         let Some(TableToCluster::Snapshot {
