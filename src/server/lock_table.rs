@@ -123,6 +123,9 @@ pub struct Ready {
     /// key the standbys hold (now, 0), or the first new key's grant that
     /// has come of age. None: no such change.
     pub urgent_ms: Option<u64>,
+    /// When the oldest new key's grant still waiting was made (they may go
+    /// at once if they all came after a quiet spell; see `TableCore`).
+    pub oldest_young_ms: Option<u64>,
     /// There are other changes (frees, ceilings, keys that changed more
     /// than once since the last batch): they may wait longer.
     pub settled: bool,
@@ -344,6 +347,7 @@ impl LockTable {
         };
         Ready {
             urgent_ms,
+            oldest_young_ms: self.first_young_ms,
             settled: self.changes.len() > self.young + self.urgent,
         }
     }
@@ -358,6 +362,17 @@ impl LockTable {
     /// `hold_young_ms` stays for the next call: most short locks are freed
     /// by then and never cost the standbys a line (0 takes everything).
     pub fn take_deltas(&mut self, now_ms: u64, hold_young_ms: u64) -> Vec<Delta> {
+        self.take_deltas_fresh(now_ms, hold_young_ms, u64::MAX)
+    }
+
+    /// The same, but a new key's grant made at or after `fresh_from_ms`
+    /// goes however young it is (the first grant after a quiet spell).
+    pub fn take_deltas_fresh(
+        &mut self,
+        now_ms: u64,
+        hold_young_ms: u64,
+        fresh_from_ms: u64,
+    ) -> Vec<Delta> {
         let mut deltas = Vec::with_capacity(self.changes.len());
         let mut kept = std::mem::take(&mut self.kept);
         for (i, change) in self.changes.drain(..).enumerate() {
@@ -366,7 +381,7 @@ impl LockTable {
                     slot,
                     new_since: Some(since),
                     ..
-                } if now_ms.saturating_sub(since) < hold_young_ms => {
+                } if now_ms.saturating_sub(since) < hold_young_ms && since < fresh_from_ms => {
                     self.keys[slot as usize].pending = kept.len() as u32;
                     kept.push(change);
                 }
@@ -1977,13 +1992,8 @@ mod tests {
         let short = h.grant(10, C1, "short", 1000);
         h.grant(10, C1, "long", 1000);
         let ready = |h: &Harness| h.table.changes_ready(2);
-        assert_eq!(
-            ready(&h),
-            Ready {
-                urgent_ms: Some(12),
-                settled: false
-            }
-        );
+        let r = ready(&h);
+        assert_eq!((r.urgent_ms, r.settled), (Some(12), false));
         // Too young at 11: nothing goes, both stay for the next batch.
         assert_eq!(h.table.take_deltas(11, 2), vec![]);
         assert_eq!(ready(&h).urgent_ms, Some(12));
@@ -1993,13 +2003,8 @@ mod tests {
         let old = h.grant(11, C2, "old", 1000);
         h.table.take_deltas(14, 0);
         h.release(15, C2, "old", old);
-        assert_eq!(
-            ready(&h),
-            Ready {
-                urgent_ms: None,
-                settled: true
-            }
-        );
+        let r = ready(&h);
+        assert_eq!((r.urgent_ms, r.settled), (None, true));
         assert_eq!(
             h.table.take_deltas(15, 2),
             vec![Delta::Free {
@@ -2017,13 +2022,8 @@ mod tests {
                 ms_left: 998
             }]
         );
-        assert_eq!(
-            ready(&h),
-            Ready {
-                urgent_ms: None,
-                settled: false
-            }
-        );
+        let r = ready(&h);
+        assert_eq!((r.urgent_ms, r.settled), (None, false));
     }
 
     #[test]
@@ -2039,13 +2039,8 @@ mod tests {
         // A second change of the same key in the batch: it is hot, and its
         // batch may wait (the standbys' copy is a past state either way).
         h.release(7, C2, "k", t2);
-        assert_eq!(
-            h.table.changes_ready(2),
-            Ready {
-                urgent_ms: None,
-                settled: true
-            }
-        );
+        let r = h.table.changes_ready(2);
+        assert_eq!((r.urgent_ms, r.settled), (None, true));
         let taken = h.table.take_deltas(8, 2);
         assert!(matches!(&taken[..], [Delta::Grant { token, .. }] if *token > t2));
     }

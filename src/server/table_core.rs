@@ -121,6 +121,9 @@ pub struct TableCore {
     effects: TableEffects,
     /// When changes last went to the cluster core (clock ms).
     deltas_sent_ms: Option<u64>,
+    /// When a batch last left no change behind (0: none was ever taken);
+    /// None while young grants wait from one batch to the next.
+    quiet_since_ms: Option<u64>,
 }
 
 impl TableCore {
@@ -143,6 +146,7 @@ impl TableCore {
             outbox: Outbox::default(),
             effects: TableEffects::default(),
             deltas_sent_ms: None,
+            quiet_since_ms: Some(0),
         }
     }
 
@@ -189,18 +193,36 @@ impl TableCore {
     /// When the changes recorded so far are to be sent, if there are any:
     /// an urgent one (`Ready::urgent_ms`, after `REPL_YOUNG_MS` for a new
     /// key) at most `REPL_BATCH_MS` after the last batch, the others at most
-    /// `REPL_SETTLED_MS` after it.
+    /// `REPL_SETTLED_MS` after it; and a new key's grant made after a
+    /// quiet spell (`fresh_from_ms`) at once.
     fn deltas_due_ms(&self) -> Option<u64> {
         let ready = self.table.changes_ready(REPL_YOUNG_MS);
         let after = |ms: u64| {
             self.deltas_sent_ms
                 .map_or(0, |sent| sent.saturating_add(ms))
         };
+        let fresh = ready
+            .oldest_young_ms
+            .filter(|_| self.fresh_from_ms() < u64::MAX);
         let urgent = ready.urgent_ms.map(|at| at.max(after(REPL_BATCH_MS)));
         let settled = ready.settled.then(|| after(REPL_SETTLED_MS));
-        match (urgent, settled) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [fresh, urgent, settled].into_iter().flatten().min()
+    }
+
+    /// From when new keys' grants go at once, however young (u64::MAX:
+    /// not now): when the last batch left nothing behind and every grant
+    /// waiting now came `REPL_BATCH_MS` or more after it, changes do not
+    /// stream and nothing is saved by holding them — a lone lock is
+    /// replicated as soon as it is granted. While they stream (young
+    /// grants wait from one batch to the next), never.
+    fn fresh_from_ms(&self) -> u64 {
+        let Some(quiet) = self.quiet_since_ms else {
+            return u64::MAX;
+        };
+        let from = quiet.saturating_add(REPL_BATCH_MS);
+        match self.table.changes_ready(REPL_YOUNG_MS).oldest_young_ms {
+            Some(oldest) if oldest >= from => from,
+            _ => u64::MAX,
         }
     }
 
@@ -444,7 +466,11 @@ impl TableCore {
         if !self.table.has_changes() {
             return;
         }
-        let deltas = self.table.take_deltas(now.ms, hold_young_ms);
+        let fresh_from_ms = self.fresh_from_ms();
+        let deltas = self
+            .table
+            .take_deltas_fresh(now.ms, hold_young_ms, fresh_from_ms);
+        self.quiet_since_ms = (!self.table.has_changes()).then_some(now.ms);
         if self.replicating() && !deltas.is_empty() {
             self.effects.to_cluster.push(TableToCluster::Deltas(deltas));
             self.deltas_sent_ms = Some(now.ms);
@@ -726,6 +752,8 @@ mod tests {
         for (ms, deltas) in &batches {
             for delta in deltas {
                 match delta {
+                    // The first, after a quiet spell, goes at once.
+                    Delta::Grant { key: k, .. } if *k == key("k100") => assert_eq!(*ms, 100),
                     Delta::Grant { key, .. } => {
                         let at_ms = made[key];
                         assert!(
@@ -741,6 +769,30 @@ mod tests {
         }
         let sent: usize = batches.iter().map(|(_, d)| d.len()).sum();
         assert!(sent >= 40 - (REPL_YOUNG_MS + REPL_BATCH_MS) as usize);
+    }
+
+    #[test]
+    fn a_lone_grant_on_a_quiet_node_is_replicated_at_once_and_the_next_soon_after_waits() {
+        let mut core = active_core();
+        let out = round(
+            &mut core,
+            at(500),
+            vec![Inbound::Request(C, acquire("a", 0))],
+        );
+        assert!(
+            matches!(&out.to_cluster[..], [TableToCluster::Deltas(d)] if matches!(d[0], Delta::Grant { .. })),
+            "{out:?}"
+        );
+        let out = round(
+            &mut core,
+            at(501),
+            vec![Inbound::Request(C, acquire("b", 0))],
+        );
+        assert!(
+            out.to_cluster.is_empty(),
+            "changes may be streaming: it waits"
+        );
+        assert_eq!(core.next_wake_ms(), Some(501 + REPL_YOUNG_MS));
     }
 
     #[test]
