@@ -115,16 +115,15 @@ impl Outbox {
     }
 }
 
-/// How soon the changes recorded so far should go (see
-/// [`LockTable::changes_ready`]).
+/// What the changes recorded so far are (see [`LockTable::changes_ready`]);
+/// `TableCore` decides from it when they go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ready {
-    /// When a change that must not wait goes: a handover or extension of a
-    /// key the standbys hold (now, 0), or the first new key's grant that
-    /// has come of age. None: no such change.
-    pub urgent_ms: Option<u64>,
-    /// When the oldest new key's grant still waiting was made (they may go
-    /// at once if they all came after a quiet spell; see `TableCore`).
+    /// A handover or extension of a key the standbys hold, that key's one
+    /// change since the last batch: it must not wait long.
+    pub urgent: bool,
+    /// New keys' grants waiting, and when the oldest of them was made.
+    pub young: usize,
     pub oldest_young_ms: Option<u64>,
     /// There are other changes (frees, ceilings, keys that changed more
     /// than once since the last batch): they may wait longer.
@@ -338,15 +337,10 @@ impl LockTable {
     }
 
     /// What the changes recorded so far are worth: see [`Ready`].
-    pub fn changes_ready(&self, hold_young_ms: u64) -> Ready {
-        let urgent_ms = if self.urgent > 0 {
-            Some(0)
-        } else {
-            self.first_young_ms
-                .map(|since| since.saturating_add(hold_young_ms))
-        };
+    pub fn changes_ready(&self) -> Ready {
         Ready {
-            urgent_ms,
+            urgent: self.urgent > 0,
+            young: self.young,
             oldest_young_ms: self.first_young_ms,
             settled: self.changes.len() > self.young + self.urgent,
         }
@@ -362,17 +356,6 @@ impl LockTable {
     /// `hold_young_ms` stays for the next call: most short locks are freed
     /// by then and never cost the standbys a line (0 takes everything).
     pub fn take_deltas(&mut self, now_ms: u64, hold_young_ms: u64) -> Vec<Delta> {
-        self.take_deltas_fresh(now_ms, hold_young_ms, u64::MAX)
-    }
-
-    /// The same, but a new key's grant made at or after `fresh_from_ms`
-    /// goes however young it is (the first grant after a quiet spell).
-    pub fn take_deltas_fresh(
-        &mut self,
-        now_ms: u64,
-        hold_young_ms: u64,
-        fresh_from_ms: u64,
-    ) -> Vec<Delta> {
         let mut deltas = Vec::with_capacity(self.changes.len());
         let mut kept = std::mem::take(&mut self.kept);
         for (i, change) in self.changes.drain(..).enumerate() {
@@ -381,7 +364,7 @@ impl LockTable {
                     slot,
                     new_since: Some(since),
                     ..
-                } if now_ms.saturating_sub(since) < hold_young_ms && since < fresh_from_ms => {
+                } if now_ms.saturating_sub(since) < hold_young_ms => {
                     self.keys[slot as usize].pending = kept.len() as u32;
                     kept.push(change);
                 }
@@ -1991,12 +1974,15 @@ mod tests {
         let mut h = Harness::replicating();
         let short = h.grant(10, C1, "short", 1000);
         h.grant(10, C1, "long", 1000);
-        let ready = |h: &Harness| h.table.changes_ready(2);
+        let ready = |h: &Harness| h.table.changes_ready();
         let r = ready(&h);
-        assert_eq!((r.urgent_ms, r.settled), (Some(12), false));
+        assert_eq!(
+            (r.urgent, r.young, r.oldest_young_ms, r.settled),
+            (false, 2, Some(10), false)
+        );
         // Too young at 11: nothing goes, both stay for the next batch.
         assert_eq!(h.table.take_deltas(11, 2), vec![]);
-        assert_eq!(ready(&h).urgent_ms, Some(12));
+        assert_eq!(ready(&h).oldest_young_ms, Some(10));
         h.release(11, C1, "short", short);
         // A free of a key the standbys hold may wait; the young grant waits
         // until it comes of age.
@@ -2004,7 +1990,7 @@ mod tests {
         h.table.take_deltas(14, 0);
         h.release(15, C2, "old", old);
         let r = ready(&h);
-        assert_eq!((r.urgent_ms, r.settled), (None, true));
+        assert_eq!((r.urgent, r.young, r.settled), (false, 0, true));
         assert_eq!(
             h.table.take_deltas(15, 2),
             vec![Delta::Free {
@@ -2023,7 +2009,7 @@ mod tests {
             }]
         );
         let r = ready(&h);
-        assert_eq!((r.urgent_ms, r.settled), (None, false));
+        assert_eq!((r.urgent, r.young, r.settled), (false, 0, false));
     }
 
     #[test]
@@ -2035,12 +2021,12 @@ mod tests {
         h.table.take_deltas(5, 0);
         // One handover: the standbys must hear of it soon.
         let t2 = granted(&h.release(6, C1, "k", t1))[0].1;
-        assert_eq!(h.table.changes_ready(2).urgent_ms, Some(0));
+        assert!(h.table.changes_ready().urgent);
         // A second change of the same key in the batch: it is hot, and its
         // batch may wait (the standbys' copy is a past state either way).
         h.release(7, C2, "k", t2);
-        let r = h.table.changes_ready(2);
-        assert_eq!((r.urgent_ms, r.settled), (None, true));
+        let r = h.table.changes_ready();
+        assert_eq!((r.urgent, r.settled), (false, true));
         let taken = h.table.take_deltas(8, 2);
         assert!(matches!(&taken[..], [Delta::Grant { token, .. }] if *token > t2));
     }

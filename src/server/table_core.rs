@@ -51,12 +51,15 @@ pub const REPL_BATCH_MS: u64 = 2;
 /// is a past holder's however often batches go. Each batch wakes a thread
 /// on both nodes; a hot key would otherwise cost that 500 times a second.
 pub const REPL_SETTLED_MS: u64 = 10;
-/// The grant of a key the standbys do not hold yet goes in the first batch
-/// at least this many ms after it was made: a lock held for less is never
-/// replicated (it is freed first, and the standbys never needed it), which
-/// is what most locks under heavy load are. A grant still held then
-/// reaches the standbys within `REPL_YOUNG_MS + REPL_BATCH_MS` of being made.
+/// While new keys' grants stream (`REPL_YOUNG_MIN` or more waiting), each
+/// goes in the first batch at least this many ms after it was made: a lock
+/// held for less is never replicated (it is freed first, and the standbys
+/// never needed it), which is what most locks under heavy load are. A grant
+/// still held then reaches the standbys within `REPL_YOUNG_MS +
+/// REPL_BATCH_MS` of being made; on a lightly used node, within
+/// `REPL_BATCH_MS` (at once after a quiet spell).
 pub const REPL_YOUNG_MS: u64 = 2;
+pub const REPL_YOUNG_MIN: usize = 16;
 /// Requests held back during a role transfer, at most; past it they are
 /// redirected at once (`M -`). Closes are always held, so that a held
 /// request of a closed connection is never served.
@@ -121,9 +124,6 @@ pub struct TableCore {
     effects: TableEffects,
     /// When changes last went to the cluster core (clock ms).
     deltas_sent_ms: Option<u64>,
-    /// When a batch last left no change behind (0: none was ever taken);
-    /// None while young grants wait from one batch to the next.
-    quiet_since_ms: Option<u64>,
 }
 
 impl TableCore {
@@ -146,7 +146,6 @@ impl TableCore {
             outbox: Outbox::default(),
             effects: TableEffects::default(),
             deltas_sent_ms: None,
-            quiet_since_ms: Some(0),
         }
     }
 
@@ -191,38 +190,36 @@ impl TableCore {
     }
 
     /// When the changes recorded so far are to be sent, if there are any:
-    /// an urgent one (`Ready::urgent_ms`, after `REPL_YOUNG_MS` for a new
-    /// key) at most `REPL_BATCH_MS` after the last batch, the others at most
-    /// `REPL_SETTLED_MS` after it; and a new key's grant made after a
-    /// quiet spell (`fresh_from_ms`) at once.
+    /// an urgent one (a single handover or extension, or a new key's grant)
+    /// at most `REPL_BATCH_MS` after the last batch — new grants, while
+    /// `REPL_YOUNG_MIN` or more wait, once the oldest is `REPL_YOUNG_MS`
+    /// old — and the others at most `REPL_SETTLED_MS` after it.
     fn deltas_due_ms(&self) -> Option<u64> {
-        let ready = self.table.changes_ready(REPL_YOUNG_MS);
+        let ready = self.table.changes_ready();
         let after = |ms: u64| {
             self.deltas_sent_ms
                 .map_or(0, |sent| sent.saturating_add(ms))
         };
-        let fresh = ready
+        let young = ready
             .oldest_young_ms
-            .filter(|_| self.fresh_from_ms() < u64::MAX);
-        let urgent = ready.urgent_ms.map(|at| at.max(after(REPL_BATCH_MS)));
+            .map(|oldest| oldest.saturating_add(Self::hold_young_ms(&ready)));
+        let urgent = ready.urgent.then_some(0);
+        let urgent = [urgent, young]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|at| at.max(after(REPL_BATCH_MS)));
         let settled = ready.settled.then(|| after(REPL_SETTLED_MS));
-        [fresh, urgent, settled].into_iter().flatten().min()
+        [urgent, settled].into_iter().flatten().min()
     }
 
-    /// From when new keys' grants go at once, however young (u64::MAX:
-    /// not now): when the last batch left nothing behind and every grant
-    /// waiting now came `REPL_BATCH_MS` or more after it, changes do not
-    /// stream and nothing is saved by holding them — a lone lock is
-    /// replicated as soon as it is granted. While they stream (young
-    /// grants wait from one batch to the next), never.
-    fn fresh_from_ms(&self) -> u64 {
-        let Some(quiet) = self.quiet_since_ms else {
-            return u64::MAX;
-        };
-        let from = quiet.saturating_add(REPL_BATCH_MS);
-        match self.table.changes_ready(REPL_YOUNG_MS).oldest_young_ms {
-            Some(oldest) if oldest >= from => from,
-            _ => u64::MAX,
+    /// How long new keys' grants wait: `REPL_YOUNG_MS` while many stream,
+    /// else not at all (holding a few saves nothing).
+    fn hold_young_ms(ready: &crate::server::lock_table::Ready) -> u64 {
+        if ready.young >= REPL_YOUNG_MIN {
+            REPL_YOUNG_MS
+        } else {
+            0
         }
     }
 
@@ -466,11 +463,8 @@ impl TableCore {
         if !self.table.has_changes() {
             return;
         }
-        let fresh_from_ms = self.fresh_from_ms();
-        let deltas = self
-            .table
-            .take_deltas_fresh(now.ms, hold_young_ms, fresh_from_ms);
-        self.quiet_since_ms = (!self.table.has_changes()).then_some(now.ms);
+        let hold_young_ms = hold_young_ms.min(Self::hold_young_ms(&self.table.changes_ready()));
+        let deltas = self.table.take_deltas(now.ms, hold_young_ms);
         if self.replicating() && !deltas.is_empty() {
             self.effects.to_cluster.push(TableToCluster::Deltas(deltas));
             self.deltas_sent_ms = Some(now.ms);
@@ -696,10 +690,10 @@ mod tests {
             token < core.ceiling(),
             "every token stays below the ceiling"
         );
-        // A new key's grant waits until it is REPL_YOUNG_MS old (and a
-        // batch went at 1 ms), and the owner is told to wake for it.
+        // A batch went at 1 ms: this grant (a lone one, so it need not be
+        // old) waits for the next, and the owner is told to wake for it.
         assert!(out.to_cluster.is_empty());
-        let due = (2 + REPL_YOUNG_MS).max(1 + REPL_BATCH_MS);
+        let due = 1 + REPL_BATCH_MS;
         assert_eq!(core.next_wake_ms(), Some(due));
         let out = round(&mut core, at(due), vec![]);
         assert_eq!(
@@ -716,45 +710,44 @@ mod tests {
     #[test]
     fn streaming_changes_go_one_batch_per_interval_each_grant_once_it_is_old_enough() {
         let mut core = active_core();
-        // A new key every ms, each held; plus one freed at once every ms.
+        // Every ms: one key taken and held, and 20 short locks taken and
+        // released a ms later (so REPL_YOUNG_MIN or more grants wait).
+        let shorts = 20;
+        assert!(shorts >= REPL_YOUNG_MIN);
         let mut made = std::collections::HashMap::new();
         let mut batches = Vec::new();
+        let mut last_shorts: Vec<(Key, u64)> = Vec::new();
         for ms in 100..140u64 {
             let k = format!("k{ms}");
             made.insert(key(&k), ms);
-            let out = round(&mut core, at(ms), vec![Inbound::Request(C, acquire(&k, 0))]);
-            let short = format!("short{ms}");
-            let out2 = round(
-                &mut core,
-                at(ms),
-                vec![Inbound::Request(D, acquire(&short, 0))],
-            );
-            let Answer::Granted { token, .. } = out2.answers[0].1 else {
-                panic!("granted");
-            };
-            let release = Request::Release {
-                key: key(&short),
-                token,
-            };
-            let out3 = round(&mut core, at(ms), vec![Inbound::Request(D, release)]);
-            for out in [out, out2, out3] {
-                for msg in out.to_cluster {
-                    let TableToCluster::Deltas(deltas) = msg else {
-                        panic!("only deltas");
-                    };
-                    batches.push((ms, deltas));
+            let mut inbound = vec![Inbound::Request(C, acquire(&k, 0))];
+            for i in 0..shorts {
+                inbound.push(Inbound::Request(D, acquire(&format!("s{ms}-{i}"), 0)));
+            }
+            for (key, token) in last_shorts.drain(..) {
+                inbound.push(Inbound::Request(D, Request::Release { key, token }));
+            }
+            let out = round(&mut core, at(ms), inbound);
+            for (conn, answer) in &out.answers {
+                if let (true, Answer::Granted { token, key }) = (*conn == D, answer) {
+                    last_shorts.push((key.clone(), *token));
                 }
             }
+            for msg in out.to_cluster {
+                let TableToCluster::Deltas(deltas) = msg else {
+                    panic!("only deltas");
+                };
+                batches.push((ms, deltas));
+            }
         }
+        assert!(!batches.is_empty());
         for pair in batches.windows(2) {
             assert!(pair[1].0 >= pair[0].0 + REPL_BATCH_MS, "paced: {batches:?}");
         }
         for (ms, deltas) in &batches {
             for delta in deltas {
                 match delta {
-                    // The first, after a quiet spell, goes at once.
-                    Delta::Grant { key: k, .. } if *k == key("k100") => assert_eq!(*ms, 100),
-                    Delta::Grant { key, .. } => {
+                    Delta::Grant { key, .. } if made.contains_key(key) => {
                         let at_ms = made[key];
                         assert!(
                             *ms >= at_ms + REPL_YOUNG_MS
@@ -763,7 +756,7 @@ mod tests {
                         );
                     }
                     Delta::Ceiling(_) => {}
-                    other => panic!("a lock freed at once is never sent: {other:?}"),
+                    other => panic!("a lock freed within a ms is never sent: {other:?}"),
                 }
             }
         }
@@ -772,7 +765,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_grant_on_a_quiet_node_is_replicated_at_once_and_the_next_soon_after_waits() {
+    fn a_lone_grant_on_a_quiet_node_is_replicated_at_once_and_the_next_one_in_the_next_batch() {
         let mut core = active_core();
         let out = round(
             &mut core,
@@ -788,11 +781,8 @@ mod tests {
             at(501),
             vec![Inbound::Request(C, acquire("b", 0))],
         );
-        assert!(
-            out.to_cluster.is_empty(),
-            "changes may be streaming: it waits"
-        );
-        assert_eq!(core.next_wake_ms(), Some(501 + REPL_YOUNG_MS));
+        assert!(out.to_cluster.is_empty(), "one batch per REPL_BATCH_MS");
+        assert_eq!(core.next_wake_ms(), Some(500 + REPL_BATCH_MS));
     }
 
     #[test]
