@@ -176,6 +176,21 @@ impl Cluster {
         )
     }
 
+    /// Wait until nodes `a` and `b` have each brought up their link to the
+    /// other. A node that starts before a peer listens dials it again only
+    /// after a backoff; until then that peer has never heard its heartbeat,
+    /// so it would not count it in an election.
+    fn wait_linked(&self, a: usize, b: usize) {
+        for (from, to) in [(a, b), (b, a)] {
+            let line = format!("replication: link to {} is up", self.name(to));
+            wait_for(
+                &format!("node {from}'s link to node {to}"),
+                DEADLINE,
+                || self.node(from).log().contains(&line).then_some(()),
+            );
+        }
+    }
+
     /// Wait until node `i` reports `held=n`.
     fn wait_held(&self, i: usize, n: u64) -> String {
         wait_for(&format!("node {i} to hold {n} keys"), DEADLINE, || {
@@ -564,6 +579,9 @@ fn with_three_nodes_the_second_takes_over_and_the_third_follows_it() {
     cluster.wait_held(1, 2);
     cluster.wait_held(2, 2);
     cluster.wait_synced_standbys(0, 2);
+    // Node 2 must know node 1 (and that it holds the state) to leave the
+    // promotion to it.
+    cluster.wait_linked(1, 2);
     let old_max = tokens.max();
 
     let killed = Instant::now();
@@ -644,6 +662,7 @@ fn with_three_nodes_the_last_one_serves_after_the_first_two_are_killed() {
     cluster.wait_held(1, 1);
     cluster.wait_held(2, 1);
     cluster.wait_synced_standbys(0, 2);
+    cluster.wait_linked(1, 2);
 
     let killed = Instant::now();
     cluster.kill(0);
