@@ -125,8 +125,11 @@ pub struct Ready {
     /// New keys' grants waiting, and when the oldest of them was made.
     pub young: usize,
     pub oldest_young_ms: Option<u64>,
-    /// There are other changes (frees, ceilings, keys that changed more
-    /// than once since the last batch): they may wait longer.
+    /// A token ceiling was raised: it goes at once (the standbys' ceiling
+    /// is what keeps a promoted node's tokens above every token answered).
+    pub ceiling: bool,
+    /// There are other changes (frees, keys that changed more than once
+    /// since the last batch): they may wait longer.
     pub settled: bool,
 }
 
@@ -294,6 +297,8 @@ pub struct LockTable {
     /// Entries that are the one change of a key the standbys hold (a
     /// handover or extension of a key that changed once since the batch).
     urgent: usize,
+    /// Entries of `changes` that are ceilings.
+    ceilings: usize,
     /// The spare buffer `take_deltas` swaps with `changes`.
     kept: Vec<Change>,
 }
@@ -318,6 +323,7 @@ impl LockTable {
             young: 0,
             first_young_ms: None,
             urgent: 0,
+            ceilings: 0,
             kept: Vec::new(),
         }
     }
@@ -342,7 +348,8 @@ impl LockTable {
             urgent: self.urgent > 0,
             young: self.young,
             oldest_young_ms: self.first_young_ms,
-            settled: self.changes.len() > self.young + self.urgent,
+            ceiling: self.ceilings > 0,
+            settled: self.changes.len() > self.young + self.urgent + self.ceilings,
         }
     }
 
@@ -350,7 +357,9 @@ impl LockTable {
     /// end in this table's state: one per key that changed (its state now),
     /// none for a key granted and freed in between that the standbys never
     /// held, and the ceilings raised, in the order of each key's first
-    /// change. A grant's lease left is counted from `now_ms`.
+    /// change. A grant's lease left is counted from `now_ms`, which must be
+    /// the time requests are stamped with (`Now::ms_ceil`), so that it is
+    /// never more than the lease granted.
     ///
     /// The grant of a key new to the standbys that is younger than
     /// `hold_young_ms` stays for the next call: most short locks are freed
@@ -387,6 +396,7 @@ impl LockTable {
         self.kept = std::mem::replace(&mut self.changes, kept);
         self.young = self.changes.len();
         self.urgent = 0;
+        self.ceilings = 0;
         self.first_young_ms = match self.changes.first() {
             Some(Change::Held { new_since, .. }) => *new_since,
             _ => None,
@@ -403,6 +413,7 @@ impl LockTable {
         }
         self.young = 0;
         self.urgent = 0;
+        self.ceilings = 0;
         self.first_young_ms = None;
     }
 
@@ -410,6 +421,7 @@ impl LockTable {
     pub fn note_ceiling(&mut self, ceiling: u64) {
         if self.replicate {
             self.changes.push(Change::Ceiling(ceiling));
+            self.ceilings += 1;
         }
     }
 
@@ -1190,6 +1202,12 @@ impl LockTable {
             urgent, self.urgent,
             "single changes of held keys are counted"
         );
+        let ceilings = self
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::Ceiling(_)))
+            .count();
+        assert_eq!(ceilings, self.ceilings, "ceilings are counted");
         for (i, change) in self.changes.iter().enumerate() {
             if let Change::Held { slot, .. } = change {
                 assert_eq!(

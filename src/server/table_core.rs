@@ -45,8 +45,7 @@ pub const TOKEN_RESERVE: u64 = tokens::LEAD_MS << 20;
 pub const REPL_BATCH_MS: u64 = 2;
 /// Batches that hold only changes that may wait go at most once per this
 /// many ms: frees (a lost one only keeps a key held until its lease runs
-/// out), ceilings (a reserve of `LEAD_MS` stands behind them), and keys
-/// that changed more than once since the last batch — a key handed from
+/// out) and keys that changed more than once since the last batch — a key handed from
 /// client to client many times a millisecond, whose copy on the standbys
 /// is a past holder's however often batches go. Each batch wakes a thread
 /// on both nodes; a hot key would otherwise cost that 500 times a second.
@@ -182,7 +181,10 @@ impl TableCore {
     /// The next time a timer is due, or a batch of changes for the
     /// standbys.
     pub fn next_wake_ms(&self) -> Option<u64> {
-        let timer = self.table.next_wake_ms();
+        let timer = self
+            .table
+            .next_wake_ms()
+            .filter(|_| !self.is_transferring());
         match self.deltas_due_ms() {
             Some(due) => Some(timer.map_or(due, |t| t.min(due))),
             None => timer,
@@ -193,7 +195,13 @@ impl TableCore {
     /// an urgent one (a single handover or extension, or a new key's grant)
     /// at most `REPL_BATCH_MS` after the last batch — new grants, while
     /// `REPL_YOUNG_MIN` or more wait, once the oldest is `REPL_YOUNG_MS`
-    /// old — and the others at most `REPL_SETTLED_MS` after it.
+    /// old — and the others at most `REPL_SETTLED_MS` after it. A raised
+    /// ceiling goes at once, with the round that raised it: the tokens
+    /// answered from then on may be above the ceiling the standbys know
+    /// (when the counter jumped: a peer's token, the wall clock), and a
+    /// lock granted and freed within a batch, or a key handed over many
+    /// times, puts its tokens in no delta. Ceilings are raised about once
+    /// per `LEAD_MS / 2` of clock, so this costs a few batches a second.
     fn deltas_due_ms(&self) -> Option<u64> {
         let ready = self.table.changes_ready();
         let after = |ms: u64| {
@@ -210,7 +218,8 @@ impl TableCore {
             .min()
             .map(|at| at.max(after(REPL_BATCH_MS)));
         let settled = ready.settled.then(|| after(REPL_SETTLED_MS));
-        [urgent, settled].into_iter().flatten().min()
+        let ceiling = ready.ceiling.then_some(0);
+        [urgent, settled, ceiling].into_iter().flatten().min()
     }
 
     /// How long new keys' grants wait: `REPL_YOUNG_MS` while many stream,
@@ -231,7 +240,14 @@ impl TableCore {
         self.table.metrics_mut().begin_round();
         self.table.observe_token(tokens::clock_floor(now.unix_ms));
         self.table.set_replicating(self.replicating());
-        self.table.poll_timers(now.ms, &mut self.outbox);
+        // Not while the role is being transferred: the successor has the
+        // state as of HANDOFF and runs the same leases itself; a key this
+        // node handed to a waiter now would be granted twice. Timers due
+        // meanwhile fire once the transfer is abandoned (late by at most
+        // its timeout), or never here when it succeeds.
+        if !self.is_transferring() {
+            self.table.poll_timers(now.ms, &mut self.outbox);
+        }
     }
 
     /// One event from a client connection.
@@ -331,7 +347,10 @@ impl TableCore {
                 if matches!(self.mode, Mode::Active) {
                     self.mode = Mode::Transferring { held: Vec::new() };
                 }
-                // After this round's deltas, so the successor has them all.
+                // After this round's deltas, so the successor has them all,
+                // and a ceiling above every token answered so far (one
+                // granted and freed within the batch is in no delta).
+                self.raise_ceiling();
                 self.flush_deltas(now);
                 self.effects
                     .to_cluster
@@ -377,7 +396,7 @@ impl TableCore {
             ClusterToTable::SnapshotWanted { peer } => {
                 self.flush_deltas(now);
                 self.raise_ceiling();
-                let entries = self.table.snapshot(now.ms);
+                let entries = self.table.snapshot(now.ms_ceil);
                 self.effects.to_cluster.push(TableToCluster::Snapshot {
                     peer,
                     entries,
@@ -464,7 +483,7 @@ impl TableCore {
             return;
         }
         let hold_young_ms = hold_young_ms.min(Self::hold_young_ms(&self.table.changes_ready()));
-        let deltas = self.table.take_deltas(now.ms, hold_young_ms);
+        let deltas = self.table.take_deltas(now.ms_ceil, hold_young_ms);
         if self.replicating() && !deltas.is_empty() {
             self.effects.to_cluster.push(TableToCluster::Deltas(deltas));
             self.deltas_sent_ms = Some(now.ms);
@@ -601,6 +620,128 @@ mod tests {
 
     const C: ConnId = ConnId(1);
     const D: ConnId = ConnId(2);
+
+    /// The highest token or ceiling in the deltas of `effects`, and where
+    /// the role transfer's `TransferReady` is among its messages.
+    fn replicated_max(effects: &TableEffects, upto: usize) -> u64 {
+        let mut max = 0;
+        for msg in &effects.to_cluster[..upto] {
+            if let TableToCluster::Deltas(deltas) = msg {
+                for delta in deltas {
+                    max = max.max(match delta {
+                        Delta::Ceiling(c) => *c,
+                        Delta::Grant { token, .. } | Delta::Free { token, .. } => *token,
+                    });
+                }
+            }
+        }
+        max
+    }
+
+    fn release(k: &str, token: u64) -> Request {
+        Request::Release { key: key(k), token }
+    }
+
+    #[test]
+    fn a_grant_replicated_within_its_millisecond_says_no_more_than_its_lease() {
+        // Mid-millisecond (ms 500, stamped 501): the lease left the standby
+        // is told is the lease granted, never one more (a standby refuses a
+        // lease above --max-lease, and would drop the link over it).
+        let mut core = active_core();
+        let now = Now {
+            ms: 500,
+            ms_ceil: 501,
+            unix_ms: UNIX + 500,
+        };
+        let out = round(&mut core, now, vec![Inbound::Request(C, acquire("k", 0))]);
+        let leases: Vec<u64> = out
+            .to_cluster
+            .iter()
+            .filter_map(|m| match m {
+                TableToCluster::Deltas(d) => Some(d),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|d| match d {
+                Delta::Grant { ms_left, .. } => Some(*ms_left),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(leases, vec![1000]);
+        // A snapshot taken then says the same.
+        let out = {
+            core.begin_round(now, Gauges::default());
+            core.handle_cluster(now, ClusterToTable::SnapshotWanted { peer: 1 });
+            std::mem::take(core.end_round(now))
+        };
+        let snap = out.to_cluster.iter().find_map(|m| match m {
+            TableToCluster::Snapshot { entries, .. } => Some(entries.clone()),
+            _ => None,
+        });
+        assert!(
+            matches!(&snap.as_deref(), Some([Delta::Grant { ms_left: 1000, .. }])),
+            "{snap:?}"
+        );
+    }
+
+    #[test]
+    fn a_raised_ceiling_leaves_in_the_round_that_raised_it() {
+        let mut core = active_core();
+        // A batch at 20 ms: the next may not go for a while.
+        round(
+            &mut core,
+            at(20),
+            vec![Inbound::Request(C, acquire("held", 0))],
+        );
+        let known = core.ceiling();
+        // At 21 ms a peer's token lifts the counter past the ceiling the
+        // standbys know, and the key is handed over twice (hot: its batch
+        // may wait) and a short lock comes and goes (in no delta at all).
+        core.begin_round(at(21), Gauges::default());
+        core.handle_cluster(at(21), ClusterToTable::Observe(known + 1000));
+        core.handle_inbound(at(21), Inbound::Request(D, acquire("held", 1000)));
+        let t0 = core.last_issued();
+        core.handle_inbound(at(21), Inbound::Request(C, release("held", t0)));
+        core.handle_inbound(at(21), Inbound::Request(C, acquire("held", 1000)));
+        let t1 = core.last_issued();
+        core.handle_inbound(at(21), Inbound::Request(D, release("held", t1)));
+        core.handle_inbound(at(21), Inbound::Request(D, acquire("short", 0)));
+        let t2 = core.last_issued();
+        core.handle_inbound(at(21), Inbound::Request(D, release("short", t2)));
+        let out = std::mem::take(core.end_round(at(21)));
+        assert!(t2 > known, "the counter jumped past the ceiling");
+        let sent = replicated_max(&out, out.to_cluster.len());
+        assert!(
+            sent > t2,
+            "tokens up to {t2} answered, the standbys know up to {sent}"
+        );
+    }
+
+    #[test]
+    fn a_role_transfer_starts_after_a_ceiling_above_every_token_answered() {
+        let mut core = active_core();
+        round(&mut core, at(2), vec![]);
+        let known = core.ceiling();
+        // One round: the counter jumps past the ceiling, a lock comes and
+        // goes (in no delta), and the transfer starts.
+        core.begin_round(at(3), Gauges::default());
+        core.handle_cluster(at(3), ClusterToTable::Observe(known + 1000));
+        core.handle_inbound(at(3), Inbound::Request(C, acquire("k", 0)));
+        let t = core.last_issued();
+        core.handle_inbound(at(3), Inbound::Request(C, release("k", t)));
+        core.handle_cluster(at(3), ClusterToTable::StartTransfer { to: 1 });
+        let out = std::mem::take(core.end_round(at(3)));
+        let ready = out
+            .to_cluster
+            .iter()
+            .position(|m| matches!(m, TableToCluster::TransferReady { .. }))
+            .expect("the transfer is ready");
+        let sent = replicated_max(&out, ready);
+        assert!(
+            sent > t,
+            "token {t} answered, the successor knows up to {sent} before HANDOFF"
+        );
+    }
 
     #[test]
     fn a_refusal_leaves_after_the_answers_to_earlier_requests() {
@@ -741,8 +882,13 @@ mod tests {
             }
         }
         assert!(!batches.is_empty());
+        // Paced, but for a raised ceiling, which goes at once.
+        let has_ceiling = |d: &Vec<Delta>| d.iter().any(|d| matches!(d, Delta::Ceiling(_)));
         for pair in batches.windows(2) {
-            assert!(pair[1].0 >= pair[0].0 + REPL_BATCH_MS, "paced: {batches:?}");
+            assert!(
+                pair[1].0 >= pair[0].0 + REPL_BATCH_MS || has_ceiling(&pair[1].1),
+                "paced: {batches:?}"
+            );
         }
         for (ms, deltas) in &batches {
             for delta in deltas {
@@ -824,12 +970,26 @@ mod tests {
                     ],
                 );
                 holder = grant(&out).expect("handed over");
-                batches.extend(out.to_cluster.iter().map(|_| ms));
+                batches.extend(out.to_cluster.iter().map(|msg| {
+                    let ceiling = matches!(msg, TableToCluster::Deltas(d)
+                        if d.iter().any(|d| matches!(d, Delta::Ceiling(_))));
+                    (ms, ceiling)
+                }));
             }
         }
+        // Paced, but for a raised ceiling (about every LEAD_MS / 2 of
+        // clock here), which goes at once and takes the key's state along.
         for pair in batches.windows(2) {
-            assert!(pair[1] - pair[0] >= REPL_SETTLED_MS, "{batches:?}");
+            assert!(
+                pair[1].0 - pair[0].0 >= REPL_SETTLED_MS || pair[1].1,
+                "{batches:?}"
+            );
         }
+        let ceilings = batches.iter().filter(|b| b.1).count();
+        assert!(
+            ceilings <= 100 / (tokens::LEAD_MS as usize / 2) + 1,
+            "{batches:?}"
+        );
         assert!(
             batches.len() as u64 >= 100 / REPL_SETTLED_MS - 1,
             "{batches:?}"
@@ -882,6 +1042,36 @@ mod tests {
         let out = round(&mut core, at(3), vec![Inbound::Request(C, acquire("k", 0))]);
         assert!(
             matches!(out.answers[0].1, Answer::Granted { token, .. } if token > tokens::MAX_TOKEN - 10)
+        );
+    }
+
+    #[test]
+    fn a_lease_that_runs_out_during_a_role_transfer_goes_to_no_waiter_until_it_is_abandoned() {
+        let mut core = active_core();
+        let short = Request::Acquire {
+            key: key("k"),
+            lease_ms: 10,
+            wait_ms: 0,
+        };
+        round(&mut core, at(2), vec![Inbound::Request(C, short)]);
+        let out = round(
+            &mut core,
+            at(3),
+            vec![Inbound::Request(D, acquire("k", 5_000))],
+        );
+        assert!(out.answers.is_empty(), "D waits");
+        cluster(&mut core, at(4), ClusterToTable::StartTransfer { to: 1 });
+        // The lease ends at 12 ms, in the transfer: the successor runs it
+        // too, so this node must not hand the key to D (nor wake for it).
+        assert_eq!(core.next_wake_ms(), None);
+        let out = round(&mut core, at(20), vec![]);
+        assert!(out.answers.is_empty(), "{out:?}");
+        // The transfer is abandoned: serving again, the expiry fires.
+        cluster(&mut core, at(30), ClusterToTable::AbortTransfer);
+        let out = round(&mut core, at(31), vec![]);
+        assert!(
+            matches!(&out.answers[..], [(D, Answer::Granted { .. })]),
+            "{out:?}"
         );
     }
 
