@@ -151,7 +151,9 @@ impl Roles {
             role: self.role_name(),
             following: self.following,
             synced: self.synced,
-            has_state: self.has_state,
+            // A node on its way out is never elected, so it must not count
+            // as one holding the state: the others would wait for it.
+            has_state: self.has_state && !self.shutting_down,
         }
     }
 
@@ -693,6 +695,7 @@ mod tests {
         );
         n0.handle_synced(30, 1);
         assert!(!n0.beat().synced, "it must not look like a successor");
+        assert!(!n0.beat().has_state, "nor like a node to elect");
         // Even handed the role, it does not take it; nor is it elected when
         // the new active goes silent.
         n0.handle_handoff(31, 1);
@@ -701,6 +704,32 @@ mod tests {
             !n0.poll(31 + 3 * DETECT).contains(&RoleEffect::BecomeActive),
             "a node on its way out is not elected"
         );
+    }
+
+    #[test]
+    fn when_the_successor_dies_before_the_old_active_exits_the_next_node_is_elected() {
+        // Node 0 handed over to node 1 and is on its way out (it says it
+        // holds no state); node 1 dies; node 2, synced, must not wait for
+        // node 0, which ranks higher but will never serve.
+        // Node 0 restarted, followed node 1 and took the role back by
+        // handoff: it holds the state.
+        let mut n0 = Roles::new(0, 3, DETECT, 500, 0);
+        n0.handle_beat(1, 1, active());
+        n0.handle_synced(2, 1);
+        n0.handle_handoff(3, 1);
+        assert_eq!(n0.role_name(), RoleName::Active);
+        n0.handle_beat(10, 1, standby_of(0));
+        n0.handle_beat(10, 2, standby_of(0));
+        assert_eq!(
+            n0.handle_shutdown(20),
+            vec![RoleEffect::StartTransfer { to: 1 }]
+        );
+        n0.handle_took(25, 1);
+        let mut n2 = Roles::new(2, 3, DETECT, 500, 0);
+        n2.handle_beat(30, 1, active());
+        n2.handle_synced(31, 1);
+        n2.handle_beat(32, 0, n0.beat());
+        assert_eq!(n2.handle_peer_dead(40, 1), vec![RoleEffect::BecomeActive]);
     }
 
     #[test]
