@@ -1003,6 +1003,30 @@ fn split_brain(detect: &'static str, split_lasts: Duration) {
 }
 
 #[test]
+fn grants_at_the_longest_lease_allowed_reach_the_standby_and_keep_its_link() {
+    // A standby refuses (and drops the link over) a replicated lease above
+    // --max-lease; a grant at exactly the maximum must reach it as such,
+    // however far into a millisecond it was made.
+    let mut cluster = Cluster::new(2);
+    cluster.extra = vec!["--max-lease", "5"];
+    cluster.start(0);
+    cluster.start(1);
+    cluster.wait_serving(0);
+    cluster.wait_standby_of(1, 0);
+    cluster.wait_synced_standbys(0, 1);
+    let mut tokens = TokenLog::default();
+    let mut client = cluster.client(0);
+    for i in 0..8 {
+        tokens.grant(0, &mut client, &format!("max{i}"), "5");
+    }
+    cluster.wait_held(1, 8);
+    let log = cluster.node(1).log();
+    assert!(!log.contains("refused"), "{log}");
+    assert!(!log.contains("dropped"), "{log}");
+    tokens.check();
+}
+
+#[test]
 fn with_a_promotion_grace_a_new_active_delays_grants_of_keys_it_does_not_know() {
     let mut cluster = Cluster::new(2);
     cluster.extra = vec!["--promotion-grace", "1.5"];
