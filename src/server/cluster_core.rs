@@ -652,7 +652,14 @@ impl ClusterCore {
             .map(|(l, _)| *l)
             .collect();
         for l in stale {
-            self.ins.remove(&l);
+            // What the old link still had unread is lost with it: this node
+            // no longer holds the full state of `from` (if it followed it)
+            // until the snapshot `from` sends on its new link.
+            if let Some(old) = self.ins.remove(&l)
+                && old.peer == Some(from)
+            {
+                self.roles.handle_link_lost(from);
+            }
             self.effects.push(ClusterEffect::DropIn { link: l });
         }
         log::info!("replication: link from {} is up", self.names[from]);
@@ -761,8 +768,19 @@ impl ClusterCore {
                     Verdict::Accept
                 }
             }
+            PeerMsg::Delta(Delta::Free { .. }) if state.snapshot.is_some() => {
+                Verdict::Refuse("a free inside a snapshot")
+            }
             PeerMsg::Delta(Delta::Free { token, .. } | Delta::Ceiling(token)) => {
-                if *token == 0 {
+                // A snapshot is at most --max-keys grants and its ceiling:
+                // ceilings beyond that are refused like grants beyond it.
+                if state
+                    .snapshot
+                    .as_ref()
+                    .is_some_and(|s| s.len() > self.params.max_keys)
+                {
+                    Verdict::Refuse("a snapshot above --max-keys")
+                } else if *token == 0 {
                     Verdict::Refuse("token 0")
                 } else if too_far(*token) {
                     Verdict::Refuse("a token far ahead of the clock")
@@ -908,11 +926,22 @@ impl ClusterCore {
                 ceiling,
             } => self.send_snapshot(now, peer, entries, ceiling),
             TableToCluster::TransferReady { to } => {
-                log::info!(
-                    "replication: transferring the active role to {}",
-                    self.names[to]
-                );
-                self.send(to, PeerMsg::Handoff);
+                // Only over a link that carried the snapshot and every delta
+                // since: else the successor would take the role without
+                // them. Not sent, the transfer times out and is abandoned.
+                if self.outs.get(to).is_some_and(|o| o.snap_sent) {
+                    log::info!(
+                        "replication: transferring the active role to {}",
+                        self.names[to]
+                    );
+                    self.send(to, PeerMsg::Handoff);
+                } else {
+                    log::warn!(
+                        "replication: not transferring the active role to {}: its link has \
+                         not carried the state yet",
+                        self.names[to]
+                    );
+                }
             }
             TableToCluster::Redirected => {
                 self.awaiting_redirect = false;
@@ -1121,6 +1150,10 @@ mod tests {
 
     fn effects(core: &mut ClusterCore) -> Vec<ClusterEffect> {
         core.poll_effects().collect()
+    }
+
+    fn key(k: &str) -> Key {
+        Key::new(k.as_bytes()).expect("valid key")
     }
 
     /// Node `me` of 2 with its outgoing link to the other up and an
@@ -1479,6 +1512,80 @@ mod tests {
     }
 
     #[test]
+    fn a_standby_whose_link_from_the_active_is_replaced_holds_its_state_no_more() {
+        let mut core = linked(1);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_tick(at(2));
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+        assert!(core.roles().beat().synced);
+        // A new link from the active replaces the old one: the old one's
+        // unread tail (and what the active cleared from its writer) is lost.
+        core.handle_in_opened(at(4), 8);
+        core.handle_in_authenticated(at(4), 8, 0);
+        let out = effects(&mut core);
+        assert!(out.contains(&ClusterEffect::DropIn { link: 7 }));
+        assert!(!core.roles().beat().synced, "deltas may have been lost");
+        assert!(core.roles().beat().has_state, "it keeps what it has");
+        // So it refuses a handoff until a snapshot came on the new link.
+        core.handle_peer_msg(at(5), 8, PeerMsg::Handoff);
+        assert_eq!(core.roles().role_name(), RoleName::Standby);
+        core.handle_peer_msg(at(6), 8, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(6), 8, PeerMsg::SnapshotEnd);
+        assert!(core.roles().beat().synced);
+    }
+
+    #[test]
+    fn a_snapshot_holds_at_most_max_keys_grants_and_its_ceiling() {
+        let params = ClusterParams {
+            max_keys: 3,
+            ..ClusterParams::with_detect(DETECT)
+        };
+        // Endless ceilings, or any free, inside a snapshot: refused.
+        for flood in [
+            Delta::Ceiling(16),
+            Delta::Free {
+                key: key("k"),
+                token: 16,
+            },
+        ] {
+            let mut core = linked_with(1, params);
+            core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+            core.handle_tick(at(2));
+            effects(&mut core);
+            core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+            for _ in 0..10 {
+                core.handle_peer_msg(at(3), 7, PeerMsg::Delta(flood.clone()));
+            }
+            let out = effects(&mut core);
+            assert!(
+                out.contains(&ClusterEffect::DropIn { link: 7 }),
+                "{flood:?}"
+            );
+            assert!(!core.ins.contains_key(&7));
+        }
+        // The most a snapshot may be: max_keys grants and a ceiling.
+        let mut core = linked_with(1, params);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_tick(at(2));
+        effects(&mut core);
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+        for k in ["a", "b", "c"] {
+            let grant = Delta::Grant {
+                key: key(k),
+                token: 16,
+                ms_left: 1000,
+            };
+            core.handle_peer_msg(at(3), 7, PeerMsg::Delta(grant));
+        }
+        core.handle_peer_msg(at(3), 7, PeerMsg::Delta(Delta::Ceiling(32)));
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+        let out = effects(&mut core);
+        assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        assert!(core.roles().beat().synced);
+    }
+
+    #[test]
     fn an_active_heartbeat_lifts_the_token_floor_by_its_ceiling() {
         let mut core = linked(1);
         core.handle_peer_msg(
@@ -1714,6 +1821,23 @@ mod tests {
         // Node 1 alone became active; node 0 (higher) follows it, synced.
         let mut core = linked_at(1, DETECT + 2);
         assert!(core.roles().role_name().is_active());
+        core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(1), false));
+        core.handle_tick(at(DETECT + 3));
+        let out = effects(&mut core);
+        assert!(
+            out.contains(&ClusterEffect::ToTable(ClusterToTable::SnapshotWanted {
+                peer: 0
+            }))
+        );
+        core.handle_table(
+            at(DETECT + 3),
+            TableToCluster::Snapshot {
+                peer: 0,
+                entries: Vec::new(),
+                ceiling: 16,
+            },
+        );
+        effects(&mut core);
         core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(1), true));
         let out = effects(&mut core);
         assert!(
@@ -1733,6 +1857,25 @@ mod tests {
         assert!(effects(&mut core).contains(&ClusterEffect::ToTable(
             ClusterToTable::FinishTransfer { to: "n0:1".into() }
         )));
+    }
+
+    #[test]
+    fn no_handoff_goes_over_a_link_that_has_not_carried_the_state() {
+        // Node 0 says it is synced, but this node's link to it has carried
+        // no snapshot (it came up again since): the handoff is not sent.
+        let mut core = linked_at(1, DETECT + 2);
+        core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(1), true));
+        assert!(effects(&mut core).contains(&ClusterEffect::ToTable(
+            ClusterToTable::StartTransfer { to: 0 }
+        )));
+        core.handle_table(at(DETECT + 4), TableToCluster::TransferReady { to: 0 });
+        assert!(
+            !effects(&mut core).contains(&ClusterEffect::Send {
+                peer: 0,
+                msg: PeerMsg::Handoff
+            }),
+            "a successor without the state must not be handed the role"
+        );
     }
 
     #[test]
