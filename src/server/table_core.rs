@@ -621,8 +621,8 @@ mod tests {
     const C: ConnId = ConnId(1);
     const D: ConnId = ConnId(2);
 
-    /// The highest token or ceiling in the deltas of `effects`, and where
-    /// the role transfer's `TransferReady` is among its messages.
+    /// The highest token or ceiling in the deltas among the first `upto`
+    /// messages of `effects` to the cluster core.
     fn replicated_max(effects: &TableEffects, upto: usize) -> u64 {
         let mut max = 0;
         for msg in &effects.to_cluster[..upto] {
@@ -669,11 +669,7 @@ mod tests {
             .collect();
         assert_eq!(leases, vec![1000]);
         // A snapshot taken then says the same.
-        let out = {
-            core.begin_round(now, Gauges::default());
-            core.handle_cluster(now, ClusterToTable::SnapshotWanted { peer: 1 });
-            std::mem::take(core.end_round(now))
-        };
+        let out = cluster(&mut core, now, ClusterToTable::SnapshotWanted { peer: 1 });
         let snap = out.to_cluster.iter().find_map(|m| match m {
             TableToCluster::Snapshot { entries, .. } => Some(entries.clone()),
             _ => None,
