@@ -486,7 +486,7 @@ impl fmt::Display for Reason {
 /// never empty) to `parse`.
 fn parse_line<T>(buf: &[u8], parse: impl FnOnce(&[u8]) -> Result<T, LineError>) -> Parsed<T> {
     let window = &buf[..buf.len().min(MAX_LINE)];
-    let Some(end) = window.iter().position(|&b| b == b'\n') else {
+    let Some(end) = find_byte(window, b'\n') else {
         return if buf.len() >= MAX_LINE {
             Parsed::Line {
                 used: MAX_LINE,
@@ -507,6 +507,34 @@ fn parse_line<T>(buf: &[u8], parse: impl FnOnce(&[u8]) -> Result<T, LineError>) 
         used: end + 1,
         result,
     }
+}
+
+/// The index of the first `needle` in `hay`, reading eight bytes at a
+/// time (request lines are short, but a byte loop was a third of the I/O
+/// loop's own work per request).
+fn find_byte(hay: &[u8], needle: u8) -> Option<usize> {
+    const LOW: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let pattern = LOW.wrapping_mul(u64::from(needle));
+    let mut chunks = hay.chunks_exact(8);
+    let mut base = 0;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word) ^ pattern;
+        // A byte of `x` is zero where `needle` is; the lowest set bit of
+        // this marks the first such byte (any false marks lie above it).
+        let found = x.wrapping_sub(LOW) & !x & HIGH;
+        if found != 0 {
+            return Some(base + (found.trailing_zeros() / 8) as usize);
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| b == needle)
+        .map(|at| base + at)
 }
 
 /// Splits a line on single spaces.
@@ -586,7 +614,18 @@ pub(crate) fn parse_u64(field: &[u8]) -> Option<u64> {
     if field.is_empty() {
         return None;
     }
-    field.iter().try_fold(0u64, |acc, &b| {
+    // Up to 19 digits cannot overflow a u64: no checks on the way (tokens
+    // have 19 digits, so this is the path of every `R` and `K`).
+    let (head, tail) = field.split_at(field.len().min(19));
+    let mut acc = 0u64;
+    for &b in head {
+        let digit = b.wrapping_sub(b'0');
+        if digit > 9 {
+            return None;
+        }
+        acc = acc * 10 + u64::from(digit);
+    }
+    tail.iter().try_fold(acc, |acc, &b| {
         let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
         acc.checked_mul(10)?.checked_add(u64::from(digit))
     })
@@ -594,15 +633,28 @@ pub(crate) fn parse_u64(field: &[u8]) -> Option<u64> {
 
 /// Writes `n` in decimal without allocating beyond growing `out`.
 pub(crate) fn write_u64(mut n: u64, out: &mut Vec<u8>) {
+    // Two digits per division (a 19-digit token is written for every grant).
+    const PAIRS: &[u8; 200] = b"\
+        0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
     let mut digits = [0u8; 20];
     let mut start = digits.len();
-    loop {
+    while n >= 100 {
+        let pair = (n % 100) as usize * 2;
+        n /= 100;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if n >= 10 {
+        let pair = n as usize * 2;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
         start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        digits[start] = b'0' + n as u8;
     }
     out.extend_from_slice(&digits[start..]);
 }
@@ -652,17 +704,30 @@ impl<'a> RequestFields<'a> {
     fn split(line: &'a [u8]) -> Self {
         let mut first: [&[u8]; 4] = [DASH; 4];
         let mut count = 0;
-        for (i, field) in fields(line).enumerate() {
-            if let Some(slot) = first.get_mut(i) {
+        let mut rest = line;
+        // The same fields as `fields(line)`, found a word at a time.
+        loop {
+            let (field, next) = match find_byte(rest, b' ') {
+                Some(at) => (&rest[..at], Some(&rest[at + 1..])),
+                None => (rest, None),
+            };
+            if let Some(slot) = first.get_mut(count) {
                 *slot = field;
             }
-            count = i + 1;
+            count += 1;
+            match next {
+                Some(next) => rest = next,
+                None => break,
+            }
         }
         RequestFields { first, count }
     }
 }
 
 fn request_from_line(line: &[u8], max_ms: u64) -> Result<Request, LineError> {
+    if let Some(request) = common_request(line, max_ms) {
+        return Ok(request);
+    }
     let f = RequestFields::split(line);
     let op = op_field(f.first[0]).ok_or(LineError::Fatal(Reason::UnknownOp))?;
     let need = op.field_count();
@@ -686,6 +751,42 @@ fn request_from_line(line: &[u8], max_ms: u64) -> Result<Request, LineError> {
         return Err(refused(op, Some(key), Reason::ExtraFields));
     }
     keyed_request(op, key, &f, max_ms)
+}
+
+/// The two lines that make up nearly all traffic, `A <key> <lease> <wait>`
+/// and `R <key> <token>`, when they are well formed, read in one pass
+/// without the general parser's field table; None for anything else (a
+/// refusal included), which the general parser then reads and answers as
+/// always. It accepts only lines the general parser accepts, with the same
+/// result (`the_common_path_agrees_with_the_general_parser`).
+fn common_request(line: &[u8], max_ms: u64) -> Option<Request> {
+    let (&op, rest) = line.split_first()?;
+    let rest = rest.strip_prefix(b" ")?;
+    let key_end = find_byte(rest, b' ')?;
+    let (key, rest) = (&rest[..key_end], &rest[key_end + 1..]);
+    match op {
+        b'A' => {
+            let lease_end = find_byte(rest, b' ')?;
+            // A space left in the wait field fails its digits: None.
+            let lease_ms = parse_seconds(&rest[..lease_end])?;
+            let wait_ms = parse_seconds(&rest[lease_end + 1..])?;
+            if lease_ms == 0 || lease_ms > max_ms || wait_ms > max_ms {
+                return None;
+            }
+            let key = Key::new(key).ok()?;
+            Some(Request::Acquire {
+                key,
+                lease_ms,
+                wait_ms,
+            })
+        }
+        b'R' => {
+            let token = parse_u64(rest).filter(|&token| token != 0)?;
+            let key = Key::new(key).ok()?;
+            Some(Request::Release { key, token })
+        }
+        _ => None,
+    }
 }
 
 /// The numbers of a request with a valid key and the right field count.
@@ -2319,6 +2420,188 @@ mod tests {
             for answer in answers {
                 assert_eq!(ans_bytes(&answer_text(&answer)), Ok(answer));
             }
+        }
+    }
+
+    // --- the fast paths agree with the plain definitions ----------------------
+
+    /// `A <key> <lease> <wait>` or `R <key> <token>` made of parts that are
+    /// mostly well formed (so that many survive `mutate`).
+    fn random_common_line(rng: &mut Rng) -> Vec<u8> {
+        let number = |rng: &mut Rng| -> String {
+            match rng.below(5) {
+                0 => (rng.next() % 100_000).to_string(),
+                1 => format!("{}.{}", rng.next() % 1000, rng.next() % 1000),
+                2 => rng.next().to_string(),
+                3 => "0".to_string(),
+                _ => (rng.next() % 100).to_string(),
+            }
+        };
+        let key_len = 1 + rng.below(30);
+        let key: String = (0..key_len)
+            .map(|_| char::from(b'!' + rng.below(94) as u8))
+            .collect();
+        let line = if rng.below(2) == 0 {
+            format!("A {key} {} {}", number(rng), number(rng))
+        } else {
+            format!("R {key} {}", number(rng))
+        };
+        line.into_bytes()
+    }
+
+    #[test]
+    fn the_common_path_agrees_with_the_general_parser() {
+        /// The general parser alone (what `request_from_line` did before
+        /// the common path).
+        fn general(line: &[u8], max_ms: u64) -> Result<Request, LineError> {
+            let f = RequestFields::split(line);
+            let op = op_field(f.first[0]).ok_or(LineError::Fatal(Reason::UnknownOp))?;
+            if f.count < op.field_count() {
+                return Err(LineError::Fatal(Reason::MissingFields));
+            }
+            if op == Op::Info || op == Op::Auth {
+                return request_from_line(line, max_ms);
+            }
+            let key = Key::new(f.first[1]).map_err(|reason| refused(op, None, reason))?;
+            if f.count > op.field_count() {
+                return Err(refused(op, Some(key), Reason::ExtraFields));
+            }
+            keyed_request(op, key, &f, max_ms)
+        }
+        let mut rng = Rng(0x5eed);
+        let mut lines = valid_lines();
+        for text in [
+            "A k 0 0",
+            "A k 86400 86400",
+            "A k 86400.001 0",
+            "A k 1 86400.001",
+            "A  1 0",
+            "A k 1 0 ",
+            "A k 1  0",
+            "A k 1",
+            "R k 0",
+            "R k 1 ",
+            "R  1",
+            "R k 01",
+            "A k\x7f 1 0",
+            "R k 18446744073709551616",
+            "A k 1.0000 0",
+            "A k .5 0",
+            "AA k 1 0",
+            "A\tk 1 0",
+            "R k",
+            "A k 1 0\r",
+        ] {
+            lines.push(text.as_bytes().to_vec());
+        }
+        let mut taken = 0;
+        for round in 0..60_000 {
+            let line = if round % 2 == 0 {
+                random_common_line(&mut rng)
+            } else {
+                lines[rng.below(lines.len())].clone()
+            };
+            let mut line = mutate(&mut rng, &line);
+            while line.last().is_some_and(|&b| b == b'\n') {
+                line.pop();
+            }
+            if line.is_empty() || line.contains(&b'\n') {
+                continue;
+            }
+            for max_ms in [86_400_000, 1_000] {
+                if let Some(fast) = common_request(&line, max_ms) {
+                    taken += 1;
+                    assert_eq!(
+                        Ok(fast),
+                        general(&line, max_ms),
+                        "{:?}",
+                        String::from_utf8_lossy(&line)
+                    );
+                }
+            }
+        }
+        // It took many of them, and the lines it is for.
+        assert!(taken > 5_000, "the common path took only {taken} lines");
+        assert!(common_request(b"A job 30 0", 86_400_000).is_some());
+        assert!(common_request(b"R job 18446744073709551615", 86_400_000).is_some());
+    }
+
+    #[test]
+    fn find_byte_finds_what_a_byte_loop_finds() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..20_000 {
+            let len = rng.below(40);
+            let hay: Vec<u8> = (0..len).map(|_| rng.byte()).collect();
+            for needle in [b' ', b'\n', 0x00, 0x80, 0xff] {
+                assert_eq!(
+                    find_byte(&hay, needle),
+                    hay.iter().position(|&b| b == needle),
+                    "{hay:?} {needle}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn parse_u64_agrees_with_checked_arithmetic_at_every_length() {
+        fn reference(field: &[u8]) -> Option<u64> {
+            if field.is_empty() {
+                return None;
+            }
+            field.iter().try_fold(0u64, |acc, &b| {
+                let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+                acc.checked_mul(10)?.checked_add(u64::from(digit))
+            })
+        }
+        let mut rng = Rng(7);
+        for _ in 0..50_000 {
+            let len = 1 + rng.below(22);
+            let mut field: Vec<u8> = (0..len).map(|_| b'0' + rng.below(10) as u8).collect();
+            if rng.below(8) == 0 {
+                let at = rng.below(len);
+                field[at] = rng.byte();
+            }
+            assert_eq!(parse_u64(&field), reference(&field), "{field:?}");
+        }
+        for text in [
+            "9999999999999999999",
+            "18446744073709551615",
+            "18446744073709551616",
+            "99999999999999999999",
+            "00000000000000000000001",
+        ] {
+            assert_eq!(
+                parse_u64(text.as_bytes()),
+                reference(text.as_bytes()),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn write_u64_writes_what_display_writes() {
+        let mut rng = Rng(11);
+        let mut out = Vec::new();
+        let edges = [
+            0,
+            9,
+            10,
+            99,
+            100,
+            101,
+            999,
+            1000,
+            u64::MAX / 10,
+            u64::MAX - 1,
+            u64::MAX,
+        ];
+        for n in edges
+            .into_iter()
+            .chain((0..20_000).map(|_| rng.next() >> rng.below(64)))
+        {
+            out.clear();
+            write_u64(n, &mut out);
+            assert_eq!(out, n.to_string().as_bytes());
         }
     }
 
