@@ -26,8 +26,9 @@
 //! Never does: I/O, clock reads, blocking, or trusting a request to be sane
 //! beyond what `protocol.rs` already checked.
 
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hasher, RandomState};
 
 use hashbrown::HashTable;
 
@@ -164,36 +165,81 @@ const NIL: u32 = u32::MAX;
 /// kept in the slot, so each key's bytes are stored once (memory per held
 /// key is what a lock server is judged by). Hashing is keyed (SipHash with
 /// a random key), so keys chosen by clients cannot force collisions.
-#[derive(Default)]
+///
+/// A request hashes its key once (SipHash is the lock owner's largest cost
+/// per request after the answer itself): a miss hands its hash to the
+/// insert that follows ([`KeyIndex::find`]), and the last hit's hash is
+/// kept for the remove that usually follows it (a release freeing the key).
 struct KeyIndex {
     table: HashTable<u32>,
     hasher: RandomState,
+    /// The slot of the last hit and its key's hash (slot NIL: none). Exact:
+    /// a slot's key never changes while it is indexed, and removing or
+    /// clearing forgets it.
+    last_hit: Cell<(u32, u64)>,
+}
+
+impl Default for KeyIndex {
+    fn default() -> KeyIndex {
+        KeyIndex {
+            table: HashTable::new(),
+            hasher: RandomState::new(),
+            last_hit: Cell::new((NIL, 0)),
+        }
+    }
+}
+
+/// One `write` of the key's bytes (a slice's `Hash` would add a second,
+/// for its length, which a single field does not need).
+fn key_hash(hasher: &RandomState, key: &Key) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write(key.as_bytes());
+    state.finish()
 }
 
 impl KeyIndex {
     fn hash(&self, key: &Key) -> u64 {
-        self.hasher.hash_one(key.as_bytes())
+        key_hash(&self.hasher, key)
+    }
+
+    /// The key's slot, or, when it has none, its hash (for [`KeyIndex::insert`]).
+    fn find(&self, keys: &Slab<KeyState>, key: &Key) -> Result<u32, u64> {
+        let hash = self.hash(key);
+        match self.table.find(hash, |&i| keys[i as usize].key == *key) {
+            Some(&idx) => {
+                self.last_hit.set((idx, hash));
+                Ok(idx)
+            }
+            None => Err(hash),
+        }
     }
 
     fn get(&self, keys: &Slab<KeyState>, key: &Key) -> Option<u32> {
-        let hash = self.hash(key);
-        self.table
-            .find(hash, |&i| keys[i as usize].key == *key)
-            .copied()
+        self.find(keys, key).ok()
     }
 
-    /// Index slot `idx`, which must hold a key not indexed yet.
-    fn insert(&mut self, keys: &Slab<KeyState>, idx: u32) {
+    /// Index slot `idx`, which must hold a key not indexed yet, whose hash
+    /// is `hash` (from [`KeyIndex::find`]'s miss).
+    fn insert(&mut self, keys: &Slab<KeyState>, idx: u32, hash: u64) {
+        debug_assert_eq!(
+            hash,
+            self.hash(&keys[idx as usize].key),
+            "the key's own hash"
+        );
         let hasher = &self.hasher;
-        let hash = hasher.hash_one(keys[idx as usize].key.as_bytes());
-        self.table.insert_unique(hash, idx, |&i| {
-            hasher.hash_one(keys[i as usize].key.as_bytes())
-        });
+        self.table
+            .insert_unique(hash, idx, |&i| key_hash(hasher, &keys[i as usize].key));
     }
 
     /// Forget slot `idx`, which held `key` (the slot may be gone already).
     fn remove(&mut self, key: &Key, idx: u32) {
-        let hash = self.hash(key);
+        let (hit, hit_hash) = self.last_hit.replace((NIL, 0));
+        let hash = if hit == idx { hit_hash } else { self.hash(key) };
+        debug_assert_eq!(
+            hash,
+            self.hash(key),
+            "a slot's key never changes while indexed"
+        );
         if let Ok(entry) = self.table.find_entry(hash, |&i| i == idx) {
             entry.remove();
         }
@@ -205,6 +251,7 @@ impl KeyIndex {
 
     fn clear(&mut self) {
         self.table.clear();
+        self.last_hit.set((NIL, 0));
     }
 }
 
@@ -527,8 +574,8 @@ impl LockTable {
         out: &mut Outbox,
     ) {
         let idx = match self.lookup_live(now_ms, &key, out) {
-            Some(idx) => idx,
-            None if now_ms < self.grace_until_ms => {
+            Ok(idx) => idx,
+            Err(hash) if now_ms < self.grace_until_ms => {
                 // Promotion grace: a key this node does not know as held may
                 // still be held by a grant the old active never replicated.
                 // The request waits behind a placeholder (token 0) that runs
@@ -536,11 +583,11 @@ impl LockTable {
                 if self.is_full(conn, &key, out) {
                     return;
                 }
-                self.insert_key(key.clone(), 0, self.grace_until_ms)
+                self.insert_key(key.clone(), hash, 0, self.grace_until_ms)
             }
-            None => {
+            Err(hash) => {
                 if !self.is_full(conn, &key, out) {
-                    self.grant_new(now_ms, conn, key, lease_ms, out);
+                    self.grant_new(now_ms, conn, key, hash, lease_ms, out);
                 }
                 return;
             }
@@ -563,7 +610,7 @@ impl LockTable {
         out: &mut Outbox,
     ) {
         match self.lookup_live(now_ms, &key, out) {
-            Some(idx) if self.keys[idx as usize].token == token => {
+            Ok(idx) if self.keys[idx as usize].token == token => {
                 let timer = self.keys[idx as usize].lease_timer;
                 let cancelled = self.wheel.cancel(timer);
                 debug_assert!(cancelled.is_some(), "a holder always has a lease timer");
@@ -595,7 +642,7 @@ impl LockTable {
         out: &mut Outbox,
     ) {
         match self.lookup_live(now_ms, &key, out) {
-            Some(idx) if self.keys[idx as usize].token == token => {
+            Ok(idx) if self.keys[idx as usize].token == token => {
                 let expiry_ms = now_ms.saturating_add(lease_ms);
                 let state = &mut self.keys[idx as usize];
                 self.wheel.cancel(state.lease_timer);
@@ -618,7 +665,7 @@ impl LockTable {
     /// `Q key`.
     pub fn handle_query(&mut self, now_ms: u64, conn: ConnId, key: Key, out: &mut Outbox) {
         let answer = match self.lookup_live(now_ms, &key, out) {
-            Some(idx) => {
+            Ok(idx) => {
                 let state = &self.keys[idx as usize];
                 Answer::Queried {
                     token: state.token,
@@ -627,7 +674,7 @@ impl LockTable {
                     key,
                 }
             }
-            None => Answer::Queried {
+            Err(_) => Answer::Queried {
                 key,
                 token: 0,
                 ms_left: 0,
@@ -718,17 +765,17 @@ impl LockTable {
     /// The key's slot if it is held by a live lease. A lease that ran out but
     /// whose timer has not fired yet is expired here first, so the answer is
     /// the same whenever the timer happens to run.
-    fn lookup_live(&mut self, now_ms: u64, key: &Key, out: &mut Outbox) -> Option<u32> {
-        let idx = self.index.get(&self.keys, key)?;
+    fn lookup_live(&mut self, now_ms: u64, key: &Key, out: &mut Outbox) -> Result<u32, u64> {
+        let idx = self.index.find(&self.keys, key)?;
         let state = &self.keys[idx as usize];
         if state.expiry_ms > now_ms {
-            return Some(idx);
+            return Ok(idx);
         }
         let timer = state.lease_timer;
         self.wheel.cancel(timer);
         let deadline = self.expire(idx, now_ms);
         self.hand_off(now_ms, idx, deadline, out);
-        self.index.get(&self.keys, key)
+        self.index.find(&self.keys, key)
     }
 
     /// Key `idx`'s lease ran out and is reclaimed at `now_ms`: counted
@@ -758,8 +805,9 @@ impl LockTable {
         true
     }
 
-    /// A new key in the table, held by `token` until `expiry_ms`.
-    fn insert_key(&mut self, key: Key, token: u64, expiry_ms: u64) -> u32 {
+    /// A new key in the table (whose hash is `hash`: from the lookup that
+    /// missed it), held by `token` until `expiry_ms`.
+    fn insert_key(&mut self, key: Key, hash: u64, token: u64, expiry_ms: u64) -> u32 {
         let entry = self.keys.vacant_entry();
         let idx = entry.key() as u32;
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
@@ -773,7 +821,7 @@ impl LockTable {
             queue_len: 0,
             pending: NIL,
         });
-        self.index.insert(&self.keys, idx);
+        self.index.insert(&self.keys, idx, hash);
         idx
     }
 
@@ -783,10 +831,18 @@ impl LockTable {
         self.grace_until_ms = until_ms;
     }
 
-    fn grant_new(&mut self, now_ms: u64, conn: ConnId, key: Key, lease_ms: u64, out: &mut Outbox) {
+    fn grant_new(
+        &mut self,
+        now_ms: u64,
+        conn: ConnId,
+        key: Key,
+        hash: u64,
+        lease_ms: u64,
+        out: &mut Outbox,
+    ) {
         let token = self.tokens.issue();
         let expiry_ms = now_ms.saturating_add(lease_ms);
-        let idx = self.insert_key(key.clone(), token, expiry_ms);
+        let idx = self.insert_key(key.clone(), hash, token, expiry_ms);
         self.metrics.granted(0);
         self.note_held(idx, Some(now_ms));
         out.answer(conn, Answer::Granted { token, key });
@@ -1058,8 +1114,8 @@ impl LockTable {
                 ms_left,
             } => {
                 let expiry_ms = now_ms.saturating_add(ms_left);
-                match self.index.get(&self.keys, &key) {
-                    Some(idx) => {
+                match self.index.find(&self.keys, &key) {
+                    Ok(idx) => {
                         let state = &mut self.keys[idx as usize];
                         if token < state.token {
                             return Err("a grant below the key's current token");
@@ -1070,12 +1126,12 @@ impl LockTable {
                         state.expiry_ms = expiry_ms;
                         state.lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
                     }
-                    None => {
+                    Err(hash) => {
                         if self.keys.len() >= self.limits.max_keys {
                             return Err("a grant past --max-keys");
                         }
                         self.tokens.observe(token);
-                        self.insert_key(key, token, expiry_ms);
+                        self.insert_key(key, hash, token, expiry_ms);
                     }
                 }
             }
