@@ -174,6 +174,8 @@ pub struct IoLoop {
     /// False while the loop may be asleep in `poll`: the owner wakes it only then.
     awake: Arc<AtomicBool>,
     batch: Vec<Inbound>,
+    /// Room the next batch is made with (see `next_room`).
+    batch_room: usize,
     dirty: Vec<usize>,
     backlog: Vec<usize>,
     accept_pending: bool,
@@ -227,6 +229,7 @@ impl IoLoop {
             handover,
             shared,
             batch: Vec::new(),
+            batch_room: 0,
             dirty: Vec::new(),
             backlog: Vec::new(),
             accept_pending: true,
@@ -299,14 +302,20 @@ impl IoLoop {
         if !self.auth_deadlines.is_empty() {
             self.expire_auth_deadlines();
         }
-        for slot in std::mem::take(&mut self.backlog) {
+        let backlog = std::mem::take(&mut self.backlog);
+        for &slot in &backlog {
             if let Some(conn) = self.conns.get_mut(slot) {
                 conn.backlogged = false;
                 self.read_conn(slot, true);
             }
         }
+        self.backlog = reuse(backlog, &mut self.backlog);
         if !self.batch.is_empty() {
-            let batch = std::mem::take(&mut self.batch);
+            // The next batch starts with room for as many requests as the
+            // recent rounds had (no step-by-step growth, and copies, every
+            // round).
+            self.batch_room = next_room(self.batch_room, self.batch.len());
+            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(self.batch_room));
             match self.to_owner.try_send(ToOwner::Clients(batch)) {
                 Ok(()) => {}
                 // The owner's channel is full: keep the batch (it goes
@@ -987,12 +996,14 @@ impl IoLoop {
     }
 
     fn flush_dirty(&mut self) {
-        for slot in std::mem::take(&mut self.dirty) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for &slot in &dirty {
             if let Some(conn) = self.conns.get_mut(slot) {
                 conn.dirty = false;
                 self.flush(slot);
             }
         }
+        self.dirty = reuse(dirty, &mut self.dirty);
     }
 
     /// Write what is pending on one connection; free it if it is done.
@@ -1068,6 +1079,20 @@ impl IoLoop {
         let conn = self.unlist(slot);
         log::debug!("{}: closed", who(&conn));
     }
+}
+
+/// A worklist done with, emptied, holding what was added to `added` while
+/// it was worked through: its capacity is kept for the next round.
+fn reuse(mut done: Vec<usize>, added: &mut Vec<usize>) -> Vec<usize> {
+    done.clear();
+    done.append(added);
+    done
+}
+
+/// Room for the next round's batch: the largest of the recent rounds, an
+/// eighth forgotten each round, so one burst is not kept for ever.
+pub fn next_room(room: usize, used: usize) -> usize {
+    used.max(room - room / 8)
 }
 
 /// The line a connection over `--max-conns` gets before it is closed.

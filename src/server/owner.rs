@@ -36,6 +36,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 use crate::server::Shared;
 use crate::server::busy_poll::IdleStretch;
 use crate::server::clock::Clock;
+use crate::server::io_loop::next_room;
 use crate::server::messages::{IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl};
 use crate::server::stats::{MetricsSlot, OwnerStats, Snapshot};
 use crate::server::table_core::{Gauges, TableCore};
@@ -56,6 +57,8 @@ pub struct Owner {
     shared: Arc<Shared>,
     /// Answers per I/O loop not sent yet (the loop's channel was full).
     rounds: Vec<OwnerBatch>,
+    /// Room each loop's next batch is made with (`io_loop::next_room`).
+    rooms: Vec<usize>,
     /// Messages for replication not sent yet (its channel was full).
     to_repl: VecDeque<TableToCluster>,
     /// Since when no message has come and no client was answered, and the
@@ -77,7 +80,7 @@ impl Owner {
         repl: Option<ReplLink>,
         shared: Arc<Shared>,
     ) -> Owner {
-        let rounds = io_loops.iter().map(|_| OwnerBatch::default()).collect();
+        let rounds: Vec<_> = io_loops.iter().map(|_| OwnerBatch::default()).collect();
         let busy_poll_max = shared.busy_poll;
         let stats = OwnerStats::new(core.is_serving());
         Owner {
@@ -87,6 +90,7 @@ impl Owner {
             io_loops,
             repl,
             shared,
+            rooms: vec![0; rounds.len()],
             rounds,
             to_repl: VecDeque::new(),
             idle: IdleStretch::new(busy_poll_max),
@@ -320,11 +324,22 @@ impl Owner {
     /// wake per loop that has anything. A loop whose channel is full keeps
     /// its batch here (later answers join it, in order) until the next round.
     fn send_round(&mut self) {
-        for (round, link) in self.rounds.iter_mut().zip(&self.io_loops) {
+        let rooms = self.rooms.iter_mut();
+        for ((round, link), room) in self.rounds.iter_mut().zip(&self.io_loops).zip(rooms) {
             if round.is_empty() {
                 continue;
             }
-            let batch = std::mem::take(round);
+            // The next round starts with room for as many answers as the
+            // recent rounds had, so the batch is not grown (and copied)
+            // step by step every round.
+            *room = next_room(*room, round.answers.len());
+            let batch = std::mem::replace(
+                round,
+                OwnerBatch {
+                    answers: Vec::with_capacity(*room),
+                    forgotten: Vec::new(),
+                },
+            );
             match link.answers.try_send(batch) {
                 Ok(()) => {}
                 Err(TrySendError::Full(batch)) => {

@@ -414,7 +414,13 @@ impl TableCore {
         if self.deltas_due_ms().is_some_and(|due| now.ms >= due) {
             self.send_deltas(now, REPL_YOUNG_MS);
         }
-        self.effects.answers.append(&mut self.outbox.answers);
+        // Usually the effects are empty: swap the vectors (each keeps its
+        // capacity for the next round) instead of copying every answer.
+        if self.effects.answers.is_empty() {
+            std::mem::swap(&mut self.effects.answers, &mut self.outbox.answers);
+        } else {
+            self.effects.answers.append(&mut self.outbox.answers);
+        }
         self.effects.forgotten.append(&mut self.outbox.closes);
         &mut self.effects
     }
