@@ -229,10 +229,11 @@ impl Roles {
         self.decide(now_ms)
     }
 
-    /// The link from `from` dropped: if it is the active this node
-    /// follows, deltas may have been lost, so this node no longer holds its
-    /// full state (it keeps what it has, and takes a fresh snapshot).
-    pub fn handle_link_lost(&mut self, from: usize) {
+    /// Something `from` sent was lost (its link dropped) or left out (a
+    /// token beyond this node's window): if it is the active this node
+    /// follows, this node no longer holds its full state (it keeps what it
+    /// has, and takes a fresh snapshot).
+    pub fn handle_state_lost(&mut self, from: usize) {
         if self.following == Some(from) {
             self.synced = false;
         }
