@@ -57,7 +57,8 @@
 //! period (plus a round trip) of the heal, which ends a split brain. A peer
 //! is found dead after [`silence_limit_ms`]: `--detect` of silence counted
 //! from the heartbeat due after the last one heard, plus a period for that
-//! fresh dial.
+//! fresh dial. Input the shell holds back unread while the lock owner
+//! catches up is not silence ([`ClusterCore::handle_in_held`]).
 //!
 //! Each link carries one direction only: node A's messages to node B travel
 //! on A's outgoing link to B, so a link's order is TCP's order. A peer is
@@ -726,6 +727,22 @@ impl ClusterCore {
             );
         }
         self.drop_in(now, link, why);
+    }
+
+    /// Incoming link `link` has input the shell holds back unread until the
+    /// lock owner catches up (replication.rs): neither the link nor its peer
+    /// is silent, whatever that input says. A node does not judge its peers
+    /// by what it has not read (a dead peer is found so once the input is
+    /// read, late by the time it was held).
+    pub fn handle_in_held(&mut self, now: Now, link: LinkId) {
+        let Some(state) = self.ins.get_mut(&link) else {
+            return;
+        };
+        let Some(p) = state.peer else {
+            return;
+        };
+        state.heard_ms = state.heard_ms.max(now.ms);
+        self.roles.handle_heard(now.ms, p);
     }
 
     /// Incoming link `link` closed or failed (the shell has closed it).
@@ -2250,5 +2267,44 @@ mod tests {
             "{}",
             again - synced_at
         );
+    }
+
+    #[test]
+    fn input_held_back_for_the_lock_owner_is_not_silence() {
+        let mut core = linked(1);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_tick(at(2));
+        effects(&mut core);
+        assert_eq!(core.roles().following(), Some(0));
+        // Its link has input held back for three detection periods: it is
+        // never dropped as silent, and its active never found dead.
+        let mut t = 2;
+        while t < 3 * DETECT {
+            t += 5;
+            core.handle_in_held(at(t), 7);
+            core.handle_tick(at(t));
+            let out = effects(&mut core);
+            assert!(
+                !out.iter().any(|e| matches!(
+                    e,
+                    ClusterEffect::DropIn { .. }
+                        | ClusterEffect::ToTable(
+                            ClusterToTable::BecomeActive { .. } | ClusterToTable::Follow { .. }
+                        )
+                )),
+                "at {t}: {out:?}"
+            );
+            assert!(core.roles().is_live(0, t));
+        }
+        // Once nothing is held and nothing comes, silence counts again.
+        core.handle_tick(at(t + core.silence_ms()));
+        assert!(effects(&mut core).contains(&ClusterEffect::DropIn { link: 7 }));
+        assert!(!core.roles().is_live(0, t + silence_limit_ms(DETECT)));
+        // A link still in its handshake is not a peer's: held, it proves
+        // nothing and is dropped at its deadline all the same.
+        core.handle_in_opened(at(t), 9);
+        core.handle_in_held(at(t + HANDSHAKE_MS), 9);
+        core.handle_tick(at(t + HANDSHAKE_MS));
+        assert!(effects(&mut core).contains(&ClusterEffect::DropIn { link: 9 }));
     }
 }

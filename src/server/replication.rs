@@ -15,7 +15,8 @@
 //! ([`OwnerQueue`], `messages::capacity::CLUSTER_ENTRIES`): at the bound no
 //! incoming link is read until the owner catches up, so what peers send
 //! waits in the kernel's socket buffers (TCP pushes back on the sender),
-//! not in this node's memory.
+//! not in this node's memory; a link held back so is not silent to the
+//! core, nor is its peer dead ([`ClusterCore::handle_in_held`]).
 //!
 //! TLS (`--tls-cert`): every link is a [`Stream`]. An outgoing link is
 //! dialed as a TLS client that checks the peer's certificate against
@@ -702,6 +703,10 @@ impl Replication {
             }
             if budget == 0 || !self.owner_backlog.takes_peer_input() {
                 if budget > 0 {
+                    // Held back: not silence (else a busy owner would cost
+                    // the links, and a standby would find its active dead).
+                    self.core.handle_in_held(self.clock.now(), link);
+                    self.carry_out();
                     self.warn_owner_behind();
                 }
                 if !self.unread.contains(&link) {
