@@ -12,6 +12,10 @@
 //! node whose `--peers` named a standalone batond redialed in a tight loop
 //! that logged tens of thousands of lines a second.
 //!
+//! The last tests are insiders: a process that holds the cluster key proves
+//! itself as a peer and floods its link; the node's heartbeats, memory and
+//! answers stay as they were.
+//!
 //! Most tests start a 2-node cluster with the shared test key (node 0 active,
 //! node 1 its synced standby), acquire a few keys, attack, and check that
 //! nothing moved: roles, the keys and their tokens, the next token (not
@@ -30,7 +34,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use baton::server::cluster_core::HANDSHAKE_MS;
-use baton::server::peer_auth::{ClusterKey, Dialer, LinkIds, NONCE_LEN, peers_fingerprint};
+use baton::server::peer_auth::{ClusterKey, Dialer, LinkIds, NONCE_LEN, Sealer, peers_fingerprint};
 use common::{DEADLINE, LineClient, Node, Query, Received, free_port, info_field, wait_for};
 use ring::rand::{SecureRandom, SystemRandom};
 
@@ -1000,6 +1004,32 @@ fn an_insecure_cluster_forms_fails_over_and_warns_at_start() {
 
 // ----- an insider's flood -----
 
+/// An insider: dial node `to` as node `from` with the shared test key and
+/// prove it. The link, authenticated, and its sealer.
+fn prove_as(cluster: &Cluster, from: usize, to: usize) -> (TcpStream, Sealer) {
+    let secret = std::fs::read(common::cluster_key_file()).expect("read the key");
+    let key = ClusterKey::from_file_contents(&secret).expect("a valid key");
+    let ids = LinkIds {
+        from,
+        to,
+        nodes: cluster.ports.len(),
+        fp: peers_fingerprint(&cluster.names()),
+    };
+    let mut nonce = [0u8; NONCE_LEN];
+    SystemRandom::new().fill(&mut nonce).expect("random");
+    let dialer = Dialer::new(key, ids, nonce);
+    let mut stream = TcpStream::connect(cluster.addr(to)).expect("connect");
+    stream.write_all(&dialer.hello_line()).expect("hello");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut challenge = String::new();
+    reader.read_line(&mut challenge).expect("challenge");
+    let (auth, sealer) = dialer
+        .handle_challenge(challenge.as_bytes())
+        .expect("the node proves the key");
+    stream.write_all(&auth).expect("auth");
+    (stream, sealer)
+}
+
 #[test]
 fn a_proved_peer_flooding_its_link_does_not_starve_the_heartbeats() {
     // An insider: a process that holds the cluster key poses as node 2 (in
@@ -1012,26 +1042,7 @@ fn a_proved_peer_flooding_its_link_does_not_starve_the_heartbeats() {
     cluster.start(1);
     cluster.wait_formed();
     let mut base = Baseline::take(&cluster);
-    let secret = std::fs::read(common::cluster_key_file()).expect("read the key");
-    let key = ClusterKey::from_file_contents(&secret).expect("a valid key");
-    let ids = LinkIds {
-        from: 2,
-        to: 1,
-        nodes: 3,
-        fp: peers_fingerprint(&cluster.names()),
-    };
-    let mut nonce = [0u8; NONCE_LEN];
-    SystemRandom::new().fill(&mut nonce).expect("random");
-    let dialer = Dialer::new(key, ids, nonce);
-    let mut stream = TcpStream::connect(cluster.addr(1)).expect("connect");
-    stream.write_all(&dialer.hello_line()).expect("hello");
-    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-    let mut challenge = String::new();
-    reader.read_line(&mut challenge).expect("challenge");
-    let (auth, mut sealer) = dialer
-        .handle_challenge(challenge.as_bytes())
-        .expect("the node proves the key");
-    stream.write_all(&auth).expect("auth");
+    let (mut stream, mut sealer) = prove_as(&cluster, 2, 1);
     // A write that blocks this long ends the flood (the join stays bounded).
     stream
         .set_write_timeout(Some(Duration::from_secs(2)))
@@ -1066,4 +1077,104 @@ fn a_proved_peer_flooding_its_link_does_not_starve_the_heartbeats() {
     let sent = flooder.join().expect("the flooder");
     assert!(sent > 1 << 20, "the flood was a flood: {sent} bytes");
     base.assert_unchanged(&cluster, "a flood of sealed lines");
+}
+
+#[test]
+fn an_insider_posing_as_the_active_and_flooding_deltas_leaves_the_standby_bounded_and_answering() {
+    // Nodes 1 and 2 of three run (node 1 active, node 2 its standby); node
+    // 0's port is held by this test, which never answers there, so node 0
+    // is silent, not refused. An insider that holds the cluster key proves
+    // itself as node 0 to node 2 and says it is active: node 2 ranks it
+    // above node 1 and follows it. Then it streams valid grants (in range,
+    // 1000 keys over and over) as fast as it can write. Whatever the lock
+    // owner of node 2 cannot apply at once waits in the kernel, not in node
+    // 2: its memory stays bounded, it answers I at once throughout, and
+    // node 1 keeps serving. When the insider stops, node 2 goes back to
+    // node 1.
+    let mut cluster = Cluster::new(3);
+    let _node0_port = std::net::TcpListener::bind(cluster.addr(0)).expect("hold node 0's port");
+    cluster.start(1);
+    cluster.start(2);
+    cluster.wait_serving(1);
+    cluster.wait_standby_of(2, 1);
+    cluster.wait_synced_standbys(1, 1);
+    let before = cluster.node(2).rss_kib();
+
+    let (mut stream, mut sealer) = prove_as(&cluster, 0, 2);
+    let beat = b"P B active - 0 1 0 0\n";
+    let mut batch = Vec::new();
+    sealer.push_line(beat, &mut batch);
+    sealer.seal(&mut batch);
+    stream.write_all(&batch).expect("the first heartbeat");
+    cluster.wait_standby_of(2, 0);
+    // A write that blocks this long ends the flood (the join stays bounded).
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .expect("write timeout");
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    let first_token = unix_ms << 20;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooder = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut sent = 0usize;
+            let mut n = 0u64;
+            let mut batch = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                batch.clear();
+                // A heartbeat per batch keeps "node 0" live.
+                sealer.push_line(beat, &mut batch);
+                for _ in 0..2000 {
+                    n += 1;
+                    let line = format!("P G key{} {} 60000\n", n % 1000, first_token + 16 * n);
+                    sealer.push_line(line.as_bytes(), &mut batch);
+                }
+                sealer.seal(&mut batch);
+                if stream.write_all(&batch).is_err() {
+                    break;
+                }
+                sent += batch.len();
+            }
+            sent
+        })
+    };
+    // A fixed window of flooding, checked all along.
+    let window = Instant::now();
+    let mut client = cluster.client(1);
+    let mut probes = 0;
+    while window.elapsed() < Duration::from_secs(4) {
+        let standby = cluster.info_now(2);
+        assert_eq!(
+            field(&standby, "active"),
+            cluster.name(0),
+            "node 2 follows the insider: {standby}"
+        );
+        probes += 1;
+        let key = format!("probe{probes}");
+        let token = client.acquire_now(&key, LEASE);
+        assert_eq!(client.ask(&format!("R {key} {token}")), format!("R {key}"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = flooder.join().expect("the flooder");
+    println!("the insider sent {} MiB of sealed grants", sent >> 20);
+    assert!(sent > 8 << 20, "the flood was a flood: {sent} bytes");
+    let peak = cluster.node(2).peak_rss_kib();
+    println!("node 2: RSS {before} KiB before, peak {peak} KiB");
+    assert!(
+        peak < before + RSS_SLACK_KIB,
+        "node 2's peak RSS grew from {before} KiB to {peak} KiB"
+    );
+    // The grants were applied, not ignored: node 2 holds the insider's keys.
+    cluster.wait_held(2, 1000);
+    let held_back = lines_with(&cluster.node(2).log(), "read only as fast as it applies");
+    println!("node 2 held peer input back (warnings): {held_back}");
+    // The insider goes silent: node 2 finds "node 0" dead and goes back
+    // to node 1, which counts it as its synced standby again.
+    drop(client);
+    cluster.wait_standby_of(2, 1);
+    cluster.wait_synced_standbys(1, 1);
 }

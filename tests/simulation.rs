@@ -1382,39 +1382,59 @@ fn strangers_that_never_finish_a_handshake_hold_nothing_past_its_deadline() {
 }
 
 #[test]
-fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_and_lifts_nothing() {
+fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_or_has_them_left_out() {
     use baton::server::lock_table::Delta;
     let key = Key::new(b"planted").expect("key");
     let far = ClusterCore::token_bound(sim_now_unix(0)) * 2;
-    let attacks = [
-        PeerMsg::Delta(Delta::Ceiling(far)),
-        PeerMsg::Delta(Delta::Grant {
-            key: key.clone(),
-            token: far,
-            ms_left: 1_000,
-        }),
-        PeerMsg::Delta(Delta::Grant {
-            key: key.clone(),
-            token: 16,
-            ms_left: u64::MAX / 2,
-        }),
-        PeerMsg::Delta(Delta::Grant {
-            key: key.clone(),
-            token: 0,
-            ms_left: 1_000,
-        }),
-        PeerMsg::Beat {
-            beat: baton::server::roles::Beat {
-                role: RoleName::Active,
-                following: None,
-                synced: true,
-                has_state: true,
-            },
-            last_token: far,
-            ceiling: far,
+    let beat = |last_token: u64, ceiling: u64| PeerMsg::Beat {
+        beat: baton::server::roles::Beat {
+            role: RoleName::Active,
+            following: None,
+            synced: true,
+            has_state: true,
         },
+        last_token,
+        ceiling,
+    };
+    // (the message, whether the link is dropped for it, whether the
+    // standby still holds the whole state after it)
+    let attacks = [
+        // Malformed: refused, the link dropped.
+        (
+            PeerMsg::Delta(Delta::Grant {
+                key: key.clone(),
+                token: 16,
+                ms_left: u64::MAX / 2,
+            }),
+            true,
+            false,
+        ),
+        (
+            PeerMsg::Delta(Delta::Grant {
+                key: key.clone(),
+                token: 0,
+                ms_left: 1_000,
+            }),
+            true,
+            false,
+        ),
+        // Beyond the window (what a node whose clock is far behind sees):
+        // left out, the link kept; a delta left out costs the standby the
+        // state until the next snapshot.
+        (PeerMsg::Delta(Delta::Ceiling(far)), false, false),
+        (
+            PeerMsg::Delta(Delta::Grant {
+                key: key.clone(),
+                token: far,
+                ms_left: 1_000,
+            }),
+            false,
+            false,
+        ),
+        (beat(far, far), false, true),
+        (beat(u64::MAX, u64::MAX), false, true),
     ];
-    for attack in attacks {
+    for (attack, dropped, synced) in attacks {
         let mut sim = settled(2);
         let before = sim.fresh_token(0);
         let held = sim.nodes[0].table.table().stats().held;
@@ -1425,27 +1445,35 @@ fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_and_lifts_nothing
             .inbox
             .push_back(NetEvent::Peer(link, attack.clone()));
         sim.step();
-        assert!(
+        assert_eq!(
             !sim.links.contains_key(&link),
-            "{attack:?}: the link is dropped"
+            dropped,
+            "{attack:?}: the link dropped"
         );
-        // The links come back, and the standby's counter was never lifted:
-        // after a failover its first token is near the clock, not far.
+        assert_eq!(
+            sim.nodes[1].cluster.roles().beat().synced,
+            synced,
+            "{attack:?}: the standby holds the state"
+        );
+        assert_eq!(sim.actives(), vec![0], "{attack:?}: roles unchanged");
+        // The standby gets the state back, and its counter was never
+        // lifted: after a failover its first token is near the clock.
         sim.run_until(5 * DETECT_MS, "standby synced again", |s| {
-            s.nodes[0].cluster.synced_standbys(s.now_of(0)) == 1
+            s.nodes[1].cluster.roles().beat().synced
+                && s.nodes[0].cluster.synced_standbys(s.now_of(0)) == 1
         });
         sim.crash(0);
         sim.run_until(2 * DETECT_MS, "node 1 promotes", |s| s.actives() == vec![1]);
+        assert_eq!(
+            sim.nodes[1].table.table().stats().held,
+            held,
+            "{attack:?}: the real keys, nothing planted"
+        );
         let after = sim.fresh_token(1);
         assert!(after > before, "{attack:?}");
         assert!(
             after < tokens::clock_floor(UNIX_BASE + sim.now + MAX_SKEW_MS + 10 * tokens::LEAD_MS),
             "{attack:?}: the counter was not lifted ({after})"
-        );
-        assert_eq!(
-            sim.nodes[1].table.table().stats().held,
-            held,
-            "{attack:?}: the real keys, nothing planted"
         );
     }
 }
@@ -1495,4 +1523,113 @@ fn skewed_wall_clocks_still_give_every_grant_a_new_growing_token() {
     sim.crash(1);
     sim.run_until(DETECT_MS, "node 2 promotes", |s| s.actives() == vec![2]);
     assert!(sim.fresh_token(2) > t1);
+}
+
+/// Ten minutes: a node whose wall clock is this far behind its peers' sees
+/// their tokens beyond the window it takes tokens in
+/// (`cluster_core::MAX_PEER_AHEAD_MS`).
+const FAR_BEHIND_MS: i64 = 600_000;
+
+/// Node `i`'s token counter has taken nothing beyond its window.
+fn assert_within_window(sim: &Sim, i: usize) {
+    let last = sim.nodes[i].table.table().stats().last_token;
+    let bound = ClusterCore::token_bound(sim.now_of(i));
+    assert!(
+        last <= bound,
+        "node {i}'s counter {last} is beyond its window {bound}"
+    );
+}
+
+#[test]
+fn a_node_whose_clock_is_ten_minutes_behind_follows_the_active_and_never_makes_a_split_brain() {
+    let mut sim = Sim::new(11, 2);
+    sim.boot(&[0, -FAR_BEHIND_MS]);
+    sim.run_until(5 * DETECT_MS, "settles on node 0", |s| s.converged_on(0));
+    let mut t0 = 0;
+    for step in 0..10 * DETECT_MS {
+        if step % 97 == 0 {
+            t0 = sim.fresh_token(0);
+        } else {
+            sim.step();
+        }
+        assert!(sim.converged_on(0), "one active: {:?}", sim.roles());
+        // It cannot take node 0's state, and does not say it holds it.
+        assert!(!sim.nodes[1].cluster.roles().beat().synced);
+        assert_eq!(sim.nodes[0].cluster.synced_standbys(sim.now_of(0)), 0);
+        assert_within_window(&sim, 1);
+    }
+    // Node 0 dies: node 1, the only node left, promotes. Its tokens are
+    // above everything it took and above its own clock floor, but below
+    // node 0's (README, "Consistency caveats": a fenced resource refuses
+    // them until its clock catches up).
+    sim.crash(0);
+    sim.run_until(DETECT_MS, "node 1 promotes", |s| s.actives() == vec![1]);
+    let t1 = sim.fresh_token(1);
+    assert!(t1 > tokens::clock_floor(sim.now_of(1).unix_ms));
+    assert_within_window(&sim, 1);
+    assert!(t1 < t0, "{t1} is below node 0's {t0}: the caveat");
+}
+
+#[test]
+fn with_three_nodes_the_node_whose_clock_is_behind_is_not_the_one_promoted() {
+    let mut sim = Sim::new(12, 3);
+    sim.boot(&[0, 0, -FAR_BEHIND_MS]);
+    sim.run_until(5 * DETECT_MS, "settles on node 0, node 1 synced", |s| {
+        s.converged_on(0) && s.nodes[0].cluster.synced_standbys(s.now_of(0)) == 1
+    });
+    for _ in 0..4 * DETECT_MS {
+        sim.step();
+        assert!(sim.converged_on(0), "{:?}", sim.roles());
+        assert!(!sim.nodes[2].cluster.roles().beat().synced);
+        assert_eq!(sim.nodes[0].cluster.synced_standbys(sim.now_of(0)), 1);
+    }
+    let t0 = sim.fresh_token(0);
+    sim.steps(20);
+    sim.crash(0);
+    // Node 1 holds the state: it is elected, and node 2 follows it.
+    for _ in 0..4 * DETECT_MS {
+        sim.step();
+        assert!(
+            !sim.nodes[2].cluster.roles().role_name().is_active(),
+            "{:?}",
+            sim.roles()
+        );
+        assert_within_window(&sim, 2);
+    }
+    assert_eq!(sim.actives(), vec![1]);
+    assert_eq!(sim.nodes[2].cluster.roles().active(), Some(1));
+    assert!(sim.fresh_token(1) > t0);
+}
+
+#[test]
+fn a_restarted_first_node_whose_clock_is_behind_never_takes_the_role_back() {
+    // Node 0's clock is behind. It is active first (its tokens are behind
+    // node 1's clock, so node 1 takes them and its state); it dies, node 1
+    // serves; it restarts and follows node 1, whose tokens it cannot take,
+    // so it never holds the state and is never handed the role: the node
+    // with the sound clock keeps serving.
+    let mut sim = Sim::new(13, 2);
+    sim.boot(&[-FAR_BEHIND_MS, 0]);
+    sim.run_until(5 * DETECT_MS, "settles on node 0, node 1 synced", |s| {
+        s.converged_on(0) && s.nodes[1].cluster.roles().beat().synced
+    });
+    let t0 = sim.fresh_token(0);
+    sim.steps(20);
+    sim.crash(0);
+    sim.run_until(DETECT_MS, "node 1 promotes", |s| s.actives() == vec![1]);
+    let t1 = sim.fresh_token(1);
+    assert!(t1 > t0);
+    sim.steps(MIN_DOWN_MS);
+    sim.restart(0);
+    sim.run_until(5 * DETECT_MS, "node 0 follows node 1", |s| {
+        s.nodes[0].cluster.roles().following() == Some(1)
+    });
+    for _ in 0..10 * DETECT_MS {
+        sim.step();
+        assert_eq!(sim.actives(), vec![1], "{:?}", sim.roles());
+        assert_eq!(sim.nodes[0].cluster.roles().following(), Some(1));
+        assert!(!sim.nodes[0].cluster.roles().beat().synced);
+        assert_within_window(&sim, 0);
+    }
+    assert!(sim.fresh_token(1) > t1);
 }

@@ -21,11 +21,30 @@
 //! [`HANDSHAKE_MS`], and a dial that has not connected and proved itself
 //! within [`ClusterCore::dial_timeout_ms`] (a heartbeat period) fails.
 //! Even a proved peer's messages are checked
-//! ([`ClusterCore::check_peer_msg`]): tokens and ceilings within
-//! [`MAX_PEER_AHEAD_MS`] of the clock floor and never 0, leases within
-//! `--max-lease`, snapshots within `--max-keys`; anything else drops the
-//! link. Failed dials back off (with jitter) up to [`RECONNECT_MAX_MS`], and
-//! their warnings are rate-limited.
+//! ([`ClusterCore::check_peer_msg`]): tokens and ceilings never 0, leases
+//! within `--max-lease`, snapshots within `--max-keys`; anything else drops
+//! the link. Failed dials back off (with jitter) up to [`RECONNECT_MAX_MS`],
+//! and their warnings are rate-limited.
+//!
+//! Clocks: no token or ceiling more than [`MAX_PEER_AHEAD_MS`] of clock
+//! above this node's clock floor ([`ClusterCore::token_bound`]) is ever
+//! taken from a peer, so no peer, not even one that holds the key, can push
+//! the token counter toward the end of the token space. Such a value is
+//! what a node whose clock is behind its peers' by more than that sees, so
+//! it does not cost the link: the message still counts — a heartbeat for
+//! liveness and the roles (the node follows the active it hears and steps
+//! back from a higher one, so a clock behind never makes a split brain) —
+//! and only what lies beyond the window is left out: the heartbeat's token
+//! or ceiling is not observed, and the active's grants, frees and ceilings
+//! beyond it are not applied. A standby that left anything of its active's
+//! state out does not say it holds that state (no role is handed to it, the
+//! active does not count it in `standbys=`, an election prefers a node that
+//! holds the state), and the active sends it snapshots ever less often
+//! (up to [`SNAPSHOT_RESEND_MAX_MS`] apart). It warns, rate-limited. If
+//! it is promoted all the same (no other node is left), its tokens are
+//! above everything it took and above its own clock floor, but may be below
+//! the ones it left out: a fenced resource refuses them until its clock
+//! catches up (README, "Consistency caveats").
 //!
 //! Liveness does not wait for TCP: a proved incoming link that carries
 //! nothing for two heartbeat periods (a quarter of `--detect`) is dropped,
@@ -38,7 +57,8 @@
 //! period (plus a round trip) of the heal, which ends a split brain. A peer
 //! is found dead after [`silence_limit_ms`]: `--detect` of silence counted
 //! from the heartbeat due after the last one heard, plus a period for that
-//! fresh dial.
+//! fresh dial. Input the shell holds back unread while the lock owner
+//! catches up is not silence ([`ClusterCore::handle_in_held`]).
 //!
 //! Each link carries one direction only: node A's messages to node B travel
 //! on A's outgoing link to B, so a link's order is TCP's order. A peer is
@@ -82,8 +102,13 @@ pub const HANDSHAKE_MS: u64 = 1_000;
 pub const MAX_PENDING_IN: usize = 16;
 /// How far above the clock floor (in ms of the wall clock) a peer's token or
 /// ceiling may be: clock skew between nodes plus the tokens' lead
-/// (tokens.rs). Anything above is refused and the link dropped.
+/// (tokens.rs). Anything above is not taken, but costs the message nothing
+/// else (see the module doc).
 pub const MAX_PEER_AHEAD_MS: u64 = 60_000;
+/// A follower that still lacks the state a detection period after its
+/// snapshot went out is sent another; each further one waits twice as long,
+/// up to this (a standby whose clock is far behind takes none whole).
+pub const SNAPSHOT_RESEND_MAX_MS: u64 = 32_000;
 /// One warning per peer (and one for strangers) per this, at most; the
 /// next one says how many were left out.
 pub const WARN_EVERY_MS: u64 = 30_000;
@@ -175,6 +200,11 @@ pub enum OutDown {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Accept,
+    /// Well-formed, but a token or ceiling in it is above
+    /// [`ClusterCore::token_bound`] (this node's clock is behind the
+    /// sender's, or the sender is hostile): the message counts, and what is
+    /// beyond the window is left out (see the module doc).
+    BeyondWindow,
     /// Refused: the link is dropped, for this reason (in words).
     Refuse(&'static str),
 }
@@ -216,6 +246,9 @@ struct OutLink {
     snap_pending: bool,
     /// When the snapshot went out.
     snap_sent_ms: u64,
+    /// Snapshots sent again in a row on this link without the peer saying
+    /// it took one (the exponent of the resend wait).
+    resends: u32,
 }
 
 #[derive(Debug, Default)]
@@ -227,6 +260,9 @@ struct InLink {
     heard_ms: u64,
     /// A snapshot is being received (entries so far).
     snapshot: Option<Vec<Delta>>,
+    /// Entries of that snapshot left out: their tokens are beyond this
+    /// node's window.
+    left_out: usize,
 }
 
 /// The cluster core of one node. See the module doc.
@@ -242,6 +278,8 @@ pub struct ClusterCore {
     insecure_warn: RateLimit,
     /// Warnings about refused messages, per peer.
     refusal_warn: Vec<RateLimit>,
+    /// Warnings about tokens beyond this node's window, per peer.
+    clock_warn: Vec<RateLimit>,
     roles: Roles,
     outs: Vec<OutLink>,
     /// A few links at most: a B-tree finds one in a couple of compares,
@@ -284,6 +322,7 @@ impl ClusterCore {
                 snap_sent: false,
                 snap_pending: false,
                 snap_sent_ms: 0,
+                resends: 0,
             };
             names.len()
         ];
@@ -296,6 +335,7 @@ impl ClusterCore {
             stranger_warn: RateLimit::default(),
             insecure_warn: RateLimit::default(),
             refusal_warn: vec![RateLimit::default(); outs.len()],
+            clock_warn: vec![RateLimit::default(); outs.len()],
             roles,
             outs,
             ins: BTreeMap::new(),
@@ -516,6 +556,7 @@ impl ClusterCore {
         out.failures = 0;
         out.snap_sent = false;
         out.snap_pending = false;
+        out.resends = 0;
         self.send_beats();
     }
 
@@ -658,7 +699,7 @@ impl ClusterCore {
             if let Some(old) = self.ins.remove(&l)
                 && old.peer == Some(from)
             {
-                self.roles.handle_link_lost(from);
+                self.roles.handle_state_lost(from);
             }
             self.effects.push(ClusterEffect::DropIn { link: l });
         }
@@ -688,6 +729,22 @@ impl ClusterCore {
         self.drop_in(now, link, why);
     }
 
+    /// Incoming link `link` has input the shell holds back unread until the
+    /// lock owner catches up (replication.rs): neither the link nor its peer
+    /// is silent, whatever that input says. A node does not judge its peers
+    /// by what it has not read (a dead peer is found so once the input is
+    /// read, late by the time it was held).
+    pub fn handle_in_held(&mut self, now: Now, link: LinkId) {
+        let Some(state) = self.ins.get_mut(&link) else {
+            return;
+        };
+        let Some(p) = state.peer else {
+            return;
+        };
+        state.heard_ms = state.heard_ms.max(now.ms);
+        self.roles.handle_heard(now.ms, p);
+    }
+
     /// Incoming link `link` closed or failed (the shell has closed it).
     pub fn handle_in_closed(&mut self, _now: Now, link: LinkId, why: &str) {
         let Some(state) = self.ins.remove(&link) else {
@@ -695,7 +752,7 @@ impl ClusterCore {
         };
         if let Some(p) = state.peer {
             log::info!("replication: link from {} dropped: {why}", self.names[p]);
-            self.roles.handle_link_lost(p);
+            self.roles.handle_state_lost(p);
             // Probe the peer at once through our own link: refused means dead.
             if let Some(out) = self.outs.get_mut(p) {
                 if matches!(out.state, OutState::Up | OutState::Dialing { .. }) {
@@ -720,13 +777,15 @@ impl ClusterCore {
         }
     }
 
-    /// The largest token or ceiling a peer may send at `now`.
+    /// The largest token or ceiling taken from a peer at `now`: this node's
+    /// window (see the module doc).
     pub fn token_bound(now: Now) -> u64 {
         tokens::clock_floor(now.unix_ms.saturating_add(MAX_PEER_AHEAD_MS)).min(tokens::MAX_TOKEN)
     }
 
-    /// Is `msg`, received on incoming link `link`, acceptable? One place for
-    /// every check of a peer's message, so that it can be tightened.
+    /// Is `msg`, received on incoming link `link`, acceptable, and is all
+    /// of it within this node's window? One place for every check of a
+    /// peer's message, so that it can be tightened.
     pub fn check_peer_msg(&self, now: Now, link: LinkId, msg: &PeerMsg) -> Verdict {
         let Some(state) = self.ins.get(&link) else {
             return Verdict::Refuse("an unknown link");
@@ -746,7 +805,7 @@ impl ClusterCore {
                 if beat.following.is_some_and(|f| f >= nodes) {
                     Verdict::Refuse("a heartbeat naming an unknown node")
                 } else if too_far(*last_token) || too_far(*ceiling) {
-                    Verdict::Refuse("a token or ceiling far ahead of the clock")
+                    Verdict::BeyondWindow
                 } else {
                     Verdict::Accept
                 }
@@ -754,8 +813,6 @@ impl ClusterCore {
             PeerMsg::Delta(Delta::Grant { token, ms_left, .. }) => {
                 if *token == 0 {
                     Verdict::Refuse("token 0")
-                } else if too_far(*token) {
-                    Verdict::Refuse("a token far ahead of the clock")
                 } else if *ms_left > self.params.max_lease_ms {
                     Verdict::Refuse("a lease above --max-lease")
                 } else if state
@@ -764,6 +821,8 @@ impl ClusterCore {
                     .is_some_and(|s| s.len() >= self.params.max_keys)
                 {
                     Verdict::Refuse("a snapshot above --max-keys")
+                } else if too_far(*token) {
+                    Verdict::BeyondWindow
                 } else {
                     Verdict::Accept
                 }
@@ -783,7 +842,7 @@ impl ClusterCore {
                 } else if *token == 0 {
                     Verdict::Refuse("token 0")
                 } else if too_far(*token) {
-                    Verdict::Refuse("a token far ahead of the clock")
+                    Verdict::BeyondWindow
                 } else {
                     Verdict::Accept
                 }
@@ -794,9 +853,39 @@ impl ClusterCore {
         }
     }
 
+    /// `msg` from `p` carries a token or ceiling beyond this node's window:
+    /// say so, at most once per WARN_EVERY_MS per peer.
+    fn warn_beyond_window(&mut self, now: Now, p: usize, msg: &PeerMsg) {
+        let token = match msg {
+            PeerMsg::Beat {
+                last_token,
+                ceiling,
+                ..
+            } => (*last_token).max(*ceiling),
+            PeerMsg::Delta(
+                Delta::Grant { token, .. } | Delta::Free { token, .. } | Delta::Ceiling(token),
+            ) => *token,
+            _ => return,
+        };
+        let Some(n) = self.clock_warn[p].allow(now.ms, WARN_EVERY_MS) else {
+            return;
+        };
+        let ahead_s = (token.saturating_sub(tokens::clock_floor(now.unix_ms)) >> 20) / 1000;
+        log::warn!(
+            "replication: {} sent a token {ahead_s} s ahead of this node's clock (at most {} s \
+             are taken from a peer): not taken, nor any state that carries such tokens; this \
+             node still follows the roles it hears but cannot hold the active's state. Is this \
+             node's clock behind, or that node's ahead? Keep the nodes' clocks in sync (NTP){}",
+            self.names[p],
+            MAX_PEER_AHEAD_MS / 1000,
+            left_out(n)
+        );
+    }
+
     /// One message on incoming link `link`.
     pub fn handle_peer_msg(&mut self, now: Now, link: LinkId, msg: PeerMsg) {
-        if let Verdict::Refuse(why) = self.check_peer_msg(now, link, &msg) {
+        let verdict = self.check_peer_msg(now, link, &msg);
+        if let Verdict::Refuse(why) = verdict {
             let peer = self.ins.get(&link).and_then(|l| l.peer);
             let limit = match peer {
                 Some(p) => &mut self.refusal_warn[p],
@@ -804,13 +893,8 @@ impl ClusterCore {
             };
             if let Some(n) = limit.allow(now.ms, WARN_EVERY_MS) {
                 let who = peer.map_or("a link in its handshake", |p| self.names[p].as_str());
-                let hint = if why.contains("ahead of the clock") {
-                    " (is its clock more than a minute ahead of this node's?)"
-                } else {
-                    ""
-                };
                 log::warn!(
-                    "replication: refused {why} from {who}{hint}; dropping the link{}",
+                    "replication: refused {why} from {who}; dropping the link{}",
                     left_out(n)
                 );
             }
@@ -823,6 +907,10 @@ impl ClusterCore {
         let Some(p) = state.peer else {
             return;
         };
+        let beyond = verdict == Verdict::BeyondWindow;
+        if beyond {
+            self.warn_beyond_window(now, p, &msg);
+        }
         let from_my_active = self.roles.following() == Some(p);
         match msg {
             PeerMsg::Beat {
@@ -839,12 +927,17 @@ impl ClusterCore {
                 // was active during a split included), and above the ceiling
                 // of any active; an active never takes a standby's ceiling
                 // (an echo of its own, which would only inflate tokens).
+                // Nothing beyond this node's window is taken; the beat
+                // counts all the same.
+                let bound = Self::token_bound(now);
                 let i_am_active = self.roles.role_name().is_active();
-                let mut floor = last_token;
-                if !i_am_active || beat.role.is_active() {
+                let mut floor = if last_token <= bound { last_token } else { 0 };
+                if (!i_am_active || beat.role.is_active()) && ceiling <= bound {
                     floor = floor.max(ceiling);
                 }
-                self.tell_table(ClusterToTable::Observe(floor));
+                if floor > 0 {
+                    self.tell_table(ClusterToTable::Observe(floor));
+                }
                 let effects = self.roles.handle_beat(now.ms, p, beat);
                 self.apply_role_effects(now, effects);
                 // Everything the active sent before this beat is applied
@@ -857,6 +950,15 @@ impl ClusterCore {
             PeerMsg::SnapshotBegin if from_my_active => {
                 if let Some(l) = self.ins.get_mut(&link) {
                     l.snapshot = Some(Vec::new());
+                    l.left_out = 0;
+                }
+            }
+            PeerMsg::Delta(_) if from_my_active && beyond => {
+                // Not applied: this node cannot take its token. It no
+                // longer holds (or will not hold) the active's whole state.
+                match self.ins.get_mut(&link) {
+                    Some(l) if l.snapshot.is_some() => l.left_out += 1,
+                    _ => self.roles.handle_state_lost(p),
                 }
             }
             PeerMsg::Delta(delta) if from_my_active => {
@@ -872,14 +974,32 @@ impl ClusterCore {
                 }
             }
             PeerMsg::SnapshotEnd if from_my_active => {
-                let entries = self.ins.get_mut(&link).and_then(|l| l.snapshot.take());
-                if let Some(entries) = entries {
+                let Some(l) = self.ins.get_mut(&link) else {
+                    return;
+                };
+                let left = std::mem::take(&mut l.left_out);
+                if let Some(entries) = l.snapshot.take() {
+                    self.flush_deltas_in();
+                    if left > 0 {
+                        // What it could take replaces the table (closer to
+                        // the active's than what it had), but it does not
+                        // hold the active's state.
+                        log::warn!(
+                            "replication: snapshot of {} entries from {}, {left} more left out \
+                             (tokens beyond this node's clock window): this node does not hold \
+                             its state",
+                            entries.len(),
+                            self.names[p]
+                        );
+                        self.tell_table(ClusterToTable::Snapshot(entries));
+                        self.roles.handle_state_lost(p);
+                        return;
+                    }
                     log::info!(
                         "replication: snapshot of {} entries from {}",
                         entries.len(),
                         self.names[p]
                     );
-                    self.flush_deltas_in();
                     self.tell_table(ClusterToTable::Snapshot(entries));
                     let effects = self.roles.handle_synced(now.ms, p);
                     self.apply_role_effects(now, effects);
@@ -986,17 +1106,26 @@ impl ClusterCore {
             out.snap_sent = false;
             return;
         }
+        if beat.is_some_and(|b| b.synced) {
+            out.resends = 0;
+        }
         // A follower that still says it lacks the state a detection period
         // after its snapshot went out did not get it (it switched to this
-        // node in between, say): send it again.
-        let stale = beat.is_some_and(|b| !b.synced)
-            && now.ms.saturating_sub(out.snap_sent_ms) > self.detect_ms;
+        // node in between, say): send it again. One that keeps saying so
+        // (its clock is far behind, say) gets it ever less often.
+        let wait = self
+            .detect_ms
+            .saturating_mul(1 << out.resends.min(16))
+            .min(SNAPSHOT_RESEND_MAX_MS.max(self.detect_ms));
+        let stale =
+            beat.is_some_and(|b| !b.synced) && now.ms.saturating_sub(out.snap_sent_ms) > wait;
         if out.snap_sent && stale {
             log::info!(
                 "replication: {} still lacks the state; sending it again",
                 self.names[p]
             );
             out.snap_sent = false;
+            out.resends = out.resends.saturating_add(1);
         }
         if out.snap_sent || out.snap_pending || out.state != OutState::Up {
             return;
@@ -1335,7 +1464,7 @@ mod tests {
     }
 
     #[test]
-    fn forged_tokens_ceilings_and_leases_are_refused_even_from_a_proved_peer() {
+    fn forged_tokens_ceilings_and_leases_are_refused_or_left_out_even_from_a_proved_peer() {
         let params = ClusterParams {
             max_lease_ms: 60_000,
             ..ClusterParams::with_detect(DETECT)
@@ -1353,13 +1482,13 @@ mod tests {
         let bound = ClusterCore::token_bound(now);
         assert_eq!(check(&grant(0, 1)), Verdict::Refuse("token 0"));
         assert_eq!(check(&grant(bound, 60_000)), Verdict::Accept);
+        // Beyond the window: left out (the link stays), never taken.
+        assert_eq!(check(&grant(bound + 1, 1)), Verdict::BeyondWindow);
+        assert_eq!(check(&grant(u64::MAX - 47, 1)), Verdict::BeyondWindow);
         assert_eq!(
-            check(&grant(bound + 1, 1)),
-            Verdict::Refuse("a token far ahead of the clock")
-        );
-        assert_eq!(
-            check(&grant(u64::MAX - 47, 1)),
-            Verdict::Refuse("a token far ahead of the clock")
+            check(&grant(u64::MAX - 47, 60_001)),
+            Verdict::Refuse("a lease above --max-lease"),
+            "a malformed message is refused whatever its token"
         );
         assert_eq!(
             check(&grant(16, 60_001)),
@@ -1376,7 +1505,7 @@ mod tests {
         );
         assert_eq!(
             check(&PeerMsg::Delta(Delta::Ceiling(u64::MAX))),
-            Verdict::Refuse("a token far ahead of the clock")
+            Verdict::BeyondWindow
         );
         let stranger = beat(RoleName::Standby, Some(9), false);
         assert!(matches!(check(&stranger), Verdict::Refuse(_)));
@@ -1390,10 +1519,7 @@ mod tests {
             last_token: u64::MAX,
             ceiling: 1,
         };
-        assert_eq!(
-            check(&huge),
-            Verdict::Refuse("a token or ceiling far ahead of the clock")
-        );
+        assert_eq!(check(&huge), Verdict::BeyondWindow);
         // A token near the clock is fine (a real peer's).
         let real = PeerMsg::Beat {
             beat: Beat {
@@ -1889,5 +2015,296 @@ mod tests {
                 failover: true
             }))
         );
+    }
+
+    /// Ten minutes: far more than MAX_PEER_AHEAD_MS.
+    const BEHIND_MS: u64 = 600_000;
+
+    /// A heartbeat of a node whose clock is BEHIND_MS ahead of this node's
+    /// (as `at` reads it), with the tokens such a node has: its clock floor
+    /// and a ceiling just above.
+    fn beat_from_ahead(ms: u64, role: RoleName, following: Option<usize>) -> PeerMsg {
+        let theirs = at(ms).unix_ms + BEHIND_MS;
+        PeerMsg::Beat {
+            beat: Beat {
+                role,
+                following,
+                synced: false,
+                has_state: true,
+            },
+            last_token: tokens::start_floor(theirs),
+            ceiling: tokens::start_floor(theirs + tokens::LEAD_MS),
+        }
+    }
+
+    /// A token of a node whose clock is BEHIND_MS ahead of this one's.
+    fn token_from_ahead(ms: u64) -> u64 {
+        tokens::start_floor(at(ms).unix_ms + BEHIND_MS)
+    }
+
+    /// The values of every Observe in these effects.
+    fn observed(out: &[ClusterEffect]) -> Vec<u64> {
+        out.iter()
+            .filter_map(|e| match e {
+                ClusterEffect::ToTable(ClusterToTable::Observe(t)) => Some(*t),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_standby_whose_clock_is_ten_minutes_behind_still_hears_its_active_and_stays_standby() {
+        let mut core = linked(1);
+        core.handle_peer_msg(at(2), 7, beat_from_ahead(2, RoleName::Active, None));
+        let out = effects(&mut core);
+        assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        assert!(
+            observed(&out).is_empty(),
+            "nothing beyond the window: {out:?}"
+        );
+        assert!(
+            out.contains(&ClusterEffect::ToTable(ClusterToTable::Follow {
+                active: Some("n0:1".into())
+            })),
+            "{out:?}"
+        );
+        // The active keeps beating: for many detection periods it is live,
+        // and this node never elects itself.
+        let period = DETECT / BEATS_PER_DETECT;
+        let mut t = 2;
+        while t < 10 * DETECT {
+            t += period;
+            core.handle_peer_msg(at(t), 7, beat_from_ahead(t, RoleName::Active, None));
+            core.handle_tick(at(t));
+            let out = effects(&mut core);
+            assert!(
+                !out.iter().any(|e| matches!(
+                    e,
+                    ClusterEffect::DropIn { .. }
+                        | ClusterEffect::ToTable(ClusterToTable::BecomeActive { .. })
+                )),
+                "at {t}: {out:?}"
+            );
+            assert!(observed(&out).is_empty(), "at {t}: {out:?}");
+            assert!(core.roles().is_live(0, t));
+            assert_eq!(core.roles().role_name(), RoleName::Standby);
+            assert_eq!(core.roles().following(), Some(0));
+        }
+        // Its snapshot: what is beyond the window is left out, what is
+        // within is applied, and this node does not say it holds the state.
+        let near = Delta::Grant {
+            key: key("near"),
+            token: tokens::start_floor(at(t).unix_ms),
+            ms_left: 1000,
+        };
+        core.handle_peer_msg(at(t), 7, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(t), 7, PeerMsg::Delta(near.clone()));
+        let far = Delta::Grant {
+            key: key("far"),
+            token: token_from_ahead(t),
+            ms_left: 1000,
+        };
+        core.handle_peer_msg(at(t), 7, PeerMsg::Delta(far));
+        let far_ceiling = Delta::Ceiling(token_from_ahead(t) + 1);
+        core.handle_peer_msg(at(t), 7, PeerMsg::Delta(far_ceiling.clone()));
+        core.handle_peer_msg(at(t), 7, PeerMsg::SnapshotEnd);
+        let out = effects(&mut core);
+        assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        assert!(
+            out.contains(&ClusterEffect::ToTable(ClusterToTable::Snapshot(vec![
+                near
+            ]))),
+            "{out:?}"
+        );
+        assert!(!core.roles().beat().synced, "it left part of the state out");
+        // Nor do deltas beyond the window reach its table.
+        core.handle_peer_msg(at(t + 1), 7, PeerMsg::Delta(far_ceiling));
+        core.handle_peer_msg(at(t + 1), 7, beat_from_ahead(t + 1, RoleName::Active, None));
+        core.handle_tick(at(t + 1 + APPLY_BATCH_MS));
+        let out = effects(&mut core);
+        assert!(to_table_deltas(&out).is_empty(), "{out:?}");
+        assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        // So it refuses a handoff: a node with a clock far behind never
+        // takes the role from a live active.
+        core.handle_peer_msg(at(t + 2), 7, PeerMsg::Handoff);
+        assert_eq!(core.roles().role_name(), RoleName::Standby);
+    }
+
+    #[test]
+    fn a_synced_standby_that_is_sent_a_token_beyond_its_window_no_longer_says_it_holds_the_state() {
+        let mut core = linked(1);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+        assert!(core.roles().beat().synced);
+        effects(&mut core);
+        let far = Delta::Free {
+            key: key("k"),
+            token: token_from_ahead(4),
+        };
+        core.handle_peer_msg(at(4), 7, PeerMsg::Delta(far));
+        core.handle_tick(at(4 + APPLY_BATCH_MS));
+        let out = effects(&mut core);
+        assert!(to_table_deltas(&out).is_empty(), "{out:?}");
+        assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        assert!(!core.roles().beat().synced);
+        assert_eq!(core.roles().following(), Some(0), "it still follows");
+    }
+
+    #[test]
+    fn an_active_whose_clock_is_ten_minutes_behind_steps_back_to_a_higher_active() {
+        // Node 1 was alone long enough to be active; node 0, whose clock is
+        // ten minutes ahead, is active too (a partition healed, say).
+        let mut core = linked_at(1, DETECT + 2);
+        assert!(core.roles().role_name().is_active());
+        let t = DETECT + 3;
+        core.handle_peer_msg(at(t), 7, beat_from_ahead(t, RoleName::Active, None));
+        let out = effects(&mut core);
+        assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        assert!(observed(&out).is_empty(), "{out:?}");
+        assert!(
+            out.contains(&ClusterEffect::ToTable(ClusterToTable::Follow {
+                active: Some("n0:1".into())
+            })),
+            "{out:?}"
+        );
+        assert_eq!(core.roles().role_name(), RoleName::Standby);
+        assert_eq!(core.roles().following(), Some(0));
+    }
+
+    #[test]
+    fn of_a_heartbeat_only_the_values_within_the_window_are_observed() {
+        let mut core = linked(1);
+        let near = tokens::start_floor(at(2).unix_ms + 1000);
+        core.handle_peer_msg(
+            at(2),
+            7,
+            PeerMsg::Beat {
+                beat: Beat {
+                    role: RoleName::Active,
+                    following: None,
+                    synced: false,
+                    has_state: true,
+                },
+                last_token: near,
+                ceiling: token_from_ahead(2),
+            },
+        );
+        let out = effects(&mut core);
+        assert_eq!(observed(&out), vec![near], "{out:?}");
+        // A promotion later starts above it (the lock owner keeps every
+        // token above what it observed) and above the clock, never from
+        // anything beyond the window.
+        core.handle_link_down(at(3), 0, OutDown::Refused, "refused");
+        let out = effects(&mut core);
+        assert!(
+            out.contains(&ClusterEffect::ToTable(ClusterToTable::BecomeActive {
+                floor: tokens::start_floor(at(3).unix_ms),
+                failover: true
+            })),
+            "{out:?}"
+        );
+        assert!(
+            observed(&out)
+                .iter()
+                .all(|&t| t <= ClusterCore::token_bound(at(3)))
+        );
+    }
+
+    #[test]
+    fn a_follower_that_never_takes_its_snapshot_is_sent_one_ever_less_often() {
+        let mut core = linked_at(0, DETECT + 1);
+        assert!(core.roles().role_name().is_active());
+        let wanted = ClusterEffect::ToTable(ClusterToTable::SnapshotWanted { peer: 1 });
+        let mut asked = Vec::new();
+        let period = DETECT / BEATS_PER_DETECT;
+        let mut t = DETECT + 2;
+        while t < DETECT + 2 + 4 * SNAPSHOT_RESEND_MAX_MS {
+            core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), false));
+            core.handle_tick(at(t));
+            if effects(&mut core).contains(&wanted) {
+                asked.push(t);
+                core.handle_table(
+                    at(t),
+                    TableToCluster::Snapshot {
+                        peer: 1,
+                        entries: Vec::new(),
+                        ceiling: 16,
+                    },
+                );
+                effects(&mut core);
+            }
+            t += period;
+        }
+        let gaps: Vec<u64> = asked.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.len() >= 5, "{gaps:?}");
+        assert!(gaps[0] <= DETECT + period, "the first resend: {gaps:?}");
+        assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
+        assert!(
+            gaps.iter()
+                .all(|&g| g <= SNAPSHOT_RESEND_MAX_MS + period + 1),
+            "{gaps:?}"
+        );
+        assert!(
+            gaps.last().is_some_and(|&g| g >= SNAPSHOT_RESEND_MAX_MS),
+            "{gaps:?}"
+        );
+        // Once it says it holds the state, the wait starts over.
+        core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), true));
+        core.handle_tick(at(t));
+        effects(&mut core);
+        let synced_at = t;
+        let again = loop {
+            t += period;
+            core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), false));
+            core.handle_tick(at(t));
+            if effects(&mut core).contains(&wanted) {
+                break t;
+            }
+        };
+        assert!(
+            again - synced_at <= DETECT + 2 * period,
+            "{}",
+            again - synced_at
+        );
+    }
+
+    #[test]
+    fn input_held_back_for_the_lock_owner_is_not_silence() {
+        let mut core = linked(1);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_tick(at(2));
+        effects(&mut core);
+        assert_eq!(core.roles().following(), Some(0));
+        // Its link has input held back for three detection periods: it is
+        // never dropped as silent, and its active never found dead.
+        let mut t = 2;
+        while t < 3 * DETECT {
+            t += 5;
+            core.handle_in_held(at(t), 7);
+            core.handle_tick(at(t));
+            let out = effects(&mut core);
+            assert!(
+                !out.iter().any(|e| matches!(
+                    e,
+                    ClusterEffect::DropIn { .. }
+                        | ClusterEffect::ToTable(
+                            ClusterToTable::BecomeActive { .. } | ClusterToTable::Follow { .. }
+                        )
+                )),
+                "at {t}: {out:?}"
+            );
+            assert!(core.roles().is_live(0, t));
+        }
+        // Once nothing is held and nothing comes, silence counts again.
+        core.handle_tick(at(t + core.silence_ms()));
+        assert!(effects(&mut core).contains(&ClusterEffect::DropIn { link: 7 }));
+        assert!(!core.roles().is_live(0, t + silence_limit_ms(DETECT)));
+        // A link still in its handshake is not a peer's: held, it proves
+        // nothing and is dropped at its deadline all the same.
+        core.handle_in_opened(at(t), 9);
+        core.handle_in_held(at(t + HANDSHAKE_MS), 9);
+        core.handle_tick(at(t + HANDSHAKE_MS));
+        assert!(effects(&mut core).contains(&ClusterEffect::DropIn { link: 9 }));
     }
 }

@@ -20,7 +20,7 @@
 //! Never does: anything but define data.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crossbeam_channel::Sender;
 use mio::Waker;
@@ -43,6 +43,19 @@ pub mod capacity {
     /// order and retries on its next round; an I/O loop closes the peer
     /// connection it wanted to pass on (the peer redials).
     pub const TO_REPL: usize = 4096;
+    /// Replication → lock owner, in entries ([`super::ClusterToTable::weight`]:
+    /// one per message, plus one per delta or snapshot entry it carries),
+    /// counted from when the replication thread queues a message until the
+    /// owner has applied it: in the replication thread's backlog (where
+    /// messages wait, in order, while the owner's channel — `TO_OWNER`
+    /// messages — is full) and in that channel. At or over it, the
+    /// replication thread reads no peer link until the owner has caught up
+    /// below it: what peers send waits in the kernel's socket buffers, then
+    /// in the senders' own bounded output (a sender drops a link it cannot
+    /// write, and re-syncs it later), never in this node's memory. A
+    /// snapshot counts whole: one alone may be over it (it is bounded by
+    /// `--max-keys`).
+    pub const CLUSTER_ENTRIES: usize = 1 << 16;
     /// The replication thread's "handoff done, exit now" signal: one message.
     pub const EXIT_SIGNAL: usize = 1;
 }
@@ -157,4 +170,45 @@ pub enum ClusterToTable {
     Observe(u64),
     /// Send a snapshot for `peer`.
     SnapshotWanted { peer: usize },
+}
+
+impl ClusterToTable {
+    /// What the message holds, in entries: one, plus one per delta or
+    /// snapshot entry (what [`capacity::CLUSTER_ENTRIES`] counts).
+    pub fn weight(&self) -> usize {
+        match self {
+            ClusterToTable::Snapshot(entries) | ClusterToTable::Deltas(entries) => {
+                entries.len().saturating_add(1)
+            }
+            _ => 1,
+        }
+    }
+}
+
+/// The entries ([`ClusterToTable::weight`]) the replication thread has
+/// queued for the lock owner and the owner has not applied yet: added when
+/// the replication thread queues a message, taken off when the owner has
+/// applied it. Bounded by [`capacity::CLUSTER_ENTRIES`].
+#[derive(Debug, Default)]
+pub struct ClusterQueued(AtomicUsize);
+
+impl ClusterQueued {
+    /// A message of `weight` entries was queued for the owner.
+    pub fn add(&self, weight: usize) {
+        self.0.fetch_add(weight, Ordering::Relaxed);
+    }
+
+    /// The owner applied (or will never get) a message of `weight` entries.
+    pub fn applied(&self, weight: usize) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |queued| {
+                Some(queued.saturating_sub(weight))
+            });
+    }
+
+    /// Entries queued and not applied yet.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
 }

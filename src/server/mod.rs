@@ -85,6 +85,9 @@ pub struct Shared {
     pub heard_active_ms: AtomicU64,
     /// Live standbys that hold this node's full state (by replication).
     pub synced_standbys: AtomicUsize,
+    /// Entries of messages for the lock owner that the replication thread
+    /// has queued and the owner has not applied yet.
+    pub cluster_queued: Arc<messages::ClusterQueued>,
     /// Connections past `--max-conns` kept for peer links (0 on a single
     /// node), and how many are in use.
     pub peer_slots: usize,
@@ -119,6 +122,7 @@ impl Shared {
             ceiling: AtomicU64::new(0),
             heard_active_ms: AtomicU64::new(0),
             synced_standbys: AtomicUsize::new(0),
+            cluster_queued: Arc::default(),
             peer_slots: PEER_SLOTS_PER_PEER * config.peers.len().saturating_sub(1),
             peer_slots_used: AtomicUsize::new(0),
             auth: None,

@@ -16,7 +16,10 @@
 //! loops, replication) is gone, which is the shutdown signal.
 //!
 //! A full outgoing channel never blocks it: the batch stays here, in order,
-//! and is retried a millisecond later (see `messages::capacity`).
+//! and is retried a millisecond later (see `messages::capacity`). Each
+//! message from the replication thread it has applied it takes off
+//! `Shared::cluster_queued`, which bounds how far that thread reads its
+//! peers ahead of it (`capacity::CLUSTER_ENTRIES`).
 //!
 //! Counts requests, answers and handoff times as plain fields (stats.rs)
 //! and, when the metrics thread asks (`ToOwner::Scrape`), leaves a snapshot
@@ -129,7 +132,13 @@ impl Owner {
                             self.core.handle_inbound(now, inbound);
                         }
                     }
-                    ToOwner::Cluster(msg) => self.core.handle_cluster(now, msg),
+                    ToOwner::Cluster(msg) => {
+                        let weight = msg.weight();
+                        self.core.handle_cluster(now, msg);
+                        // The replication thread may read its peers for
+                        // that much more (messages::capacity).
+                        self.shared.cluster_queued.applied(weight);
+                    }
                     ToOwner::Scrape => self.stats.scrape_wanted = true,
                 }
             }

@@ -11,7 +11,12 @@
 //! clock, moves bytes, runs the handshake's crypto, feeds the core, and
 //! carries out its effects. No incoming link gets more than
 //! [`READ_BUDGET`] bytes read per round, so a flood on one link never
-//! starves the heartbeats.
+//! starves the heartbeats. What waits for the lock owner is bounded
+//! ([`OwnerQueue`], `messages::capacity::CLUSTER_ENTRIES`): at the bound no
+//! incoming link is read until the owner catches up, so what peers send
+//! waits in the kernel's socket buffers (TCP pushes back on the sender),
+//! not in this node's memory; a link held back so is not silent to the
+//! core, nor is its peer dead ([`ClusterCore::handle_in_held`]).
 //!
 //! TLS (`--tls-cert`): every link is a [`Stream`]. An outgoing link is
 //! dialed as a TLS client that checks the peer's certificate against
@@ -26,7 +31,7 @@
 //! standby only grows its own bounded output buffer (past `MAX_PEER_OUTPUT`
 //! the link is dropped and later re-synced from a fresh snapshot), never the
 //! active's answers; a full channel to the lock owner keeps the messages
-//! here, in order, until it has room.
+//! here, in order, until it has room — and never more than the bound above.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -44,9 +49,13 @@ use crate::server::Shared;
 use crate::server::clock::Clock;
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::server::cluster_core::{ClusterCore, ClusterEffect, ClusterParams, LinkId, OutDown};
+use crate::server::cluster_core::{
+    ClusterCore, ClusterEffect, ClusterParams, LinkId, OutDown, RateLimit, WARN_EVERY_MS,
+};
 use crate::server::lock_table::Delta;
-use crate::server::messages::{ClusterToTable, TableToCluster, ToOwner, ToRepl};
+use crate::server::messages::{
+    ClusterQueued, ClusterToTable, TableToCluster, ToOwner, ToRepl, capacity,
+};
 use crate::server::peer_auth::{
     Acceptor, ClusterKey, Dialer, LinkIds, NONCE_LEN, Opener, peers_fingerprint,
 };
@@ -64,6 +73,80 @@ const RETRY_FULL_MS: u64 = 1;
 /// Bytes read from one incoming link per round, at most; the rest waits for
 /// the next round (which comes at once).
 pub const READ_BUDGET: usize = 64 * 1024;
+
+/// The messages for the lock owner, in order, and the bound on them.
+///
+/// `queued` counts the entries of every message pushed here and not yet
+/// applied by the owner, which takes each off once it has applied it
+/// (owner.rs): this backlog plus the owner's channel. While it is at
+/// `limit` (`capacity::CLUSTER_ENTRIES`) or more,
+/// [`OwnerQueue::takes_peer_input`] says no and no incoming peer link is
+/// read. Messages for the owner come from peer input, or from a tick or the
+/// owner's own messages (a handful each), so the bound holds to within one
+/// read's worth.
+pub struct OwnerQueue {
+    backlog: VecDeque<ClusterToTable>,
+    queued: Arc<ClusterQueued>,
+    limit: usize,
+}
+
+impl OwnerQueue {
+    pub fn new(queued: Arc<ClusterQueued>, limit: usize) -> OwnerQueue {
+        OwnerQueue {
+            backlog: VecDeque::new(),
+            queued,
+            limit,
+        }
+    }
+
+    /// Queue `msg` behind the others.
+    pub fn push(&mut self, msg: ClusterToTable) {
+        self.queued.add(msg.weight());
+        self.backlog.push_back(msg);
+    }
+
+    /// Send what is queued, in order, as far as the owner's channel has
+    /// room. A channel whose owner is gone drops everything.
+    pub fn send(&mut self, to_owner: &Sender<ToOwner>) {
+        while let Some(msg) = self.backlog.pop_front() {
+            match to_owner.try_send(ToOwner::Cluster(msg)) {
+                Ok(()) => {}
+                Err(TrySendError::Full(ToOwner::Cluster(msg))) => {
+                    self.backlog.push_front(msg);
+                    return;
+                }
+                Err(e) => {
+                    // The owner is gone (the node stops): none of it will
+                    // ever be applied.
+                    let this = match e.into_inner() {
+                        ToOwner::Cluster(msg) => msg.weight(),
+                        _ => 0,
+                    };
+                    let rest: usize = self.backlog.iter().map(ClusterToTable::weight).sum();
+                    self.backlog.clear();
+                    self.queued.applied(this.saturating_add(rest));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Messages wait here for room in the owner's channel.
+    pub fn is_waiting(&self) -> bool {
+        !self.backlog.is_empty()
+    }
+
+    /// Entries queued here or in the owner's channel, not yet applied.
+    pub fn queued(&self) -> usize {
+        self.queued.get()
+    }
+
+    /// May incoming peer links be read now? Not while what waits for the
+    /// owner is at its bound.
+    pub fn takes_peer_input(&self) -> bool {
+        self.queued() < self.limit
+    }
+}
 
 /// Where an outgoing link is in its life.
 enum OutPhase {
@@ -119,8 +202,11 @@ pub struct Replication {
     ins: Slab<InLink>,
     inbox: Receiver<ToRepl>,
     to_owner: Sender<ToOwner>,
-    /// Messages for the lock owner not sent yet (its channel was full).
-    owner_backlog: VecDeque<ClusterToTable>,
+    /// Messages for the lock owner not sent yet (its channel was full),
+    /// and the bound on what waits for it.
+    owner_backlog: OwnerQueue,
+    /// Warnings that the owner is behind and peers are read no faster.
+    behind_warn: RateLimit,
     shared: Arc<Shared>,
     exit: Sender<()>,
     done: bool,
@@ -173,7 +259,11 @@ impl Replication {
             ins: Slab::new(),
             inbox,
             to_owner,
-            owner_backlog: VecDeque::new(),
+            owner_backlog: OwnerQueue::new(
+                Arc::clone(&shared.cluster_queued),
+                capacity::CLUSTER_ENTRIES,
+            ),
+            behind_warn: RateLimit::default(),
             shared,
             exit,
             done: false,
@@ -193,10 +283,12 @@ impl Replication {
         while !self.done {
             let now = self.clock.now();
             let mut wake_ms = self.core.next_wake_ms(now);
-            if !self.owner_backlog.is_empty() {
+            let reading = self.owner_backlog.takes_peer_input();
+            if self.owner_backlog.is_waiting() || !reading {
+                // Retry the full channel; see whether the owner caught up.
                 wake_ms = wake_ms.min(now.ms + RETRY_FULL_MS);
             }
-            if !self.unread.is_empty() {
+            if !self.unread.is_empty() && reading {
                 wake_ms = now.ms;
             }
             let timeout = Duration::from_millis(wake_ms.saturating_sub(now.ms));
@@ -282,7 +374,7 @@ impl Replication {
                             let _ = self.poll.registry().deregister(&mut link.stream);
                         }
                     }
-                    ClusterEffect::ToTable(msg) => self.owner_backlog.push_back(msg),
+                    ClusterEffect::ToTable(msg) => self.owner_backlog.push(msg),
                     ClusterEffect::Exit => {
                         self.send_to_owner();
                         for p in 0..self.outs.len() {
@@ -299,19 +391,7 @@ impl Replication {
     /// Send what is queued for the lock owner, in order, as far as its
     /// channel has room.
     fn send_to_owner(&mut self) {
-        while let Some(msg) = self.owner_backlog.pop_front() {
-            match self.to_owner.try_send(ToOwner::Cluster(msg)) {
-                Ok(()) => {}
-                Err(TrySendError::Full(ToOwner::Cluster(msg))) => {
-                    self.owner_backlog.push_front(msg);
-                    return;
-                }
-                Err(_) => {
-                    self.owner_backlog.clear();
-                    return;
-                }
-            }
-        }
+        self.owner_backlog.send(&self.to_owner);
     }
 
     // ----- the inbox: owner, I/O loops, shutdown -----
@@ -612,18 +692,31 @@ impl Replication {
         self.read_in(link);
     }
 
-    /// Read what the budget allows from incoming link `link`.
+    /// Read what the budget allows from incoming link `link`, unless the
+    /// lock owner is too far behind (then it is read once it catches up).
     fn read_in(&mut self, link: LinkId) {
         let mut scratch = [0u8; 16 * 1024];
         let mut budget = READ_BUDGET;
         loop {
+            if !self.ins.contains(link) {
+                return;
+            }
+            if budget == 0 || !self.owner_backlog.takes_peer_input() {
+                if budget > 0 {
+                    // Held back: not silence (else a busy owner would cost
+                    // the links, and a standby would find its active dead).
+                    self.core.handle_in_held(self.clock.now(), link);
+                    self.carry_out();
+                    self.warn_owner_behind();
+                }
+                if !self.unread.contains(&link) {
+                    self.unread.push(link);
+                }
+                return;
+            }
             let Some(state) = self.ins.get_mut(link) else {
                 return;
             };
-            if budget == 0 {
-                self.unread.push(link);
-                return;
-            }
             let want = budget.min(scratch.len());
             match state.stream.read(&mut scratch[..want]) {
                 Ok(0) => return self.close_in(link, "closed"),
@@ -638,6 +731,19 @@ impl Replication {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return self.close_in(link, &e.to_string()),
             }
+        }
+    }
+
+    /// Peer links wait for the lock owner: say so, at most once per
+    /// WARN_EVERY_MS.
+    fn warn_owner_behind(&mut self) {
+        let now = self.clock.now_ms();
+        if self.behind_warn.allow(now, WARN_EVERY_MS).is_some() {
+            log::warn!(
+                "replication: the lock owner has {} entries from peers still to apply; peer \
+                 links are read only as fast as it applies them",
+                self.owner_backlog.queued()
+            );
         }
     }
 
@@ -797,4 +903,116 @@ impl Replication {
 
 fn resolve(peer: &str) -> Option<SocketAddr> {
     peer.to_socket_addrs().ok()?.next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::bounded;
+
+    fn deltas(n: u64) -> ClusterToTable {
+        ClusterToTable::Deltas((1..=n).map(|c| Delta::Ceiling(c * 16)).collect())
+    }
+
+    /// What the lock owner does with one message (owner.rs): apply it, then
+    /// take its entries off what waits.
+    fn owner_applies(rx: &Receiver<ToOwner>, queued: &ClusterQueued) -> Option<ClusterToTable> {
+        match rx.try_recv().ok()? {
+            ToOwner::Cluster(msg) => {
+                queued.applied(msg.weight());
+                Some(msg)
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn peer_input_stops_at_the_bound_and_resumes_once_the_owner_catches_up() {
+        let queued = Arc::new(ClusterQueued::default());
+        let mut q = OwnerQueue::new(Arc::clone(&queued), 100);
+        let (tx, rx) = bounded(2);
+        assert!(q.takes_peer_input());
+        q.push(ClusterToTable::Observe(5));
+        q.push(deltas(49));
+        q.send(&tx);
+        assert!(!q.is_waiting(), "both went into the channel");
+        assert_eq!(q.queued(), 51, "counted while in the channel too");
+        assert!(q.takes_peer_input());
+        q.push(deltas(48));
+        q.send(&tx);
+        assert!(q.is_waiting(), "the channel is full: it waits here");
+        assert_eq!(q.queued(), 100);
+        assert!(!q.takes_peer_input(), "at the bound: no peer link is read");
+        // The owner applies one: under the bound again, and the rest goes
+        // on in order.
+        assert_eq!(
+            owner_applies(&rx, &queued),
+            Some(ClusterToTable::Observe(5))
+        );
+        assert!(q.takes_peer_input());
+        q.send(&tx);
+        assert!(!q.is_waiting());
+        assert_eq!(owner_applies(&rx, &queued), Some(deltas(49)));
+        assert_eq!(owner_applies(&rx, &queued), Some(deltas(48)));
+        assert_eq!(q.queued(), 0);
+    }
+
+    #[test]
+    fn a_flood_faster_than_the_owner_stays_within_the_bound_and_loses_nothing() {
+        // A reader that queues a batch whenever peer input is taken, eight
+        // times a round, and an owner that applies one message a round: what
+        // waits never passes the bound by more than one batch, and every
+        // batch arrives, in order.
+        const LIMIT: usize = 10_000;
+        let queued = Arc::new(ClusterQueued::default());
+        let mut q = OwnerQueue::new(Arc::clone(&queued), LIMIT);
+        let (tx, rx) = bounded(4);
+        let (mut pushed, mut applied, mut most) = (0u64, 0u64, 0usize);
+        for _ in 0..5_000 {
+            for _ in 0..8 {
+                if q.takes_peer_input() {
+                    pushed += 1;
+                    q.push(ClusterToTable::Observe(pushed));
+                    q.push(deltas(999));
+                }
+            }
+            most = most.max(q.queued());
+            q.send(&tx);
+            if let Some(ClusterToTable::Observe(n)) = owner_applies(&rx, &queued) {
+                applied += 1;
+                assert_eq!(n, applied, "in order");
+            }
+            owner_applies(&rx, &queued);
+        }
+        assert!(
+            pushed > 1000,
+            "the reader was throttled, not stopped: {pushed}"
+        );
+        assert!(most <= LIMIT + 1001, "{most} entries waited");
+        assert!(applied + 10 >= pushed, "{applied} of {pushed}");
+    }
+
+    #[test]
+    fn a_snapshot_counts_whole_and_an_owner_gone_leaves_nothing_counted() {
+        let queued = Arc::new(ClusterQueued::default());
+        let mut q = OwnerQueue::new(Arc::clone(&queued), 100);
+        q.push(ClusterToTable::Snapshot(
+            (1..=500).map(|c| Delta::Ceiling(c * 16)).collect(),
+        ));
+        assert_eq!(q.queued(), 501);
+        assert!(!q.takes_peer_input());
+        let (tx, rx) = bounded(1);
+        q.send(&tx);
+        q.push(deltas(10));
+        q.send(&tx);
+        assert!(q.is_waiting());
+        drop(rx);
+        q.send(&tx);
+        assert!(!q.is_waiting());
+        assert_eq!(q.queued(), 501, "the one in the channel is the owner's");
+        queued.applied(501);
+        assert_eq!(q.queued(), 0);
+        queued.applied(7);
+        assert_eq!(q.queued(), 0, "never below zero");
+    }
 }

@@ -208,6 +208,18 @@ impl Roles {
         self.decide(now_ms)
     }
 
+    /// Peer `from` sent something this node has not read yet (its input is
+    /// held back while the lock owner catches up): it was live as of now,
+    /// whatever it says in it. Changes nothing else (a peer found dead
+    /// stays dead until it speaks).
+    pub fn handle_heard(&mut self, now_ms: u64, from: usize) {
+        if let Some(peer) = self.peers.get_mut(from).filter(|_| from != self.me)
+            && peer.beat.is_some()
+        {
+            peer.last_heard_ms = Some(peer.last_heard_ms.map_or(now_ms, |t| t.max(now_ms)));
+        }
+    }
+
     /// Peer `from`'s link dropped and reconnecting was refused: it is dead.
     pub fn handle_peer_dead(&mut self, now_ms: u64, from: usize) -> Vec<RoleEffect> {
         if let Some(peer) = self.peers.get_mut(from).filter(|_| from != self.me) {
@@ -229,10 +241,11 @@ impl Roles {
         self.decide(now_ms)
     }
 
-    /// The link from `from` dropped: if it is the active this node
-    /// follows, deltas may have been lost, so this node no longer holds its
-    /// full state (it keeps what it has, and takes a fresh snapshot).
-    pub fn handle_link_lost(&mut self, from: usize) {
+    /// Something `from` sent was lost (its link dropped) or left out (a
+    /// token beyond this node's window): if it is the active this node
+    /// follows, this node no longer holds its full state (it keeps what it
+    /// has, and takes a fresh snapshot).
+    pub fn handle_state_lost(&mut self, from: usize) {
         if self.following == Some(from) {
             self.synced = false;
         }
@@ -774,5 +787,21 @@ mod tests {
         let mut n1 = Roles::new(1, 2, DETECT, 500, 0);
         n1.handle_beat(100, 0, active());
         assert!(n1.next_wake_ms(200) <= 1100);
+    }
+
+    #[test]
+    fn input_not_read_yet_keeps_a_heard_peer_live_but_revives_no_dead_one() {
+        let mut n1 = Roles::new(1, 3, DETECT, 500, 0);
+        n1.handle_beat(0, 0, active());
+        n1.handle_heard(900, 0);
+        assert!(n1.is_live(0, 1500), "live as of 900");
+        assert!(n1.poll(1500).is_empty());
+        // Never heard: held input does not make it a peer with a role.
+        n1.handle_heard(900, 2);
+        assert!(!n1.is_live(2, 900));
+        // Found dead (its port refused): it stays dead until it speaks.
+        n1.handle_peer_dead(1600, 0);
+        n1.handle_heard(1601, 0);
+        assert!(!n1.is_live(0, 1601));
     }
 }
