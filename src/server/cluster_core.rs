@@ -171,7 +171,7 @@ impl RateLimit {
     }
 }
 
-fn left_out(n: u64) -> String {
+pub fn left_out(n: u64) -> String {
     if n == 0 {
         String::new()
     } else {

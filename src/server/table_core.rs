@@ -24,6 +24,7 @@
 
 use crate::protocol::{Answer, Request};
 use crate::server::clock::Now;
+use crate::server::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
 use crate::server::lock_table::{LockTable, Outbox};
 use crate::server::messages::{ClusterToTable, Inbound, TableToCluster};
 use crate::server::stats::Snapshot;
@@ -123,6 +124,9 @@ pub struct TableCore {
     effects: TableEffects,
     /// When changes last went to the cluster core (clock ms).
     deltas_sent_ms: Option<u64>,
+    /// Refused deltas and snapshot entries are logged at most once per
+    /// `WARN_EVERY_MS` (a peer could otherwise flood the log).
+    refusal_log: RateLimit,
 }
 
 impl TableCore {
@@ -145,6 +149,7 @@ impl TableCore {
             outbox: Outbox::default(),
             effects: TableEffects::default(),
             deltas_sent_ms: None,
+            refusal_log: RateLimit::default(),
         }
     }
 
@@ -377,17 +382,25 @@ impl TableCore {
                 };
                 self.table
                     .redirect_waiters(active.as_deref(), &mut self.outbox);
-                if let Err((n, why)) = self.table.load_snapshot(now.ms, entries) {
+                if let Err((n, why)) = self.table.load_snapshot(now.ms, entries)
+                    && let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS)
+                {
                     log::error!(
-                        "replication: refused {n} entries of the active's snapshot (the last: {why})"
+                        "replication: refused {n} entries of the active's snapshot (the last: {why}){}",
+                        left_out(more)
                     );
                 }
             }
             ClusterToTable::Deltas(deltas) => {
                 if !matches!(self.mode, Mode::Active) {
                     for delta in deltas {
-                        if let Err(why) = self.table.apply_delta(now.ms, delta) {
-                            log::error!("replication: refused a delta from the active: {why}");
+                        if let Err(why) = self.table.apply_delta(now.ms, delta)
+                            && let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS)
+                        {
+                            log::error!(
+                                "replication: refused a delta from the active: {why}{}",
+                                left_out(more)
+                            );
                         }
                     }
                 }
