@@ -29,8 +29,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use baton::protocol::{
-    self, Answer, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason, Request,
-    Secret,
+    self, Answer, Info, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason,
+    Request, Secret,
 };
 use common::rng::Rng;
 use common::{
@@ -740,10 +740,10 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
                 pairs.push((name, value));
             }
             // Keep the line within MAX_LINE.
-            while answer_text(&Answer::Info(pairs.clone())).len() > MAX_LINE {
+            while answer_text(&Answer::Info(Info::from_pairs(pairs.clone()))).len() > MAX_LINE {
                 pairs.pop();
             }
-            Answer::Info(pairs)
+            Answer::Info(Info::from_pairs(pairs))
         }
     }
 }
