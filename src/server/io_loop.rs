@@ -13,12 +13,22 @@
 //! - `MAX_LINE` per line (protocol.rs): past it, `E - - line-too-long` and close;
 //! - `ACCEPT_BATCH` accepts per wake, `READ_BUDGET` bytes read per connection
 //!   per wake, so one busy client cannot starve the others;
-//! - `PAUSE_OUTPUT` bytes of unsent answers, or `Shared::max_inflight`
-//!   requests sent to the owner and not answered yet: stop reading that
-//!   client until it catches up (the limit on requests in flight is what
-//!   bounds a client that floods requests and never reads, since its answers
-//!   pile up in the channels before they reach its output); `MAX_OUTPUT`: a
-//!   client whose unread answers still grow past it is cut off;
+//! - `PAUSE_OUTPUT` bytes of unsent answers, or `MAX_OWED` bytes owed by
+//!   requests sent to the owner and not answered yet (waiting acquires
+//!   included; each costs its key's bytes plus `ANSWER_ALLOWANCE`, an `I`
+//!   `INFO_COST`, its worst answer): stop reading that client until it
+//!   catches up. The budget in bytes, not requests, is what bounds a client
+//!   that floods requests and never reads, since its answers pile up in
+//!   the channels before they reach its output: parsing stops mid-buffer
+//!   at `MAX_OWED`, the rest (at most one read, `READ_CHUNK`, after an
+//!   unfinished line) waits in the connection's partial buffer and is
+//!   parsed before anything more is read, so one connection costs about
+//!   `PAUSE_OUTPUT + MAX_OWED + READ_CHUNK` at most, whatever it sends. The
+//!   count is kept with no allocation per request (two additions). A
+//!   connection whose waiting acquires alone are owed `MAX_OWED` (4096
+//!   of them with 64-byte keys, fewer with longer ones) is not read until
+//!   one is answered; `MAX_OUTPUT`: a client whose unread answers still
+//!   grow past it is cut off;
 //! - `MAX_OWNER_BATCHES` answer batches taken in per round, so one flooded
 //!   loop still gets back to its other clients;
 //! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
@@ -93,6 +103,22 @@ const READ_BUDGET: usize = 64 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
 /// Unsent answer bytes past which a connection is not read until it drains.
 const PAUSE_OUTPUT: usize = 256 * 1024;
+/// What one connection may be owed, in bytes, by requests it has sent to
+/// the owner and not had answered yet (its waiters included): past it,
+/// parsing stops (mid-buffer: the rest waits in the connection's partial
+/// buffer) and the connection is not read until half of it is answered.
+/// With the output's own bound this keeps what a client that floods
+/// requests and never reads can cost near `PAUSE_OUTPUT`, whatever its
+/// requests are.
+const MAX_OWED: u32 = 2 * PAUSE_OUTPUT as u32;
+/// What a request is owed beyond its key's bytes: the rest of the longest
+/// answer it may get (`Q`'s three numbers, an `E`'s reason, an `M`'s
+/// address) and its slots on the channels. A request costs its key plus
+/// this, so 4096 waiting acquires of 64-byte keys fit in `MAX_OWED`.
+const ANSWER_ALLOWANCE: u32 = 64;
+/// What an `I` is owed: the longest answer line there is, whatever its
+/// figures say.
+const INFO_COST: u32 = protocol::MAX_LINE as u32;
 /// Unsent answer bytes past which a connection is cut off.
 const MAX_OUTPUT: usize = 4 * 1024 * 1024;
 /// An idle connection's write buffer is shrunk back to this capacity.
@@ -138,10 +164,15 @@ struct Conn {
     forgotten: bool,
     /// Queued for a flush this round.
     dirty: bool,
-    /// Reading is paused by PAUSE_OUTPUT or the in-flight limit.
+    /// Reading is paused by PAUSE_OUTPUT or MAX_OWED.
     paused: bool,
     /// Requests sent to the owner and not answered yet.
     inflight: u32,
+    /// What those requests cost against MAX_OWED (see [`owed_for`]).
+    owed: u32,
+    /// Parsing stopped at MAX_OWED: `partial` may hold complete lines,
+    /// parsed before anything more is read.
+    held_input: bool,
     /// Unread input may remain (budget ran out): read again next round.
     backlogged: bool,
     /// No line has been read yet (a peer link announces itself on its first line).
@@ -572,6 +603,8 @@ impl IoLoop {
             dirty: false,
             paused: false,
             inflight: 0,
+            owed: 0,
+            held_input: false,
             backlogged: false,
             fresh: true,
             peer_only,
@@ -631,9 +664,18 @@ impl IoLoop {
                 self.schedule_read(slot);
                 return;
             }
-            if conn.pending_output() > PAUSE_OUTPUT || conn.inflight >= self.shared.max_inflight {
+            if conn.pending_output() > PAUSE_OUTPUT || conn.owed >= MAX_OWED {
                 conn.paused = true;
                 return;
+            }
+            if conn.held_input {
+                // Lines left over when MAX_OWED stopped the parse go first:
+                // nothing more is read until they are taken.
+                conn.held_input = false;
+                if !self.take_input(slot, 0) {
+                    return;
+                }
+                continue;
             }
             if budget == 0 {
                 self.schedule_read(slot);
@@ -713,6 +755,14 @@ impl IoLoop {
             return Some(0);
         }
         while used < input.len() {
+            let conn = &mut self.conns[slot];
+            if conn.owed >= MAX_OWED {
+                // Owed too much: the rest waits (in `partial`, at most one
+                // read's worth) until answers come back.
+                conn.paused = true;
+                conn.held_input = true;
+                break;
+            }
             let (n, result) = match protocol::parse_request(&input[used..], max_lease_ms) {
                 Parsed::Incomplete => break,
                 Parsed::Line { used: n, result } => (n, result),
@@ -743,7 +793,9 @@ impl IoLoop {
                     }
                 }
                 Ok(request) => {
-                    self.conns[slot].inflight += 1;
+                    let conn = &mut self.conns[slot];
+                    conn.inflight += 1;
+                    conn.owed += owed_for(request.op(), request.key());
                     self.batch.push(Inbound::Request(id, request));
                 }
                 Err(LineError::Blank) => {}
@@ -757,7 +809,9 @@ impl IoLoop {
                     );
                     // Through the owner like every answer, so it leaves in
                     // request order.
-                    self.conns[slot].inflight += 1;
+                    let conn = &mut self.conns[slot];
+                    conn.inflight += 1;
+                    conn.owed += owed_for(op, key.as_ref());
                     self.batch.push(Inbound::Refused(id, op, key, reason));
                 }
                 Err(LineError::Fatal(reason)) => {
@@ -948,6 +1002,12 @@ impl IoLoop {
             if let Some(slot) = self.live_slot(*id) {
                 let conn = &mut self.conns[slot];
                 conn.inflight = conn.inflight.saturating_sub(1);
+                // With nothing left in flight nothing is owed, whatever the
+                // sums say.
+                conn.owed = match conn.inflight {
+                    0 => 0,
+                    _ => conn.owed.saturating_sub(answer_owed(answer)),
+                };
                 self.write_answer(slot, answer);
             }
         }
@@ -1043,7 +1103,7 @@ impl IoLoop {
             return;
         }
         let conn = &mut self.conns[slot];
-        let caught_up = conn.inflight <= self.shared.max_inflight / 2;
+        let caught_up = conn.owed <= MAX_OWED / 2;
         if conn.paused && pending <= PAUSE_OUTPUT / 2 && caught_up {
             conn.paused = false;
             self.schedule_read(slot);
@@ -1067,6 +1127,37 @@ impl IoLoop {
     fn free(&mut self, slot: usize) {
         let conn = self.unlist(slot);
         log::debug!("{}: closed", who(&conn));
+    }
+}
+
+/// What a request of `op` on `key` is owed against MAX_OWED until its
+/// answer comes: its key's bytes and ANSWER_ALLOWANCE, or INFO_COST for an
+/// `I`. The answer is taken off by [`answer_owed`], which names the same
+/// op and key, so the two always match.
+#[inline]
+fn owed_for(op: Op, key: Option<&protocol::Key>) -> u32 {
+    match op {
+        Op::Info => INFO_COST,
+        _ => key.map_or(0, |key| key.as_bytes().len() as u32) + ANSWER_ALLOWANCE,
+    }
+}
+
+/// What an answer from the owner pays back: [`owed_for`] the request it
+/// answers (every answer names its request's op and key).
+#[inline]
+fn answer_owed(answer: &Answer) -> u32 {
+    match answer {
+        Answer::Granted { key, .. } | Answer::Timeout { key } => owed_for(Op::Acquire, Some(key)),
+        Answer::Released { key } | Answer::NotHeld { key } => owed_for(Op::Release, Some(key)),
+        Answer::Kept { key } => owed_for(Op::Keep, Some(key)),
+        Answer::Queried { key, .. } => owed_for(Op::Query, Some(key)),
+        Answer::Info(_) => owed_for(Op::Info, None),
+        Answer::Moved { op, key, .. }
+        | Answer::Error {
+            op: Some(op), key, ..
+        } => owed_for(*op, key.as_ref()),
+        // About the connection, not a request (it is being cut off).
+        Answer::Error { op: None, .. } | Answer::AuthOk => 0,
     }
 }
 
@@ -1347,6 +1438,133 @@ mod tests {
         let _client = connect_and_send(&mut io_loop, addr, "", |l| !l.conns.is_empty());
         // Only the live, waiting connection's entry is left.
         assert_eq!(io_loop.auth_deadlines.len(), 1);
+    }
+
+    /// Run the loop as `run` does (poll, events, round) once.
+    fn turn(io_loop: &mut IoLoop) {
+        let mut events = Events::with_capacity(16);
+        io_loop
+            .poll
+            .poll(&mut events, Some(Duration::from_millis(10)))
+            .expect("poll");
+        io_loop.handle_events(&events);
+        io_loop.round();
+    }
+
+    #[test]
+    fn a_connection_owed_max_owed_is_parsed_no_further_until_answers_come_back() {
+        let (mut io_loop, inbound, answers) = idle_loop(0);
+        let addr = io_loop.listener.local_addr().expect("addr");
+        let mut client = std::net::TcpStream::connect(addr).expect("connect");
+        const SENT: usize = 4000;
+        client.write_all(&b"I\n".repeat(SENT)).expect("send");
+        let per_turn = (MAX_OWED / INFO_COST) as usize;
+        let (mut taken, mut answered, mut stops) = (0, 0, 0);
+        let start = Instant::now();
+        while answered < SENT {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "stuck at {taken}"
+            );
+            turn(&mut io_loop);
+            let mut ids = Vec::new();
+            while let Ok(ToOwner::Clients(batch)) = inbound.try_recv() {
+                for event in batch {
+                    match event {
+                        Inbound::Request(id, Request::Info) => ids.push(id),
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+            taken += ids.len();
+            assert!(
+                taken - answered <= per_turn,
+                "{taken} taken, {answered} answered"
+            );
+            if let Some((_, conn)) = io_loop.conns.iter().next() {
+                assert!(conn.partial.len() <= READ_CHUNK + protocol::MAX_LINE);
+                if taken - answered == per_turn && taken < SENT {
+                    // Stopped mid-buffer, the rest held.
+                    assert!(conn.paused && conn.held_input && !conn.partial.is_empty());
+                    assert_eq!(conn.owed, MAX_OWED);
+                    stops += 1;
+                }
+            }
+            let batch = OwnerBatch {
+                answers: ids
+                    .iter()
+                    .map(|id| (*id, Answer::Info(protocol::Info::default())))
+                    .collect(),
+                forgotten: Vec::new(),
+            };
+            answered += batch.answers.len();
+            answers.send(batch).expect("send answers");
+        }
+        assert_eq!(taken, SENT);
+        assert!(stops >= SENT / per_turn, "stopped {stops} times");
+        // Every answer paid back what its request cost.
+        turn(&mut io_loop);
+        let (_, conn) = io_loop.conns.iter().next().expect("still open");
+        assert_eq!((conn.inflight, conn.owed), (0, 0));
+    }
+
+    #[test]
+    fn what_an_answer_pays_back_is_what_its_request_cost() {
+        let key = protocol::Key::new(&[b'k'; 200]).expect("key");
+        let parsed = |line: &str| match protocol::parse_request(line.as_bytes(), 60_000) {
+            Parsed::Line { result, .. } => result,
+            Parsed::Incomplete => panic!("incomplete"),
+        };
+        let k = key.to_string();
+        for (line, answer) in [
+            (
+                format!("A {k} 30 0"),
+                Answer::Granted {
+                    token: 9,
+                    key: key.clone(),
+                },
+            ),
+            (format!("A {k} 30 1"), Answer::Timeout { key: key.clone() }),
+            (format!("R {k} 9"), Answer::NotHeld { key: key.clone() }),
+            (format!("K {k} 9 30"), Answer::Kept { key: key.clone() }),
+            (
+                format!("Q {k}"),
+                Answer::Queried {
+                    key: key.clone(),
+                    token: 0,
+                    ms_left: 0,
+                    waiting: 0,
+                },
+            ),
+            ("I".to_string(), Answer::Info(protocol::Info::default())),
+            (
+                format!("A {k} 30 0"),
+                Answer::Moved {
+                    active: None,
+                    op: Op::Acquire,
+                    key: Some(key.clone()),
+                },
+            ),
+        ] {
+            let Ok(request) = parsed(&format!("{line}\n")) else {
+                panic!("{line}");
+            };
+            assert_eq!(
+                owed_for(request.op(), request.key()),
+                answer_owed(&answer),
+                "{line}"
+            );
+        }
+        // A refusal is answered with its op and key.
+        let Err(LineError::Refused { op, key, reason }) = parsed(&format!("K {k} 0 30\n")) else {
+            panic!("refused");
+        };
+        let answer = Answer::Error {
+            op: Some(op),
+            key: key.clone(),
+            reason,
+        };
+        assert_eq!(owed_for(op, key.as_ref()), answer_owed(&answer));
     }
 
     #[test]
