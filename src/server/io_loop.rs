@@ -36,10 +36,14 @@
 //!   TLS session to carry one);
 //! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake,
 //!   and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per connection;
-//! - `MAX_DELAYED_CLOSES` connections waiting out `BAD_AUTH_DELAY` after a
-//!   wrong secret: past it, a `U` is not checked at all, the connection gets
-//!   `E - - too-many-connections` and is closed at once (so guessing stays
-//!   slow however many connections try at once);
+//! - `BAD_AUTH_DELAY` before a wrong secret's answer and close: every `U`
+//!   is checked, a right secret always opens the gate, a wrong one is
+//!   always delayed. The delayed closes need no bound of their own: a
+//!   rejected connection reads nothing more, so it has one entry, and
+//!   holds its `--max-conns` slot until its delay is up; so guesses go at
+//!   most `--max-conns` per `BAD_AUTH_DELAY`, and no flood of them can
+//!   keep out a client with the right secret (beyond filling
+//!   `--max-conns`, as any connection flood can);
 //! - `AUTH_DEADLINE`: with `--auth-file`, a connection that has not
 //!   authenticated by then gets `E - - auth-required` and is closed, so
 //!   clients without a secret cannot hold `--max-conns` slots by saying
@@ -133,8 +137,6 @@ pub const PEER_SLOT_MS: u64 = 1_000;
 /// A wrong secret is answered and its connection closed this long after it
 /// arrived, to slow down guessing.
 pub const BAD_AUTH_DELAY: Duration = Duration::from_millis(100);
-/// Connections one loop keeps waiting out `BAD_AUTH_DELAY` at once.
-pub const MAX_DELAYED_CLOSES: usize = 1024;
 /// With `--auth-file`, a connection must have authenticated this long after
 /// it was accepted, or it is closed.
 pub const AUTH_DEADLINE: Duration = Duration::from_secs(10);
@@ -219,7 +221,9 @@ pub struct IoLoop {
     /// shown a peer line by.
     peer_only: Vec<(usize, ConnId, Instant)>,
     /// Connections rejected for a wrong secret, with the time they get
-    /// their answer and close (in that order: the delay is fixed).
+    /// their answer and close (in that order: the delay is fixed). One
+    /// entry per rejected connection, which reads nothing more and keeps
+    /// its slot until then: bounded by the connections.
     delayed_closes: VecDeque<(usize, ConnId, Instant)>,
     /// TLS connections whose handshake is not done, with its deadline.
     handshakes: Vec<(usize, ConnId, Instant)>,
@@ -873,17 +877,6 @@ impl IoLoop {
             self.write_answer(slot, &answer);
             return true;
         };
-        if self.delayed_closes.len() >= MAX_DELAYED_CLOSES {
-            // Not checked: answering at once would let guesses go faster.
-            log::debug!(
-                "{}: U not checked: {MAX_DELAYED_CLOSES} wrong secrets wait out their delay",
-                who(&self.conns[slot])
-            );
-            self.shared.io_counters.refused(Reason::TooManyConnections);
-            self.write_answer(slot, &fatal_answer(Reason::TooManyConnections));
-            self.start_close(slot, "too many wrong secrets at once");
-            return false;
-        }
         if auth.accepts(secret.as_bytes()) {
             self.conns[slot].gate = Gate::Open;
             self.shared.io_counters.auth_ok();
@@ -1380,22 +1373,20 @@ mod tests {
     }
 
     #[test]
-    fn past_the_bound_on_delayed_closes_a_u_is_not_checked() {
+    fn however_many_wrong_secrets_wait_out_their_delay_a_right_one_is_let_in() {
         let (mut io_loop, addr, _inbound) = gated_loop();
         let later = Instant::now() + Duration::from_secs(3600);
-        for serial in 0..MAX_DELAYED_CLOSES {
-            let id = ConnId::new(0, 1 << 20, serial as u32);
+        for serial in 0..10_000u32 {
+            let id = ConnId::new(0, 1 << 20, serial);
             io_loop.delayed_closes.push_back((1 << 20, id, later));
         }
-        // Even the right secret: checking it would tell a guesser the answer
-        // at once.
-        let mut client = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), closing);
-        assert_eq!(read_line(&mut client), "E - - too-many-connections");
-        assert_eq!(io_loop.delayed_closes.len(), MAX_DELAYED_CLOSES);
-        // Once there is room again, secrets are checked.
-        io_loop.delayed_closes.clear();
         let mut client = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
         assert_eq!(read_line(&mut client), "U ok");
+        // And a wrong one still waits its turn, behind the others.
+        let _wrong = connect_and_send(&mut io_loop, addr, "U wrong-secret-0123456789\n", |l| {
+            l.delayed_closes.len() > 10_000
+        });
+        assert!(io_loop.conns.iter().any(|(_, c)| c.gate == Gate::Rejected));
     }
 
     #[test]
