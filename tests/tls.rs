@@ -784,3 +784,18 @@ fn past_max_conns_a_tls_connection_is_closed_without_a_word_and_the_others_stay(
     assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
     assert!(first.ask("I").expect("still served").starts_with("I "));
 }
+
+// ----- closing -----
+
+#[test]
+fn a_fatal_line_over_tls_is_answered_then_a_close_notify_ends_the_session() {
+    let pki = Pki::new("close-notify");
+    let node = tls_node(&pki, &[]);
+    // The error, then a clean end: rustls reads a close without
+    // close_notify as an error, not as "closed".
+    let mut client = line(&node, &pki);
+    let long = "x".repeat(2000);
+    assert_eq!(client.ask(&long).expect("an answer"), "E - - line-too-long");
+    assert_eq!(client.recv(DEADLINE), Err("closed".to_string()));
+    still_serves(&node, &pki);
+}

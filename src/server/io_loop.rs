@@ -71,7 +71,11 @@
 //! (`Inbound::Closed`), the owner drops the connection's waiters and
 //! acknowledges, and only then is the slot freed — so no answer is ever
 //! written to the wrong client, and a client that half-closes after sending
-//! still gets every answer already decided.
+//! still gets every answer already decided. The slot is freed once its
+//! output is written (under TLS, once rustls holds none of it either), or
+//! at once if the client was cut off or a write failed; a TLS connection
+//! then sends `close_notify` (best effort: written if the socket takes it
+//! at that moment), so its client can tell the end from a cut.
 //!
 //! Never does: block, touch lock state, or panic on anything a client sends.
 
@@ -164,6 +168,9 @@ struct Conn {
     closing: bool,
     /// The owner has forgotten this connection: free it once flushed.
     forgotten: bool,
+    /// Cut off for not reading (MAX_OUTPUT) or a failed write: its unsent
+    /// output is dropped, not waited for.
+    cut_off: bool,
     /// Queued for a flush this round.
     dirty: bool,
     /// Reading is paused by PAUSE_OUTPUT or MAX_OWED.
@@ -226,7 +233,10 @@ pub struct IoLoop {
     /// its slot until then: bounded by the connections.
     delayed_closes: VecDeque<(usize, ConnId, Instant)>,
     /// TLS connections whose handshake is not done, with its deadline.
-    handshakes: Vec<(usize, ConnId, Instant)>,
+    /// (In that order: the time allowed is fixed. Entries of handshakes
+    /// done or connections gone wait for their deadline, or are pruned in
+    /// `admit`.)
+    handshakes: VecDeque<(usize, ConnId, Instant)>,
     /// With `--auth-file`: connections with the time they must have
     /// authenticated by (in that order: the deadline is fixed).
     auth_deadlines: VecDeque<(usize, ConnId, Instant)>,
@@ -271,7 +281,7 @@ impl IoLoop {
             polling: false,
             peer_only: Vec::new(),
             delayed_closes: VecDeque::new(),
-            handshakes: Vec::new(),
+            handshakes: VecDeque::new(),
             auth_deadlines: VecDeque::new(),
         };
         Ok((io_loop, waker, awake))
@@ -304,6 +314,9 @@ impl IoLoop {
                 self.flush(slot);
             }
         }
+        for (_, conn) in self.conns.iter_mut() {
+            conn.stream.close_notify();
+        }
         let open = self.conns.iter().filter(|(_, c)| !c.peer_only).count();
         self.shared.conns.fetch_sub(open, Ordering::Relaxed);
         let reserved = self.conns.len() - open;
@@ -328,8 +341,15 @@ impl IoLoop {
         if !self.delayed_closes.is_empty() {
             self.answer_delayed_closes();
         }
-        if !self.handshakes.is_empty() {
-            self.expire_handshakes(Instant::now());
+        if self.handshakes.front().is_some() {
+            let now = Instant::now();
+            if self
+                .handshakes
+                .front()
+                .is_some_and(|&(_, _, due)| due <= now)
+            {
+                self.expire_handshakes(now);
+            }
         }
         if !self.auth_deadlines.is_empty() {
             self.expire_auth_deadlines();
@@ -382,15 +402,18 @@ impl IoLoop {
         self.stop_polling();
         let sleep = self.may_sleep();
         // Wake for the deadline of a connection in a peer-reserved slot, of
-        // a TLS handshake, the first delayed close, or the first
+        // the first TLS handshake, the first delayed close, or the first
         // authentication deadline.
-        let deadlines = self.peer_only.iter().chain(self.handshakes.iter());
-        let close_deadline = self.delayed_closes.front().map(|(_, _, d)| *d);
-        let auth_deadline = self.auth_deadlines.front().map(|(_, _, d)| *d);
-        match deadlines
+        let firsts = [
+            self.handshakes.front(),
+            self.delayed_closes.front(),
+            self.auth_deadlines.front(),
+        ];
+        match self
+            .peer_only
+            .iter()
+            .chain(firsts.into_iter().flatten())
             .map(|(_, _, d)| *d)
-            .chain(close_deadline)
-            .chain(auth_deadline)
             .min()
         {
             Some(deadline) => {
@@ -418,29 +441,25 @@ impl IoLoop {
         }
     }
 
-    /// Forget the handshakes that are done, and close the TLS connections
-    /// whose handshake is late at `now`. The owner never heard of these.
+    /// Take off the handshake deadlines due at `now` (the first ones),
+    /// closing the TLS connections still in their handshake then. The
+    /// owner never heard of these.
     fn expire_handshakes(&mut self, now: Instant) {
-        let mut late = Vec::new();
-        self.handshakes.retain(|&(slot, id, deadline)| {
-            let Some(conn) = self.conns.get(slot).filter(|c| c.id == id) else {
-                return false;
-            };
-            if !conn.stream.is_handshaking() || conn.closing {
-                return false;
+        while let Some(&(slot, id, due)) = self.handshakes.front() {
+            if due > now {
+                return;
             }
-            if deadline <= now {
-                late.push(slot);
-                return false;
+            self.handshakes.pop_front();
+            let late = self
+                .live_slot(id)
+                .is_some_and(|slot| self.conns[slot].stream.is_handshaking());
+            if late && !self.conns[slot].closing {
+                let conn = self.unlist(slot);
+                log::debug!(
+                    "{}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
+                    who(&conn)
+                );
             }
-            true
-        });
-        for slot in late {
-            let conn = self.unlist(slot);
-            log::debug!(
-                "{}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
-                who(&conn)
-            );
         }
     }
 
@@ -604,6 +623,7 @@ impl IoLoop {
             written: 0,
             closing: false,
             forgotten: false,
+            cut_off: false,
             dirty: false,
             paused: false,
             inflight: 0,
@@ -623,8 +643,19 @@ impl IoLoop {
             self.peer_only.push((slot, id, deadline));
         }
         if self.shared.tls.is_some() {
+            // As for the authentication deadlines below: entries of
+            // handshakes done or connections gone are dropped when they
+            // outnumber the open connections (amortised O(1)).
+            if self.handshakes.len() >= 2 * self.conns.len() + 64 {
+                let conns = &self.conns;
+                self.handshakes.retain(|&(slot, id, _)| {
+                    conns
+                        .get(slot)
+                        .is_some_and(|c| c.id == id && c.stream.is_handshaking())
+                });
+            }
             let deadline = Instant::now() + Duration::from_millis(HANDSHAKE_MS);
-            self.handshakes.push((slot, id, deadline));
+            self.handshakes.push_back((slot, id, deadline));
         }
         if self.shared.auth.is_some() {
             // Entries of connections gone or through the gate wait for
@@ -1073,6 +1104,9 @@ impl IoLoop {
             failed = true;
         }
         let pending = conn.pending_output();
+        // Under TLS, what rustls took is written only once it reaches the
+        // socket: a connection is flushed when rustls holds nothing either.
+        let flushed = pending == 0 && !conn.stream.tls_backlog();
         if pending == 0 {
             conn.output.clear();
             conn.written = 0;
@@ -1081,7 +1115,7 @@ impl IoLoop {
                 conn.output.shrink_to(IDLE_OUTPUT_CAPACITY);
             }
         }
-        if conn.forgotten && (pending == 0 || failed) {
+        if conn.forgotten && (flushed || failed || conn.cut_off) {
             self.free(slot);
             return;
         }
@@ -1090,6 +1124,7 @@ impl IoLoop {
             if pending > MAX_OUTPUT {
                 log::debug!("{}: cut off: {pending} bytes of answers unread", who(conn));
             }
+            conn.cut_off = true;
             conn.output.clear();
             conn.written = 0;
             self.start_close(slot, "write failed or output over limit");
@@ -1117,8 +1152,13 @@ impl IoLoop {
         conn
     }
 
+    /// Close a connection whose output is flushed (or given up on). Under
+    /// TLS it says so first: a `close_notify`, written if the socket takes
+    /// it now (never waited for), so that a client can tell the end from a
+    /// cut.
     fn free(&mut self, slot: usize) {
-        let conn = self.unlist(slot);
+        let mut conn = self.unlist(slot);
+        conn.stream.close_notify();
         log::debug!("{}: closed", who(&conn));
     }
 }
