@@ -71,7 +71,10 @@
 //! (`Inbound::Closed`), the owner drops the connection's waiters and
 //! acknowledges, and only then is the slot freed — so no answer is ever
 //! written to the wrong client, and a client that half-closes after sending
-//! still gets every answer already decided. The slot is freed once its
+//! still gets every answer already decided. An `E - - <reason>` that ends
+//! a connection (a line not understood, `auth-required`, `bad-auth`) is
+//! its last line: with answers still owed, it waits for the owner's
+//! acknowledgement, which comes after them. The slot is freed once its
 //! output is written (under TLS, once rustls holds none of it either), or
 //! at once if the client was cut off or a write failed; a TLS connection
 //! then sends `close_notify` (best effort: written if the socket takes it
@@ -171,6 +174,9 @@ struct Conn {
     /// Cut off for not reading (MAX_OUTPUT) or a failed write: its unsent
     /// output is dropped, not waited for.
     cut_off: bool,
+    /// The `E - - <reason>` of a close, to be written once the owner has
+    /// answered everything before it (see `close_with`).
+    farewell: Option<Reason>,
     /// Queued for a flush this round.
     dirty: bool,
     /// Reading is paused by PAUSE_OUTPUT or MAX_OWED.
@@ -624,6 +630,7 @@ impl IoLoop {
             closing: false,
             forgotten: false,
             cut_off: false,
+            farewell: None,
             dirty: false,
             paused: false,
             inflight: 0,
@@ -856,13 +863,7 @@ impl IoLoop {
                         reason.as_str()
                     );
                     self.shared.io_counters.refused(reason);
-                    let answer = Answer::Error {
-                        op: None,
-                        key: None,
-                        reason,
-                    };
-                    self.write_answer(slot, &answer);
-                    self.start_close(slot, reason.as_str());
+                    self.close_with(slot, reason, reason.as_str());
                     break;
                 }
             }
@@ -885,10 +886,8 @@ impl IoLoop {
                 false
             }
             Ok(_) | Err(_) => {
-                let answer = fatal_answer(Reason::AuthRequired);
                 self.shared.io_counters.refused(Reason::AuthRequired);
-                self.write_answer(slot, &answer);
-                self.start_close(slot, "a request before U");
+                self.close_with(slot, Reason::AuthRequired, "a request before U");
                 false
             }
         }
@@ -944,8 +943,7 @@ impl IoLoop {
             self.delayed_closes.pop_front();
             if self.live_slot(id).is_some() {
                 self.shared.io_counters.refused(Reason::BadAuth);
-                self.write_answer(slot, &fatal_answer(Reason::BadAuth));
-                self.start_close(slot, "wrong secret");
+                self.close_with(slot, Reason::BadAuth, "wrong secret");
             }
         }
     }
@@ -965,8 +963,7 @@ impl IoLoop {
                 .is_some_and(|slot| self.conns[slot].gate == Gate::Awaiting);
             if awaiting && !self.conns[slot].closing {
                 self.shared.io_counters.refused(Reason::AuthRequired);
-                self.write_answer(slot, &fatal_answer(Reason::AuthRequired));
-                self.start_close(slot, "no U in time");
+                self.close_with(slot, Reason::AuthRequired, "no U in time");
             }
         }
     }
@@ -987,6 +984,19 @@ impl IoLoop {
                 let _ = link.waker.wake();
             }
         }
+    }
+
+    /// `E - - <reason>`, then the close. The line is the connection's
+    /// last: written now if no answer is owed, else once the owner has
+    /// answered everything sent before it (when it acknowledges the close;
+    /// answers come back in order), so no answer follows it.
+    fn close_with(&mut self, slot: usize, reason: Reason, why: &str) {
+        if self.conns[slot].inflight == 0 {
+            self.write_answer(slot, &fatal_answer(reason));
+        } else {
+            self.conns[slot].farewell = Some(reason);
+        }
+        self.start_close(slot, why);
     }
 
     /// Stop reading the connection and tell the owner; the slot is freed
@@ -1037,6 +1047,10 @@ impl IoLoop {
         }
         for id in batch.forgotten {
             if let Some(slot) = self.live_slot(id) {
+                if let Some(reason) = self.conns[slot].farewell.take() {
+                    // Every answer owed is written: the last line now.
+                    self.write_answer(slot, &fatal_answer(reason));
+                }
                 let conn = &mut self.conns[slot];
                 conn.forgotten = true;
                 if !conn.closing {
