@@ -74,11 +74,12 @@
 //! still gets every answer already decided. An `E - - <reason>` that ends
 //! a connection (a line not understood, `auth-required`, `bad-auth`) is
 //! its last line: with answers still owed, it waits for the owner's
-//! acknowledgement, which comes after them. The slot is freed once its
-//! output is written (under TLS, once rustls holds none of it either), or
-//! at once if the client was cut off or a write failed; a TLS connection
-//! then sends `close_notify` (best effort: written if the socket takes it
-//! at that moment), so its client can tell the end from a cut.
+//! acknowledgement, which comes after them. Under TLS a `close_notify`
+//! follows the last answer, so its client can tell the end from a cut.
+//! The slot is freed once all that is written (under TLS, once rustls
+//! holds none of it either: its records go out on writable events like
+//! the loop's own output, never with a wait), or at once if the client
+//! was cut off or a write failed (then without `close_notify`).
 //!
 //! Never does: block, touch lock state, or panic on anything a client sends.
 
@@ -177,6 +178,9 @@ struct Conn {
     /// The `E - - <reason>` of a close, to be written once the owner has
     /// answered everything before it (see `close_with`).
     farewell: Option<Reason>,
+    /// Closing, everything owed handed to the stream, and under TLS a
+    /// `close_notify` queued after it.
+    said_end: bool,
     /// Queued for a flush this round.
     dirty: bool,
     /// Reading is paused by PAUSE_OUTPUT or MAX_OWED.
@@ -321,7 +325,10 @@ impl IoLoop {
             }
         }
         for (_, conn) in self.conns.iter_mut() {
-            conn.stream.close_notify();
+            if !conn.said_end {
+                // Best effort: the process is ending.
+                let _ = conn.stream.close_notify();
+            }
         }
         let open = self.conns.iter().filter(|(_, c)| !c.peer_only).count();
         self.shared.conns.fetch_sub(open, Ordering::Relaxed);
@@ -631,6 +638,7 @@ impl IoLoop {
             forgotten: false,
             cut_off: false,
             farewell: None,
+            said_end: false,
             dirty: false,
             paused: false,
             inflight: 0,
@@ -1118,6 +1126,14 @@ impl IoLoop {
             failed = true;
         }
         let pending = conn.pending_output();
+        if conn.forgotten && pending == 0 && !failed && !conn.cut_off && !conn.said_end {
+            // Everything owed is in rustls: under TLS the end is said after
+            // it, and goes out with it.
+            conn.said_end = true;
+            if conn.stream.close_notify().is_err() {
+                failed = true;
+            }
+        }
         // Under TLS, what rustls took is written only once it reaches the
         // socket: a connection is flushed when rustls holds nothing either.
         let flushed = pending == 0 && !conn.stream.tls_backlog();
@@ -1166,13 +1182,10 @@ impl IoLoop {
         conn
     }
 
-    /// Close a connection whose output is flushed (or given up on). Under
-    /// TLS it says so first: a `close_notify`, written if the socket takes
-    /// it now (never waited for), so that a client can tell the end from a
-    /// cut.
+    /// Close a connection whose output is flushed (its `close_notify`
+    /// included, under TLS), or given up on.
     fn free(&mut self, slot: usize) {
-        let mut conn = self.unlist(slot);
-        conn.stream.close_notify();
+        let conn = self.unlist(slot);
         log::debug!("{}: closed", who(&conn));
     }
 }
@@ -1256,9 +1269,21 @@ mod tests {
         (io_loop, inbound, answers)
     }
 
-    #[test]
-    fn a_tls_connection_that_does_not_finish_its_handshake_is_dropped_at_its_deadline() {
-        let dir = std::env::temp_dir().join(format!("baton-io-loop-tls-{}", std::process::id()));
+    /// A TLS loop on a fresh loopback listener, with the owner's ends of
+    /// its channels, the listener, and the node's certificate (for a
+    /// client's roots).
+    fn tls_loop() -> (
+        IoLoop,
+        Receiver<ToOwner>,
+        Sender<OwnerBatch>,
+        std::net::TcpListener,
+        rustls::pki_types::CertificateDer<'static>,
+    ) {
+        let dir = std::env::temp_dir().join(format!(
+            "baton-io-loop-tls-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let rcgen::CertifiedKey { cert, signing_key } =
             rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("cert");
@@ -1277,10 +1302,16 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         listener.set_nonblocking(true).expect("non-blocking");
         let (to_owner, inbound) = crossbeam_channel::unbounded();
-        let (_answers, from_owner) = crossbeam_channel::unbounded();
-        let (mut io_loop, _waker, _awake) =
+        let (answers, from_owner) = crossbeam_channel::unbounded();
+        let (io_loop, _waker, _awake) =
             IoLoop::new(0, &listener, to_owner, from_owner, None, Arc::new(shared))
                 .expect("a loop");
+        (io_loop, inbound, answers, listener, cert.der().clone())
+    }
+
+    #[test]
+    fn a_tls_connection_that_does_not_finish_its_handshake_is_dropped_at_its_deadline() {
+        let (mut io_loop, inbound, _answers, listener, _cert) = tls_loop();
         let _client =
             std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let admitted = Instant::now();
@@ -1303,6 +1334,137 @@ mod tests {
         assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 0);
         // The owner never heard of it.
         assert!(inbound.try_recv().is_err());
+    }
+
+    /// Set an `int` socket option (`SO_SNDBUF`, `SO_RCVBUF`) on `fd`.
+    fn set_buffer(fd: std::os::fd::RawFd, option: libc::c_int, bytes: libc::c_int) {
+        // SAFETY: setsockopt only reads the int passed, of the size given.
+        let set = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "setsockopt: {}", io::Error::last_os_error());
+    }
+
+    /// A loopback connection to `addr` whose receive buffer (so the window
+    /// it offers) is `bytes`, set before it connects.
+    fn small_window_connection(addr: SocketAddr, bytes: libc::c_int) -> std::net::TcpStream {
+        use std::os::fd::FromRawFd;
+        let SocketAddr::V4(v4) = addr else {
+            panic!("IPv4 loopback only");
+        };
+        // SAFETY: a fresh descriptor, owned by the TcpStream at once (it
+        // closes it on every path); connect only reads the address passed,
+        // of the size given.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
+            let stream = std::net::TcpStream::from_raw_fd(fd);
+            set_buffer(fd, libc::SO_RCVBUF, bytes);
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let connected = libc::connect(
+                fd,
+                (&sin as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            );
+            assert_eq!(connected, 0, "connect: {}", io::Error::last_os_error());
+            stream
+        }
+    }
+
+    #[test]
+    fn a_closing_tls_connection_goes_only_once_rustls_has_sent_everything_then_close_notify() {
+        use std::os::fd::AsRawFd;
+        let (mut io_loop, inbound, answers, listener, cert) = tls_loop();
+        // Small socket buffers both ways (the node's, inherited from its
+        // listener, and the client's window), and a client that reads only
+        // once the close is decided: most of the answers then wait in the
+        // node, rustls's buffer full, and as the client reads, the last of
+        // the loop's output goes into rustls before rustls has sent it all.
+        set_buffer(listener.as_raw_fd(), libc::SO_SNDBUF, 4096);
+        let addr = listener.local_addr().expect("addr");
+        // About 120 KiB of answers: under PAUSE_OUTPUT, so the node reads
+        // the fatal line without the client reading anything.
+        const INFOS: usize = 500;
+        let (go, read_now) = std::sync::mpsc::channel::<()>();
+        let client = std::thread::spawn(move || {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(cert).expect("a root");
+            let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+            let conn = rustls::ClientConnection::new(Arc::new(config), name).expect("client");
+            let sock = small_window_connection(addr, 4096);
+            sock.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            let mut tls = rustls::StreamOwned::new(conn, sock);
+            let mut requests = b"I\n".repeat(INFOS);
+            requests.extend_from_slice(&[b'x'; 2000]);
+            requests.push(b'\n');
+            tls.write_all(&requests).expect("send");
+            read_now.recv().expect("the signal to read");
+            let mut got = Vec::new();
+            // Ok only at a close_notify: an end without it is an error.
+            let end = tls.read_to_end(&mut got).map_err(|e| e.to_string());
+            (got, end)
+        });
+        // The owner's part: an I answer of some 250 bytes each, and the
+        // acknowledgement of the close.
+        let info = protocol::Info::from_pairs([("pad", "x".repeat(240))]);
+        let start = Instant::now();
+        let mut go = Some(go);
+        while !client.is_finished() {
+            assert!(start.elapsed() < Duration::from_secs(10), "stuck");
+            io_loop.accept_pending = true;
+            turn(&mut io_loop);
+            if io_loop.conns.iter().any(|(_, c)| c.forgotten)
+                && let Some(go) = go.take()
+            {
+                // The close is decided; with this much unread, the node
+                // cannot have sent it all.
+                let (_, conn) = io_loop.conns.iter().next().expect("the connection");
+                assert!(conn.pending_output() > 0 && conn.stream.tls_backlog());
+                go.send(()).expect("signal");
+            }
+            let mut batch = OwnerBatch::default();
+            while let Ok(ToOwner::Clients(events)) = inbound.try_recv() {
+                for event in events {
+                    match event {
+                        Inbound::Request(id, Request::Info) => {
+                            batch.answers.push((id, Answer::Info(info.clone())))
+                        }
+                        Inbound::Closed(id) => batch.forgotten.push(id),
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                answers.send(batch).expect("send answers");
+            }
+        }
+        let (got, end) = client.join().expect("the client");
+        assert_eq!(end, Ok(got.len()), "not a clean end");
+        let text = String::from_utf8_lossy(&got);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), INFOS + 1);
+        assert!(lines[..INFOS].iter().all(|l| l.starts_with("I pad=")));
+        assert_eq!(lines[INFOS], "E - - line-too-long");
+        assert!(io_loop.conns.is_empty());
     }
 
     #[test]
