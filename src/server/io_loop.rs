@@ -34,8 +34,10 @@
 //! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
 //!   is closed at once (under TLS it is closed without a word: it has no
 //!   TLS session to carry one);
-//! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake,
-//!   and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per connection;
+//! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake
+//!   (the deadlines are a queue in their order, looked at only when the
+//!   first is due), and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per
+//!   connection;
 //! - `BAD_AUTH_DELAY` before a wrong secret's answer and close: every `U`
 //!   is checked, a right secret always opens the gate, a wrong one is
 //!   always delayed. The delayed closes need no bound of their own: a
@@ -57,7 +59,9 @@
 //! all reading and, `BAD_AUTH_DELAY` later, by a timer of this loop (it
 //! never sleeps), `E - - bad-auth` and the close. A `U` on an open
 //! connection is checked again the same way (`U ok`, or bad-auth and
-//! close); without `--auth-file` it gets `E U - auth-disabled`. Peer links
+//! close), but one with extra fields there is refused like any request
+//! (`E U - extra-fields`: it offers no secret to check); without
+//! `--auth-file` a `U` gets `E U - auth-disabled`. Peer links
 //! are recognised before the gate: they prove the cluster key instead.
 //!
 //! TLS: a connection is plain or TLS from its accept on ([`Stream`]); the
