@@ -54,11 +54,15 @@
 //!   without spaces or control bytes; a name is not empty and ends at the
 //!   first `=`. `I` with no pairs is valid. Callers of `write_to` must respect
 //!   the same rule, or the line they write will not parse back.
+//! - `I`'s pairs are an [`Info`]: the line's text after the `I`, behind an
+//!   `Arc`, so that a server renders it once for many answers and a flood
+//!   of `I` costs no allocation per answer.
 //! - The token of `A` is never 0; the token of `Q` is 0 when the key is free.
 //! - An unknown reason text in `E` parses as [`Reason::Other`].
 //! - `U ok` is the only `U` answer.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// A line is at most this many bytes, its line ending (`\n` or `\r\n`) included.
 pub const MAX_LINE: usize = 1024;
@@ -268,9 +272,70 @@ pub enum Answer {
         reason: Reason,
     },
     /// `I <name>=<value> ...`: the pairs in order.
-    Info(Vec<(String, String)>),
+    Info(Info),
     /// `U ok`: the secret was accepted.
     AuthOk,
+}
+
+/// The pairs of an `I` answer, held as the text that follows the `I` on
+/// the wire (` name=value` for each pair) behind an `Arc`: a server renders
+/// it once and shares it among every `I` answer it sends until a figure
+/// changes, so an answer costs a reference count, not a string per pair.
+/// Cloning is cheap; equality is that of the text.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Info(Arc<str>);
+
+impl Info {
+    /// The answer of these pairs, in order. Names and values must follow
+    /// the rule of the module doc (UTF-8 without spaces or control bytes, a
+    /// name not empty and without `=`), or the line will not parse back.
+    pub fn from_pairs<N: AsRef<str>, V: AsRef<str>>(
+        pairs: impl IntoIterator<Item = (N, V)>,
+    ) -> Info {
+        let mut text = String::new();
+        for (name, value) in pairs {
+            text.push(' ');
+            text.push_str(name.as_ref());
+            text.push('=');
+            text.push_str(value.as_ref());
+        }
+        Info(text.into())
+    }
+
+    /// The pairs, in order.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0
+            .split(' ')
+            .skip(1)
+            .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+    }
+
+    /// The value of the first pair called `name`.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.pairs().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    /// No pairs (the answer is `I` alone).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Both are the same rendering (not merely equal text).
+    #[cfg(test)]
+    pub(crate) fn is_shared_with(&self, other: &Info) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The bytes of the answer line after the `I` (without the line ending).
+    fn wire(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+impl fmt::Debug for Info {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.pairs()).finish()
+    }
 }
 
 /// Why a line could not be taken as a request.
@@ -1054,23 +1119,26 @@ fn optional_key(field: &[u8], dash_is_none: bool) -> Option<Option<Key>> {
 
 fn info_answer(rest: Option<&[u8]>) -> Option<Answer> {
     let Some(rest) = rest else {
-        return Some(Answer::Info(Vec::new()));
+        return Some(Answer::Info(Info::default()));
     };
-    fields(rest)
-        .map(info_pair)
-        .collect::<Option<Vec<_>>>()
-        .map(Answer::Info)
+    if !fields(rest).all(is_info_pair) {
+        return None;
+    }
+    let text = std::str::from_utf8(rest).ok()?;
+    let mut wire = String::with_capacity(1 + text.len());
+    wire.push(' ');
+    wire.push_str(text);
+    Some(Answer::Info(Info(wire.into())))
 }
 
-/// `name=value`, split at the first '='; the name is not empty.
-fn info_pair(field: &[u8]) -> Option<(String, String)> {
-    let eq = field.iter().position(|&b| b == b'=')?;
-    let (name, value) = (&field[..eq], &field[eq + 1..]);
-    let value = match value {
-        [] => String::new(),
-        text => text_field(text)?,
+/// `name=value`, split at the first '=': the name not empty, both without
+/// control bytes (UTF-8 is checked on the whole line).
+fn is_info_pair(field: &[u8]) -> bool {
+    let Some(eq) = field.iter().position(|&b| b == b'=') else {
+        return false;
     };
-    Some((text_field(name)?, value))
+    let (name, value) = (&field[..eq], &field[eq + 1..]);
+    is_printable_field(name) && (value.is_empty() || is_printable_field(value))
 }
 
 /// A non-empty UTF-8 field without control bytes.
@@ -1117,7 +1185,10 @@ impl Answer {
                 push_field(out, key.as_ref().map_or(DASH, Key::as_bytes));
                 push_field(out, reason.as_str().as_bytes());
             }
-            Answer::Info(pairs) => write_info(out, pairs),
+            Answer::Info(info) => {
+                out.push(b'I');
+                out.extend_from_slice(info.wire());
+            }
             Answer::AuthOk => out.extend_from_slice(b"U ok"),
         }
         out.push(b'\n');
@@ -1133,16 +1204,6 @@ fn op_text(op: Op) -> &'static [u8] {
 fn tagged_key(out: &mut Vec<u8>, tag: u8, key: &Key) {
     out.push(tag);
     push_field(out, key.as_bytes());
-}
-
-/// Appends `I name=value ...` (no line ending).
-fn write_info(out: &mut Vec<u8>, pairs: &[(String, String)]) {
-    out.push(b'I');
-    for (name, value) in pairs {
-        push_field(out, name.as_bytes());
-        out.push(b'=');
-        out.extend_from_slice(value.as_bytes());
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -2220,15 +2281,15 @@ mod tests {
                 "E - - auth-required\n",
             ),
             (
-                Answer::Info(vec![
-                    ("role".to_owned(), "active".to_owned()),
-                    ("node".to_owned(), "1.2.3.4:5".to_owned()),
-                    ("active".to_owned(), "-".to_owned()),
-                    ("token".to_owned(), "99".to_owned()),
-                ]),
+                Answer::Info(Info::from_pairs([
+                    ("role", "active"),
+                    ("node", "1.2.3.4:5"),
+                    ("active", "-"),
+                    ("token", "99"),
+                ])),
                 "I role=active node=1.2.3.4:5 active=- token=99\n",
             ),
-            (Answer::Info(Vec::new()), "I\n"),
+            (Answer::Info(Info::default()), "I\n"),
         ]
     }
 
@@ -2308,13 +2369,27 @@ mod tests {
     }
 
     #[test]
+    fn info_from_pairs_gives_them_back_in_order() {
+        let pairs = [("role", "active"), ("empty", ""), ("a", "b=c")];
+        let info = Info::from_pairs(pairs);
+        assert_eq!(info.pairs().collect::<Vec<_>>(), pairs);
+        assert_eq!((info.get("a"), info.get("x")), (Some("b=c"), None));
+        assert!(!info.is_empty());
+        assert!(Info::default().is_empty() && Info::default().pairs().next().is_none());
+        assert_eq!(
+            format!("{info:?}"),
+            r#"[("role", "active"), ("empty", ""), ("a", "b=c")]"#
+        );
+    }
+
+    #[test]
     fn info_pairs_split_at_the_first_equals() {
         assert_eq!(
             ans("I a=b=c empty=\n"),
-            Ok(Answer::Info(vec![
-                ("a".to_owned(), "b=c".to_owned()),
-                ("empty".to_owned(), String::new()),
-            ]))
+            Ok(Answer::Info(Info::from_pairs([
+                ("a", "b=c"),
+                ("empty", "")
+            ])))
         );
     }
 
@@ -2382,7 +2457,7 @@ mod tests {
         assert_eq!(exact_line.len(), MAX_LINE);
         assert_eq!(
             ans(&exact_line),
-            Ok(Answer::Info(vec![("a".to_owned(), value)]))
+            Ok(Answer::Info(Info::from_pairs([("a", value)])))
         );
     }
 

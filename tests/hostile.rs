@@ -9,6 +9,8 @@
 //!   stays in step whatever came before);
 //! - thousands of idle connections up to `--max-conns`, a clear refusal
 //!   past it, and what an idle connection keeps after a burst;
+//! - connections flooding `I` without reading: the node's memory stays
+//!   bounded and another client is still answered;
 //! - slowloris clients, finishing their lines a byte at a time (up to and
 //!   past the longest line allowed) or never;
 //! - a million held keys and a hundred thousand waiters, with the memory
@@ -29,8 +31,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use baton::protocol::{
-    self, Answer, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason, Request,
-    Secret,
+    self, Answer, Info, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason,
+    Request, Secret,
 };
 use common::rng::Rng;
 use common::{
@@ -740,10 +742,10 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
                 pairs.push((name, value));
             }
             // Keep the line within MAX_LINE.
-            while answer_text(&Answer::Info(pairs.clone())).len() > MAX_LINE {
+            while answer_text(&Answer::Info(Info::from_pairs(pairs.clone()))).len() > MAX_LINE {
                 pairs.pop();
             }
-            Answer::Info(pairs)
+            Answer::Info(Info::from_pairs(pairs))
         }
     }
 }
@@ -1248,6 +1250,80 @@ fn an_idle_connection_does_not_keep_the_write_buffer_of_its_last_burst() {
         "each idle connection keeps {per_conn_kib} KiB after its burst"
     );
     wait_for_info(&mut probe, &[("conns", BURST_CONNS as u64 + 1)]);
+}
+
+/// Connections that send `I` as fast as they can and read nothing until
+/// the end, and the `I` lines each sends (16 KiB: one write, taken by the
+/// socket whether the node reads or not).
+const INFO_FLOOD_CONNS: usize = 100;
+const INFO_FLOOD_LINES: usize = 8191;
+/// A bound on the node's peak memory during the flood, with headroom:
+/// io_loop.rs bounds what one connection is owed and keeps as output to
+/// under 1 MiB, about 100 MiB for the flood; a node that kept every answer
+/// owed (some 1.2 KiB each once) would need about 1 GiB.
+const INFO_FLOOD_RSS_KIB: u64 = 200 * 1024;
+
+#[test]
+fn clients_flooding_i_without_reading_get_bounded_memory_and_others_are_still_served() {
+    let _one = one_node_test_at_a_time();
+    raise_fd_limit();
+    let node = Node::start(&["--max-conns", "1000"]);
+    let mut probe = node.client();
+    probe.info();
+    let base_kib = node.rss_kib();
+    let flood_bytes = "I\n".repeat(INFO_FLOOD_LINES);
+    let mut flood: Vec<TcpStream> = (0..INFO_FLOOD_CONNS)
+        .map(|_| {
+            let mut stream = TcpStream::connect_timeout(&node.addr, DEADLINE).expect("connect");
+            stream.set_write_timeout(Some(DEADLINE)).expect("timeout");
+            stream
+                .write_all(flood_bytes.as_bytes())
+                .expect("send the flood");
+            stream
+        })
+        .collect();
+    // While the node works through the flood, another client is served
+    // (each answer within the default 10 s deadline of `ask`).
+    let started = Instant::now();
+    assert_eq!(probe.query("victim"), common::Query::FREE);
+    let token = probe.acquire_now("victim", "30");
+    assert_eq!(probe.ask(&format!("R victim {token}")), "R victim");
+    println!(
+        "with {INFO_FLOOD_CONNS} connections flooding I: Q, A and R answered in {:?}",
+        started.elapsed()
+    );
+    // Every flood connection gets every answer once it reads; only then
+    // is the flood over, and the peak memory it caused known.
+    for stream in &mut flood {
+        stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
+        let mut reader = BufReader::new(&*stream);
+        let mut line = String::new();
+        for i in 0..INFO_FLOOD_LINES {
+            line.clear();
+            let n = reader.read_line(&mut line).expect("an I answer");
+            assert!(n > 0 && line.starts_with("I "), "answer {i}: {line:?}");
+        }
+    }
+    let peak_kib = node.peak_rss_kib();
+    println!(
+        "{INFO_FLOOD_CONNS} connections x {INFO_FLOOD_LINES} I, unread until the end: RSS \
+         {base_kib} KiB before, peak {peak_kib} KiB, now {} KiB",
+        node.rss_kib()
+    );
+    assert!(
+        peak_kib < INFO_FLOOD_RSS_KIB,
+        "the flood took the node to {peak_kib} KiB"
+    );
+    // The node still serves, and the flood's connections are all there.
+    let info = wait_for_info(&mut probe, &[("conns", INFO_FLOOD_CONNS as u64 + 1)]);
+    assert!(info.contains("role=active"), "{info}");
+    drop(flood);
+    wait_for_info(&mut probe, &[("conns", 1)]);
+    let token = probe.acquire_now("after-flood", "30");
+    assert_eq!(
+        probe.ask(&format!("R after-flood {token}")),
+        "R after-flood"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -784,3 +784,38 @@ fn past_max_conns_a_tls_connection_is_closed_without_a_word_and_the_others_stay(
     assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
     assert!(first.ask("I").expect("still served").starts_with("I "));
 }
+
+// ----- closing -----
+
+#[test]
+fn a_fatal_line_over_tls_is_answered_after_every_answer_before_it_then_close_notify() {
+    let pki = Pki::new("close-notify");
+    let node = tls_node(&pki, &[]);
+    // The error, then a clean end: rustls reads a close without
+    // close_notify as an error, not as "closed".
+    let mut client = line(&node, &pki);
+    let long = "x".repeat(2000);
+    assert_eq!(client.ask(&long).expect("an answer"), "E - - line-too-long");
+    assert_eq!(client.recv(DEADLINE), Err("closed".to_string()));
+    // Behind a burst of answers that the client reads only once it has
+    // sent everything: each of them, the error, then the clean end.
+    let mut client = line(&node, &pki);
+    let mut burst = "I\n".repeat(PIPELINED_INFOS);
+    burst.push_str(&long);
+    burst.push('\n');
+    client.send_raw(burst.as_bytes()).expect("send the burst");
+    for i in 0..PIPELINED_INFOS {
+        let answer = client.recv(DEADLINE).expect("an I answer");
+        assert!(answer.starts_with("I "), "answer {i}: {answer:?}");
+    }
+    assert_eq!(
+        client.recv(DEADLINE).expect("the error"),
+        "E - - line-too-long"
+    );
+    assert_eq!(client.recv(DEADLINE), Err("closed".to_string()));
+    still_serves(&node, &pki);
+}
+
+/// `I` requests pipelined ahead of the fatal line in the close test: some
+/// 2 MB of answers, so the line comes while many are owed.
+const PIPELINED_INFOS: usize = 8000;

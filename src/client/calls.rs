@@ -706,7 +706,12 @@ pub fn info(pool: &Pool, node: usize) -> Result<NodeInfo, Error> {
     let done =
         exchange(pool, Target::Node(node), due, || Ok(Request::Info)).map_err(|f| f.error)?;
     match done.answer {
-        Answer::Info(pairs) => Ok(NodeInfo { pairs }),
+        Answer::Info(info) => Ok(NodeInfo {
+            pairs: info
+                .pairs()
+                .map(|(name, value)| (name.to_owned(), value.to_owned()))
+                .collect(),
+        }),
         Answer::Error { reason, .. } => Err(Error::Refused(reason)),
         other => Err(unexpected(&other)),
     }

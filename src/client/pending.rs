@@ -152,7 +152,7 @@ mod tests {
         };
         assert_eq!(route(&q), Route::Reply(Op::Query, Some(k)));
         assert_eq!(
-            route(&Answer::Info(Vec::new())),
+            route(&Answer::Info(Default::default())),
             Route::Reply(Op::Info, None)
         );
     }

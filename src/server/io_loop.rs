@@ -13,23 +13,39 @@
 //! - `MAX_LINE` per line (protocol.rs): past it, `E - - line-too-long` and close;
 //! - `ACCEPT_BATCH` accepts per wake, `READ_BUDGET` bytes read per connection
 //!   per wake, so one busy client cannot starve the others;
-//! - `PAUSE_OUTPUT` bytes of unsent answers, or `Shared::max_inflight`
-//!   requests sent to the owner and not answered yet: stop reading that
-//!   client until it catches up (the limit on requests in flight is what
-//!   bounds a client that floods requests and never reads, since its answers
-//!   pile up in the channels before they reach its output); `MAX_OUTPUT`: a
-//!   client whose unread answers still grow past it is cut off;
+//! - `PAUSE_OUTPUT` bytes of unsent answers, or `MAX_OWED` bytes owed by
+//!   requests sent to the owner and not answered yet (waiting acquires
+//!   included; each costs its key's bytes plus `ANSWER_ALLOWANCE`, an `I`
+//!   `INFO_COST`, its worst answer): stop reading that client until it
+//!   catches up. The budget in bytes, not requests, is what bounds a client
+//!   that floods requests and never reads, since its answers pile up in
+//!   the channels before they reach its output: parsing stops mid-buffer
+//!   at `MAX_OWED`, the rest (at most one read, `READ_CHUNK`, after an
+//!   unfinished line) waits in the connection's partial buffer and is
+//!   parsed before anything more is read, so one connection costs about
+//!   `PAUSE_OUTPUT + MAX_OWED + READ_CHUNK` at most, whatever it sends. The
+//!   count is kept with no allocation per request (two additions). A
+//!   connection whose waiting acquires alone are owed `MAX_OWED` (4096
+//!   of them with 64-byte keys, fewer with longer ones) is not read until
+//!   one is answered; `MAX_OUTPUT`: a client whose unread answers still
+//!   grow past it is cut off;
 //! - `MAX_OWNER_BATCHES` answer batches taken in per round, so one flooded
 //!   loop still gets back to its other clients;
 //! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
 //!   is closed at once (under TLS it is closed without a word: it has no
 //!   TLS session to carry one);
-//! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake,
-//!   and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per connection;
-//! - `MAX_DELAYED_CLOSES` connections waiting out `BAD_AUTH_DELAY` after a
-//!   wrong secret: past it, a `U` is not checked at all, the connection gets
-//!   `E - - too-many-connections` and is closed at once (so guessing stays
-//!   slow however many connections try at once);
+//! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake
+//!   (the deadlines are a queue in their order, looked at only when the
+//!   first is due), and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per
+//!   connection;
+//! - `BAD_AUTH_DELAY` before a wrong secret's answer and close: every `U`
+//!   is checked, a right secret always opens the gate, a wrong one is
+//!   always delayed. The delayed closes need no bound of their own: a
+//!   rejected connection reads nothing more, so it has one entry, and
+//!   holds its `--max-conns` slot until its delay is up; so guesses go at
+//!   most `--max-conns` per `BAD_AUTH_DELAY`, and no flood of them can
+//!   keep out a client with the right secret (beyond filling
+//!   `--max-conns`, as any connection flood can);
 //! - `AUTH_DEADLINE`: with `--auth-file`, a connection that has not
 //!   authenticated by then gets `E - - auth-required` and is closed, so
 //!   clients without a secret cannot hold `--max-conns` slots by saying
@@ -43,7 +59,9 @@
 //! all reading and, `BAD_AUTH_DELAY` later, by a timer of this loop (it
 //! never sleeps), `E - - bad-auth` and the close. A `U` on an open
 //! connection is checked again the same way (`U ok`, or bad-auth and
-//! close); without `--auth-file` it gets `E U - auth-disabled`. Peer links
+//! close), but one with extra fields there is refused like any request
+//! (`E U - extra-fields`: it offers no secret to check); without
+//! `--auth-file` a `U` gets `E U - auth-disabled`. Peer links
 //! are recognised before the gate: they prove the cluster key instead.
 //!
 //! TLS: a connection is plain or TLS from its accept on ([`Stream`]); the
@@ -57,7 +75,15 @@
 //! (`Inbound::Closed`), the owner drops the connection's waiters and
 //! acknowledges, and only then is the slot freed — so no answer is ever
 //! written to the wrong client, and a client that half-closes after sending
-//! still gets every answer already decided.
+//! still gets every answer already decided. An `E - - <reason>` that ends
+//! a connection (a line not understood, `auth-required`, `bad-auth`) is
+//! its last line: with answers still owed, it waits for the owner's
+//! acknowledgement, which comes after them. Under TLS a `close_notify`
+//! follows the last answer, so its client can tell the end from a cut.
+//! The slot is freed once all that is written (under TLS, once rustls
+//! holds none of it either: its records go out on writable events like
+//! the loop's own output, never with a wait), or at once if the client
+//! was cut off or a write failed (then without `close_notify`).
 //!
 //! Never does: block, touch lock state, or panic on anything a client sends.
 
@@ -93,6 +119,22 @@ const READ_BUDGET: usize = 64 * 1024;
 const READ_CHUNK: usize = 16 * 1024;
 /// Unsent answer bytes past which a connection is not read until it drains.
 const PAUSE_OUTPUT: usize = 256 * 1024;
+/// What one connection may be owed, in bytes, by requests it has sent to
+/// the owner and not had answered yet (its waiters included): past it,
+/// parsing stops (mid-buffer: the rest waits in the connection's partial
+/// buffer) and the connection is not read until half of it is answered.
+/// With the output's own bound this keeps what a client that floods
+/// requests and never reads can cost near `PAUSE_OUTPUT`, whatever its
+/// requests are.
+const MAX_OWED: u32 = 2 * PAUSE_OUTPUT as u32;
+/// What a request is owed beyond its key's bytes: the rest of the longest
+/// answer it may get (`Q`'s three numbers, an `E`'s reason, an `M`'s
+/// address) and its slots on the channels. A request costs its key plus
+/// this, so 4096 waiting acquires of 64-byte keys fit in `MAX_OWED`.
+const ANSWER_ALLOWANCE: u32 = 64;
+/// What an `I` is owed: the longest answer line there is, whatever its
+/// figures say.
+const INFO_COST: u32 = protocol::MAX_LINE as u32;
 /// Unsent answer bytes past which a connection is cut off.
 const MAX_OUTPUT: usize = 4 * 1024 * 1024;
 /// An idle connection's write buffer is shrunk back to this capacity.
@@ -107,8 +149,6 @@ pub const PEER_SLOT_MS: u64 = 1_000;
 /// A wrong secret is answered and its connection closed this long after it
 /// arrived, to slow down guessing.
 pub const BAD_AUTH_DELAY: Duration = Duration::from_millis(100);
-/// Connections one loop keeps waiting out `BAD_AUTH_DELAY` at once.
-pub const MAX_DELAYED_CLOSES: usize = 1024;
 /// With `--auth-file`, a connection must have authenticated this long after
 /// it was accepted, or it is closed.
 pub const AUTH_DEADLINE: Duration = Duration::from_secs(10);
@@ -136,12 +176,26 @@ struct Conn {
     closing: bool,
     /// The owner has forgotten this connection: free it once flushed.
     forgotten: bool,
+    /// Cut off for not reading (MAX_OUTPUT) or a failed write: its unsent
+    /// output is dropped, not waited for.
+    cut_off: bool,
+    /// The `E - - <reason>` of a close, to be written once the owner has
+    /// answered everything before it (see `close_with`).
+    farewell: Option<Reason>,
+    /// Closing, everything owed handed to the stream, and under TLS a
+    /// `close_notify` queued after it.
+    said_end: bool,
     /// Queued for a flush this round.
     dirty: bool,
-    /// Reading is paused by PAUSE_OUTPUT or the in-flight limit.
+    /// Reading is paused by PAUSE_OUTPUT or MAX_OWED.
     paused: bool,
     /// Requests sent to the owner and not answered yet.
     inflight: u32,
+    /// What those requests cost against MAX_OWED (see [`owed_for`]).
+    owed: u32,
+    /// Parsing stopped at MAX_OWED: `partial` may hold complete lines,
+    /// parsed before anything more is read.
+    held_input: bool,
     /// Unread input may remain (budget ran out): read again next round.
     backlogged: bool,
     /// No line has been read yet (a peer link announces itself on its first line).
@@ -190,10 +244,15 @@ pub struct IoLoop {
     /// shown a peer line by.
     peer_only: Vec<(usize, ConnId, Instant)>,
     /// Connections rejected for a wrong secret, with the time they get
-    /// their answer and close (in that order: the delay is fixed).
+    /// their answer and close (in that order: the delay is fixed). One
+    /// entry per rejected connection, which reads nothing more and keeps
+    /// its slot until then: bounded by the connections.
     delayed_closes: VecDeque<(usize, ConnId, Instant)>,
     /// TLS connections whose handshake is not done, with its deadline.
-    handshakes: Vec<(usize, ConnId, Instant)>,
+    /// (In that order: the time allowed is fixed. Entries of handshakes
+    /// done or connections gone wait for their deadline, or are pruned in
+    /// `admit`.)
+    handshakes: VecDeque<(usize, ConnId, Instant)>,
     /// With `--auth-file`: connections with the time they must have
     /// authenticated by (in that order: the deadline is fixed).
     auth_deadlines: VecDeque<(usize, ConnId, Instant)>,
@@ -239,7 +298,7 @@ impl IoLoop {
             polling: false,
             peer_only: Vec::new(),
             delayed_closes: VecDeque::new(),
-            handshakes: Vec::new(),
+            handshakes: VecDeque::new(),
             auth_deadlines: VecDeque::new(),
         };
         Ok((io_loop, waker, awake))
@@ -272,6 +331,12 @@ impl IoLoop {
                 self.flush(slot);
             }
         }
+        for (_, conn) in self.conns.iter_mut() {
+            if !conn.said_end {
+                // Best effort: the process is ending.
+                let _ = conn.stream.close_notify();
+            }
+        }
         let open = self.conns.iter().filter(|(_, c)| !c.peer_only).count();
         self.shared.conns.fetch_sub(open, Ordering::Relaxed);
         let reserved = self.conns.len() - open;
@@ -296,8 +361,15 @@ impl IoLoop {
         if !self.delayed_closes.is_empty() {
             self.answer_delayed_closes();
         }
-        if !self.handshakes.is_empty() {
-            self.expire_handshakes(Instant::now());
+        if self.handshakes.front().is_some() {
+            let now = Instant::now();
+            if self
+                .handshakes
+                .front()
+                .is_some_and(|&(_, _, due)| due <= now)
+            {
+                self.expire_handshakes(now);
+            }
         }
         if !self.auth_deadlines.is_empty() {
             self.expire_auth_deadlines();
@@ -356,15 +428,18 @@ impl IoLoop {
         self.stop_polling();
         let sleep = self.may_sleep();
         // Wake for the deadline of a connection in a peer-reserved slot, of
-        // a TLS handshake, the first delayed close, or the first
+        // the first TLS handshake, the first delayed close, or the first
         // authentication deadline.
-        let deadlines = self.peer_only.iter().chain(self.handshakes.iter());
-        let close_deadline = self.delayed_closes.front().map(|(_, _, d)| *d);
-        let auth_deadline = self.auth_deadlines.front().map(|(_, _, d)| *d);
-        match deadlines
+        let firsts = [
+            self.handshakes.front(),
+            self.delayed_closes.front(),
+            self.auth_deadlines.front(),
+        ];
+        match self
+            .peer_only
+            .iter()
+            .chain(firsts.into_iter().flatten())
             .map(|(_, _, d)| *d)
-            .chain(close_deadline)
-            .chain(auth_deadline)
             .min()
         {
             Some(deadline) => {
@@ -392,29 +467,25 @@ impl IoLoop {
         }
     }
 
-    /// Forget the handshakes that are done, and close the TLS connections
-    /// whose handshake is late at `now`. The owner never heard of these.
+    /// Take off the handshake deadlines due at `now` (the first ones),
+    /// closing the TLS connections still in their handshake then. The
+    /// owner never heard of these.
     fn expire_handshakes(&mut self, now: Instant) {
-        let mut late = Vec::new();
-        self.handshakes.retain(|&(slot, id, deadline)| {
-            let Some(conn) = self.conns.get(slot).filter(|c| c.id == id) else {
-                return false;
-            };
-            if !conn.stream.is_handshaking() || conn.closing {
-                return false;
+        while let Some(&(slot, id, due)) = self.handshakes.front() {
+            if due > now {
+                return;
             }
-            if deadline <= now {
-                late.push(slot);
-                return false;
+            self.handshakes.pop_front();
+            let late = self
+                .live_slot(id)
+                .is_some_and(|slot| self.conns[slot].stream.is_handshaking());
+            if late && !self.conns[slot].closing {
+                let conn = self.unlist(slot);
+                log::debug!(
+                    "{}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
+                    who(&conn)
+                );
             }
-            true
-        });
-        for slot in late {
-            let conn = self.unlist(slot);
-            log::debug!(
-                "{}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
-                who(&conn)
-            );
         }
     }
 
@@ -578,9 +649,14 @@ impl IoLoop {
             written: 0,
             closing: false,
             forgotten: false,
+            cut_off: false,
+            farewell: None,
+            said_end: false,
             dirty: false,
             paused: false,
             inflight: 0,
+            owed: 0,
+            held_input: false,
             backlogged: false,
             fresh: true,
             peer_only,
@@ -595,8 +671,19 @@ impl IoLoop {
             self.peer_only.push((slot, id, deadline));
         }
         if self.shared.tls.is_some() {
+            // As for the authentication deadlines below: entries of
+            // handshakes done or connections gone are dropped when they
+            // outnumber the open connections (amortised O(1)).
+            if self.handshakes.len() >= 2 * self.conns.len() + 64 {
+                let conns = &self.conns;
+                self.handshakes.retain(|&(slot, id, _)| {
+                    conns
+                        .get(slot)
+                        .is_some_and(|c| c.id == id && c.stream.is_handshaking())
+                });
+            }
             let deadline = Instant::now() + Duration::from_millis(HANDSHAKE_MS);
-            self.handshakes.push((slot, id, deadline));
+            self.handshakes.push_back((slot, id, deadline));
         }
         if self.shared.auth.is_some() {
             // Entries of connections gone or through the gate wait for
@@ -640,9 +727,18 @@ impl IoLoop {
                 self.schedule_read(slot);
                 return;
             }
-            if conn.pending_output() > PAUSE_OUTPUT || conn.inflight >= self.shared.max_inflight {
+            if conn.pending_output() > PAUSE_OUTPUT || conn.owed >= MAX_OWED {
                 conn.paused = true;
                 return;
+            }
+            if conn.held_input {
+                // Lines left over when MAX_OWED stopped the parse go first:
+                // nothing more is read until they are taken.
+                conn.held_input = false;
+                if !self.take_input(slot, 0) {
+                    return;
+                }
+                continue;
             }
             if budget == 0 {
                 self.schedule_read(slot);
@@ -722,6 +818,14 @@ impl IoLoop {
             return Some(0);
         }
         while used < input.len() {
+            let conn = &mut self.conns[slot];
+            if conn.owed >= MAX_OWED {
+                // Owed too much: the rest waits (in `partial`, at most one
+                // read's worth) until answers come back.
+                conn.paused = true;
+                conn.held_input = true;
+                break;
+            }
             let (n, result) = match protocol::parse_request(&input[used..], max_lease_ms) {
                 Parsed::Incomplete => break,
                 Parsed::Line { used: n, result } => (n, result),
@@ -752,7 +856,9 @@ impl IoLoop {
                     }
                 }
                 Ok(request) => {
-                    self.conns[slot].inflight += 1;
+                    let conn = &mut self.conns[slot];
+                    conn.inflight += 1;
+                    conn.owed += owed_for(request.op(), request.key());
                     self.batch.push(Inbound::Request(id, request));
                 }
                 Err(LineError::Blank) => {}
@@ -766,7 +872,9 @@ impl IoLoop {
                     );
                     // Through the owner like every answer, so it leaves in
                     // request order.
-                    self.conns[slot].inflight += 1;
+                    let conn = &mut self.conns[slot];
+                    conn.inflight += 1;
+                    conn.owed += owed_for(op, key.as_ref());
                     self.batch.push(Inbound::Refused(id, op, key, reason));
                 }
                 Err(LineError::Fatal(reason)) => {
@@ -776,13 +884,7 @@ impl IoLoop {
                         reason.as_str()
                     );
                     self.shared.io_counters.refused(reason);
-                    let answer = Answer::Error {
-                        op: None,
-                        key: None,
-                        reason,
-                    };
-                    self.write_answer(slot, &answer);
-                    self.start_close(slot, reason.as_str());
+                    self.close_with(slot, reason, reason.as_str());
                     break;
                 }
             }
@@ -805,10 +907,8 @@ impl IoLoop {
                 false
             }
             Ok(_) | Err(_) => {
-                let answer = fatal_answer(Reason::AuthRequired);
                 self.shared.io_counters.refused(Reason::AuthRequired);
-                self.write_answer(slot, &answer);
-                self.start_close(slot, "a request before U");
+                self.close_with(slot, Reason::AuthRequired, "a request before U");
                 false
             }
         }
@@ -828,17 +928,6 @@ impl IoLoop {
             self.write_answer(slot, &answer);
             return true;
         };
-        if self.delayed_closes.len() >= MAX_DELAYED_CLOSES {
-            // Not checked: answering at once would let guesses go faster.
-            log::debug!(
-                "{}: U not checked: {MAX_DELAYED_CLOSES} wrong secrets wait out their delay",
-                who(&self.conns[slot])
-            );
-            self.shared.io_counters.refused(Reason::TooManyConnections);
-            self.write_answer(slot, &fatal_answer(Reason::TooManyConnections));
-            self.start_close(slot, "too many wrong secrets at once");
-            return false;
-        }
         if auth.accepts(secret.as_bytes()) {
             self.conns[slot].gate = Gate::Open;
             self.shared.io_counters.auth_ok();
@@ -875,8 +964,7 @@ impl IoLoop {
             self.delayed_closes.pop_front();
             if self.live_slot(id).is_some() {
                 self.shared.io_counters.refused(Reason::BadAuth);
-                self.write_answer(slot, &fatal_answer(Reason::BadAuth));
-                self.start_close(slot, "wrong secret");
+                self.close_with(slot, Reason::BadAuth, "wrong secret");
             }
         }
     }
@@ -896,8 +984,7 @@ impl IoLoop {
                 .is_some_and(|slot| self.conns[slot].gate == Gate::Awaiting);
             if awaiting && !self.conns[slot].closing {
                 self.shared.io_counters.refused(Reason::AuthRequired);
-                self.write_answer(slot, &fatal_answer(Reason::AuthRequired));
-                self.start_close(slot, "no U in time");
+                self.close_with(slot, Reason::AuthRequired, "no U in time");
             }
         }
     }
@@ -918,6 +1005,19 @@ impl IoLoop {
                 let _ = link.waker.wake();
             }
         }
+    }
+
+    /// `E - - <reason>`, then the close. The line is the connection's
+    /// last: written now if no answer is owed, else once the owner has
+    /// answered everything sent before it (when it acknowledges the close;
+    /// answers come back in order), so no answer follows it.
+    fn close_with(&mut self, slot: usize, reason: Reason, why: &str) {
+        if self.conns[slot].inflight == 0 {
+            self.write_answer(slot, &fatal_answer(reason));
+        } else {
+            self.conns[slot].farewell = Some(reason);
+        }
+        self.start_close(slot, why);
     }
 
     /// Stop reading the connection and tell the owner; the slot is freed
@@ -957,11 +1057,21 @@ impl IoLoop {
             if let Some(slot) = self.live_slot(*id) {
                 let conn = &mut self.conns[slot];
                 conn.inflight = conn.inflight.saturating_sub(1);
+                // With nothing left in flight nothing is owed, whatever the
+                // sums say.
+                conn.owed = match conn.inflight {
+                    0 => 0,
+                    _ => conn.owed.saturating_sub(answer_owed(answer)),
+                };
                 self.write_answer(slot, answer);
             }
         }
         for id in batch.forgotten {
             if let Some(slot) = self.live_slot(id) {
+                if let Some(reason) = self.conns[slot].farewell.take() {
+                    // Every answer owed is written: the last line now.
+                    self.write_answer(slot, &fatal_answer(reason));
+                }
                 let conn = &mut self.conns[slot];
                 conn.forgotten = true;
                 if !conn.closing {
@@ -1031,6 +1141,17 @@ impl IoLoop {
             failed = true;
         }
         let pending = conn.pending_output();
+        if conn.forgotten && pending == 0 && !failed && !conn.cut_off && !conn.said_end {
+            // Everything owed is in rustls: under TLS the end is said after
+            // it, and goes out with it.
+            conn.said_end = true;
+            if conn.stream.close_notify().is_err() {
+                failed = true;
+            }
+        }
+        // Under TLS, what rustls took is written only once it reaches the
+        // socket: a connection is flushed when rustls holds nothing either.
+        let flushed = pending == 0 && !conn.stream.tls_backlog();
         if pending == 0 {
             conn.output.clear();
             conn.written = 0;
@@ -1039,7 +1160,7 @@ impl IoLoop {
                 conn.output.shrink_to(IDLE_OUTPUT_CAPACITY);
             }
         }
-        if conn.forgotten && (pending == 0 || failed) {
+        if conn.forgotten && (flushed || failed || conn.cut_off) {
             self.free(slot);
             return;
         }
@@ -1048,13 +1169,14 @@ impl IoLoop {
             if pending > MAX_OUTPUT {
                 log::debug!("{}: cut off: {pending} bytes of answers unread", who(conn));
             }
+            conn.cut_off = true;
             conn.output.clear();
             conn.written = 0;
             self.start_close(slot, "write failed or output over limit");
             return;
         }
         let conn = &mut self.conns[slot];
-        let caught_up = conn.inflight <= self.shared.max_inflight / 2;
+        let caught_up = conn.owed <= MAX_OWED / 2;
         if conn.paused && pending <= PAUSE_OUTPUT / 2 && caught_up {
             conn.paused = false;
             self.schedule_read(slot);
@@ -1075,6 +1197,8 @@ impl IoLoop {
         conn
     }
 
+    /// Close a connection whose output is flushed (its `close_notify`
+    /// included, under TLS), or given up on.
     fn free(&mut self, slot: usize) {
         let conn = self.unlist(slot);
         log::debug!("{}: closed", who(&conn));
@@ -1093,6 +1217,37 @@ fn reuse(mut done: Vec<usize>, added: &mut Vec<usize>) -> Vec<usize> {
 /// eighth forgotten each round, so one burst is not kept for ever.
 pub fn next_room(room: usize, used: usize) -> usize {
     used.max(room - room / 8)
+}
+
+/// What a request of `op` on `key` is owed against MAX_OWED until its
+/// answer comes: its key's bytes and ANSWER_ALLOWANCE, or INFO_COST for an
+/// `I`. The answer is taken off by [`answer_owed`], which names the same
+/// op and key, so the two always match.
+#[inline]
+fn owed_for(op: Op, key: Option<&protocol::Key>) -> u32 {
+    match op {
+        Op::Info => INFO_COST,
+        _ => key.map_or(0, |key| key.as_bytes().len() as u32) + ANSWER_ALLOWANCE,
+    }
+}
+
+/// What an answer from the owner pays back: [`owed_for`] the request it
+/// answers (every answer names its request's op and key).
+#[inline]
+fn answer_owed(answer: &Answer) -> u32 {
+    match answer {
+        Answer::Granted { key, .. } | Answer::Timeout { key } => owed_for(Op::Acquire, Some(key)),
+        Answer::Released { key } | Answer::NotHeld { key } => owed_for(Op::Release, Some(key)),
+        Answer::Kept { key } => owed_for(Op::Keep, Some(key)),
+        Answer::Queried { key, .. } => owed_for(Op::Query, Some(key)),
+        Answer::Info(_) => owed_for(Op::Info, None),
+        Answer::Moved { op, key, .. }
+        | Answer::Error {
+            op: Some(op), key, ..
+        } => owed_for(*op, key.as_ref()),
+        // About the connection, not a request (it is being cut off).
+        Answer::Error { op: None, .. } | Answer::AuthOk => 0,
+    }
 }
 
 /// The line a connection over `--max-conns` gets before it is closed.
@@ -1143,9 +1298,21 @@ mod tests {
         (io_loop, inbound, answers)
     }
 
-    #[test]
-    fn a_tls_connection_that_does_not_finish_its_handshake_is_dropped_at_its_deadline() {
-        let dir = std::env::temp_dir().join(format!("baton-io-loop-tls-{}", std::process::id()));
+    /// A TLS loop on a fresh loopback listener, with the owner's ends of
+    /// its channels, the listener, and the node's certificate (for a
+    /// client's roots).
+    fn tls_loop() -> (
+        IoLoop,
+        Receiver<ToOwner>,
+        Sender<OwnerBatch>,
+        std::net::TcpListener,
+        rustls::pki_types::CertificateDer<'static>,
+    ) {
+        let dir = std::env::temp_dir().join(format!(
+            "baton-io-loop-tls-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let rcgen::CertifiedKey { cert, signing_key } =
             rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).expect("cert");
@@ -1164,10 +1331,16 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         listener.set_nonblocking(true).expect("non-blocking");
         let (to_owner, inbound) = crossbeam_channel::unbounded();
-        let (_answers, from_owner) = crossbeam_channel::unbounded();
-        let (mut io_loop, _waker, _awake) =
+        let (answers, from_owner) = crossbeam_channel::unbounded();
+        let (io_loop, _waker, _awake) =
             IoLoop::new(0, &listener, to_owner, from_owner, None, Arc::new(shared))
                 .expect("a loop");
+        (io_loop, inbound, answers, listener, cert.der().clone())
+    }
+
+    #[test]
+    fn a_tls_connection_that_does_not_finish_its_handshake_is_dropped_at_its_deadline() {
+        let (mut io_loop, inbound, _answers, listener, _cert) = tls_loop();
         let _client =
             std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let admitted = Instant::now();
@@ -1190,6 +1363,137 @@ mod tests {
         assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 0);
         // The owner never heard of it.
         assert!(inbound.try_recv().is_err());
+    }
+
+    /// Set an `int` socket option (`SO_SNDBUF`, `SO_RCVBUF`) on `fd`.
+    fn set_buffer(fd: std::os::fd::RawFd, option: libc::c_int, bytes: libc::c_int) {
+        // SAFETY: setsockopt only reads the int passed, of the size given.
+        let set = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                option,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(set, 0, "setsockopt: {}", io::Error::last_os_error());
+    }
+
+    /// A loopback connection to `addr` whose receive buffer (so the window
+    /// it offers) is `bytes`, set before it connects.
+    fn small_window_connection(addr: SocketAddr, bytes: libc::c_int) -> std::net::TcpStream {
+        use std::os::fd::FromRawFd;
+        let SocketAddr::V4(v4) = addr else {
+            panic!("IPv4 loopback only");
+        };
+        // SAFETY: a fresh descriptor, owned by the TcpStream at once (it
+        // closes it on every path); connect only reads the address passed,
+        // of the size given.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
+            let stream = std::net::TcpStream::from_raw_fd(fd);
+            set_buffer(fd, libc::SO_RCVBUF, bytes);
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let connected = libc::connect(
+                fd,
+                (&sin as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            );
+            assert_eq!(connected, 0, "connect: {}", io::Error::last_os_error());
+            stream
+        }
+    }
+
+    #[test]
+    fn a_closing_tls_connection_goes_only_once_rustls_has_sent_everything_then_close_notify() {
+        use std::os::fd::AsRawFd;
+        let (mut io_loop, inbound, answers, listener, cert) = tls_loop();
+        // Small socket buffers both ways (the node's, inherited from its
+        // listener, and the client's window), and a client that reads only
+        // once the close is decided: most of the answers then wait in the
+        // node, rustls's buffer full, and as the client reads, the last of
+        // the loop's output goes into rustls before rustls has sent it all.
+        set_buffer(listener.as_raw_fd(), libc::SO_SNDBUF, 4096);
+        let addr = listener.local_addr().expect("addr");
+        // About 120 KiB of answers: under PAUSE_OUTPUT, so the node reads
+        // the fatal line without the client reading anything.
+        const INFOS: usize = 500;
+        let (go, read_now) = std::sync::mpsc::channel::<()>();
+        let client = std::thread::spawn(move || {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(cert).expect("a root");
+            let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+            let conn = rustls::ClientConnection::new(Arc::new(config), name).expect("client");
+            let sock = small_window_connection(addr, 4096);
+            sock.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("timeout");
+            let mut tls = rustls::StreamOwned::new(conn, sock);
+            let mut requests = b"I\n".repeat(INFOS);
+            requests.extend_from_slice(&[b'x'; 2000]);
+            requests.push(b'\n');
+            tls.write_all(&requests).expect("send");
+            read_now.recv().expect("the signal to read");
+            let mut got = Vec::new();
+            // Ok only at a close_notify: an end without it is an error.
+            let end = tls.read_to_end(&mut got).map_err(|e| e.to_string());
+            (got, end)
+        });
+        // The owner's part: an I answer of some 250 bytes each, and the
+        // acknowledgement of the close.
+        let info = protocol::Info::from_pairs([("pad", "x".repeat(240))]);
+        let start = Instant::now();
+        let mut go = Some(go);
+        while !client.is_finished() {
+            assert!(start.elapsed() < Duration::from_secs(10), "stuck");
+            io_loop.accept_pending = true;
+            turn(&mut io_loop);
+            if io_loop.conns.iter().any(|(_, c)| c.forgotten)
+                && let Some(go) = go.take()
+            {
+                // The close is decided; with this much unread, the node
+                // cannot have sent it all.
+                let (_, conn) = io_loop.conns.iter().next().expect("the connection");
+                assert!(conn.pending_output() > 0 && conn.stream.tls_backlog());
+                go.send(()).expect("signal");
+            }
+            let mut batch = OwnerBatch::default();
+            while let Ok(ToOwner::Clients(events)) = inbound.try_recv() {
+                for event in events {
+                    match event {
+                        Inbound::Request(id, Request::Info) => {
+                            batch.answers.push((id, Answer::Info(info.clone())))
+                        }
+                        Inbound::Closed(id) => batch.forgotten.push(id),
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                answers.send(batch).expect("send answers");
+            }
+        }
+        let (got, end) = client.join().expect("the client");
+        assert_eq!(end, Ok(got.len()), "not a clean end");
+        let text = String::from_utf8_lossy(&got);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), INFOS + 1);
+        assert!(lines[..INFOS].iter().all(|l| l.starts_with("I pad=")));
+        assert_eq!(lines[INFOS], "E - - line-too-long");
+        assert!(io_loop.conns.is_empty());
     }
 
     #[test]
@@ -1314,22 +1618,20 @@ mod tests {
     }
 
     #[test]
-    fn past_the_bound_on_delayed_closes_a_u_is_not_checked() {
+    fn however_many_wrong_secrets_wait_out_their_delay_a_right_one_is_let_in() {
         let (mut io_loop, addr, _inbound) = gated_loop();
         let later = Instant::now() + Duration::from_secs(3600);
-        for serial in 0..MAX_DELAYED_CLOSES {
-            let id = ConnId::new(0, 1 << 20, serial as u32);
+        for serial in 0..10_000u32 {
+            let id = ConnId::new(0, 1 << 20, serial);
             io_loop.delayed_closes.push_back((1 << 20, id, later));
         }
-        // Even the right secret: checking it would tell a guesser the answer
-        // at once.
-        let mut client = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), closing);
-        assert_eq!(read_line(&mut client), "E - - too-many-connections");
-        assert_eq!(io_loop.delayed_closes.len(), MAX_DELAYED_CLOSES);
-        // Once there is room again, secrets are checked.
-        io_loop.delayed_closes.clear();
         let mut client = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
         assert_eq!(read_line(&mut client), "U ok");
+        // And a wrong one still waits its turn, behind the others.
+        let _wrong = connect_and_send(&mut io_loop, addr, "U wrong-secret-0123456789\n", |l| {
+            l.delayed_closes.len() > 10_000
+        });
+        assert!(io_loop.conns.iter().any(|(_, c)| c.gate == Gate::Rejected));
     }
 
     #[test]
@@ -1372,6 +1674,133 @@ mod tests {
         let _client = connect_and_send(&mut io_loop, addr, "", |l| !l.conns.is_empty());
         // Only the live, waiting connection's entry is left.
         assert_eq!(io_loop.auth_deadlines.len(), 1);
+    }
+
+    /// Run the loop as `run` does (poll, events, round) once.
+    fn turn(io_loop: &mut IoLoop) {
+        let mut events = Events::with_capacity(16);
+        io_loop
+            .poll
+            .poll(&mut events, Some(Duration::from_millis(10)))
+            .expect("poll");
+        io_loop.handle_events(&events);
+        io_loop.round();
+    }
+
+    #[test]
+    fn a_connection_owed_max_owed_is_parsed_no_further_until_answers_come_back() {
+        let (mut io_loop, inbound, answers) = idle_loop(0);
+        let addr = io_loop.listener.local_addr().expect("addr");
+        let mut client = std::net::TcpStream::connect(addr).expect("connect");
+        const SENT: usize = 4000;
+        client.write_all(&b"I\n".repeat(SENT)).expect("send");
+        let per_turn = (MAX_OWED / INFO_COST) as usize;
+        let (mut taken, mut answered, mut stops) = (0, 0, 0);
+        let start = Instant::now();
+        while answered < SENT {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "stuck at {taken}"
+            );
+            turn(&mut io_loop);
+            let mut ids = Vec::new();
+            while let Ok(ToOwner::Clients(batch)) = inbound.try_recv() {
+                for event in batch {
+                    match event {
+                        Inbound::Request(id, Request::Info) => ids.push(id),
+                        other => panic!("{other:?}"),
+                    }
+                }
+            }
+            taken += ids.len();
+            assert!(
+                taken - answered <= per_turn,
+                "{taken} taken, {answered} answered"
+            );
+            if let Some((_, conn)) = io_loop.conns.iter().next() {
+                assert!(conn.partial.len() <= READ_CHUNK + protocol::MAX_LINE);
+                if taken - answered == per_turn && taken < SENT {
+                    // Stopped mid-buffer, the rest held.
+                    assert!(conn.paused && conn.held_input && !conn.partial.is_empty());
+                    assert_eq!(conn.owed, MAX_OWED);
+                    stops += 1;
+                }
+            }
+            let batch = OwnerBatch {
+                answers: ids
+                    .iter()
+                    .map(|id| (*id, Answer::Info(protocol::Info::default())))
+                    .collect(),
+                forgotten: Vec::new(),
+            };
+            answered += batch.answers.len();
+            answers.send(batch).expect("send answers");
+        }
+        assert_eq!(taken, SENT);
+        assert!(stops >= SENT / per_turn, "stopped {stops} times");
+        // Every answer paid back what its request cost.
+        turn(&mut io_loop);
+        let (_, conn) = io_loop.conns.iter().next().expect("still open");
+        assert_eq!((conn.inflight, conn.owed), (0, 0));
+    }
+
+    #[test]
+    fn what_an_answer_pays_back_is_what_its_request_cost() {
+        let key = protocol::Key::new(&[b'k'; 200]).expect("key");
+        let parsed = |line: &str| match protocol::parse_request(line.as_bytes(), 60_000) {
+            Parsed::Line { result, .. } => result,
+            Parsed::Incomplete => panic!("incomplete"),
+        };
+        let k = key.to_string();
+        for (line, answer) in [
+            (
+                format!("A {k} 30 0"),
+                Answer::Granted {
+                    token: 9,
+                    key: key.clone(),
+                },
+            ),
+            (format!("A {k} 30 1"), Answer::Timeout { key: key.clone() }),
+            (format!("R {k} 9"), Answer::NotHeld { key: key.clone() }),
+            (format!("K {k} 9 30"), Answer::Kept { key: key.clone() }),
+            (
+                format!("Q {k}"),
+                Answer::Queried {
+                    key: key.clone(),
+                    token: 0,
+                    ms_left: 0,
+                    waiting: 0,
+                },
+            ),
+            ("I".to_string(), Answer::Info(protocol::Info::default())),
+            (
+                format!("A {k} 30 0"),
+                Answer::Moved {
+                    active: None,
+                    op: Op::Acquire,
+                    key: Some(key.clone()),
+                },
+            ),
+        ] {
+            let Ok(request) = parsed(&format!("{line}\n")) else {
+                panic!("{line}");
+            };
+            assert_eq!(
+                owed_for(request.op(), request.key()),
+                answer_owed(&answer),
+                "{line}"
+            );
+        }
+        // A refusal is answered with its op and key.
+        let Err(LineError::Refused { op, key, reason }) = parsed(&format!("K {k} 0 30\n")) else {
+            panic!("refused");
+        };
+        let answer = Answer::Error {
+            op: Some(op),
+            key: key.clone(),
+            reason,
+        };
+        assert_eq!(owed_for(op, key.as_ref()), answer_owed(&answer));
     }
 
     #[test]

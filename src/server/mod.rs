@@ -63,9 +63,6 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     pub max_conns: usize,
     pub max_lease_ms: u64,
-    /// Requests one connection may have sent to the owner and not had
-    /// answered (its waiters included) before it is no longer read.
-    pub max_inflight: u32,
     /// Benchmark floor mode (`--echo`): every line is echoed back.
     pub echo: bool,
     /// `--promotion-grace`, in ms.
@@ -108,9 +105,6 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             max_conns: config.max_conns,
             max_lease_ms: config.max_lease_ms,
-            max_inflight: config
-                .max_waiting
-                .saturating_add(MAX_INFLIGHT_BEYOND_WAITING),
             echo: config.echo,
             promotion_grace_ms: config.promotion_grace_ms,
             busy_poll: std::time::Duration::from_micros(config.busy_poll_us),
@@ -135,10 +129,6 @@ impl Shared {
 /// Connections past `--max-conns` reserved for each other node's peer
 /// link (its link, a redial, and one stranger at a time).
 const PEER_SLOTS_PER_PEER: usize = 4;
-
-/// Requests in flight a connection may have beyond its waiting acquires
-/// (so a client with many waiters can still release on that connection).
-const MAX_INFLIGHT_BEYOND_WAITING: u32 = 4096;
 
 /// A running node.
 pub struct Server {

@@ -21,6 +21,14 @@
 //! `Shared::cluster_queued`, which bounds how far that thread reads its
 //! peers ahead of it (`capacity::CLUSTER_ENTRIES`).
 //!
+//! Limits per round: `MAX_MESSAGES_PER_ROUND` messages taken off the
+//! channel, and `MAX_REQUESTS_PER_ROUND` client events handled (requests,
+//! refusals, closes, whatever batches they came in; a batch is split if
+//! need be and the rest waits, in order, for the next round, which then
+//! does not wait for input). So the answers decided so far go out after a
+//! bounded amount of work, however many requests a flood has queued
+//! (what each connection can have queued is the I/O loops' bound, `MAX_OWED`).
+//!
 //! Counts requests, answers and handoff times as plain fields (stats.rs)
 //! and, when the metrics thread asks (`ToOwner::Scrape`), leaves a snapshot
 //! in its slot if the slot is free at that instant; else it tries again
@@ -47,6 +55,12 @@ use crate::server::table_core::{Gauges, TableCore};
 /// Most inbound messages drained per round before answers go out, so a
 /// flood from the I/O loops cannot delay every answer indefinitely.
 const MAX_MESSAGES_PER_ROUND: usize = 64;
+/// Most client events (requests, refusals, closes; a cluster message
+/// counts one) handled per round, whatever the batches they came in: a
+/// batch is split if need be and its rest handled first next round. So the
+/// answers decided so far go out after at most this much work, however
+/// many requests a flood has queued.
+const MAX_REQUESTS_PER_ROUND: usize = 4096;
 /// How soon the owner retries a send into a full channel.
 const RETRY_FULL: Duration = Duration::from_millis(1);
 
@@ -72,6 +86,9 @@ pub struct Owner {
     metrics: Option<Arc<MetricsSlot>>,
     /// When the round started (for handoff times).
     round_start: Instant,
+    /// Messages taken in and not handled yet, in arrival order (the rest
+    /// of a round past `MAX_REQUESTS_PER_ROUND` waits here).
+    queue: VecDeque<ToOwner>,
 }
 
 impl Owner {
@@ -100,6 +117,7 @@ impl Owner {
             stats,
             metrics: None,
             round_start: Instant::now(),
+            queue: VecDeque::new(),
         }
     }
 
@@ -111,9 +129,8 @@ impl Owner {
 
     /// Run until every sender is gone.
     pub fn run(mut self) {
-        let mut messages: Vec<ToOwner> = Vec::new();
         loop {
-            if !self.wait_for_input(&mut messages) {
+            if !self.wait_for_input() {
                 break;
             }
             let now = self.clock.now();
@@ -124,22 +141,35 @@ impl Owner {
                 synced_standbys: self.shared.synced_standbys.load(Ordering::Relaxed),
             };
             self.core.begin_round(now, gauges);
-            for message in messages.drain(..) {
+            let mut budget = MAX_REQUESTS_PER_ROUND;
+            while budget > 0
+                && let Some(message) = self.queue.pop_front()
+            {
                 match message {
-                    ToOwner::Clients(batch) => {
+                    ToOwner::Clients(mut batch) => {
+                        if batch.len() > budget {
+                            // The rest goes first next round, in order.
+                            let rest = batch.split_off(budget);
+                            self.queue.push_front(ToOwner::Clients(rest));
+                        }
+                        budget -= batch.len();
                         for inbound in batch {
                             self.stats.count_inbound(&inbound);
                             self.core.handle_inbound(now, inbound);
                         }
                     }
                     ToOwner::Cluster(msg) => {
+                        budget -= 1;
                         let weight = msg.weight();
                         self.core.handle_cluster(now, msg);
                         // The replication thread may read its peers for
                         // that much more (messages::capacity).
                         self.shared.cluster_queued.applied(weight);
                     }
-                    ToOwner::Scrape => self.stats.scrape_wanted = true,
+                    ToOwner::Scrape => {
+                        budget -= 1;
+                        self.stats.scrape_wanted = true;
+                    }
                 }
             }
             self.end_round(now);
@@ -220,15 +250,18 @@ impl Owner {
         !self.to_repl.is_empty() || self.rounds.iter().any(|r| !r.is_empty())
     }
 
-    /// Block until input arrives or the next timer is due; collect what has
-    /// arrived. False when every sender is gone.
-    fn wait_for_input(&mut self, messages: &mut Vec<ToOwner>) -> bool {
-        let Ok(first) = self.wait_first() else {
-            return false;
-        };
-        messages.extend(first);
-        let more = self.take_more(messages);
-        if !messages.is_empty() {
+    /// Unless messages wait from the last round, block until input
+    /// arrives or the next timer is due; collect what has arrived. False
+    /// when every sender is gone.
+    fn wait_for_input(&mut self) -> bool {
+        if self.queue.is_empty() {
+            let Ok(first) = self.wait_first() else {
+                return false;
+            };
+            self.queue.extend(first);
+        }
+        let more = self.take_more();
+        if !self.queue.is_empty() {
             // Also when the wait timed out and messages came just after.
             self.idle.end();
         }
@@ -289,13 +322,18 @@ impl Owner {
         polled
     }
 
-    /// Add what else has arrived, up to the round's limit.
-    fn take_more(&mut self, messages: &mut Vec<ToOwner>) -> bool {
-        while messages.len() < MAX_MESSAGES_PER_ROUND {
+    /// Add what else has arrived, up to the round's limits (of messages,
+    /// and of client events).
+    fn take_more(&mut self) -> bool {
+        let mut events: usize = self.queue.iter().map(events_in).sum();
+        while self.queue.len() < MAX_MESSAGES_PER_ROUND && events < MAX_REQUESTS_PER_ROUND {
             match self.inbound.try_recv() {
-                Ok(message) => messages.push(message),
+                Ok(message) => {
+                    events += events_in(&message);
+                    self.queue.push_back(message);
+                }
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return !messages.is_empty(),
+                Err(TryRecvError::Disconnected) => return !self.queue.is_empty(),
             }
         }
         true
@@ -366,5 +404,69 @@ impl Owner {
                 log::warn!("lock owner: waking an I/O loop failed: {e}");
             }
         }
+    }
+}
+
+/// What a message counts against `MAX_REQUESTS_PER_ROUND`.
+fn events_in(message: &ToOwner) -> usize {
+    match message {
+        ToOwner::Clients(batch) => batch.len(),
+        ToOwner::Cluster(_) | ToOwner::Scrape => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Answer, Key, Request};
+    use crate::server::Config;
+    use crate::server::lock_table::{ConnId, LockTable, TableLimits};
+    use crate::server::messages::Inbound;
+    use crate::server::tokens::TokenSource;
+
+    #[test]
+    fn a_batch_larger_than_a_round_is_split_and_its_answers_go_out_between() {
+        let shared = Arc::new(Shared::new(&Config::default(), "test".into()));
+        let clock = Clock::new();
+        let table = LockTable::new(
+            clock.now_ms(),
+            TableLimits::default(),
+            TokenSource::new(0, 0),
+        );
+        let core = TableCore::new(table, false, "test".into(), 0);
+        let poll = mio::Poll::new().expect("poll");
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).expect("waker"));
+        let (to_owner, inbound) = crossbeam_channel::bounded(4);
+        let (answers, from_owner) = crossbeam_channel::unbounded();
+        let link = IoLoopLink {
+            answers,
+            waker,
+            awake: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        };
+        let owner = Owner::new(core, clock, inbound, vec![link], None, shared);
+        // One flooding batch, then a request of another connection.
+        let flood = 2 * MAX_REQUESTS_PER_ROUND + 10;
+        let key = Key::new(b"k").expect("key");
+        let query =
+            |conn| Inbound::Request(ConnId::new(0, conn, 1), Request::Query { key: key.clone() });
+        let batch = (0..flood).map(|_| query(1)).collect();
+        to_owner.send(ToOwner::Clients(batch)).expect("send");
+        to_owner
+            .send(ToOwner::Clients(vec![query(2)]))
+            .expect("send");
+        drop(to_owner);
+        // Every sender gone: it handles what it has, then returns.
+        owner.run();
+        let rounds: Vec<OwnerBatch> = from_owner.try_iter().collect();
+        let sizes: Vec<usize> = rounds.iter().map(|r| r.answers.len()).collect();
+        assert_eq!(
+            sizes,
+            [MAX_REQUESTS_PER_ROUND, MAX_REQUESTS_PER_ROUND, 11],
+            "answers per round"
+        );
+        // In order: the other connection's answer comes last.
+        let last = rounds[2].answers.last().expect("an answer");
+        assert_eq!(last.0, ConnId::new(0, 2, 1));
+        assert!(matches!(last.1, Answer::Queried { .. }));
     }
 }

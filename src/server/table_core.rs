@@ -3,7 +3,9 @@
 //!
 //! Owns: the node's [`LockTable`] and its serving mode (active, standby,
 //! transferring the active role), the requests held back during a role
-//! transfer, the replicated token ceiling, and the `I` answer. Events come
+//! transfer, the replicated token ceiling, and the `I` answer — rendered
+//! once and shared (an `Arc`) by every `I` answered until one of its
+//! figures changes, so a flood of `I` costs no string per answer. Events come
 //! in with the time passed in ([`Now`]): a client's request, refusal or
 //! close ([`Inbound`]), a message from the cluster core
 //! ([`ClusterToTable`]), and the start and end of a round (timers, the
@@ -22,7 +24,7 @@
 //!
 //! Never does: I/O, clock reads, logging of internal types at info level.
 
-use crate::protocol::{Answer, Request};
+use crate::protocol::{Answer, Info, Request};
 use crate::server::clock::Now;
 use crate::server::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
 use crate::server::lock_table::{LockTable, Outbox};
@@ -127,7 +129,15 @@ pub struct TableCore {
     /// Refused deltas and snapshot entries are logged at most once per
     /// `WARN_EVERY_MS` (a peer could otherwise flood the log).
     refusal_log: RateLimit,
+    /// The `I` answer last rendered, with the figures it shows; reused
+    /// while they stay the same (forgotten when a cluster message may have
+    /// changed the mode or the active's name).
+    info: Option<(InfoFigures, Info)>,
 }
+
+/// The numbers an `I` answer shows, to tell whether a rendered one is
+/// still right.
+type InfoFigures = [u64; 7];
 
 impl TableCore {
     /// A single node starts active; a cluster node starts as a standby that
@@ -150,6 +160,7 @@ impl TableCore {
             effects: TableEffects::default(),
             deltas_sent_ms: None,
             refusal_log: RateLimit::default(),
+            info: None,
         }
     }
 
@@ -325,6 +336,7 @@ impl TableCore {
 
     /// One message from the cluster core.
     pub fn handle_cluster(&mut self, now: Now, msg: ClusterToTable) {
+        self.info = None;
         match msg {
             ClusterToTable::BecomeActive { floor, failover } => {
                 log::info!("lock owner: now active");
@@ -538,34 +550,47 @@ impl TableCore {
         snap.standbys = self.standbys() as u64;
     }
 
-    /// The `I` answer.
-    fn info(&self, now: Now) -> Answer {
+    /// The `I` answer: rendered once, and shared by every `I` answered
+    /// while its figures stay the same (a flood of `I` then costs a
+    /// reference count per answer).
+    fn info(&mut self, now: Now) -> Answer {
         let stats = self.table.stats();
-        let (role, state, active) = match &self.mode {
-            Mode::Active => ("active", "active", Some(self.node.clone())),
-            Mode::Transferring { .. } => ("active", "handing-off", Some(self.node.clone())),
-            Mode::Standby { active } => ("standby", "standby", active.clone()),
-        };
-        let (lag_ms, standbys) = (self.lag_ms(now), self.standbys());
-        let pairs = [
-            ("role", role.to_string()),
-            ("node", self.node.clone()),
-            ("active", active.unwrap_or_else(|| "-".to_string())),
-            ("token", stats.last_token.to_string()),
-            ("held", stats.held.to_string()),
-            ("waiting", stats.waiting.to_string()),
-            ("conns", self.gauges.conns.to_string()),
-            ("state", state.to_string()),
-            ("ceiling", self.ceiling.max(stats.last_token).to_string()),
-            ("lag_ms", lag_ms.to_string()),
-            ("standbys", standbys.to_string()),
+        let figures: InfoFigures = [
+            stats.last_token,
+            stats.held as u64,
+            stats.waiting as u64,
+            self.gauges.conns as u64,
+            self.ceiling.max(stats.last_token),
+            self.lag_ms(now),
+            self.standbys() as u64,
         ];
-        Answer::Info(
-            pairs
-                .into_iter()
-                .map(|(name, value)| (name.to_string(), value))
-                .collect(),
-        )
+        if let Some((shown, info)) = &self.info
+            && *shown == figures
+        {
+            return Answer::Info(info.clone());
+        }
+        let (role, state, active) = match &self.mode {
+            Mode::Active => ("active", "active", Some(self.node.as_str())),
+            Mode::Transferring { .. } => ("active", "handing-off", Some(self.node.as_str())),
+            Mode::Standby { active } => ("standby", "standby", active.as_deref()),
+        };
+        let [token, held, waiting, conns, ceiling, lag_ms, standbys] =
+            figures.map(|n| n.to_string());
+        let info = Info::from_pairs([
+            ("role", role),
+            ("node", self.node.as_str()),
+            ("active", active.unwrap_or("-")),
+            ("token", &token),
+            ("held", &held),
+            ("waiting", &waiting),
+            ("conns", &conns),
+            ("state", state),
+            ("ceiling", &ceiling),
+            ("lag_ms", &lag_ms),
+            ("standbys", &standbys),
+        ]);
+        self.info = Some((figures, info.clone()));
+        Answer::Info(info)
     }
 }
 
@@ -1215,14 +1240,48 @@ mod tests {
         core.begin_round(at(100), gauges);
         core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
         let out = std::mem::take(core.end_round(at(100)));
-        let Answer::Info(pairs) = &out.answers[0].1 else {
+        let Answer::Info(info) = &out.answers[0].1 else {
             panic!("info");
         };
-        let get = |n: &str| pairs.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str());
+        let get = |n: &str| info.get(n);
         assert_eq!(get("role"), Some("standby"));
         assert_eq!(get("conns"), Some("3"));
         assert_eq!(get("lag_ms"), Some("10"));
         assert_eq!(get("standbys"), Some("0"));
+    }
+
+    #[test]
+    fn one_rendered_info_is_shared_until_a_figure_changes() {
+        let mut core = core(false);
+        let info_of = |out: &TableEffects, i: usize| match &out.answers[i].1 {
+            Answer::Info(info) => info.clone(),
+            other => panic!("not an I answer: {other:?}"),
+        };
+        core.begin_round(at(100), Gauges::default());
+        core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
+        core.handle_inbound(at(100), Inbound::Request(D, Request::Info));
+        core.handle_inbound(at(100), Inbound::Request(C, acquire("k", 0)));
+        core.handle_inbound(at(100), Inbound::Request(D, Request::Info));
+        let out = std::mem::take(core.end_round(at(100)));
+        let (first, second, after) = (info_of(&out, 0), info_of(&out, 1), info_of(&out, 3));
+        assert!(first.is_shared_with(&second), "{first:?} rendered twice");
+        assert_eq!(first.get("held"), Some("0"));
+        // The grant changed a figure: a new answer, right at once.
+        assert_eq!(after.get("held"), Some("1"));
+        // The next round, nothing changed (the clock neither, which lifts
+        // the token floor): the same text again.
+        core.begin_round(at(100), Gauges::default());
+        core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
+        let out = std::mem::take(core.end_round(at(100)));
+        assert!(info_of(&out, 0).is_shared_with(&after));
+        // A cluster message may change the mode: rendered anew.
+        cluster(&mut core, at(100), ClusterToTable::Observe(1));
+        core.begin_round(at(100), Gauges::default());
+        core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
+        let out = std::mem::take(core.end_round(at(100)));
+        let fresh = info_of(&out, 0);
+        assert!(!fresh.is_shared_with(&after));
+        assert_eq!(fresh, after);
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //! read and write like a socket. A TLS stream drives its rustls connection
 //! by hand (`read_tls`, `process_new_packets`, `reader`, `writer`,
 //! `write_tls`) and never blocks: what the socket will not take waits in
-//! rustls, bounded by [`TLS_BUFFER_LIMIT`], until the next writable event.
+//! rustls, bounded by [`TLS_BUFFER_LIMIT`], until the next writable event
+//! ([`Stream::tls_backlog`] says whether any does). A connection's end is
+//! said with a `close_notify` ([`Stream::close_notify`]), queued by the I/O
+//! loop after the last answer and sent like any record.
 //!
 //! Runs on: the I/O loop threads (accepted connections) and the replication
 //! thread (peer links); [`NodeTls::reload`] runs on the signal thread and
@@ -285,6 +288,31 @@ impl Stream {
         match self {
             Stream::Plain(_) => Ok(()),
             Stream::Tls(tls) => tls.push(),
+        }
+    }
+
+    /// rustls holds records the socket has not taken yet (never for a
+    /// plain socket): what was written is not all on its way.
+    pub fn tls_backlog(&self) -> bool {
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tls(tls) => tls.conn.wants_write(),
+        }
+    }
+
+    /// The end of the connection, said under TLS: a `close_notify` alert
+    /// queued after everything written, and what rustls holds written as
+    /// far as the socket takes it now (it never waits: the rest goes with
+    /// [`Stream::push_tls`], and [`Stream::tls_backlog`] says whether any
+    /// is left). Nothing for a plain socket, or a TLS one still in its
+    /// handshake. Call it once.
+    pub fn close_notify(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tls(tls) if !tls.conn.is_handshaking() => {
+                tls.conn.send_close_notify();
+                tls.push()
+            }
+            _ => Ok(()),
         }
     }
 

@@ -150,7 +150,14 @@ impl TlsLine {
         self.recv(super::DEADLINE)
     }
 
-    /// The next line within `wait`.
+    /// Send `bytes` as they are.
+    pub fn send_raw(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.stream.write_all(bytes).map_err(|e| e.to_string())?;
+        self.stream.flush().map_err(|e| e.to_string())
+    }
+
+    /// The next line within `wait`. `Err("closed")` at a clean end (the
+    /// server's `close_notify`); an end without it is rustls's error.
     pub fn recv(&mut self, wait: Duration) -> Result<String, String> {
         let start = Instant::now();
         loop {
