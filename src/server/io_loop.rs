@@ -1214,10 +1214,15 @@ fn reuse(mut done: Vec<usize>, added: &mut Vec<usize>) -> Vec<usize> {
 }
 
 /// Room for the next round's batch: the largest of the recent rounds, an
-/// eighth forgotten each round, so one burst is not kept for ever.
+/// eighth forgotten each round, and never more than `MAX_ROOM` entries, so
+/// that a burst's room is not kept by a node that then goes idle.
 pub fn next_room(room: usize, used: usize) -> usize {
-    used.max(room - room / 8)
+    used.max(room - room / 8).min(MAX_ROOM)
 }
+
+/// The most room a round's batch is made with (a larger round grows it as
+/// it goes, as every round once did).
+const MAX_ROOM: usize = 4096;
 
 /// What a request of `op` on `key` is owed against MAX_OWED until its
 /// answer comes: its key's bytes and ANSWER_ALLOWANCE, or INFO_COST for an
@@ -1278,6 +1283,22 @@ fn who(conn: &Conn) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rounds_room_follows_the_recent_rounds_and_stays_bounded() {
+        assert_eq!(next_room(0, 100), 100);
+        assert_eq!(next_room(800, 0), 700, "an eighth forgotten per round");
+        assert_eq!(next_room(800, 750), 750);
+        assert_eq!(next_room(0, 1_000_000), MAX_ROOM);
+        let mut room = MAX_ROOM;
+        for _ in 0..100 {
+            room = next_room(room, 0);
+        }
+        assert!(
+            room < 8,
+            "rounds with few requests give the room back: {room}"
+        );
+    }
     use crate::server::Config;
 
     /// A loop on a fresh loopback listener, with the owner's ends of its
