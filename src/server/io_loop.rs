@@ -471,11 +471,7 @@ impl IoLoop {
     /// closing the TLS connections still in their handshake then. The
     /// owner never heard of these.
     fn expire_handshakes(&mut self, now: Instant) {
-        while let Some(&(slot, id, due)) = self.handshakes.front() {
-            if due > now {
-                return;
-            }
-            self.handshakes.pop_front();
+        while let Some((slot, id)) = pop_due(&mut self.handshakes, now) {
             let late = self
                 .live_slot(id)
                 .is_some_and(|slot| self.conns[slot].stream.is_handshaking());
@@ -957,11 +953,7 @@ impl IoLoop {
     /// delay is up.
     fn answer_delayed_closes(&mut self) {
         let now = Instant::now();
-        while let Some(&(slot, id, due)) = self.delayed_closes.front() {
-            if due > now {
-                return;
-            }
-            self.delayed_closes.pop_front();
+        while let Some((slot, id)) = pop_due(&mut self.delayed_closes, now) {
             if self.live_slot(id).is_some() {
                 self.shared.io_counters.refused(Reason::BadAuth);
                 self.close_with(slot, Reason::BadAuth, "wrong secret");
@@ -974,11 +966,7 @@ impl IoLoop {
     /// closed or became peer links are just taken off).
     fn expire_auth_deadlines(&mut self) {
         let now = Instant::now();
-        while let Some(&(slot, id, due)) = self.auth_deadlines.front() {
-            if due > now {
-                return;
-            }
-            self.auth_deadlines.pop_front();
+        while let Some((slot, id)) = pop_due(&mut self.auth_deadlines, now) {
             let awaiting = self
                 .live_slot(id)
                 .is_some_and(|slot| self.conns[slot].gate == Gate::Awaiting);
@@ -1203,6 +1191,20 @@ impl IoLoop {
         let conn = self.unlist(slot);
         log::debug!("{}: closed", who(&conn));
     }
+}
+
+/// The first entry of a deadline queue (kept in deadline order), taken
+/// off if it is due at `now`.
+fn pop_due(
+    queue: &mut VecDeque<(usize, ConnId, Instant)>,
+    now: Instant,
+) -> Option<(usize, ConnId)> {
+    let &(slot, id, due) = queue.front()?;
+    if due > now {
+        return None;
+    }
+    queue.pop_front();
+    Some((slot, id))
 }
 
 /// A worklist done with, emptied, holding what was added to `added` while
