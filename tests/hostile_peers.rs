@@ -1006,6 +1006,30 @@ fn an_insecure_cluster_forms_fails_over_and_warns_at_start() {
 
 /// An insider: dial node `to` as node `from` with the shared test key and
 /// prove it. The link, authenticated, and its sealer.
+/// A thread that writes sealed batches (each filled by `fill`) to `stream`
+/// until `stop` is set or a write fails; it returns the bytes sent.
+fn spawn_flooder(
+    mut stream: TcpStream,
+    mut sealer: Sealer,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    mut fill: impl FnMut(&mut Sealer, &mut Vec<u8>) + Send + 'static,
+) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let mut sent = 0usize;
+        let mut batch = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            batch.clear();
+            fill(&mut sealer, &mut batch);
+            sealer.seal(&mut batch);
+            if stream.write_all(&batch).is_err() {
+                break;
+            }
+            sent += batch.len();
+        }
+        sent
+    })
+}
+
 fn prove_as(cluster: &Cluster, from: usize, to: usize) -> (TcpStream, Sealer) {
     let secret = std::fs::read(common::cluster_key_file()).expect("read the key");
     let key = ClusterKey::from_file_contents(&secret).expect("a valid key");
@@ -1042,31 +1066,17 @@ fn a_proved_peer_flooding_its_link_does_not_starve_the_heartbeats() {
     cluster.start(1);
     cluster.wait_formed();
     let mut base = Baseline::take(&cluster);
-    let (mut stream, mut sealer) = prove_as(&cluster, 2, 1);
+    let (stream, sealer) = prove_as(&cluster, 2, 1);
     // A write that blocks this long ends the flood (the join stays bounded).
     stream
         .set_write_timeout(Some(Duration::from_secs(2)))
         .expect("write timeout");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flooder = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut sent = 0usize;
-            let mut batch = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                batch.clear();
-                for _ in 0..2000 {
-                    sealer.push_line(b"P C 16\n", &mut batch);
-                }
-                sealer.seal(&mut batch);
-                if stream.write_all(&batch).is_err() {
-                    break;
-                }
-                sent += batch.len();
-            }
-            sent
-        })
-    };
+    let flooder = spawn_flooder(stream, sealer, stop.clone(), |sealer, batch| {
+        for _ in 0..2000 {
+            sealer.push_line(b"P C 16\n", batch);
+        }
+    });
     // A fixed window of flooding, checked all along.
     let window = Instant::now();
     while window.elapsed() < Duration::from_secs(3) {
@@ -1117,30 +1127,16 @@ fn an_insider_posing_as_the_active_and_flooding_deltas_leaves_the_standby_bounde
         .as_millis() as u64;
     let first_token = unix_ms << 20;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flooder = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut sent = 0usize;
-            let mut n = 0u64;
-            let mut batch = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                batch.clear();
-                // A heartbeat per batch keeps "node 0" live.
-                sealer.push_line(beat, &mut batch);
-                for _ in 0..2000 {
-                    n += 1;
-                    let line = format!("P G key{} {} 60000\n", n % 1000, first_token + 16 * n);
-                    sealer.push_line(line.as_bytes(), &mut batch);
-                }
-                sealer.seal(&mut batch);
-                if stream.write_all(&batch).is_err() {
-                    break;
-                }
-                sent += batch.len();
-            }
-            sent
-        })
-    };
+    let mut n = 0u64;
+    let flooder = spawn_flooder(stream, sealer, stop.clone(), move |sealer, batch| {
+        // A heartbeat per batch keeps "node 0" live.
+        sealer.push_line(beat, batch);
+        for _ in 0..2000 {
+            n += 1;
+            let line = format!("P G key{} {} 60000\n", n % 1000, first_token + 16 * n);
+            sealer.push_line(line.as_bytes(), batch);
+        }
+    });
     // A fixed window of flooding, checked all along.
     let window = Instant::now();
     let mut client = cluster.client(1);

@@ -1277,6 +1277,20 @@ mod tests {
         }
     }
 
+    /// An active's heartbeat that holds the state, with its tokens.
+    fn active_beat(last_token: u64, ceiling: u64) -> PeerMsg {
+        PeerMsg::Beat {
+            beat: Beat {
+                role: RoleName::Active,
+                following: None,
+                synced: false,
+                has_state: true,
+            },
+            last_token,
+            ceiling,
+        }
+    }
+
     fn effects(core: &mut ClusterCore) -> Vec<ClusterEffect> {
         core.poll_effects().collect()
     }
@@ -1714,20 +1728,7 @@ mod tests {
     #[test]
     fn an_active_heartbeat_lifts_the_token_floor_by_its_ceiling() {
         let mut core = linked(1);
-        core.handle_peer_msg(
-            at(2),
-            7,
-            PeerMsg::Beat {
-                beat: Beat {
-                    role: RoleName::Active,
-                    following: None,
-                    synced: false,
-                    has_state: true,
-                },
-                last_token: 10,
-                ceiling: 500,
-            },
-        );
+        core.handle_peer_msg(at(2), 7, active_beat(10, 500));
         let out = effects(&mut core);
         assert_eq!(out[0], ClusterEffect::ToTable(ClusterToTable::Observe(500)));
         assert!(
@@ -2176,20 +2177,7 @@ mod tests {
     fn of_a_heartbeat_only_the_values_within_the_window_are_observed() {
         let mut core = linked(1);
         let near = tokens::start_floor(at(2).unix_ms + 1000);
-        core.handle_peer_msg(
-            at(2),
-            7,
-            PeerMsg::Beat {
-                beat: Beat {
-                    role: RoleName::Active,
-                    following: None,
-                    synced: false,
-                    has_state: true,
-                },
-                last_token: near,
-                ceiling: token_from_ahead(2),
-            },
-        );
+        core.handle_peer_msg(at(2), 7, active_beat(near, token_from_ahead(2)));
         let out = effects(&mut core);
         assert_eq!(observed(&out), vec![near], "{out:?}");
         // A promotion later starts above it (the lock owner keeps every

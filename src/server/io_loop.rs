@@ -1596,16 +1596,10 @@ mod tests {
         client
             .set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
-        let mut events = Events::with_capacity(16);
         let start = Instant::now();
         while !done(io_loop) {
             assert!(start.elapsed() < Duration::from_secs(10), "not handled");
-            io_loop
-                .poll
-                .poll(&mut events, Some(Duration::from_millis(10)))
-                .expect("poll");
-            io_loop.handle_events(&events);
-            io_loop.round();
+            turn(io_loop);
         }
         client
     }
