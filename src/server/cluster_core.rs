@@ -1069,6 +1069,20 @@ impl ClusterCore {
                     self.finish_exit();
                 }
             }
+            TableToCluster::DeltasLost => {
+                // No link has every change since its snapshot any more: each
+                // gets a fresh one (`maybe_ask_snapshot`), and carries no
+                // delta and no role transfer until then.
+                for p in 0..self.outs.len() {
+                    if p != self.me && std::mem::take(&mut self.outs[p].snap_sent) {
+                        log::warn!(
+                            "replication: changes for {} were dropped while this thread was \
+                             held up; sending it a fresh snapshot",
+                            self.names[p]
+                        );
+                    }
+                }
+            }
         }
     }
 
@@ -1807,6 +1821,54 @@ mod tests {
         core.handle_peer_msg(at(later), 7, beat(RoleName::Standby, Some(0), false));
         core.handle_tick(at(later));
         assert!(effects(&mut core).contains(&wanted));
+    }
+
+    #[test]
+    fn deltas_the_owner_dropped_cost_each_standby_a_fresh_snapshot_and_nothing_is_sent_before() {
+        let mut core = linked_at(0, DETECT + 1);
+        core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(0), true));
+        core.handle_tick(at(DETECT + 4));
+        let wanted = ClusterEffect::ToTable(ClusterToTable::SnapshotWanted { peer: 1 });
+        assert!(effects(&mut core).contains(&wanted));
+        let snapshot = TableToCluster::Snapshot {
+            peer: 1,
+            entries: vec![],
+            ceiling: 99,
+        };
+        core.handle_table(at(DETECT + 5), snapshot.clone());
+        effects(&mut core);
+        core.handle_tick(at(DETECT + 6));
+        assert!(
+            !effects(&mut core).contains(&wanted),
+            "synced: no new snapshot"
+        );
+        core.handle_table(at(DETECT + 7), TableToCluster::DeltasLost);
+        // Neither later deltas nor a role transfer go over the link now: the
+        // standby lacks the dropped ones.
+        core.handle_table(
+            at(DETECT + 8),
+            TableToCluster::Deltas(vec![Delta::Ceiling(5)]),
+        );
+        core.handle_table(at(DETECT + 8), TableToCluster::TransferReady { to: 1 });
+        let sent = effects(&mut core);
+        assert!(
+            !sent
+                .iter()
+                .any(|e| matches!(e, ClusterEffect::Send { peer: 1, .. })),
+            "{sent:?}"
+        );
+        // The standby still says it is synced, yet gets a fresh snapshot.
+        core.handle_peer_msg(at(DETECT + 9), 7, beat(RoleName::Standby, Some(0), true));
+        core.handle_tick(at(DETECT + 9));
+        assert!(effects(&mut core).contains(&wanted));
+        core.handle_table(at(DETECT + 10), snapshot);
+        assert_eq!(
+            effects(&mut core).first(),
+            Some(&ClusterEffect::Send {
+                peer: 1,
+                msg: PeerMsg::SnapshotBegin
+            })
+        );
     }
 
     #[test]

@@ -43,6 +43,15 @@ pub mod capacity {
     /// order and retries on its next round; an I/O loop closes the peer
     /// connection it wanted to pass on (the peer redials).
     pub const TO_REPL: usize = 4096;
+    /// Deltas the lock owner keeps while the channel to replication is
+    /// full (the replication thread has not run for seconds: it only
+    /// copies deltas into its peers' bounded buffers). Past it the owner
+    /// drops its queued deltas, keeping their highest token ceiling, and
+    /// tells replication so in their place ([`super::TableToCluster::DeltasLost`]):
+    /// every standby is then sent a fresh snapshot, as one whose link
+    /// dropped would be. Its memory is bounded so, not by how long the
+    /// replication thread stalls.
+    pub const OWNER_DELTAS: usize = 1 << 18;
     /// Replication → lock owner, in entries ([`super::ClusterToTable::weight`]:
     /// one per message, plus one per delta or snapshot entry it carries),
     /// counted from when the replication thread queues a message until the
@@ -142,6 +151,10 @@ pub enum TableToCluster {
     /// Clients have been redirected after the role was transferred (or the
     /// node retired).
     Redirected,
+    /// Deltas were dropped here (the lock owner could not queue more:
+    /// [`capacity::OWNER_DELTAS`]): no standby has every change since its
+    /// snapshot, so each gets a fresh one.
+    DeltasLost,
 }
 
 /// What the cluster core tells the lock owner's core.

@@ -16,7 +16,9 @@
 //! loops, replication) is gone, which is the shutdown signal.
 //!
 //! A full outgoing channel never blocks it: the batch stays here, in order,
-//! and is retried a millisecond later (see `messages::capacity`). Each
+//! and is retried a millisecond later (see `messages::capacity`). What
+//! waits for replication so is bounded (`capacity::OWNER_DELTAS`): past it
+//! the queued deltas are dropped and the standbys re-synced from snapshots. Each
 //! message from the replication thread it has applied it takes off
 //! `Shared::cluster_queued`, which bounds how far that thread reads its
 //! peers ahead of it (`capacity::CLUSTER_ENTRIES`).
@@ -48,7 +50,9 @@ use crate::server::Shared;
 use crate::server::busy_poll::IdleStretch;
 use crate::server::clock::Clock;
 use crate::server::io_loop::next_room;
-use crate::server::messages::{IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl};
+use crate::server::messages::{
+    IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl, capacity,
+};
 use crate::server::stats::{MetricsSlot, OwnerStats, Snapshot};
 use crate::server::table_core::{Gauges, TableCore};
 
@@ -76,8 +80,10 @@ pub struct Owner {
     rounds: Vec<OwnerBatch>,
     /// Room each loop's next batch is made with (`io_loop::next_room`).
     rooms: Vec<usize>,
-    /// Messages for replication not sent yet (its channel was full).
+    /// Messages for replication not sent yet (its channel was full), and
+    /// how many deltas they carry (bounded: `capacity::OWNER_DELTAS`).
     to_repl: VecDeque<TableToCluster>,
+    to_repl_deltas: usize,
     /// Since when no message has come and no client was answered, and the
     /// polling window.
     idle: IdleStretch,
@@ -113,6 +119,7 @@ impl Owner {
             rooms: vec![0; rounds.len()],
             rounds,
             to_repl: VecDeque::new(),
+            to_repl_deltas: 0,
             idle: IdleStretch::new(busy_poll_max),
             stats,
             metrics: None,
@@ -184,7 +191,9 @@ impl Owner {
         let effects = self.core.end_round(now);
         let answered = !effects.answers.is_empty();
         let redirected = std::mem::take(&mut effects.redirected);
-        self.to_repl.extend(effects.to_cluster.drain(..));
+        for msg in effects.to_cluster.drain(..) {
+            queue_for_repl(&mut self.to_repl, &mut self.to_repl_deltas, msg);
+        }
         for (conn, answer) in effects.answers.drain(..) {
             self.stats.count_answer(&answer);
             if let Some(round) = self.rounds.get_mut(conn.worker()) {
@@ -210,7 +219,8 @@ impl Owner {
         self.send_to_repl();
         self.send_round();
         if redirected {
-            self.to_repl.push_back(TableToCluster::Redirected);
+            let msg = TableToCluster::Redirected;
+            queue_for_repl(&mut self.to_repl, &mut self.to_repl_deltas, msg);
             self.send_to_repl();
         }
     }
@@ -344,18 +354,24 @@ impl Owner {
     fn send_to_repl(&mut self) {
         let Some(repl) = &self.repl else {
             self.to_repl.clear();
+            self.to_repl_deltas = 0;
             return;
         };
         let mut sent = false;
         while let Some(msg) = self.to_repl.pop_front() {
+            let deltas = deltas_in(&msg);
             match repl.tx.try_send(ToRepl::Table(msg)) {
-                Ok(()) => sent = true,
+                Ok(()) => {
+                    sent = true;
+                    self.to_repl_deltas -= deltas;
+                }
                 Err(TrySendError::Full(ToRepl::Table(msg))) => {
                     self.to_repl.push_front(msg);
                     break;
                 }
                 Err(_) => {
                     self.to_repl.clear();
+                    self.to_repl_deltas = 0;
                     break;
                 }
             }
@@ -407,6 +423,51 @@ impl Owner {
     }
 }
 
+/// Queue `msg` for replication behind `queue`, which carries `deltas`
+/// deltas. Past `capacity::OWNER_DELTAS` (replication has taken nothing
+/// for seconds) every queued delta message is dropped, each run of them
+/// replaced by one `DeltasLost` where it stood: a snapshot or role
+/// transfer queued after it then knows the deltas before it are missing.
+/// Token ceilings dropped so are not lost to the standbys: every
+/// heartbeat carries this node's ceiling, and the fresh snapshot too.
+fn queue_for_repl(queue: &mut VecDeque<TableToCluster>, deltas: &mut usize, msg: TableToCluster) {
+    *deltas += deltas_in(&msg);
+    queue.push_back(msg);
+    // Alone in the queue, a message goes out next (one round's deltas,
+    // however many leases ran out in it, are bounded by --max-keys).
+    if queue.len() == 1 || *deltas <= capacity::OWNER_DELTAS {
+        return;
+    }
+    log::warn!(
+        "lock owner: replication has taken no change for too long ({} waiting); dropping \
+         them, the standbys get fresh snapshots",
+        *deltas
+    );
+    let mut kept = VecDeque::with_capacity(queue.len());
+    for msg in queue.drain(..) {
+        match msg {
+            TableToCluster::Deltas(_) => {
+                if !matches!(kept.back(), Some(TableToCluster::DeltasLost)) {
+                    kept.push_back(TableToCluster::DeltasLost);
+                }
+            }
+            other => kept.push_back(other),
+        }
+    }
+    *queue = kept;
+    *deltas = 0;
+}
+
+/// The deltas a message for replication carries (what
+/// `capacity::OWNER_DELTAS` counts; a snapshot is bounded by `--max-keys`
+/// instead and counts nothing).
+fn deltas_in(msg: &TableToCluster) -> usize {
+    match msg {
+        TableToCluster::Deltas(deltas) => deltas.len(),
+        _ => 0,
+    }
+}
+
 /// What a message counts against `MAX_REQUESTS_PER_ROUND`.
 fn events_in(message: &ToOwner) -> usize {
     match message {
@@ -420,9 +481,62 @@ mod tests {
     use super::*;
     use crate::protocol::{Answer, Key, Request};
     use crate::server::Config;
-    use crate::server::lock_table::{ConnId, LockTable, TableLimits};
+    use crate::server::lock_table::{ConnId, Delta, LockTable, TableLimits};
     use crate::server::messages::Inbound;
     use crate::server::tokens::TokenSource;
+
+    fn grants(n: usize) -> TableToCluster {
+        let key = Key::new(b"k").expect("key");
+        let grant = Delta::Grant {
+            key,
+            token: 7,
+            ms_left: 1000,
+        };
+        TableToCluster::Deltas(vec![grant; n])
+    }
+
+    #[test]
+    fn deltas_waiting_for_replication_are_bounded_and_their_loss_marked_in_place() {
+        let (mut queue, mut deltas) = (VecDeque::new(), 0);
+        let step = capacity::OWNER_DELTAS / 4;
+        // Alone, even a message over the bound is kept: it goes out next.
+        queue_for_repl(&mut queue, &mut deltas, grants(capacity::OWNER_DELTAS + 1));
+        assert_eq!((queue.len(), deltas), (1, capacity::OWNER_DELTAS + 1));
+        queue.clear();
+        deltas = 0;
+        let snapshot = TableToCluster::Snapshot {
+            peer: 1,
+            entries: vec![],
+            ceiling: 9,
+        };
+        queue_for_repl(&mut queue, &mut deltas, grants(step));
+        queue_for_repl(&mut queue, &mut deltas, snapshot.clone());
+        queue_for_repl(&mut queue, &mut deltas, grants(step));
+        queue_for_repl(&mut queue, &mut deltas, grants(step));
+        queue_for_repl(
+            &mut queue,
+            &mut deltas,
+            TableToCluster::TransferReady { to: 1 },
+        );
+        queue_for_repl(&mut queue, &mut deltas, grants(step));
+        assert_eq!((queue.len(), deltas), (6, 4 * step), "at the bound: kept");
+        queue_for_repl(&mut queue, &mut deltas, grants(1));
+        let kept: Vec<_> = queue.iter().cloned().collect();
+        assert_eq!(
+            kept,
+            [
+                TableToCluster::DeltasLost,
+                snapshot,
+                TableToCluster::DeltasLost,
+                TableToCluster::TransferReady { to: 1 },
+                TableToCluster::DeltasLost,
+            ]
+        );
+        assert_eq!(deltas, 0);
+        // And the count follows what is sent.
+        queue_for_repl(&mut queue, &mut deltas, grants(3));
+        assert_eq!(deltas, 3);
+    }
 
     #[test]
     fn a_batch_larger_than_a_round_is_split_and_its_answers_go_out_between() {
