@@ -672,7 +672,15 @@ fn queue_waiters(options: &Options, addr: SocketAddr, pid: u32) -> Result<Memory
     let mut batch = Vec::new();
     for k in 0..options.waiter_keys {
         let key = format!("w:{k}");
-        wire::write_acquire(Proto::Baton, &mut batch, key.as_bytes(), 0, 3_600_000, 1000);
+        let no_token = wire::TokenText::default();
+        wire::write_acquire(
+            Proto::Baton,
+            &mut batch,
+            key.as_bytes(),
+            &no_token,
+            3_600_000,
+            1000,
+        );
     }
     holder
         .write_all(&batch)
@@ -731,7 +739,7 @@ fn waiting_batch(keys: u64) -> Vec<u8> {
             Proto::Baton,
             &mut batch,
             key.as_bytes(),
-            0,
+            &wire::TokenText::default(),
             60_000,
             3_600_000,
         );

@@ -427,6 +427,8 @@ struct Slot {
     key: Vec<u8>,
     state: State,
     token: u64,
+    /// The token as sent back in a release (and, for Redis, in the `SET`).
+    token_text: wire::TokenText,
     /// When the first attempt of the current acquire was sent.
     started: Instant,
     timer_at: Option<Instant>,
@@ -548,6 +550,7 @@ impl Worker {
                     key: key.into_bytes(),
                     state: State::Done,
                     token: 0,
+                    token_text: wire::TokenText::default(),
                     started: now,
                     timer_at: None,
                     next_fill,
@@ -736,7 +739,9 @@ impl Worker {
         }
         if !self.proto.server_tokens() {
             self.token_counter += 1;
-            self.slots[s].token = (u64::from(self.slots[s].client) << 40) | self.token_counter;
+            let token = (u64::from(self.slots[s].client) << 40) | self.token_counter;
+            self.slots[s].token = token;
+            self.slots[s].token_text = wire::TokenText::of(token);
         }
         self.slots[s].started = now;
         self.send_acquire(s);
@@ -749,7 +754,7 @@ impl Worker {
             self.proto,
             &mut conn.out,
             &slot.key,
-            slot.token,
+            &slot.token_text,
             self.lease_ms,
             self.wait_ms,
         );
@@ -763,7 +768,13 @@ impl Worker {
     fn release(&mut self, s: usize, now: Instant) {
         let slot = &mut self.slots[s];
         let conn = &mut self.conns[slot.conn as usize];
-        wire::write_release(self.proto, &mut conn.out, &slot.key, slot.token, &self.sha);
+        wire::write_release(
+            self.proto,
+            &mut conn.out,
+            &slot.key,
+            &slot.token_text,
+            &self.sha,
+        );
         conn.pending.push_back((s as u32, Op::Release));
         slot.state = State::Releasing;
         self.out.requests += 1;
@@ -911,13 +922,14 @@ impl Worker {
         &mut self,
         s: usize,
         op: Op,
-        kind: Kind,
-        text: &[u8],
+        reply: &wire::Reply<'_>,
         now: Instant,
     ) -> Result<(), String> {
+        let (kind, text) = (reply.kind, reply.text);
         match (op, kind) {
             (Op::Acquire, Kind::Granted(token)) => {
                 let token = if self.proto.server_tokens() {
+                    self.slots[s].token_text = wire::TokenText::of_grant(text);
                     token
                 } else {
                     self.slots[s].token
@@ -1036,7 +1048,7 @@ impl Worker {
                 ));
             }
             let (s, op) = self.match_pending(c, reply.op, reply.key, reply.text)?;
-            self.handle_reply(s, op, reply.kind, reply.text, now)?;
+            self.handle_reply(s, op, &reply, now)?;
         }
         Ok(used)
     }

@@ -67,6 +67,45 @@ pub enum Kind {
     Error,
 }
 
+/// A token as the wire carries it: decimal digits, kept as text so a
+/// release sends back the grant's digits as they came, with no
+/// formatting per request (as a client would).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokenText {
+    digits: [u8; 20],
+    len: u8,
+}
+
+impl TokenText {
+    /// `n` in decimal.
+    pub fn of(n: u64) -> TokenText {
+        let mut text = [0u8; 20];
+        TokenText::copied(decimal(n, &mut text))
+    }
+
+    /// The token of a baton grant (`A <token> <key>`) as it came off the
+    /// wire: only called on an answer `parse_reply` read as a grant, whose
+    /// token field parsed as a u64 (so at most 20 digits).
+    pub fn of_grant(line: &[u8]) -> TokenText {
+        let field = line.get(2..).unwrap_or_default();
+        let end = field.iter().position(|&b| b == b' ').unwrap_or(field.len());
+        TokenText::copied(&field[..end])
+    }
+
+    /// Digits as given (at most 20 bytes are kept).
+    fn copied(field: &[u8]) -> TokenText {
+        let mut token = TokenText::default();
+        let len = field.len().min(token.digits.len());
+        token.digits[..len].copy_from_slice(&field[..len]);
+        token.len = len as u8;
+        token
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.digits[..usize::from(self.len)]
+    }
+}
+
 /// One answer, borrowed from the read buffer.
 #[derive(Debug)]
 pub struct Reply<'a> {
@@ -101,7 +140,7 @@ pub fn write_acquire(
     proto: Proto,
     out: &mut Vec<u8>,
     key: &[u8],
-    token: u64,
+    token: &TokenText,
     lease_ms: u64,
     wait_ms: u64,
 ) {
@@ -116,11 +155,10 @@ pub fn write_acquire(
             out.push(b'\n');
         }
         Proto::RedisLock => {
-            let mut token_text = [0u8; 20];
-            let token_text = decimal(token, &mut token_text);
             let mut lease_text = [0u8; 20];
             let lease_text = decimal(lease_ms, &mut lease_text);
-            resp_command(out, &[b"SET", key, token_text, b"NX", b"PX", lease_text]);
+            let token = token.as_bytes();
+            resp_command(out, &[b"SET", key, token, b"NX", b"PX", lease_text]);
         }
         Proto::RedisPing => out.extend_from_slice(b"PING\r\n"),
     }
@@ -128,20 +166,17 @@ pub fn write_acquire(
 
 /// Append a release of `key` held with `token`. `sha` is the release
 /// script's SHA1 (Redis lock only).
-pub fn write_release(proto: Proto, out: &mut Vec<u8>, key: &[u8], token: u64, sha: &[u8]) {
+pub fn write_release(proto: Proto, out: &mut Vec<u8>, key: &[u8], token: &TokenText, sha: &[u8]) {
     match proto {
         Proto::Baton | Proto::Echo => {
             out.extend_from_slice(b"R ");
             out.extend_from_slice(key);
             out.push(b' ');
-            let mut text = [0u8; 20];
-            out.extend_from_slice(decimal(token, &mut text));
+            out.extend_from_slice(token.as_bytes());
             out.push(b'\n');
         }
         Proto::RedisLock => {
-            let mut token_text = [0u8; 20];
-            let token_text = decimal(token, &mut token_text);
-            resp_command(out, &[b"EVALSHA", sha, b"1", key, token_text]);
+            resp_command(out, &[b"EVALSHA", sha, b"1", key, token.as_bytes()]);
         }
         Proto::RedisPing => out.extend_from_slice(b"PING\r\n"),
     }
@@ -262,18 +297,33 @@ pub fn resp_command(out: &mut Vec<u8>, args: &[&[u8]]) {
     }
 }
 
-/// `n` in decimal, written into `buf`; returns the digits.
+/// `n` in decimal, written into `buf`; returns the digits. Two digits a
+/// division (the load generator writes a key or a token per request).
 pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &buf[i..];
-        }
+    while n >= 100 {
+        let pair = (n % 100) as usize;
+        n /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[2 * pair..2 * pair + 2]);
     }
+    if n >= 10 {
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[2 * n as usize..2 * n as usize + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + n as u8;
+    }
+    &buf[i..]
 }
+
+/// "00", "01", ..., "99".
+const DIGIT_PAIRS: &[u8; 200] = b"\
+    0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
 
 /// Milliseconds as baton's decimal seconds: 30000 -> "30", 50 -> "0.05".
 pub fn write_seconds(ms: u64, out: &mut Vec<u8>) {
