@@ -508,6 +508,8 @@ fn a_standby_reports_its_lag_and_a_ceiling_above_every_token_of_the_active() {
         "standby ceiling {ceiling} is below token {}: {info}",
         tokens.max()
     );
+    // Its `token` is the last one the active granted, as replicated.
+    assert_eq!(num(&info, "token"), tokens.max(), "{info}");
     // Heartbeats come every detect/4: a live standby lags far less than
     // the detection time (a generous bound).
     let lag_ms = num(&info, "lag_ms");
@@ -515,6 +517,7 @@ fn a_standby_reports_its_lag_and_a_ceiling_above_every_token_of_the_active() {
     // The active reports them too.
     let active = cluster.info(0).expect("node 0 answers I");
     assert!(num(&active, "ceiling") >= tokens.max(), "{active}");
+    assert_eq!(num(&active, "token"), tokens.max(), "{active}");
     num(&active, "lag_ms");
     tokens.check();
 }

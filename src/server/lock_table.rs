@@ -263,6 +263,9 @@ pub struct TableStats {
     pub last_token: u64,
     /// The largest token this node issued itself.
     pub last_issued: u64,
+    /// The largest token known to have been granted, here or in the state
+    /// replicated here (`TokenSource::last_granted`).
+    pub last_granted: u64,
 }
 
 #[derive(Debug)]
@@ -545,6 +548,7 @@ impl LockTable {
             waiting: self.waiters.len(),
             last_token: self.tokens.last(),
             last_issued: self.tokens.last_issued(),
+            last_granted: self.tokens.last_granted(),
         }
     }
 
@@ -1120,7 +1124,7 @@ impl LockTable {
                         if token < state.token {
                             return Err("a grant below the key's current token");
                         }
-                        self.tokens.observe(token);
+                        self.tokens.observe_granted(token);
                         self.wheel.cancel(state.lease_timer);
                         state.token = token;
                         state.expiry_ms = expiry_ms;
@@ -1130,13 +1134,13 @@ impl LockTable {
                         if self.keys.len() >= self.limits.max_keys {
                             return Err("a grant past --max-keys");
                         }
-                        self.tokens.observe(token);
+                        self.tokens.observe_granted(token);
                         self.insert_key(key, hash, token, expiry_ms);
                     }
                 }
             }
             Delta::Free { key, token } => {
-                self.tokens.observe(token);
+                self.tokens.observe_granted(token);
                 let Some(idx) = self.index.get(&self.keys, &key) else {
                     return Ok(());
                 };

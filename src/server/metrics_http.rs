@@ -262,7 +262,7 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
     gauge(
         o,
         "baton_token_ceiling",
-        "No token at or above this has been issued (the replicated ceiling).",
+        "No token above this has been issued (the replicated ceiling, or the largest token known).",
         snap.ceiling,
     );
     family(

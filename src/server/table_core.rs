@@ -556,7 +556,7 @@ impl TableCore {
     fn info(&mut self, now: Now) -> Answer {
         let stats = self.table.stats();
         let figures: InfoFigures = [
-            stats.last_token,
+            stats.last_granted,
             stats.held as u64,
             stats.waiting as u64,
             self.gauges.conns as u64,

@@ -49,6 +49,9 @@ pub fn start_floor(unix_ms: u64) -> u64 {
 pub struct TokenSource {
     last: u64,
     issued: u64,
+    /// The largest token known to have been granted: issued here, or
+    /// carried by the state replicated to this node.
+    granted: u64,
     node: u64,
 }
 
@@ -59,6 +62,7 @@ impl TokenSource {
         TokenSource {
             last: floor,
             issued: 0,
+            granted: 0,
             node: node_index as u64,
         }
     }
@@ -73,6 +77,7 @@ impl TokenSource {
         assert!(token > self.last, "tokens only grow");
         self.last = token;
         self.issued = token;
+        self.granted = token;
         token
     }
 
@@ -81,6 +86,22 @@ impl TokenSource {
         if token <= MAX_TOKEN {
             self.last = self.last.max(token);
         }
+    }
+
+    /// A token some node granted (a replicated grant or free): later
+    /// tokens go above it, and it counts as granted.
+    pub fn observe_granted(&mut self, token: u64) {
+        if token <= MAX_TOKEN {
+            self.observe(token);
+            self.granted = self.granted.max(token);
+        }
+    }
+
+    /// The largest token known to have been granted, here or by the active
+    /// this node's state came from (0 if none): what `I` calls `token`.
+    /// Unlike [`TokenSource::last`], never a ceiling or the clock's floor.
+    pub fn last_granted(&self) -> u64 {
+        self.granted
     }
 
     /// The largest token issued or observed.
@@ -137,6 +158,23 @@ mod tests {
         assert!(tokens.issue() < 100);
         tokens.observe(MAX_TOKEN);
         assert!(tokens.issue() > MAX_TOKEN, "and issuing never overflows");
+    }
+
+    #[test]
+    fn only_grants_count_as_granted_ceilings_and_floors_do_not() {
+        let mut tokens = TokenSource::new(0, 1000);
+        assert_eq!(tokens.last_granted(), 0, "nothing granted yet");
+        tokens.observe(5000);
+        assert_eq!(tokens.last_granted(), 0, "a ceiling or floor is no grant");
+        let mine = tokens.issue();
+        assert_eq!(tokens.last_granted(), mine);
+        tokens.observe_granted(mine + 1000);
+        assert_eq!(tokens.last_granted(), mine + 1000);
+        assert!(tokens.issue() > mine + 1000, "and later tokens go above it");
+        tokens.observe_granted(MAX_TOKEN + 1);
+        assert!(tokens.last_granted() <= MAX_TOKEN, "out of range: ignored");
+        tokens.observe_granted(10);
+        assert!(tokens.last_granted() > mine + 1000, "never goes down");
     }
 
     #[test]
