@@ -1,5 +1,6 @@
 //! Real-process tests of `batond` as a program (README: Fencing tokens, Running `batond`):
-//! its flags, its exit on SIGTERM, and fencing tokens across a restart.
+//! its flags, its exit on SIGTERM (waiters told `M -` first), and fencing
+//! tokens across a restart.
 
 mod common;
 
@@ -150,6 +151,10 @@ fn sigterm_makes_the_node_exit_0_promptly() {
     });
     node.signal("TERM");
     assert_eq!(node.wait_exit(DEADLINE), Some(0), "log:\n{}", node.log());
+    // The waiter hears that no node is active (as from a cluster's last
+    // node), then the connection ends.
+    assert_eq!(waiter.recv_within(DEADLINE), "M - A k");
+    assert!(waiter.closed_within(DEADLINE), "then the connection ends");
     assert!(
         holder.closed_within(DEADLINE),
         "connections end with the node"

@@ -110,7 +110,9 @@ fn raise_fd_limit(max_conns: usize) {
         }
         if (limit.rlim_cur as u128) < max_conns as u128 + 64 {
             log::warn!(
-                "the open-file limit ({}) is below --max-conns ({max_conns}); connections past it will fail",
+                "the open-file limit ({}) leaves no room for --max-conns ({max_conns}) client \
+                 connections plus the listener, peers and metrics (at least --max-conns + 64; \
+                 --max-conns + 256 is advised): connections past it will fail",
                 limit.rlim_cur
             );
         }

@@ -89,6 +89,10 @@ pub enum ToOwner {
     Cluster(ClusterToTable),
     /// From the metrics thread: publish a snapshot of the figures.
     Scrape,
+    /// A single node is stopping: answer every waiter `M - A <key>` (no
+    /// node is active), as the last node of a cluster does, then signal on
+    /// the sender once those answers are on their way to the I/O loops.
+    Retire(Sender<()>),
 }
 
 /// What the lock owner sends one I/O loop per round.

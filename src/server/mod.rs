@@ -46,7 +46,7 @@ use cluster_core::ClusterParams;
 pub use config::Config;
 use io_loop::IoLoop;
 use lock_table::{LockTable, TableLimits};
-use messages::{IoLoopLink, ReplLink, ToRepl, capacity};
+use messages::{IoLoopLink, ReplLink, ToOwner, ToRepl, capacity};
 use owner::Owner;
 use peer_auth::ClusterKey;
 use replication::Replication;
@@ -138,6 +138,9 @@ pub struct Server {
     io_threads: Vec<JoinHandle<()>>,
     owner_thread: Option<JoinHandle<()>>,
     repl: Option<ReplHandle>,
+    /// A single node's own line to the lock owner, for the retire message
+    /// at shutdown (dropped then, so the owner sees every sender gone).
+    retire: Option<crossbeam_channel::Sender<ToOwner>>,
     metrics: Option<(Arc<stats::MetricsSlot>, JoinHandle<()>)>,
     detect_ms: u64,
 }
@@ -246,9 +249,10 @@ impl Server {
         let owner_thread = std::thread::Builder::new()
             .name("baton-owner".into())
             .spawn(move || owner.run())?;
+        let mut retire = None;
         let repl = match repl_parts {
             None => {
-                drop(to_owner);
+                retire = Some(to_owner);
                 None
             }
             Some((poll, waker, tx, rx, exit_tx, exit_rx)) => {
@@ -311,6 +315,7 @@ impl Server {
             io_threads,
             owner_thread: Some(owner_thread),
             repl,
+            retire,
             metrics,
             detect_ms: config.detect_ms,
         })
@@ -372,6 +377,18 @@ impl Server {
                         bound.as_millis()
                     );
                 }
+            }
+        }
+        if let Some(to_owner) = self.retire.take() {
+            // A single node: its waiters hear `M -` (no node is active)
+            // before their connections close, as with a cluster's last node.
+            let (done, retired) = crossbeam_channel::bounded(1);
+            if to_owner.send(ToOwner::Retire(done)).is_ok()
+                && retired
+                    .recv_timeout(std::time::Duration::from_secs(1))
+                    .is_err()
+            {
+                log::warn!("shutdown: the lock owner did not answer its waiters in time");
             }
         }
         log::info!("shutdown: stopping the I/O loops");

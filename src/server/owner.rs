@@ -149,6 +149,7 @@ impl Owner {
             };
             self.core.begin_round(now, gauges);
             let mut budget = MAX_REQUESTS_PER_ROUND;
+            let mut retired = Vec::new();
             while budget > 0
                 && let Some(message) = self.queue.pop_front()
             {
@@ -177,9 +178,18 @@ impl Owner {
                         budget -= 1;
                         self.stats.scrape_wanted = true;
                     }
+                    ToOwner::Retire(done) => {
+                        budget -= 1;
+                        self.core.retire(now);
+                        retired.push(done);
+                    }
                 }
             }
             self.end_round(now);
+            for done in retired {
+                // The redirects are in the I/O loops' channels now.
+                let _ = done.send(());
+            }
             self.end_round_metrics(now);
         }
         log::info!("lock owner: every sender is gone, stopping");
@@ -472,7 +482,7 @@ fn deltas_in(msg: &TableToCluster) -> usize {
 fn events_in(message: &ToOwner) -> usize {
     match message {
         ToOwner::Clients(batch) => batch.len(),
-        ToOwner::Cluster(_) | ToOwner::Scrape => 1,
+        ToOwner::Cluster(_) | ToOwner::Scrape | ToOwner::Retire(_) => 1,
     }
 }
 

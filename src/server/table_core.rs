@@ -468,6 +468,13 @@ impl TableCore {
     }
 
     /// Stop serving: held-back requests and waiters are redirected.
+    /// A single node is stopping: no node is active from now on, and every
+    /// waiter is told so (`M -`).
+    pub fn retire(&mut self, now: Now) {
+        log::info!("lock owner: stopping: waiters are told no node is active");
+        self.stop_serving(now, None);
+    }
+
     fn stop_serving(&mut self, now: Now, active: Option<String>) {
         let previous = std::mem::replace(
             &mut self.mode,
