@@ -103,8 +103,15 @@ impl Node {
     /// Start `batond <args>` as given; `port` is where it will listen if known
     /// (else it is read from the "listening on" log line).
     pub fn start_raw(args: &[&str], port: Option<u16>) -> Node {
+        Node::start_raw_with_env(args, port, &[])
+    }
+
+    /// [`Node::start_raw`] with more environment variables for the process
+    /// (on top of the test's own, which it inherits as always): a node under
+    /// `LD_PRELOAD`, say.
+    pub fn start_raw_with_env(args: &[&str], port: Option<u16>, env: &[(&str, &str)]) -> Node {
         let level = std::env::var("BATON_TEST_LOG").unwrap_or_else(|_| "info".into());
-        Node::spawn(args, port, &level)
+        Node::spawn(args, port, &level, env)
     }
 
     /// Start `batond --bind 127.0.0.1 --port 0 <args>` logging at debug
@@ -112,13 +119,14 @@ impl Node {
     pub fn start_debug(args: &[&str]) -> Node {
         let mut all = vec!["--bind", "127.0.0.1", "--port", "0"];
         all.extend_from_slice(args);
-        Node::spawn(&all, None, "debug")
+        Node::spawn(&all, None, "debug", &[])
     }
 
-    fn spawn(args: &[&str], port: Option<u16>, log_level: &str) -> Node {
+    fn spawn(args: &[&str], port: Option<u16>, log_level: &str, env: &[(&str, &str)]) -> Node {
         let mut child = Command::new(batond_path())
             .args(args)
             .env("RUST_LOG", log_level)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
