@@ -1,0 +1,577 @@
+//! Clock skew between cluster nodes, with real processes: one node of a
+//! two-node cluster on loopback runs under libfaketime with its wall clock
+//! 120 s behind the other's (README, "Keep the nodes' clocks in sync
+//! (NTP)"; cluster_core.rs, `MAX_PEER_AHEAD_MS`). The unit and simulation
+//! tests drive the cores with skewed times; these check the same contract
+//! end to end: the node behind follows the active, never makes a second
+//! active, warns, is not counted in the active's `standbys=`, is handed no
+//! role, and, promoted when the active dies, issues tokens above all it took.
+//!
+//! The skewed node gets `LD_PRELOAD=libfaketimeMT.so.1`, `FAKETIME=-120s`
+//! and `FAKETIME_DONT_FAKE_MONOTONIC=1`. Without the last, libfaketime
+//! (0.9.10) moves CLOCK_MONOTONIC too, onto the faked wall clock, and the
+//! standard library's timed waits (`Condvar::wait_timeout`,
+//! `recv_timeout`) hand the kernel's futex an absolute monotonic deadline
+//! computed from that fake reading, which the kernel's real clock will not
+//! reach for decades: a 300 ms wait never returns. With it, only the wall
+//! clock (`SystemTime`, which token floors come from) is behind, and
+//! `Instant` (timers, failure detection) is the real one. Each test checks
+//! that the skew is in force: a fresh node's `token=` is its clock floor.
+//!
+//! Without libfaketime (Debian package `faketime`) each test says so on
+//! stderr and passes, unless `BATON_REQUIRE_FAKETIME=1` (set by `.ci/run`
+//! once it has installed it), which makes the absence a failure.
+//!
+//! Waits are polls with a deadline; the only intervals spent on purpose are
+//! the observation windows that show a second active never appears. Every
+//! node is killed by its PID when its handle drops, and every node's log is
+//! printed if a test fails.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{DEADLINE, LineClient, Node, free_port_run, info_field, token_of, wait_for};
+
+/// `--detect` for every node (seconds), and the same in milliseconds.
+const DETECT: &str = "0.5";
+const DETECT_MS: u64 = 500;
+/// How far behind the skewed node's wall clock runs (libfaketime's syntax),
+/// and the same in milliseconds: twice the 60 s window.
+const SKEW: &str = "-120s";
+const SKEW_MS: u64 = 120_000;
+/// How far a measured skew may be from SKEW_MS (start-up, the tokens' lead).
+const SKEW_SLACK_MS: u64 = 10_000;
+/// How long roles are watched for a second active or a handover: six
+/// `--detect` (a node with a good clock takes the role back within one).
+const WATCH: Duration = Duration::from_secs(6 * DETECT_MS / 1000);
+/// The pace of the samples while watching.
+const SAMPLE_EVERY: Duration = Duration::from_millis(10);
+
+// ----- libfaketime -----
+
+/// Where libfaketimeMT.so.1 is, if installed: Debian's multiarch directory
+/// (`/usr/lib/<triplet>/faketime/`), or a plain `lib/faketime/`.
+fn faketime_lib() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("faketime"))
+        .collect();
+    dirs.sort();
+    dirs.push(PathBuf::from("/usr/lib/faketime"));
+    dirs.push(PathBuf::from("/usr/local/lib/faketime"));
+    dirs.into_iter()
+        .map(|dir| dir.join("libfaketimeMT.so.1"))
+        .find(|lib| lib.is_file())
+}
+
+/// libfaketime for test `test`; None (the test then passes, having said
+/// why on stderr) if it is not installed, unless BATON_REQUIRE_FAKETIME=1.
+fn faketime_or_skip(test: &str) -> Option<PathBuf> {
+    if let Some(lib) = faketime_lib() {
+        return Some(lib);
+    }
+    let why = "libfaketimeMT.so.1 is not installed (Debian package `faketime`)";
+    assert!(
+        std::env::var("BATON_REQUIRE_FAKETIME").as_deref() != Ok("1"),
+        "{test}: {why}, and BATON_REQUIRE_FAKETIME=1 requires it"
+    );
+    // Straight to stderr, past the test harness's capture, so that a run
+    // shows that this test checked nothing.
+    let _ = writeln!(std::io::stderr(), "{test}: SKIPPED: {why}");
+    None
+}
+
+/// The wall clock of this test process (not skewed), in Unix ms.
+fn real_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_millis() as u64
+}
+
+/// The Unix time (seconds) of a log line stamped `[YYYY-MM-DDTHH:MM:SSZ`
+/// (env_logger's default), if it is.
+fn log_unix_s(line: &str) -> Option<u64> {
+    let stamp = line.strip_prefix('[')?.get(..20)?;
+    let (date, time) = stamp.strip_suffix('Z')?.split_once('T')?;
+    let nums = |text: &str, sep: char| -> Option<Vec<i64>> {
+        text.split(sep).map(|n| n.parse().ok()).collect()
+    };
+    let (d, t) = (nums(date, '-')?, nums(time, ':')?);
+    let ([y, m, d], [hh, mm, ss]) = (<[i64; 3]>::try_from(d).ok()?, <[i64; 3]>::try_from(t).ok()?);
+    // Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
+    // days_from_civil).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()
+}
+
+/// The wall-clock ms a token stands for (tokens.rs: `unix_ms << 20`).
+fn token_ms(token: u64) -> u64 {
+    token >> 20
+}
+
+// ----- two nodes, one of them behind -----
+
+/// Two `batond` processes with one `--peers` list (node 0 first), node
+/// `skewed` with its wall clock SKEW behind. Killed by PID when dropped; if
+/// the test fails, both logs are printed.
+struct Pair {
+    port: u16,
+    skewed: usize,
+    lib: PathBuf,
+    nodes: [Option<Node>; 2],
+    /// This process's wall clock (Unix ms) when each node was last found
+    /// listening.
+    started_ms: [u64; 2],
+    /// Logs of nodes that are gone, for a failure report.
+    old_logs: Vec<(usize, String)>,
+}
+
+impl Pair {
+    fn new(skewed: usize, lib: PathBuf) -> Pair {
+        Pair {
+            port: free_port_run(2),
+            skewed,
+            lib,
+            nodes: [None, None],
+            started_ms: [0, 0],
+            old_logs: Vec::new(),
+        }
+    }
+
+    /// Node `i`'s entry in `--peers` (and its `node=` in `I`).
+    fn name(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.port + i as u16)
+    }
+
+    fn addr(&self, i: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port + i as u16))
+    }
+
+    /// Start node `i` (under libfaketime if it is the skewed one); returns
+    /// once it listens.
+    fn start(&mut self, i: usize) {
+        assert!(self.nodes[i].is_none(), "node {i} is already running");
+        let port = (self.port + i as u16).to_string();
+        let peers = format!("{},{}", self.name(0), self.name(1));
+        let args = [
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            port.as_str(),
+            "--peers",
+            peers.as_str(),
+            "--cluster-key-file",
+            common::cluster_key_file(),
+            "--detect",
+            DETECT,
+        ];
+        let lib = self.lib.to_string_lossy().into_owned();
+        let env: &[(&str, &str)] = if i == self.skewed {
+            &[
+                ("LD_PRELOAD", lib.as_str()),
+                ("FAKETIME", SKEW),
+                ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ]
+        } else {
+            &[]
+        };
+        let port = self.port + i as u16;
+        self.nodes[i] = Some(Node::start_raw_with_env(&args, Some(port), env));
+        self.started_ms[i] = real_unix_ms();
+    }
+
+    fn node(&self, i: usize) -> &Node {
+        self.nodes[i].as_ref().expect("node is running")
+    }
+
+    /// SIGKILL node `i` and reap it (by PID).
+    fn kill(&mut self, i: usize) {
+        let node = self.nodes[i].take().expect("node is running");
+        self.old_logs.push((i, node.log()));
+        drop(node);
+    }
+
+    fn client(&self, i: usize) -> LineClient {
+        LineClient::connect(self.addr(i))
+    }
+
+    /// One `I` on node `i` over a fresh connection; None if it does not
+    /// answer within half a second.
+    fn info(&self, i: usize) -> Option<String> {
+        let wait = Duration::from_millis(500);
+        let stream = TcpStream::connect_timeout(&self.addr(i), wait).ok()?;
+        stream.set_read_timeout(Some(wait)).ok()?;
+        (&stream).write_all(b"I\n").ok()?;
+        let mut answer = String::new();
+        BufReader::new(&stream).read_line(&mut answer).ok()?;
+        answer
+            .ends_with('\n')
+            .then(|| answer.trim_end().to_string())
+    }
+
+    /// `I` on node `i`, which must answer.
+    fn must_info(&self, i: usize) -> String {
+        self.info(i)
+            .unwrap_or_else(|| panic!("node {i} does not answer I"))
+    }
+
+    /// Wait until node `i` serves (`role=active state=active`); its `I`.
+    fn wait_serving(&self, i: usize) -> String {
+        wait_for(&format!("node {i} to serve"), DEADLINE, || {
+            self.info(i).filter(|info| serving(info))
+        })
+    }
+
+    /// Wait until node `i` is a standby that names node `active` as active.
+    fn wait_standby_of(&self, i: usize, active: usize) -> String {
+        let name = self.name(active);
+        wait_for(
+            &format!("node {i} to follow node {active}"),
+            DEADLINE,
+            || self.info(i).filter(|info| standby_of(info, &name)),
+        )
+    }
+
+    /// Wait until node `i`'s log has a line containing every one of
+    /// `parts`; that line.
+    fn wait_log_line(&self, i: usize, parts: &[&str]) -> String {
+        wait_for(
+            &format!("a line with {parts:?} in node {i}'s log"),
+            DEADLINE,
+            || {
+                self.node(i)
+                    .log()
+                    .lines()
+                    .find(|line| parts.iter().all(|p| line.contains(p)))
+                    .map(str::to_string)
+            },
+        )
+    }
+
+    /// The skewed node's wall clock is SKEW behind this process's: the
+    /// time stamp of its "listening on" log line (env_logger's, from the
+    /// wall clock) against this process's clock when that line was read.
+    /// From the log, not from `token=`, so that it holds whatever the node
+    /// took from its peer.
+    fn check_skew_in_force(&self) {
+        let i = self.skewed;
+        let log = self.node(i).log();
+        let line = log
+            .lines()
+            .find(|line| line.contains("listening on "))
+            .unwrap_or_else(|| panic!("no \"listening on\" line in node {i}'s log:\n{log}"));
+        let stamped_ms = 1000
+            * log_unix_s(line)
+                .unwrap_or_else(|| panic!("no [YYYY-MM-DDTHH:MM:SSZ time stamp in {line:?}"));
+        let behind = self.started_ms[i].saturating_sub(stamped_ms);
+        println!("node {i} (skewed): clock about {behind} ms behind, by its log");
+        assert!(
+            behind.abs_diff(SKEW_MS) < SKEW_SLACK_MS,
+            "node {i} runs under libfaketime with FAKETIME={SKEW}, but its log says its \
+             clock is {behind} ms behind: {line}"
+        );
+    }
+
+    /// The skewed node's warning about node `peer` (README: `sent a token N
+    /// s ahead of this node's clock`), with N about SKEW; the line.
+    fn wait_skew_warning(&self, peer: usize) -> String {
+        let name = self.name(peer);
+        let line = self.wait_log_line(
+            self.skewed,
+            &[&name, "sent a token", "ahead of this node's clock"],
+        );
+        let ahead_s: u64 = line
+            .split("sent a token ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number of seconds in {line:?}"));
+        assert!(
+            (ahead_s * 1000).abs_diff(SKEW_MS) < SKEW_SLACK_MS,
+            "the warning should say about {} s: {line}",
+            SKEW_MS / 1000
+        );
+        line
+    }
+
+    /// For WATCH: node `active` serves and does not count the skewed node
+    /// as a synced standby, node `standby` follows it and holds none of its
+    /// keys; never two actives. `each` runs between samples (clients).
+    /// The number of samples taken.
+    fn watch_roles(&self, active: usize, standby: usize, mut each: impl FnMut()) -> usize {
+        let active_name = self.name(active);
+        let start = Instant::now();
+        let mut samples = 0;
+        while start.elapsed() < WATCH {
+            let a = self.must_info(active);
+            let s = self.must_info(standby);
+            let actives = [&a, &s]
+                .iter()
+                .filter(|info| field(info, "role") == "active")
+                .count();
+            assert!(actives <= 1, "two actives (split brain):\n{a}\n{s}");
+            assert!(serving(&a), "node {active} should serve: {a}");
+            assert!(
+                standby_of(&s, &active_name),
+                "node {standby} should follow node {active}: {s}"
+            );
+            assert_eq!(
+                num(&a, "standbys"),
+                0,
+                "the active counts the node behind as a synced standby: {a}"
+            );
+            assert_eq!(
+                num(&s, "held"),
+                0,
+                "the node behind took the active's grants: {s}"
+            );
+            samples += 1;
+            each();
+            // Pace the samples (a few hundred in all) on a shared machine.
+            std::thread::sleep(SAMPLE_EVERY);
+        }
+        samples
+    }
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for (i, log) in &self.old_logs {
+                eprintln!("----- log of node {i} (before it went) -----\n{log}");
+            }
+            for (i, node) in self.nodes.iter().enumerate() {
+                if let Some(node) = node {
+                    eprintln!("----- log of node {i} -----\n{}", node.log());
+                }
+            }
+        }
+    }
+}
+
+// ----- reading answers -----
+
+/// A field of an `I` answer ("" when missing).
+fn field(info: &str, name: &str) -> String {
+    info_field(info, name).unwrap_or_default()
+}
+
+/// A numeric field of an `I` answer, failing the test if it is not one.
+fn num(info: &str, name: &str) -> u64 {
+    field(info, name)
+        .parse()
+        .unwrap_or_else(|_| panic!("no number {name}= in {info:?}"))
+}
+
+/// This `I` answer says the node serves clients.
+fn serving(info: &str) -> bool {
+    field(info, "role") == "active" && field(info, "state") == "active"
+}
+
+/// This `I` answer says the node is a standby of `active`.
+fn standby_of(info: &str, active: &str) -> bool {
+    field(info, "role") == "standby" && field(info, "active") == active
+}
+
+/// Acquire `key` for `lease` seconds on `client`, which must grant at once;
+/// the token, which must be above every token in `tokens` (then added).
+fn grant(client: &mut LineClient, key: &str, lease: &str, tokens: &mut Vec<u64>) -> u64 {
+    let answer = client.ask(&format!("A {key} {lease} 0"));
+    assert!(
+        answer.ends_with(&format!(" {key}")),
+        "expected a grant of {key}, got {answer:?}"
+    );
+    let token = token_of(&answer);
+    if let Some(&last) = tokens.last() {
+        assert!(token > last, "tokens do not grow: {last} then {token}");
+    }
+    tokens.push(token);
+    token
+}
+
+// ----- the scenarios -----
+
+/// The second node, 120 s behind, follows the first: one active throughout,
+/// the skew warned about, the node behind not counted in `standbys=` and
+/// holding none of the active's keys, clients served by the active with
+/// growing tokens and sent to it by the node behind.
+#[test]
+fn a_node_120_s_behind_follows_the_active_without_holding_its_state() {
+    let Some(lib) = faketime_or_skip("a_node_120_s_behind_follows_the_active") else {
+        return;
+    };
+    let mut pair = Pair::new(1, lib);
+    pair.start(0);
+    pair.wait_serving(0);
+    pair.start(1);
+    let standby = pair.wait_standby_of(1, 0);
+    println!("node 1: {standby}");
+    pair.check_skew_in_force();
+
+    let mut active = pair.client(0);
+    let mut behind = pair.client(1);
+    let active_name = pair.name(0);
+    let mut tokens = Vec::new();
+    let samples = pair.watch_roles(0, 1, || {
+        let key = format!("job{}", tokens.len());
+        grant(&mut active, &key, "30", &mut tokens);
+        assert_eq!(
+            behind.ask(&format!("A {key} 30 0")),
+            format!("M {active_name} A {key}"),
+            "the node behind sends clients to the active"
+        );
+        assert_eq!(
+            behind.ask(&format!("Q {key}")),
+            format!("M {active_name} Q {key}")
+        );
+    });
+    println!(
+        "{samples} samples over {WATCH:?}, {} grants on node 0, tokens {}..={}",
+        tokens.len(),
+        tokens[0],
+        tokens[tokens.len() - 1]
+    );
+    assert!(samples >= 50, "too few samples to show anything: {samples}");
+    let info = pair.must_info(0);
+    assert_eq!(num(&info, "held"), tokens.len() as u64, "{info}");
+    let warning = pair.wait_skew_warning(0);
+    println!("node 1 warned: {warning}");
+    // The active hears the node behind (its heartbeats say it follows) and
+    // knows it lacks the state: it sends the snapshot again, ever less often.
+    let resend = pair.wait_log_line(0, &[&pair.name(1), "still lacks the state"]);
+    println!("node 0: {resend}");
+}
+
+/// The first node of `--peers`, 120 s behind, starts after the second is
+/// active: it follows the second and never takes the role back (a node
+/// with a good clock would: the active hands over to a higher-priority
+/// standby once it holds the state).
+#[test]
+fn a_first_node_120_s_behind_never_takes_the_role_back() {
+    let Some(lib) = faketime_or_skip("a_first_node_120_s_behind_never_takes_the_role_back") else {
+        return;
+    };
+    let mut pair = Pair::new(0, lib);
+    pair.start(1);
+    pair.wait_serving(1);
+    let mut active = pair.client(1);
+    let mut tokens = Vec::new();
+    grant(&mut active, "held-before", "60", &mut tokens);
+    pair.start(0);
+    // It follows node 1, or (the failure this test is for) has taken the
+    // role over by the time it is asked.
+    let active_name = pair.name(1);
+    let joined = wait_for("node 0 to follow node 1 (or take over)", DEADLINE, || {
+        pair.info(0)
+            .filter(|info| standby_of(info, &active_name) || field(info, "role") == "active")
+    });
+    println!("node 0: {joined}");
+    assert!(
+        standby_of(&joined, &active_name),
+        "the first node, behind, took the role: {joined}"
+    );
+    pair.check_skew_in_force();
+
+    let mut first = pair.client(0);
+    let samples = pair.watch_roles(1, 0, || {
+        let key = format!("job{}", tokens.len());
+        grant(&mut active, &key, "30", &mut tokens);
+        assert_eq!(
+            first.ask(&format!("R {key} 1")),
+            format!("M {active_name} R {key}"),
+            "the first node, behind, sends clients to the active"
+        );
+    });
+    println!(
+        "{samples} samples over {WATCH:?}: node 1 active throughout, {} grants",
+        tokens.len()
+    );
+    assert!(samples >= 50, "too few samples to show anything: {samples}");
+    let log = pair.node(1).log();
+    assert!(
+        !log.contains("transfer the active role"),
+        "the active tried to hand its role to the node behind:\n{log}"
+    );
+    let warning = pair.wait_skew_warning(1);
+    println!("node 0 warned: {warning}");
+}
+
+/// The active dies and the node 120 s behind, the only one left, is
+/// promoted: its tokens are above every token it took and above its own
+/// clock floor, and (as the README says) below the old active's, which a
+/// fenced resource would hold against them until its clock catches up.
+#[test]
+fn the_node_behind_promoted_issues_tokens_above_all_it_took() {
+    let Some(lib) = faketime_or_skip("the_node_behind_promoted_issues_tokens_above_all_it_took")
+    else {
+        return;
+    };
+    let mut pair = Pair::new(1, lib);
+    pair.start(0);
+    pair.wait_serving(0);
+    pair.start(1);
+    pair.wait_standby_of(1, 0);
+    pair.check_skew_in_force();
+    let mut active = pair.client(0);
+    let mut old_tokens = Vec::new();
+    for i in 0..5 {
+        grant(&mut active, &format!("old{i}"), "60", &mut old_tokens);
+    }
+    // What the node behind took, just before the active goes: its token
+    // counter and ceiling (each only grows with what it takes).
+    let took = pair.must_info(1);
+    let took_max = num(&took, "token").max(num(&took, "ceiling"));
+    println!("node 1 before the failover: {took}");
+
+    drop(active);
+    pair.kill(0);
+    let killed = Instant::now();
+    let promoted = pair.wait_serving(1);
+    println!(
+        "node 1 serves {:?} after node 0 was killed: {promoted}",
+        killed.elapsed()
+    );
+    let mut client = pair.client(1);
+    let mut new_tokens = Vec::new();
+    for i in 0..5 {
+        let floor_ms = real_unix_ms() - SKEW_MS - SKEW_SLACK_MS;
+        let token = grant(&mut client, &format!("new{i}"), "60", &mut new_tokens);
+        assert!(
+            token > took_max,
+            "token {token} of the promoted node is not above {took_max}, which it took"
+        );
+        assert!(
+            token_ms(token) >= floor_ms,
+            "token {token} of the promoted node is below its own clock floor"
+        );
+    }
+    // It knows only the keys it could take: none of the old active's.
+    for i in 0..5 {
+        assert_eq!(client.ask(&format!("Q old{i}")), format!("Q old{i} 0 0 0"));
+    }
+    let old_max = old_tokens[old_tokens.len() - 1];
+    let new_min = new_tokens[0];
+    println!(
+        "old active's tokens up to {old_max}; the promoted node's from {new_min}, \
+         {} s of clock below",
+        (token_ms(old_max) - token_ms(new_min)) / 1000
+    );
+    assert!(
+        new_min < old_max,
+        "the README says the promoted node's tokens are below the old active's \
+         (its clock is 120 s behind): {new_min} >= {old_max}"
+    );
+    pair.wait_skew_warning(0);
+}
