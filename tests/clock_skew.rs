@@ -16,7 +16,7 @@
 //! reach for decades: a 300 ms wait never returns. With it, only the wall
 //! clock (`SystemTime`, which token floors come from) is behind, and
 //! `Instant` (timers, failure detection) is the real one. Each test checks
-//! that the skew is in force: a fresh node's `token=` is its clock floor.
+//! that the skew is in force, by the time stamps of the skewed node's log.
 //!
 //! Without libfaketime (Debian package `faketime`) each test says so on
 //! stderr and passes, unless `BATON_REQUIRE_FAKETIME=1` (set by `.ci/run`
