@@ -409,7 +409,9 @@ fn grant(client: &mut LineClient, key: &str, lease: &str, tokens: &mut Vec<u64>)
 /// growing tokens and sent to it by the node behind.
 #[test]
 fn a_node_120_s_behind_follows_the_active_without_holding_its_state() {
-    let Some(lib) = faketime_or_skip("a_node_120_s_behind_follows_the_active") else {
+    let Some(lib) =
+        faketime_or_skip("a_node_120_s_behind_follows_the_active_without_holding_its_state")
+    else {
         return;
     };
     let mut pair = Pair::new(1, lib);
