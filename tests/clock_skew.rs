@@ -565,15 +565,15 @@ fn the_node_behind_promoted_issues_tokens_above_all_it_took() {
     }
     let old_max = old_tokens[old_tokens.len() - 1];
     let new_min = new_tokens[0];
-    println!(
-        "old active's tokens up to {old_max}; the promoted node's from {new_min}, \
-         {} s of clock below",
-        (token_ms(old_max) - token_ms(new_min)) / 1000
-    );
     assert!(
         new_min < old_max,
         "the README says the promoted node's tokens are below the old active's \
          (its clock is 120 s behind): {new_min} >= {old_max}"
+    );
+    println!(
+        "old active's tokens up to {old_max}; the promoted node's from {new_min}, \
+         {} s of clock below",
+        token_ms(old_max).abs_diff(token_ms(new_min)) / 1000
     );
     pair.wait_skew_warning(0);
 }

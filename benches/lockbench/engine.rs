@@ -741,7 +741,14 @@ impl Worker {
             self.token_counter += 1;
             let token = (u64::from(self.slots[s].client) << 40) | self.token_counter;
             self.slots[s].token = token;
-            self.slots[s].token_text = wire::TokenText::of(token);
+            // The echo's release carries the token its grant (an `Ack`)
+            // stood for: 1, as it always has (so the floor stays the floor
+            // it was); Redis's the token its `SET` stored.
+            self.slots[s].token_text = if self.proto == Proto::Echo {
+                wire::TokenText::of(1)
+            } else {
+                wire::TokenText::of(token)
+            };
         }
         self.slots[s].started = now;
         self.send_acquire(s);

@@ -1071,15 +1071,19 @@ impl ClusterCore {
             }
             TableToCluster::DeltasLost => {
                 // No link has every change since its snapshot any more: each
-                // gets a fresh one (`maybe_ask_snapshot`), and carries no
-                // delta and no role transfer until then.
+                // is dropped, as one too far behind would be, so the standby
+                // knows at once that it lacks the state (it is neither
+                // counted as synced nor handed the role), and the redialed
+                // link carries a fresh snapshot.
                 for p in 0..self.outs.len() {
-                    if p != self.me && std::mem::take(&mut self.outs[p].snap_sent) {
+                    if p != self.me && self.outs[p].snap_sent {
                         log::warn!(
                             "replication: changes for {} were dropped while this thread was \
-                             held up; sending it a fresh snapshot",
+                             held up; re-syncing it from a fresh snapshot",
                             self.names[p]
                         );
+                        self.effects.push(ClusterEffect::DropOut { peer: p });
+                        self.handle_link_down(now, p, OutDown::Failed, "changes dropped");
                     }
                 }
             }
@@ -1843,8 +1847,11 @@ mod tests {
             "synced: no new snapshot"
         );
         core.handle_table(at(DETECT + 7), TableToCluster::DeltasLost);
-        // Neither later deltas nor a role transfer go over the link now: the
-        // standby lacks the dropped ones.
+        // The link is dropped, as one too far behind would be: the standby
+        // sees it close and stops saying it is synced.
+        assert!(effects(&mut core).contains(&ClusterEffect::DropOut { peer: 1 }));
+        // Neither later deltas nor a role transfer go to it now: it lacks
+        // the dropped ones.
         core.handle_table(
             at(DETECT + 8),
             TableToCluster::Deltas(vec![Delta::Ceiling(5)]),
@@ -1857,11 +1864,12 @@ mod tests {
                 .any(|e| matches!(e, ClusterEffect::Send { peer: 1, .. })),
             "{sent:?}"
         );
-        // The standby still says it is synced, yet gets a fresh snapshot.
-        core.handle_peer_msg(at(DETECT + 9), 7, beat(RoleName::Standby, Some(0), true));
-        core.handle_tick(at(DETECT + 9));
+        // Redialed at once; the new link carries a fresh snapshot.
+        let t = dial_up(&mut core, 1, DETECT + 8);
+        core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), false));
+        core.handle_tick(at(t));
         assert!(effects(&mut core).contains(&wanted));
-        core.handle_table(at(DETECT + 10), snapshot);
+        core.handle_table(at(t + 1), snapshot);
         assert_eq!(
             effects(&mut core).first(),
             Some(&ClusterEffect::Send {

@@ -46,11 +46,12 @@ pub mod capacity {
     /// Deltas the lock owner keeps while the channel to replication is
     /// full (the replication thread has not run for seconds: it only
     /// copies deltas into its peers' bounded buffers). Past it the owner
-    /// drops its queued deltas, keeping their highest token ceiling, and
-    /// tells replication so in their place ([`super::TableToCluster::DeltasLost`]):
-    /// every standby is then sent a fresh snapshot, as one whose link
-    /// dropped would be. Its memory is bounded so, not by how long the
-    /// replication thread stalls.
+    /// drops its queued deltas and tells replication so in their place
+    /// ([`super::TableToCluster::DeltasLost`]): every standby's link is
+    /// then dropped and re-synced from a fresh snapshot, as one too far
+    /// behind would be. The token ceilings dropped with them still reach
+    /// the standbys in every heartbeat. Its memory is bounded so, not by
+    /// how long the replication thread stalls.
     pub const OWNER_DELTAS: usize = 1 << 18;
     /// Replication → lock owner, in entries ([`super::ClusterToTable::weight`]:
     /// one per message, plus one per delta or snapshot entry it carries),

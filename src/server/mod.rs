@@ -382,11 +382,10 @@ impl Server {
         if let Some(to_owner) = self.retire.take() {
             // A single node: its waiters hear `M -` (no node is active)
             // before their connections close, as with a cluster's last node.
+            let bound = std::time::Duration::from_secs(1);
             let (done, retired) = crossbeam_channel::bounded(1);
-            if to_owner.send(ToOwner::Retire(done)).is_ok()
-                && retired
-                    .recv_timeout(std::time::Duration::from_secs(1))
-                    .is_err()
+            if to_owner.send_timeout(ToOwner::Retire(done), bound).is_ok()
+                && retired.recv_timeout(bound).is_err()
             {
                 log::warn!("shutdown: the lock owner did not answer its waiters in time");
             }

@@ -95,6 +95,9 @@ pub struct Owner {
     /// Messages taken in and not handled yet, in arrival order (the rest
     /// of a round past `MAX_REQUESTS_PER_ROUND` waits here).
     queue: VecDeque<ToOwner>,
+    /// Whom to tell once the answers of a `ToOwner::Retire` have all gone
+    /// to the I/O loops.
+    retired: Vec<crossbeam_channel::Sender<()>>,
 }
 
 impl Owner {
@@ -125,6 +128,7 @@ impl Owner {
             metrics: None,
             round_start: Instant::now(),
             queue: VecDeque::new(),
+            retired: Vec::new(),
         }
     }
 
@@ -149,7 +153,6 @@ impl Owner {
             };
             self.core.begin_round(now, gauges);
             let mut budget = MAX_REQUESTS_PER_ROUND;
-            let mut retired = Vec::new();
             while budget > 0
                 && let Some(message) = self.queue.pop_front()
             {
@@ -181,14 +184,18 @@ impl Owner {
                     ToOwner::Retire(done) => {
                         budget -= 1;
                         self.core.retire(now);
-                        retired.push(done);
+                        self.retired.push(done);
                     }
                 }
             }
             self.end_round(now);
-            for done in retired {
-                // The redirects are in the I/O loops' channels now.
-                let _ = done.send(());
+            if !self.retired.is_empty() && self.rounds.iter().all(OwnerBatch::is_empty) {
+                // The redirects are in the I/O loops' channels now (a full
+                // channel keeps them here; the next round, within
+                // `RETRY_FULL`, tries again).
+                for done in self.retired.drain(..) {
+                    let _ = done.send(());
+                }
             }
             self.end_round_metrics(now);
         }
@@ -377,6 +384,7 @@ impl Owner {
                 }
                 Err(TrySendError::Full(ToRepl::Table(msg))) => {
                     self.to_repl.push_front(msg);
+                    bound_repl_backlog(&mut self.to_repl, &mut self.to_repl_deltas);
                     break;
                 }
                 Err(_) => {
@@ -434,18 +442,23 @@ impl Owner {
 }
 
 /// Queue `msg` for replication behind `queue`, which carries `deltas`
-/// deltas. Past `capacity::OWNER_DELTAS` (replication has taken nothing
-/// for seconds) every queued delta message is dropped, each run of them
-/// replaced by one `DeltasLost` where it stood: a snapshot or role
-/// transfer queued after it then knows the deltas before it are missing.
-/// Token ceilings dropped so are not lost to the standbys: every
-/// heartbeat carries this node's ceiling, and the fresh snapshot too.
+/// deltas.
 fn queue_for_repl(queue: &mut VecDeque<TableToCluster>, deltas: &mut usize, msg: TableToCluster) {
     *deltas += deltas_in(&msg);
     queue.push_back(msg);
-    // Alone in the queue, a message goes out next (one round's deltas,
-    // however many leases ran out in it, are bounded by --max-keys).
-    if queue.len() == 1 || *deltas <= capacity::OWNER_DELTAS {
+}
+
+/// The channel to replication is full: past `capacity::OWNER_DELTAS`
+/// (replication has taken nothing for seconds) every queued delta message
+/// is dropped, each run of them replaced by one `DeltasLost` where it
+/// stood, so a snapshot or role transfer queued after it knows the deltas
+/// before it are missing. Token ceilings dropped so still reach the
+/// standbys: every heartbeat carries this node's ceiling (`shared.ceiling`,
+/// stored each round), and the fresh snapshot too. A message alone in the
+/// queue is kept (it goes out next; one round's deltas, however many
+/// leases ran out in it, are bounded by --max-keys).
+fn bound_repl_backlog(queue: &mut VecDeque<TableToCluster>, deltas: &mut usize) {
+    if queue.len() <= 1 || *deltas <= capacity::OWNER_DELTAS {
         return;
     }
     log::warn!(
@@ -511,6 +524,7 @@ mod tests {
         let step = capacity::OWNER_DELTAS / 4;
         // Alone, even a message over the bound is kept: it goes out next.
         queue_for_repl(&mut queue, &mut deltas, grants(capacity::OWNER_DELTAS + 1));
+        bound_repl_backlog(&mut queue, &mut deltas);
         assert_eq!((queue.len(), deltas), (1, capacity::OWNER_DELTAS + 1));
         queue.clear();
         deltas = 0;
@@ -529,8 +543,10 @@ mod tests {
             TableToCluster::TransferReady { to: 1 },
         );
         queue_for_repl(&mut queue, &mut deltas, grants(step));
+        bound_repl_backlog(&mut queue, &mut deltas);
         assert_eq!((queue.len(), deltas), (6, 4 * step), "at the bound: kept");
         queue_for_repl(&mut queue, &mut deltas, grants(1));
+        bound_repl_backlog(&mut queue, &mut deltas);
         let kept: Vec<_> = queue.iter().cloned().collect();
         assert_eq!(
             kept,
@@ -543,9 +559,53 @@ mod tests {
             ]
         );
         assert_eq!(deltas, 0);
-        // And the count follows what is sent.
+        // And the count follows what is queued.
         queue_for_repl(&mut queue, &mut deltas, grants(3));
         assert_eq!(deltas, 3);
+    }
+
+    #[test]
+    fn a_full_replication_channel_bounds_what_the_owner_keeps_and_marks_the_loss() {
+        let shared = Arc::new(Shared::new(&Config::default(), "test".into()));
+        let clock = Clock::new();
+        let table = LockTable::new(
+            clock.now_ms(),
+            TableLimits::default(),
+            TokenSource::new(0, 0),
+        );
+        let core = TableCore::new(table, true, "test".into(), 0);
+        let (_to_owner, inbound) = crossbeam_channel::bounded(4);
+        let (tx, full) = crossbeam_channel::bounded(1);
+        let poll = mio::Poll::new().expect("poll");
+        let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).expect("waker"));
+        let repl = ReplLink { tx, waker };
+        let mut owner = Owner::new(core, clock, inbound, vec![], Some(repl), shared);
+        // Replication takes the first message, then nothing.
+        let step = capacity::OWNER_DELTAS / 2;
+        for _ in 0..3 {
+            let msg = grants(step);
+            queue_for_repl(&mut owner.to_repl, &mut owner.to_repl_deltas, msg);
+            owner.send_to_repl();
+        }
+        assert_eq!(owner.to_repl.len(), 2, "one sent, two kept: at the bound");
+        let msg = grants(1);
+        queue_for_repl(&mut owner.to_repl, &mut owner.to_repl_deltas, msg);
+        owner.send_to_repl();
+        assert_eq!(
+            owner.to_repl.iter().cloned().collect::<Vec<_>>(),
+            [TableToCluster::DeltasLost]
+        );
+        assert_eq!(owner.to_repl_deltas, 0);
+        // Once replication takes again, the marker follows what it had.
+        assert!(
+            matches!(full.try_recv(), Ok(ToRepl::Table(TableToCluster::Deltas(d))) if d.len() == step)
+        );
+        owner.send_to_repl();
+        assert!(matches!(
+            full.try_recv(),
+            Ok(ToRepl::Table(TableToCluster::DeltasLost))
+        ));
+        assert!(owner.to_repl.is_empty());
     }
 
     #[test]

@@ -467,7 +467,6 @@ impl TableCore {
         }
     }
 
-    /// Stop serving: held-back requests and waiters are redirected.
     /// A single node is stopping: no node is active from now on, and every
     /// waiter is told so (`M -`).
     pub fn retire(&mut self, now: Now) {
@@ -475,6 +474,7 @@ impl TableCore {
         self.stop_serving(now, None);
     }
 
+    /// Stop serving: held-back requests and waiters are redirected.
     fn stop_serving(&mut self, now: Now, active: Option<String>) {
         let previous = std::mem::replace(
             &mut self.mode,
