@@ -29,12 +29,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{DEADLINE, LineClient, Node, free_port_run, info_field, token_of, wait_for};
+use common::info::{field, num, probe, serving, standby_of};
+use common::{DEADLINE, LineClient, Node, free_port_run, token_of, wait_for};
 
 /// `--detect` for every node (seconds), and the same in milliseconds.
 const DETECT: &str = "0.5";
@@ -210,15 +211,7 @@ impl Pair {
     /// One `I` on node `i` over a fresh connection; None if it does not
     /// answer within half a second.
     fn info(&self, i: usize) -> Option<String> {
-        let wait = Duration::from_millis(500);
-        let stream = TcpStream::connect_timeout(&self.addr(i), wait).ok()?;
-        stream.set_read_timeout(Some(wait)).ok()?;
-        (&stream).write_all(b"I\n").ok()?;
-        let mut answer = String::new();
-        BufReader::new(&stream).read_line(&mut answer).ok()?;
-        answer
-            .ends_with('\n')
-            .then(|| answer.trim_end().to_string())
+        probe(self.addr(i), "I")
     }
 
     /// `I` on node `i`, which must answer.
@@ -362,28 +355,6 @@ impl Drop for Pair {
 }
 
 // ----- reading answers -----
-
-/// A field of an `I` answer ("" when missing).
-fn field(info: &str, name: &str) -> String {
-    info_field(info, name).unwrap_or_default()
-}
-
-/// A numeric field of an `I` answer, failing the test if it is not one.
-fn num(info: &str, name: &str) -> u64 {
-    field(info, name)
-        .parse()
-        .unwrap_or_else(|_| panic!("no number {name}= in {info:?}"))
-}
-
-/// This `I` answer says the node serves clients.
-fn serving(info: &str) -> bool {
-    field(info, "role") == "active" && field(info, "state") == "active"
-}
-
-/// This `I` answer says the node is a standby of `active`.
-fn standby_of(info: &str, active: &str) -> bool {
-    field(info, "role") == "standby" && field(info, "active") == active
-}
 
 /// Acquire `key` for `lease` seconds on `client`, which must grant at once;
 /// the token, which must be above every token in `tokens` (then added).

@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{DEADLINE, LineClient, Node, free_port, info_field, token_of, wait_for};
+use common::info::{field, num, serving, standby_of};
+use common::{DEADLINE, LineClient, Node, free_port, token_of, wait_for};
 
 /// `--detect` used by the tests (seconds), and the same in milliseconds.
 const DETECT: &str = "0.5";
@@ -157,11 +158,7 @@ impl Cluster {
         wait_for(
             &format!("node {i} to follow node {active}"),
             DEADLINE,
-            || {
-                self.info(i).filter(|info| {
-                    field(info, "role") == "standby" && field(info, "active") == name
-                })
-            },
+            || self.info(i).filter(|info| standby_of(info, &name)),
         )
     }
 
@@ -268,23 +265,6 @@ impl Probe {
 }
 
 // ----- reading answers -----
-
-/// A field of an `I` answer ("" when missing).
-fn field(info: &str, name: &str) -> String {
-    info_field(info, name).unwrap_or_default()
-}
-
-/// A numeric field of an `I` answer, failing the test if it is not one.
-fn num(info: &str, name: &str) -> u64 {
-    field(info, name)
-        .parse()
-        .unwrap_or_else(|_| panic!("no number {name}= in {info:?}"))
-}
-
-/// This `I` answer says the node serves clients.
-fn serving(info: &str) -> bool {
-    field(info, "role") == "active" && field(info, "state") == "active"
-}
 
 /// `Q <key> <token> <ms_left> <waiting>` for `key`: (token, ms_left, waiting).
 fn parse_query(answer: &str, key: &str) -> (u64, u64, u64) {

@@ -35,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use baton::server::cluster_core::HANDSHAKE_MS;
 use baton::server::peer_auth::{ClusterKey, Dialer, LinkIds, NONCE_LEN, Sealer, peers_fingerprint};
-use common::{DEADLINE, LineClient, Node, Query, Received, free_port, info_field, wait_for};
+use common::info::{field, num, probe, serving, standby_of};
+use common::{DEADLINE, LineClient, Node, Query, Received, free_port, wait_for};
 use ring::rand::{SecureRandom, SystemRandom};
 
 /// `--detect` of every cluster here: a short one, for quick failovers.
@@ -172,7 +173,7 @@ impl Cluster {
     fn wait_standby_of(&self, i: usize, active: usize) -> String {
         let name = self.name(active);
         self.wait_info(i, &format!("to follow node {active}"), |info| {
-            field(info, "role") == "standby" && field(info, "active") == name
+            standby_of(info, &name)
         })
     }
 
@@ -216,36 +217,6 @@ impl Drop for Cluster {
             }
         }
     }
-}
-
-/// Send `line` on a fresh connection and return the answer; None on any
-/// failure (a node that is down, full or restarting), never a panic.
-fn probe(addr: SocketAddr, line: &str) -> Option<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    stream.set_nodelay(true).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .ok()?;
-    stream.write_all(format!("{line}\n").as_bytes()).ok()?;
-    let mut answer = String::new();
-    match BufReader::new(stream).read_line(&mut answer) {
-        Ok(n) if n > 0 && answer.ends_with('\n') => Some(answer.trim_end().to_string()),
-        _ => None,
-    }
-}
-
-fn field(info: &str, name: &str) -> String {
-    info_field(info, name).unwrap_or_default()
-}
-
-fn num(info: &str, name: &str) -> u64 {
-    field(info, name)
-        .parse()
-        .unwrap_or_else(|_| panic!("no number {name}= in {info:?}"))
-}
-
-fn serving(info: &str) -> bool {
-    field(info, "role") == "active" && field(info, "state") == "active"
 }
 
 /// Open file descriptors of process `pid`. Linux only.

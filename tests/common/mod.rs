@@ -1,7 +1,8 @@
 //! Test support shared by the integration tests: real `batond` processes on
 //! loopback ports, a line-oriented TCP client, and deadline-bounded polling;
 //! `faults` adds a proxy that cuts, stalls or refuses connections and a fake
-//! standby that answers `M`, for the client tests.
+//! standby that answers `M`, for the client tests; `info` reads the `I`
+//! answers the cluster tests poll.
 //!
 //! Every process started here is killed (by its PID) when its handle drops,
 //! so a failing test leaves nothing running. Nothing here sleeps to
@@ -11,6 +12,7 @@
 
 pub mod cluster_key;
 pub mod faults;
+pub mod info;
 pub mod pki;
 pub mod rng;
 
