@@ -508,6 +508,19 @@ mod tests {
     use crate::server::messages::Inbound;
     use crate::server::tokens::TokenSource;
 
+    /// An owner's clock, core (in a cluster or not) and shared state.
+    fn parts(clustered: bool) -> (Clock, TableCore, Arc<Shared>) {
+        let shared = Arc::new(Shared::new(&Config::default(), "test".into()));
+        let clock = Clock::new();
+        let table = LockTable::new(
+            clock.now_ms(),
+            TableLimits::default(),
+            TokenSource::new(0, 0),
+        );
+        let core = TableCore::new(table, clustered, "test".into(), 0);
+        (clock, core, shared)
+    }
+
     fn grants(n: usize) -> TableToCluster {
         let key = Key::new(b"k").expect("key");
         let grant = Delta::Grant {
@@ -566,14 +579,7 @@ mod tests {
 
     #[test]
     fn a_full_replication_channel_bounds_what_the_owner_keeps_and_marks_the_loss() {
-        let shared = Arc::new(Shared::new(&Config::default(), "test".into()));
-        let clock = Clock::new();
-        let table = LockTable::new(
-            clock.now_ms(),
-            TableLimits::default(),
-            TokenSource::new(0, 0),
-        );
-        let core = TableCore::new(table, true, "test".into(), 0);
+        let (clock, core, shared) = parts(true);
         let (_to_owner, inbound) = crossbeam_channel::bounded(4);
         let (tx, full) = crossbeam_channel::bounded(1);
         let poll = mio::Poll::new().expect("poll");
@@ -610,14 +616,7 @@ mod tests {
 
     #[test]
     fn a_batch_larger_than_a_round_is_split_and_its_answers_go_out_between() {
-        let shared = Arc::new(Shared::new(&Config::default(), "test".into()));
-        let clock = Clock::new();
-        let table = LockTable::new(
-            clock.now_ms(),
-            TableLimits::default(),
-            TokenSource::new(0, 0),
-        );
-        let core = TableCore::new(table, false, "test".into(), 0);
+        let (clock, core, shared) = parts(false);
         let poll = mio::Poll::new().expect("poll");
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).expect("waker"));
         let (to_owner, inbound) = crossbeam_channel::bounded(4);
