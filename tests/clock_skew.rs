@@ -30,11 +30,11 @@
 mod common;
 
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::info::{field, num, probe, serving, standby_of};
+use common::info::{field, num, serving, standby_of};
+use common::nodes::Nodes;
 use common::{DEADLINE, LineClient, Node, free_port_run, token_of, wait_for};
 
 /// `--detect` for every node (seconds), and the same in milliseconds.
@@ -128,44 +128,43 @@ fn token_ms(token: u64) -> u64 {
 /// `skewed` with its wall clock SKEW behind. Killed by PID when dropped; if
 /// the test fails, both logs are printed.
 struct Pair {
-    port: u16,
+    nodes: Nodes,
     skewed: usize,
     lib: PathBuf,
-    nodes: [Option<Node>; 2],
     /// This process's wall clock (Unix ms) when each node was last found
     /// listening.
     started_ms: [u64; 2],
-    /// Logs of nodes that are gone, for a failure report.
-    old_logs: Vec<(usize, String)>,
+}
+
+impl std::ops::Deref for Pair {
+    type Target = Nodes;
+    fn deref(&self) -> &Nodes {
+        &self.nodes
+    }
+}
+
+impl std::ops::DerefMut for Pair {
+    fn deref_mut(&mut self) -> &mut Nodes {
+        &mut self.nodes
+    }
 }
 
 impl Pair {
     fn new(skewed: usize, lib: PathBuf) -> Pair {
+        let port = free_port_run(2);
         Pair {
-            port: free_port_run(2),
+            nodes: Nodes::new(vec![port, port + 1]),
             skewed,
             lib,
-            nodes: [None, None],
             started_ms: [0, 0],
-            old_logs: Vec::new(),
         }
-    }
-
-    /// Node `i`'s entry in `--peers` (and its `node=` in `I`).
-    fn name(&self, i: usize) -> String {
-        format!("127.0.0.1:{}", self.port + i as u16)
-    }
-
-    fn addr(&self, i: usize) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.port + i as u16))
     }
 
     /// Start node `i` (under libfaketime if it is the skewed one); returns
     /// once it listens.
     fn start(&mut self, i: usize) {
-        assert!(self.nodes[i].is_none(), "node {i} is already running");
-        let port = (self.port + i as u16).to_string();
-        let peers = format!("{},{}", self.name(0), self.name(1));
+        let port = self.port(i).to_string();
+        let peers = self.names().join(",");
         let args = [
             "--bind",
             "127.0.0.1",
@@ -188,53 +187,9 @@ impl Pair {
         } else {
             &[]
         };
-        let port = self.port + i as u16;
-        self.nodes[i] = Some(Node::start_raw_with_env(&args, Some(port), env));
+        let node = Node::start_raw_with_env(&args, Some(self.port(i)), env);
+        self.nodes.put(i, node);
         self.started_ms[i] = real_unix_ms();
-    }
-
-    fn node(&self, i: usize) -> &Node {
-        self.nodes[i].as_ref().expect("node is running")
-    }
-
-    /// SIGKILL node `i` and reap it (by PID).
-    fn kill(&mut self, i: usize) {
-        let node = self.nodes[i].take().expect("node is running");
-        self.old_logs.push((i, node.log()));
-        drop(node);
-    }
-
-    fn client(&self, i: usize) -> LineClient {
-        LineClient::connect(self.addr(i))
-    }
-
-    /// One `I` on node `i` over a fresh connection; None if it does not
-    /// answer within half a second.
-    fn info(&self, i: usize) -> Option<String> {
-        probe(self.addr(i), "I")
-    }
-
-    /// `I` on node `i`, which must answer.
-    fn must_info(&self, i: usize) -> String {
-        self.info(i)
-            .unwrap_or_else(|| panic!("node {i} does not answer I"))
-    }
-
-    /// Wait until node `i` serves (`role=active state=active`); its `I`.
-    fn wait_serving(&self, i: usize) -> String {
-        wait_for(&format!("node {i} to serve"), DEADLINE, || {
-            self.info(i).filter(|info| serving(info))
-        })
-    }
-
-    /// Wait until node `i` is a standby that names node `active` as active.
-    fn wait_standby_of(&self, i: usize, active: usize) -> String {
-        let name = self.name(active);
-        wait_for(
-            &format!("node {i} to follow node {active}"),
-            DEADLINE,
-            || self.info(i).filter(|info| standby_of(info, &name)),
-        )
     }
 
     /// Wait until node `i`'s log has a line containing every one of
@@ -336,21 +291,6 @@ impl Pair {
             std::thread::sleep(SAMPLE_EVERY);
         }
         samples
-    }
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for (i, log) in &self.old_logs {
-                eprintln!("----- log of node {i} (before it went) -----\n{log}");
-            }
-            for (i, node) in self.nodes.iter().enumerate() {
-                if let Some(node) = node {
-                    eprintln!("----- log of node {i} -----\n{}", node.log());
-                }
-            }
-        }
     }
 }
 

@@ -35,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use baton::server::cluster_core::HANDSHAKE_MS;
 use baton::server::peer_auth::{ClusterKey, Dialer, LinkIds, NONCE_LEN, Sealer, peers_fingerprint};
-use common::info::{field, num, probe, serving, standby_of};
+use common::info::{field, num, probe, serving};
+use common::nodes::Nodes;
 use common::{DEADLINE, LineClient, Node, Query, Received, free_port, wait_for};
 use ring::rand::{SecureRandom, SystemRandom};
 
@@ -59,11 +60,22 @@ const HANDSHAKE_SLACK: Duration = Duration::from_secs(5);
 /// its own flags (by default: the shared test cluster key). If the test
 /// fails, every node's log is printed.
 struct Cluster {
-    ports: Vec<u16>,
+    nodes: Nodes,
     /// Flags of node i besides --bind, --port, --peers and --detect.
     args: Vec<Vec<String>>,
-    nodes: Vec<Option<Node>>,
-    old_logs: Vec<(usize, String)>,
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = Nodes;
+    fn deref(&self) -> &Nodes {
+        &self.nodes
+    }
+}
+
+impl std::ops::DerefMut for Cluster {
+    fn deref_mut(&mut self) -> &mut Nodes {
+        &mut self.nodes
+    }
 }
 
 impl Cluster {
@@ -80,10 +92,8 @@ impl Cluster {
             common::cluster_key_file().to_string(),
         ];
         Cluster {
-            ports,
+            nodes: Nodes::new(ports),
             args: vec![key; n],
-            nodes: (0..n).map(|_| None).collect(),
-            old_logs: Vec::new(),
         }
     }
 
@@ -97,22 +107,9 @@ impl Cluster {
         self.args[i].extend(args.iter().map(|a| a.to_string()));
     }
 
-    fn names(&self) -> Vec<String> {
-        (0..self.ports.len()).map(|i| self.name(i)).collect()
-    }
-
-    fn name(&self, i: usize) -> String {
-        format!("127.0.0.1:{}", self.ports[i])
-    }
-
-    fn addr(&self, i: usize) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.ports[i]))
-    }
-
     /// Start (or restart) node `i`; returns once it listens.
     fn start(&mut self, i: usize) {
-        assert!(self.nodes[i].is_none(), "node {i} is already running");
-        let port = self.ports[i].to_string();
+        let port = self.port(i).to_string();
         let peers = self.names().join(",");
         let mut args = vec![
             "--bind",
@@ -125,68 +122,14 @@ impl Cluster {
             DETECT,
         ];
         args.extend(self.args[i].iter().map(String::as_str));
-        self.nodes[i] = Some(Node::start_raw(&args, Some(self.ports[i])));
+        let node = Node::start_raw(&args, Some(self.port(i)));
+        self.nodes.put(i, node);
     }
 
     fn start_all(&mut self) {
-        for i in 0..self.ports.len() {
+        for i in 0..self.len() {
             self.start(i);
         }
-    }
-
-    fn node(&self, i: usize) -> &Node {
-        self.nodes[i].as_ref().expect("node is running")
-    }
-
-    /// SIGKILL node `i` and reap it (by PID, in Node's Drop).
-    fn kill(&mut self, i: usize) {
-        let node = self.nodes[i].take().expect("node is running");
-        self.old_logs.push((i, node.log()));
-        drop(node);
-    }
-
-    fn client(&self, i: usize) -> LineClient {
-        LineClient::connect(self.addr(i))
-    }
-
-    /// One `I` on node `i` over a fresh connection; None if it does not answer.
-    fn info(&self, i: usize) -> Option<String> {
-        probe(self.addr(i), "I")
-    }
-
-    /// `I` on node `i`, failing the test if it does not answer.
-    fn info_now(&self, i: usize) -> String {
-        self.info(i)
-            .unwrap_or_else(|| panic!("node {i} does not answer I"))
-    }
-
-    fn wait_info(&self, i: usize, what: &str, ok: impl Fn(&str) -> bool) -> String {
-        wait_for(&format!("node {i} {what}"), DEADLINE, || {
-            self.info(i).filter(|info| ok(info))
-        })
-    }
-
-    fn wait_serving(&self, i: usize) -> String {
-        self.wait_info(i, "to serve", serving)
-    }
-
-    fn wait_standby_of(&self, i: usize, active: usize) -> String {
-        let name = self.name(active);
-        self.wait_info(i, &format!("to follow node {active}"), |info| {
-            standby_of(info, &name)
-        })
-    }
-
-    fn wait_synced_standbys(&self, i: usize, n: u64) -> String {
-        self.wait_info(i, &format!("to have {n} synced standbys"), |info| {
-            serving(info) && num(info, "standbys") == n
-        })
-    }
-
-    fn wait_held(&self, i: usize, n: u64) -> String {
-        self.wait_info(i, &format!("to hold {n} keys"), |info| {
-            num(info, "held") == n
-        })
     }
 
     /// Start both nodes of a 2-node cluster and wait until node 0 is active
@@ -201,21 +144,6 @@ impl Cluster {
         self.wait_serving(0);
         self.wait_standby_of(1, 0);
         self.wait_synced_standbys(0, 1);
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for (i, log) in &self.old_logs {
-                eprintln!("----- log of node {i} (before it went) -----\n{log}");
-            }
-            for (i, node) in self.nodes.iter().enumerate() {
-                if let Some(node) = node {
-                    eprintln!("----- log of node {i} -----\n{}", node.log());
-                }
-            }
-        }
     }
 }
 
@@ -252,7 +180,7 @@ fn hello(cluster: &Cluster, from: usize) -> String {
     let fp = hex(&peers_fingerprint(&cluster.names()));
     format!(
         "P HELLO {from} {} {fp} {}",
-        cluster.ports.len(),
+        cluster.len(),
         random_hex(NONCE_LEN)
     )
 }
@@ -319,7 +247,7 @@ impl Baseline {
             .collect();
         cluster.wait_held(1, keys.len() as u64);
         let last_token = keys.iter().map(|&(_, t)| t).max().unwrap_or(0);
-        let info = cluster.info_now(0);
+        let info = cluster.must_info(0);
         assert!(num(&info, "ceiling") >= last_token, "{info}");
         Baseline {
             keys,
@@ -332,7 +260,7 @@ impl Baseline {
 
     /// The roles, the standby's link and the ceilings, as they must be.
     fn assert_roles(&self, cluster: &Cluster, after: &str) {
-        let active = cluster.info_now(0);
+        let active = cluster.must_info(0);
         assert!(
             serving(&active),
             "after {after}: node 0 no longer serves: {active}"
@@ -354,7 +282,7 @@ impl Baseline {
             "after {after}: node 0's ceiling jumped from near {} to {ceiling}",
             self.last_token
         );
-        let standby = cluster.info_now(1);
+        let standby = cluster.must_info(1);
         assert_eq!(
             field(&standby, "role"),
             "standby",
@@ -635,7 +563,7 @@ fn a_flood_of_half_open_peer_connections_is_closed_and_the_cluster_stays_intact(
         assert!(token > base.last_token && token < base.last_token + MAX_TOKEN_JUMP);
         base.last_token = token;
         assert_eq!(client.ask(&format!("R {key} {token}")), format!("R {key}"));
-        let info = cluster.info_now(0);
+        let info = cluster.must_info(0);
         assert!(serving(&info), "during the flood: {info}");
         assert_eq!(num(&info, "standbys"), 1, "during the flood: {info}");
     }
@@ -777,10 +705,10 @@ fn repeated_forged_hellos_do_not_cut_the_real_link() {
                 pending.push(c);
             }
         }
-        let active = cluster.info_now(0);
+        let active = cluster.must_info(0);
         assert!(serving(&active), "after hello {i}: {active}");
         assert_eq!(num(&active, "standbys"), 1, "after hello {i}: {active}");
-        let standby = cluster.info_now(1);
+        let standby = cluster.must_info(1);
         assert_eq!(
             field(&standby, "role"),
             "standby",
@@ -919,10 +847,10 @@ fn nodes_with_different_keys_never_link_and_warn_about_the_key_rate_limited() {
     // Observation window: for two seconds neither links to the other.
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
-        let a = cluster.info_now(0);
+        let a = cluster.must_info(0);
         assert!(serving(&a), "{a}");
         assert_eq!(num(&a, "standbys"), 0, "{a}");
-        let b = cluster.info_now(1);
+        let b = cluster.must_info(1);
         assert!(serving(&b), "node 1 followed a node with another key: {b}");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -1007,7 +935,7 @@ fn prove_as(cluster: &Cluster, from: usize, to: usize) -> (TcpStream, Sealer) {
     let ids = LinkIds {
         from,
         to,
-        nodes: cluster.ports.len(),
+        nodes: cluster.len(),
         fp: peers_fingerprint(&cluster.names()),
     };
     let mut nonce = [0u8; NONCE_LEN];
@@ -1113,7 +1041,7 @@ fn an_insider_posing_as_the_active_and_flooding_deltas_leaves_the_standby_bounde
     let mut client = cluster.client(1);
     let mut probes = 0;
     while window.elapsed() < Duration::from_secs(4) {
-        let standby = cluster.info_now(2);
+        let standby = cluster.must_info(2);
         assert_eq!(
             field(&standby, "active"),
             cluster.name(0),

@@ -1,0 +1,136 @@
+//! The nodes of a test cluster on loopback ports, and what every cluster
+//! harness does with them: start one on its port, kill it (by PID, in
+//! `Node`'s drop), connect, poll its `I` until it serves or follows, and
+//! print every node's log (those gone too) when the test fails. How a node
+//! is started (its flags, its environment) is the harness's.
+
+use std::net::SocketAddr;
+
+use super::info::{num, probe, serving, standby_of};
+use super::{DEADLINE, LineClient, Node, wait_for};
+
+pub struct Nodes {
+    ports: Vec<u16>,
+    nodes: Vec<Option<Node>>,
+    /// Logs of nodes that are gone, for a failure report.
+    old_logs: Vec<(usize, String)>,
+}
+
+impl Nodes {
+    /// Nodes listening (once started) on `ports`, node i on `ports[i]`.
+    pub fn new(ports: Vec<u16>) -> Nodes {
+        Nodes {
+            nodes: ports.iter().map(|_| None).collect(),
+            ports,
+            old_logs: Vec::new(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ports.len()
+    }
+
+    pub fn port(&self, i: usize) -> u16 {
+        self.ports[i]
+    }
+
+    /// Node `i`'s entry in `--peers` (and its `node=` in `I`).
+    pub fn name(&self, i: usize) -> String {
+        format!("127.0.0.1:{}", self.ports[i])
+    }
+
+    /// Every node's name, in order: the `--peers` list.
+    pub fn names(&self) -> Vec<String> {
+        (0..self.len()).map(|i| self.name(i)).collect()
+    }
+
+    pub fn addr(&self, i: usize) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.ports[i]))
+    }
+
+    /// Node `i`, started by the harness, is running now.
+    pub fn put(&mut self, i: usize, node: Node) {
+        assert!(self.nodes[i].is_none(), "node {i} is already running");
+        self.nodes[i] = Some(node);
+    }
+
+    pub fn is_running(&self, i: usize) -> bool {
+        self.nodes[i].is_some()
+    }
+
+    pub fn node(&self, i: usize) -> &Node {
+        self.nodes[i].as_ref().expect("node is running")
+    }
+
+    /// SIGKILL node `i` and reap it (by PID, in `Node`'s drop).
+    pub fn kill(&mut self, i: usize) {
+        let node = self.nodes[i].take().expect("node is running");
+        self.old_logs.push((i, node.log()));
+        drop(node);
+    }
+
+    pub fn client(&self, i: usize) -> LineClient {
+        LineClient::connect(self.addr(i))
+    }
+
+    /// One `I` on node `i` over a fresh connection; None if it does not
+    /// answer within half a second.
+    pub fn info(&self, i: usize) -> Option<String> {
+        probe(self.addr(i), "I")
+    }
+
+    /// `I` on node `i`, failing the test if it does not answer.
+    pub fn must_info(&self, i: usize) -> String {
+        self.info(i)
+            .unwrap_or_else(|| panic!("node {i} does not answer I"))
+    }
+
+    /// Wait until node `i`'s `I` passes `ok`; that `I`.
+    pub fn wait_info(&self, i: usize, what: &str, ok: impl Fn(&str) -> bool) -> String {
+        wait_for(&format!("node {i} {what}"), DEADLINE, || {
+            self.info(i).filter(|info| ok(info))
+        })
+    }
+
+    /// Wait until node `i` serves (`role=active state=active`).
+    pub fn wait_serving(&self, i: usize) -> String {
+        self.wait_info(i, "to serve", serving)
+    }
+
+    /// Wait until node `i` is a standby that names node `active` as active.
+    pub fn wait_standby_of(&self, i: usize, active: usize) -> String {
+        let name = self.name(active);
+        self.wait_info(i, &format!("to follow node {active}"), |info| {
+            standby_of(info, &name)
+        })
+    }
+
+    /// Wait until active node `i` counts `n` synced standbys.
+    pub fn wait_synced_standbys(&self, i: usize, n: u64) -> String {
+        self.wait_info(i, &format!("to have {n} synced standbys"), |info| {
+            serving(info) && num(info, "standbys") == n
+        })
+    }
+
+    /// Wait until node `i` reports `held=n`.
+    pub fn wait_held(&self, i: usize, n: u64) -> String {
+        self.wait_info(i, &format!("to hold {n} keys"), |info| {
+            num(info, "held") == n
+        })
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for (i, log) in &self.old_logs {
+                eprintln!("----- log of node {i} (before it went) -----\n{log}");
+            }
+            for (i, node) in self.nodes.iter().enumerate() {
+                if let Some(node) = node {
+                    eprintln!("----- log of node {i} -----\n{}", node.log());
+                }
+            }
+        }
+    }
+}
