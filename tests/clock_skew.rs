@@ -34,8 +34,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::info::{field, num, serving, standby_of};
-use common::nodes::Nodes;
-use common::{DEADLINE, LineClient, Node, free_port_run, token_of, wait_for};
+use common::nodes::{Nodes, deref_to_nodes};
+use common::{DEADLINE, LineClient, token_of, wait_for};
 
 /// `--detect` for every node (seconds), and the same in milliseconds.
 const DETECT: &str = "0.5";
@@ -136,24 +136,12 @@ struct Pair {
     started_ms: [u64; 2],
 }
 
-impl std::ops::Deref for Pair {
-    type Target = Nodes;
-    fn deref(&self) -> &Nodes {
-        &self.nodes
-    }
-}
-
-impl std::ops::DerefMut for Pair {
-    fn deref_mut(&mut self) -> &mut Nodes {
-        &mut self.nodes
-    }
-}
+deref_to_nodes!(Pair);
 
 impl Pair {
     fn new(skewed: usize, lib: PathBuf) -> Pair {
-        let port = free_port_run(2);
         Pair {
-            nodes: Nodes::new(vec![port, port + 1]),
+            nodes: Nodes::on_free_ports(2),
             skewed,
             lib,
             started_ms: [0, 0],
@@ -163,15 +151,7 @@ impl Pair {
     /// Start node `i` (under libfaketime if it is the skewed one); returns
     /// once it listens.
     fn start(&mut self, i: usize) {
-        let port = self.port(i).to_string();
-        let peers = self.names().join(",");
-        let args = [
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            port.as_str(),
-            "--peers",
-            peers.as_str(),
+        let flags = [
             "--cluster-key-file",
             common::cluster_key_file(),
             "--detect",
@@ -187,8 +167,7 @@ impl Pair {
         } else {
             &[]
         };
-        let node = Node::start_raw_with_env(&args, Some(self.port(i)), env);
-        self.nodes.put(i, node);
+        self.nodes.start_with(i, &flags, env);
         self.started_ms[i] = real_unix_ms();
     }
 

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use baton::server::cluster_core::HANDSHAKE_MS;
 use baton::server::peer_auth::{ClusterKey, Dialer, LinkIds, NONCE_LEN, Sealer, peers_fingerprint};
 use common::info::{field, num, probe, serving};
-use common::nodes::Nodes;
+use common::nodes::{Nodes, deref_to_nodes, start_node};
 use common::{DEADLINE, LineClient, Node, Query, Received, free_port, wait_for};
 use ring::rand::{SecureRandom, SystemRandom};
 
@@ -65,34 +65,16 @@ struct Cluster {
     args: Vec<Vec<String>>,
 }
 
-impl std::ops::Deref for Cluster {
-    type Target = Nodes;
-    fn deref(&self) -> &Nodes {
-        &self.nodes
-    }
-}
-
-impl std::ops::DerefMut for Cluster {
-    fn deref_mut(&mut self) -> &mut Nodes {
-        &mut self.nodes
-    }
-}
+deref_to_nodes!(Cluster);
 
 impl Cluster {
     fn new(n: usize) -> Cluster {
-        let mut ports: Vec<u16> = Vec::with_capacity(n);
-        while ports.len() < n {
-            let port = free_port();
-            if !ports.contains(&port) {
-                ports.push(port);
-            }
-        }
         let key = vec![
             "--cluster-key-file".to_string(),
             common::cluster_key_file().to_string(),
         ];
         Cluster {
-            nodes: Nodes::new(ports),
+            nodes: Nodes::on_free_ports(n),
             args: vec![key; n],
         }
     }
@@ -109,21 +91,9 @@ impl Cluster {
 
     /// Start (or restart) node `i`; returns once it listens.
     fn start(&mut self, i: usize) {
-        let port = self.port(i).to_string();
-        let peers = self.names().join(",");
-        let mut args = vec![
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            port.as_str(),
-            "--peers",
-            peers.as_str(),
-            "--detect",
-            DETECT,
-        ];
-        args.extend(self.args[i].iter().map(String::as_str));
-        let node = Node::start_raw(&args, Some(self.port(i)));
-        self.nodes.put(i, node);
+        let mut flags = vec!["--detect", DETECT];
+        flags.extend(self.args[i].iter().map(String::as_str));
+        self.nodes.start_with(i, &flags, &[]);
     }
 
     fn start_all(&mut self) {
@@ -789,20 +759,16 @@ fn a_node_whose_peers_name_a_standalone_node_backs_off_quietly_and_serves() {
     let b = format!("127.0.0.1:{port}");
     let peers = format!("{b},{a}");
     let started = Instant::now();
-    let node = Node::start_raw(
+    let node = start_node(
+        port,
+        &peers,
         &[
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--peers",
-            &peers,
             "--cluster-key-file",
             common::cluster_key_file(),
             "--detect",
             DETECT,
         ],
-        Some(port),
+        &[],
     );
     let info = wait_for("node B to serve", DEADLINE, || {
         probe(node.addr, "I").filter(|info| serving(info))

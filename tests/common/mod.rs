@@ -2,7 +2,8 @@
 //! loopback ports, a line-oriented TCP client, and deadline-bounded polling;
 //! `faults` adds a proxy that cuts, stalls or refuses connections and a fake
 //! standby that answers `M`, for the client tests; `info` reads the `I`
-//! answers the cluster tests poll, and `nodes` holds a test cluster's nodes.
+//! answers the cluster tests poll, and `nodes` holds a test cluster's nodes
+//! and puts together their command lines.
 //!
 //! Every process started here is killed (by its PID) when its handle drops,
 //! so a failing test leaves nothing running. Nothing here sleeps to

@@ -1,13 +1,55 @@
 //! The nodes of a test cluster on loopback ports, and what every cluster
-//! harness does with them: start one on its port, kill it (by PID, in
-//! `Node`'s drop), connect, poll its `I` until it serves or follows, and
-//! print every node's log (those gone too) when the test fails. How a node
-//! is started (its flags, its environment) is the harness's.
+//! harness does with them: start one on its port with the flags every
+//! cluster node has (`--bind`, `--port`, `--peers`) before the harness's
+//! own, kill it (by PID, in `Node`'s drop), connect, poll its `I` until it
+//! serves or follows, and print every node's log (those gone too) when the
+//! test fails. Which other flags and environment a node gets is the
+//! harness's.
 
 use std::net::SocketAddr;
 
 use super::info::{num, probe, serving, standby_of};
-use super::{DEADLINE, LineClient, Node, wait_for};
+use super::{DEADLINE, LineClient, Node, free_port_run, wait_for};
+
+/// Start `batond --bind 127.0.0.1 --port <port> --peers <peers> <flags>`,
+/// with `env` on top of the test's environment; returns once it listens.
+/// `peers` is the comma-separated `--peers` list. The one place a test
+/// cluster node's command line is put together.
+pub fn start_node(port: u16, peers: &str, flags: &[&str], env: &[(&str, &str)]) -> Node {
+    let port_arg = port.to_string();
+    let mut args = vec![
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        port_arg.as_str(),
+        "--peers",
+        peers,
+    ];
+    args.extend_from_slice(flags);
+    Node::start_raw_with_env(&args, Some(port), env)
+}
+
+/// `Deref` and `DerefMut` from a harness to its field `nodes: Nodes`, so
+/// that a test calls the set's methods on the harness itself.
+#[allow(unused_macros)]
+macro_rules! deref_to_nodes {
+    ($harness:ty) => {
+        impl std::ops::Deref for $harness {
+            type Target = $crate::common::nodes::Nodes;
+            fn deref(&self) -> &Self::Target {
+                &self.nodes
+            }
+        }
+
+        impl std::ops::DerefMut for $harness {
+            fn deref_mut(&mut self) -> &mut Self::Target {
+                &mut self.nodes
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use deref_to_nodes;
 
 pub struct Nodes {
     ports: Vec<u16>,
@@ -24,6 +66,13 @@ impl Nodes {
             ports,
             old_logs: Vec::new(),
         }
+    }
+
+    /// `n` nodes on free loopback ports (consecutive ones); none started.
+    pub fn on_free_ports(n: usize) -> Nodes {
+        let n = u16::try_from(n).expect("a few nodes");
+        let first = free_port_run(n);
+        Nodes::new((first..first + n).collect())
     }
 
     pub fn len(&self) -> usize {
@@ -48,9 +97,12 @@ impl Nodes {
         SocketAddr::from(([127, 0, 0, 1], self.ports[i]))
     }
 
-    /// Node `i`, started by the harness, is running now.
-    pub fn put(&mut self, i: usize, node: Node) {
+    /// Start (or restart) node `i` on its port with this set's `--peers`,
+    /// then `flags`, and `env` on top of the test's environment (see
+    /// [`start_node`]); returns once it listens.
+    pub fn start_with(&mut self, i: usize, flags: &[&str], env: &[(&str, &str)]) {
         assert!(self.nodes[i].is_none(), "node {i} is already running");
+        let node = start_node(self.port(i), &self.names().join(","), flags, env);
         self.nodes[i] = Some(node);
     }
 
@@ -62,7 +114,8 @@ impl Nodes {
         self.nodes[i].as_ref().expect("node is running")
     }
 
-    /// SIGKILL node `i` and reap it (by PID, in `Node`'s drop).
+    /// SIGKILL node `i` and reap it (by PID, in `Node`'s drop: SIGCONT,
+    /// SIGKILL, wait).
     pub fn kill(&mut self, i: usize) {
         let node = self.nodes[i].take().expect("node is running");
         self.old_logs.push((i, node.log()));
