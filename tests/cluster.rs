@@ -13,14 +13,13 @@
 mod common;
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::info::{field, num, serving, standby_of};
-use common::{DEADLINE, LineClient, Node, free_port, token_of, wait_for};
+use common::info::{field, num, serving};
+use common::nodes::{Nodes, deref_to_nodes, start_node};
+use common::{DEADLINE, LineClient, free_port, token_of, wait_for};
 
 /// `--detect` used by the tests (seconds), and the same in milliseconds.
 const DETECT: &str = "0.5";
@@ -30,18 +29,16 @@ const FAILOVER_BOUND: Duration = Duration::from_secs(5);
 
 // ----- a cluster of real processes -----
 
-/// N `batond` processes on loopback ports with one `--peers` list. Nodes are
-/// started one by one (or restarted), and killed by PID when dropped. If the
-/// test fails, every node's log is printed.
+/// N `batond` processes on loopback ports with one `--peers` list and the
+/// same flags. Nodes are started one by one (or restarted), and killed by
+/// PID when dropped. If the test fails, every node's log is printed.
 struct Cluster {
-    ports: Vec<u16>,
-    detect: Option<&'static str>,
-    nodes: Vec<Option<Node>>,
-    /// Logs of nodes that are gone, for a failure report.
-    old_logs: Vec<(usize, String)>,
-    /// More flags for every node.
-    extra: Vec<&'static str>,
+    nodes: Nodes,
+    /// Flags of every node besides --bind, --port and --peers.
+    flags: Vec<&'static str>,
 }
+
+deref_to_nodes!(Cluster);
 
 impl Cluster {
     /// A cluster of `n` nodes with `--detect DETECT`; none started yet.
@@ -51,19 +48,13 @@ impl Cluster {
 
     /// `detect` None: the default detection time.
     fn with_detect(n: usize, detect: Option<&'static str>) -> Cluster {
-        let mut ports: Vec<u16> = Vec::with_capacity(n);
-        while ports.len() < n {
-            let port = free_port();
-            if !ports.contains(&port) {
-                ports.push(port);
-            }
+        let mut flags = vec!["--cluster-key-file", common::cluster_key_file()];
+        if let Some(detect) = detect {
+            flags.extend(["--detect", detect]);
         }
         Cluster {
-            ports,
-            detect,
-            nodes: (0..n).map(|_| None).collect(),
-            old_logs: Vec::new(),
-            extra: Vec::new(),
+            nodes: Nodes::on_free_ports(n),
+            flags,
         }
     }
 
@@ -76,191 +67,9 @@ impl Cluster {
         cluster
     }
 
-    fn peers(&self) -> String {
-        let names: Vec<String> = (0..self.ports.len()).map(|i| self.name(i)).collect();
-        names.join(",")
-    }
-
-    /// Node `i`'s entry in `--peers` (and its `node=` in `I`).
-    fn name(&self, i: usize) -> String {
-        format!("127.0.0.1:{}", self.ports[i])
-    }
-
-    fn addr(&self, i: usize) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.ports[i]))
-    }
-
     /// Start (or restart) node `i`; returns once it listens.
     fn start(&mut self, i: usize) {
-        assert!(self.nodes[i].is_none(), "node {i} is already running");
-        let port = self.ports[i].to_string();
-        let peers = self.peers();
-        let mut args = vec![
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            port.as_str(),
-            "--peers",
-            peers.as_str(),
-            "--cluster-key-file",
-            common::cluster_key_file(),
-        ];
-        if let Some(detect) = self.detect {
-            args.extend(["--detect", detect]);
-        }
-        args.extend(self.extra.iter().copied());
-        self.nodes[i] = Some(Node::start_raw(&args, Some(self.ports[i])));
-    }
-
-    fn node(&self, i: usize) -> &Node {
-        self.nodes[i].as_ref().expect("node is running")
-    }
-
-    fn node_mut(&mut self, i: usize) -> &mut Node {
-        self.nodes[i].as_mut().expect("node is running")
-    }
-
-    /// SIGKILL node `i` and reap it.
-    fn kill(&mut self, i: usize) {
-        let node = self.nodes[i].take().expect("node is running");
-        self.old_logs.push((i, node.log()));
-        drop(node); // SIGCONT, SIGKILL, wait: by PID.
-    }
-
-    /// Forget node `i` after it exited by itself (and was reaped by
-    /// `wait_exit`), so that nothing signals its PID again.
-    fn forget_exited(&mut self, i: usize) {
-        let node = self.nodes[i].take().expect("node was running");
-        self.old_logs.push((i, node.log()));
-        std::mem::forget(node);
-    }
-
-    fn client(&self, i: usize) -> LineClient {
-        LineClient::connect(self.addr(i))
-    }
-
-    /// One `I` on node `i` over a fresh connection; None if it does not
-    /// answer (not running, stopped, refusing).
-    fn info(&self, i: usize) -> Option<String> {
-        Probe::new(self.addr(i)).ask("I")
-    }
-
-    /// Wait until node `i` serves (`role=active state=active`); its `I`.
-    fn wait_serving(&self, i: usize) -> String {
-        wait_for(&format!("node {i} to serve"), DEADLINE, || {
-            self.info(i).filter(|info| serving(info))
-        })
-    }
-
-    /// Wait until node `i` is a standby that names node `active` as active.
-    fn wait_standby_of(&self, i: usize, active: usize) -> String {
-        let name = self.name(active);
-        wait_for(
-            &format!("node {i} to follow node {active}"),
-            DEADLINE,
-            || self.info(i).filter(|info| standby_of(info, &name)),
-        )
-    }
-
-    /// Wait until active node `i` counts `n` live standbys holding its
-    /// whole state (`standbys=n`): from then on it can hand over to them,
-    /// and they win elections over nodes without state.
-    fn wait_synced_standbys(&self, i: usize, n: u64) -> String {
-        wait_for(
-            &format!("node {i} to have {n} synced standbys"),
-            DEADLINE,
-            || self.info(i).filter(|info| num(info, "standbys") == n),
-        )
-    }
-
-    /// Wait until nodes `a` and `b` have each brought up their link to the
-    /// other. A node that starts before a peer listens dials it again only
-    /// after a backoff; until then that peer has never heard its heartbeat,
-    /// so it would not count it in an election.
-    fn wait_linked(&self, a: usize, b: usize) {
-        for (from, to) in [(a, b), (b, a)] {
-            let line = format!("replication: link to {} is up", self.name(to));
-            wait_for(
-                &format!("node {from}'s link to node {to}"),
-                DEADLINE,
-                || self.node(from).log().contains(&line).then_some(()),
-            );
-        }
-    }
-
-    /// Wait until node `i` reports `held=n`.
-    fn wait_held(&self, i: usize, n: u64) -> String {
-        wait_for(&format!("node {i} to hold {n} keys"), DEADLINE, || {
-            self.info(i).filter(|info| num(info, "held") == n)
-        })
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            for (i, log) in &self.old_logs {
-                eprintln!("----- log of node {i} (before it went) -----\n{log}");
-            }
-            for (i, node) in self.nodes.iter().enumerate() {
-                if let Some(node) = node {
-                    eprintln!("----- log of node {i} -----\n{}", node.log());
-                }
-            }
-        }
-    }
-}
-
-// ----- probing without failing -----
-
-/// A connection for polling a node that may be down, stopped or restarting:
-/// every failure is None (and the next ask reconnects), never a panic.
-struct Probe {
-    addr: SocketAddr,
-    conn: Option<(TcpStream, BufReader<TcpStream>)>,
-}
-
-impl Probe {
-    fn new(addr: SocketAddr) -> Probe {
-        Probe { addr, conn: None }
-    }
-
-    fn connect(&self) -> Option<(TcpStream, BufReader<TcpStream>)> {
-        let stream = TcpStream::connect_timeout(&self.addr, Duration::from_millis(500)).ok()?;
-        stream.set_nodelay(true).ok()?;
-        stream
-            .set_read_timeout(Some(Duration::from_millis(500)))
-            .ok()?;
-        let reader = BufReader::new(stream.try_clone().ok()?);
-        Some((stream, reader))
-    }
-
-    /// Send `line`, return the answer; on the current connection if there is
-    /// one that works, else on one new connection.
-    fn ask(&mut self, line: &str) -> Option<String> {
-        for _ in 0..2 {
-            let reused = self.conn.is_some();
-            if self.conn.is_none() {
-                self.conn = self.connect();
-            }
-            let (stream, reader) = self.conn.as_mut()?;
-            let answer = (|| {
-                stream.write_all(format!("{line}\n").as_bytes()).ok()?;
-                let mut answer = String::new();
-                match reader.read_line(&mut answer) {
-                    Ok(n) if n > 0 && answer.ends_with('\n') => Some(answer.trim_end().to_string()),
-                    _ => None,
-                }
-            })();
-            if answer.is_some() {
-                return answer;
-            }
-            self.conn = None;
-            if !reused {
-                return None;
-            }
-        }
-        None
+        self.nodes.start_with(i, &self.flags, &[]);
     }
 }
 
@@ -692,9 +501,8 @@ fn a_restarted_first_node_takes_over_by_handoff_without_serving_an_empty_table()
     let stop = Arc::new(AtomicBool::new(false));
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let watcher = {
-        let (stop, seen, addr) = (stop.clone(), seen.clone(), cluster.addr(0));
+        let (stop, seen, mut probe) = (stop.clone(), seen.clone(), cluster.probe(0));
         std::thread::spawn(move || {
-            let mut probe = Probe::new(addr);
             while !stop.load(Ordering::Relaxed) {
                 for key in ["a", "b"] {
                     if let Some(answer) = probe.ask(&format!("Q {key}")) {
@@ -802,7 +610,7 @@ fn terminate_active_and_check_the_successor(
     mut waiter: LineClient,
 ) {
     // From SIGTERM on, poll I on both nodes as fast as they answer.
-    let mut probes = [Probe::new(cluster.addr(0)), Probe::new(cluster.addr(1))];
+    let mut probes = [cluster.probe(0), cluster.probe(1)];
     let term = Instant::now();
     cluster.node(0).signal("TERM");
     let mut last_serving_0: Option<Instant> = None;
@@ -829,8 +637,7 @@ fn terminate_active_and_check_the_successor(
         Some(format!("M {} A job", cluster.name(1))),
         "the waiter in line on node 0 is redirected to node 1"
     );
-    assert_eq!(cluster.node_mut(0).wait_exit(DEADLINE), Some(0));
-    cluster.forget_exited(0);
+    assert_eq!(cluster.wait_exited(0), Some(0));
 
     // The successor has the state: the grant, with its token.
     let mut client = cluster.client(1);
@@ -991,7 +798,7 @@ fn grants_at_the_longest_lease_allowed_reach_the_standby_and_keep_its_link() {
     // --max-lease; a grant at exactly the maximum must reach it as such,
     // however far into a millisecond it was made.
     let mut cluster = Cluster::new(2);
-    cluster.extra = vec!["--max-lease", "5"];
+    cluster.flags.extend(["--max-lease", "5"]);
     cluster.start(0);
     cluster.start(1);
     cluster.wait_serving(0);
@@ -1012,7 +819,7 @@ fn grants_at_the_longest_lease_allowed_reach_the_standby_and_keep_its_link() {
 #[test]
 fn with_a_promotion_grace_a_new_active_delays_grants_of_keys_it_does_not_know() {
     let mut cluster = Cluster::new(2);
-    cluster.extra = vec!["--promotion-grace", "1.5"];
+    cluster.flags.extend(["--promotion-grace", "1.5"]);
     cluster.start(0);
     cluster.start(1);
     cluster.wait_serving(0);
@@ -1069,24 +876,14 @@ fn nodes_whose_peers_lists_differ_refuse_each_other_and_say_so_without_flapping(
     // README's rule says, instead of switching roles.
     let (pa, pb) = (free_port(), free_port());
     let (a, b) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
-    let start = |port: u16, peers: String| {
-        let port = port.to_string();
-        let args = [
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            port.as_str(),
-            "--peers",
-            peers.as_str(),
-            "--detect",
-            DETECT,
-            "--cluster-key-file",
-            common::cluster_key_file(),
-        ];
-        Node::start_raw(&args, None)
-    };
-    let node_a = start(pa, format!("{a},{b}"));
-    let node_b = start(pb, format!("{b},{a}"));
+    let flags = [
+        "--detect",
+        DETECT,
+        "--cluster-key-file",
+        common::cluster_key_file(),
+    ];
+    let node_a = start_node(pa, &format!("{a},{b}"), &flags, &[]);
+    let node_b = start_node(pb, &format!("{b},{a}"), &flags, &[]);
     for node in [&node_a, &node_b] {
         wait_for("each node to serve alone", DEADLINE, || {
             let mut client = node.client();
@@ -1134,12 +931,10 @@ fn the_logs_of_a_failover_a_handoff_and_a_graceful_stop_are_words_not_debug_valu
     cluster.start(0);
     cluster.wait_serving(0);
     cluster.wait_standby_of(1, 0);
-    cluster.node(0).signal("TERM");
-    assert_eq!(cluster.node_mut(0).wait_exit(DEADLINE), Some(0));
-    cluster.forget_exited(0);
+    assert_eq!(cluster.terminate(0), Some(0));
     cluster.wait_serving(1);
 
-    let mut logs: Vec<(usize, String)> = cluster.old_logs.clone();
+    let mut logs: Vec<(usize, String)> = cluster.old_logs().to_vec();
     logs.push((1, cluster.node(1).log()));
     let all: String = logs.iter().map(|(_, log)| log.as_str()).collect();
     // The run happened, and the log says so in words.

@@ -1,14 +1,15 @@
 //! The nodes of a test cluster on loopback ports, and what every cluster
-//! harness does with them: start one on its port with the flags every
-//! cluster node has (`--bind`, `--port`, `--peers`) before the harness's
-//! own, kill it (by PID, in `Node`'s drop), connect, poll its `I` until it
-//! serves or follows, and print every node's log (those gone too) when the
-//! test fails. Which other flags and environment a node gets is the
-//! harness's.
+//! harness does with them: start one on its port (again after a kill or an
+//! exit) with the flags every cluster node has (`--bind`, `--port`,
+//! `--peers`) before the harness's own, kill it (by PID, in `Node`'s drop),
+//! see it exit, connect, poll its `I` (on a fresh connection, or on a kept
+//! one for fast polls) until it serves or follows, and print every node's
+//! log (those gone too) when the test fails. Which other flags and
+//! environment a node gets is the harness's.
 
 use std::net::SocketAddr;
 
-use super::info::{num, probe, serving, standby_of};
+use super::info::{Probe, num, probe, serving, standby_of};
 use super::{DEADLINE, LineClient, Node, free_port_run, wait_for};
 
 /// Start `batond --bind 127.0.0.1 --port <port> --peers <peers> <flags>`,
@@ -117,9 +118,40 @@ impl Nodes {
     /// SIGKILL node `i` and reap it (by PID, in `Node`'s drop: SIGCONT,
     /// SIGKILL, wait).
     pub fn kill(&mut self, i: usize) {
+        self.remove(i);
+    }
+
+    /// Wait until node `i` exits by itself (after a SIGTERM, say), failing
+    /// the test after DEADLINE; its exit code. Then it is out of the set
+    /// (and can be started again); reaped already, it is signalled no more.
+    pub fn wait_exited(&mut self, i: usize) -> Option<i32> {
+        let code = self.nodes[i]
+            .as_mut()
+            .expect("node is running")
+            .wait_exit(DEADLINE);
+        self.remove(i);
+        code
+    }
+
+    /// Take node `i` out of the set, its log kept for a failure report, and
+    /// drop it: a running one is killed, a reaped one left alone.
+    fn remove(&mut self, i: usize) {
         let node = self.nodes[i].take().expect("node is running");
         self.old_logs.push((i, node.log()));
         drop(node);
+    }
+
+    /// SIGTERM node `i` (a graceful stop) and wait until it exits; its exit
+    /// code.
+    pub fn terminate(&mut self, i: usize) -> Option<i32> {
+        self.node(i).signal("TERM");
+        self.wait_exited(i)
+    }
+
+    /// The logs of the nodes killed or exited so far, with their indexes,
+    /// in the order they went.
+    pub fn old_logs(&self) -> &[(usize, String)] {
+        &self.old_logs
     }
 
     pub fn client(&self, i: usize) -> LineClient {
@@ -127,9 +159,15 @@ impl Nodes {
     }
 
     /// One `I` on node `i` over a fresh connection; None if it does not
-    /// answer within half a second.
+    /// answer within half a second (not running, stopped, refusing).
     pub fn info(&self, i: usize) -> Option<String> {
         probe(self.addr(i), "I")
+    }
+
+    /// A connection to node `i` kept for polling it as fast as it answers
+    /// (see [`Probe`]).
+    pub fn probe(&self, i: usize) -> Probe {
+        Probe::new(self.addr(i))
     }
 
     /// `I` on node `i`, failing the test if it does not answer.
@@ -158,7 +196,9 @@ impl Nodes {
         })
     }
 
-    /// Wait until active node `i` counts `n` synced standbys.
+    /// Wait until active node `i` counts `n` live standbys holding its
+    /// whole state (`standbys=n`): from then on it can hand over to them,
+    /// and they win elections over nodes without state.
     pub fn wait_synced_standbys(&self, i: usize, n: u64) -> String {
         self.wait_info(i, &format!("to have {n} synced standbys"), |info| {
             serving(info) && num(info, "standbys") == n
@@ -170,6 +210,21 @@ impl Nodes {
         self.wait_info(i, &format!("to hold {n} keys"), |info| {
             num(info, "held") == n
         })
+    }
+
+    /// Wait until nodes `a` and `b` have each brought up their link to the
+    /// other. A node that starts before a peer listens dials it again only
+    /// after a backoff; until then that peer has never heard its heartbeat,
+    /// so it would not count it in an election.
+    pub fn wait_linked(&self, a: usize, b: usize) {
+        for (from, to) in [(a, b), (b, a)] {
+            let line = format!("replication: link to {} is up", self.name(to));
+            wait_for(
+                &format!("node {from}'s link to node {to}"),
+                DEADLINE,
+                || self.node(from).log().contains(&line).then_some(()),
+            );
+        }
     }
 }
 
