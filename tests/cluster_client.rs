@@ -2,7 +2,8 @@
 //! node, active or standby, causes no failed request at all (issue
 //! 4), and redirects (`M`) are followed to the active.
 //!
-//! Real `batond` processes on loopback, killed by PID when the test ends.
+//! Real `batond` processes on loopback, killed by PID when the test ends;
+//! their logs are printed if it fails.
 
 mod common;
 
@@ -11,88 +12,47 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use baton::client::Client;
-use common::{DEADLINE, LineClient, Node, free_port, info_field, wait_for};
+use common::nodes::{Nodes, deref_to_nodes};
+use common::{DEADLINE, wait_for};
 
 const DETECT: &str = "0.5";
 
+/// Two `batond` processes on loopback with one `--peers` list, both started;
+/// killed by PID when dropped, and their logs printed if the test fails.
 struct Pair {
-    ports: [u16; 2],
-    nodes: [Option<Node>; 2],
+    nodes: Nodes,
 }
+
+deref_to_nodes!(Pair);
 
 impl Pair {
     fn start() -> Pair {
-        let a = free_port();
-        let mut b = free_port();
-        while b == a {
-            b = free_port();
-        }
         let mut pair = Pair {
-            ports: [a, b],
-            nodes: [None, None],
+            nodes: Nodes::on_free_ports(2),
         };
         pair.start_node(0);
         pair.start_node(1);
         pair
     }
 
-    fn name(&self, i: usize) -> String {
-        format!("127.0.0.1:{}", self.ports[i])
-    }
-
     fn start_node(&mut self, i: usize) {
-        let peers = format!("{},{}", self.name(0), self.name(1));
-        let port = self.ports[i].to_string();
-        let args = [
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            &port,
-            "--peers",
-            &peers,
+        let flags = [
             "--detect",
             DETECT,
             "--cluster-key-file",
             common::cluster_key_file(),
         ];
-        self.nodes[i] = Some(Node::start_raw(&args, Some(self.ports[i])));
-    }
-
-    fn info(&self, i: usize) -> Option<String> {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.ports[i]));
-        let stream =
-            std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)).ok()?;
-        drop(stream);
-        let mut client = LineClient::connect(addr);
-        client.send("I");
-        client.try_recv(Duration::from_secs(1))
+        self.nodes.start_with(i, &flags, &[]);
     }
 
     /// Node `active` serves with the other as its synced standby.
     fn wait_settled(&self, active: usize) {
-        wait_for(
-            &format!("node {active} active with a synced standby"),
-            DEADLINE,
-            || {
-                let info = self.info(active)?;
-                let serving = info_field(&info, "state").as_deref() == Some("active");
-                let synced = info_field(&info, "standbys").as_deref() == Some("1");
-                (serving && synced).then_some(())
-            },
-        );
+        self.wait_synced_standbys(active, 1);
     }
 
     /// SIGTERM node `i`, wait for it to exit 0, start it again.
     fn graceful_restart(&mut self, i: usize) {
-        let mut node = self.nodes[i].take().expect("running");
-        node.signal("TERM");
-        assert_eq!(
-            node.wait_exit(DEADLINE),
-            Some(0),
-            "graceful exit: {}",
-            node.log()
-        );
-        std::mem::forget(node); // reaped already: nothing to signal
+        assert_eq!(self.terminate(i), Some(0), "graceful exit of node {i}");
         self.start_node(i);
     }
 }
@@ -176,7 +136,7 @@ fn the_client_follows_a_standby_redirect_to_the_active() {
             Some(Duration::from_secs(5)),
         )
         .expect("granted through the redirect");
-    let mut raw = LineClient::connect(std::net::SocketAddr::from(([127, 0, 0, 1], pair.ports[0])));
+    let mut raw = pair.client(0);
     let q = raw.ask("Q redirected");
     assert!(
         q.starts_with(&format!("Q redirected {} ", grant.token())),
@@ -199,7 +159,7 @@ fn the_async_client_follows_redirects_and_moves_on_when_the_active_dies() {
     let first = rt
         .block_on(client.acquire_async("redirected", lease, wait))
         .expect("granted through the redirect");
-    let mut raw = LineClient::connect(std::net::SocketAddr::from(([127, 0, 0, 1], pair.ports[0])));
+    let mut raw = pair.client(0);
     let q = raw.ask("Q redirected");
     assert!(
         q.starts_with(&format!("Q redirected {} ", first.token())),
@@ -208,9 +168,7 @@ fn the_async_client_follows_redirects_and_moves_on_when_the_active_dies() {
 
     // The active dies: the standby is promoted and the same client, whose
     // preferred node is now gone, is served by it.
-    let mut active = pair.nodes[0].take().expect("node 0 runs");
-    active.signal("KILL");
-    active.wait_exit(DEADLINE);
+    pair.kill(0);
     let second = rt
         .block_on(client.acquire_async("after-failover", lease, wait))
         .expect("granted by the promoted node");
