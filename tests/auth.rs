@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use baton::client::{Client, Error};
+use common::nodes::start_node;
 use common::{
     DEADLINE, LineClient, Node, Received, baton_path, batond_path, free_port, info_field,
     run_to_exit, token_of, wait_for,
@@ -484,14 +485,7 @@ impl Pair {
 
     fn start_node(&mut self, i: usize, secrets: &Secrets) {
         let peers = format!("127.0.0.1:{},127.0.0.1:{}", self.ports[0], self.ports[1]);
-        let port = self.ports[i].to_string();
-        let args = [
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            &port,
-            "--peers",
-            &peers,
+        let flags = [
             "--cluster-key-file",
             common::cluster_key_file(),
             "--detect",
@@ -499,7 +493,7 @@ impl Pair {
             "--auth-file",
             secrets.path(),
         ];
-        self.nodes[i] = Some(Node::start_raw(&args, Some(self.ports[i])));
+        self.nodes[i] = Some(start_node(self.ports[i], &peers, &flags, &[]));
     }
 
     fn addr(&self, i: usize) -> SocketAddr {

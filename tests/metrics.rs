@@ -11,6 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::nodes::start_node;
 use common::{DEADLINE, LineClient, Node, free_port, token_of, wait_for};
 
 /// One parsed scrape: sample (name with its labels, as written) → value.
@@ -514,15 +515,8 @@ fn a_two_node_cluster_shows_roles_standbys_lag_and_a_failover() {
     let metric_ports = [free_port(), free_port()];
     let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
     let start = |i: usize| {
-        let port = ports[i].to_string();
         let metrics = format!("127.0.0.1:{}", metric_ports[i]);
-        let args = [
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            port.as_str(),
-            "--peers",
-            peers.as_str(),
+        let flags = [
             "--cluster-key-file",
             common::cluster_key_file(),
             "--detect",
@@ -530,7 +524,7 @@ fn a_two_node_cluster_shows_roles_standbys_lag_and_a_failover() {
             "--metrics",
             metrics.as_str(),
         ];
-        Node::start_raw(&args, Some(ports[i]))
+        start_node(ports[i], &peers, &flags, &[])
     };
     let first = start(0);
     let second = start(1);

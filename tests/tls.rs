@@ -15,6 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use baton::client::{Client, Error, TlsConfig};
+use common::nodes::start_node;
 use common::pki::{Pki, TlsLine};
 use common::{DEADLINE, LineClient, Node, free_port, info_field, wait_for};
 
@@ -533,15 +534,8 @@ impl TlsCluster {
     fn start(&mut self, i: usize) {
         let peers: Vec<String> = (0..self.ports.len()).map(|i| self.name(i)).collect();
         let peers = peers.join(",");
-        let port = self.ports[i].to_string();
         let (cert, key) = &self.certs[i];
-        let mut args = vec![
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            &port,
-            "--peers",
-            &peers,
+        let mut flags = vec![
             "--cluster-key-file",
             common::cluster_key_file(),
             "--detect",
@@ -554,9 +548,9 @@ impl TlsCluster {
             p(&self.pki.ca_file),
         ];
         if self.mtls.is_some() {
-            args.extend(["--tls-client-ca", p(&self.pki.ca_file)]);
+            flags.extend(["--tls-client-ca", p(&self.pki.ca_file)]);
         }
-        self.nodes[i] = Some(Node::start_raw(&args, Some(self.ports[i])));
+        self.nodes[i] = Some(start_node(self.ports[i], &peers, &flags, &[]));
     }
 
     fn kill(&mut self, i: usize) {
