@@ -604,3 +604,50 @@ fn u_lines_their_answers_and_auth_refusals_are_counted() {
     assert_eq!(moved("baton_refusals_total{reason=\"auth-disabled\"}"), 1.0);
     assert_eq!(moved("baton_answers_total{kind=\"error\"}"), 1.0);
 }
+
+/// A cluster node keeps a few slots past `--max-conns` for its peers: a
+/// client that lands in one is refused with `E - - too-many-connections`
+/// at once if it speaks (its line is no peer's), or when the slot's time
+/// to show a peer line is up if it does not. Both refusals are counted.
+#[test]
+fn refusals_past_max_conns_on_a_cluster_node_are_counted() {
+    let ports = [free_port(), free_port()];
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    let metrics_port = free_port();
+    let metrics: SocketAddr = format!("127.0.0.1:{metrics_port}").parse().expect("addr");
+    let listen = metrics.to_string();
+    // Alone (its peer never starts): active once discovery ends.
+    let flags = [
+        "--cluster-key-file",
+        common::cluster_key_file(),
+        "--detect",
+        "0.3",
+        "--max-conns",
+        "2",
+        "--metrics",
+        listen.as_str(),
+    ];
+    let node = start_node(ports[0], &peers, &flags, &[]);
+    let mut first = node.client();
+    wait_for("the node to serve", DEADLINE, || {
+        first.info().contains("role=active").then_some(())
+    });
+    let mut second = node.client();
+    assert!(second.info().contains("role=active"));
+    let before = scrape(metrics);
+    let mut speaks = node.client();
+    assert_eq!(speaks.ask("I"), "E - - too-many-connections");
+    assert!(speaks.closed_within(DEADLINE));
+    let mut silent = node.client();
+    assert_eq!(silent.recv(), "E - - too-many-connections");
+    assert!(silent.closed_within(DEADLINE));
+    let after = scrape(metrics);
+    let moved = |name: &str| after.get(name) - before.get(name);
+    assert_eq!(
+        moved("baton_refusals_total{reason=\"too-many-connections\"}"),
+        2.0
+    );
+    // The two clients in --max-conns are still served.
+    assert!(first.info().contains("role=active"));
+    assert!(second.info().contains("role=active"));
+}

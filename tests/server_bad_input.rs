@@ -183,6 +183,34 @@ fn requests_before_a_fatal_line_are_answered_before_its_error_which_is_the_last_
     assert_still_served(&node, &mut healthy);
 }
 
+/// A client that pipelines past a fatal line (it writes on while it
+/// reads) still gets every answer owed, the `E`, and an orderly end: the
+/// server stops parsing at the fatal line but reads (and drops) the rest
+/// before it closes. (Closing with input unread makes the kernel reset the
+/// connection, and a reset loses the answers the client has not read.)
+#[test]
+fn a_client_still_sending_after_a_fatal_line_gets_every_answer_and_an_orderly_end() {
+    let node = start_node();
+    let mut healthy = node.client();
+    let mut c = node.client();
+    let mut burst = "Q before\n".repeat(20_000);
+    burst.push_str("X\n");
+    burst.push_str(&"Q after\n".repeat(100_000));
+    let mut writer = c.stream.try_clone().expect("clone");
+    let sending = std::thread::spawn(move || {
+        // Fails once the server has closed: that is the end of it.
+        let _ = writer.write_all(burst.as_bytes());
+    });
+    let (lines, ending) = c.rest_until_closed(DEADLINE);
+    let _ = c.stream.shutdown(std::net::Shutdown::Both);
+    sending.join().expect("writer");
+    assert_eq!(ending, common::Ending::Eof, "after {} lines", lines.len());
+    assert_eq!(lines.len(), 20_001, "every answer and the E");
+    assert!(lines[..20_000].iter().all(|l| l == "Q before 0 0 0"));
+    assert_eq!(lines[20_000], "E - - unknown-op");
+    assert_still_served(&node, &mut healthy);
+}
+
 // ---------------------------------------------------------------------------
 // Requests refused: E <op> <key> <reason>, the connection stays open
 // ---------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::io::Write;
+
 use common::{DEADLINE, Node, batond_path, info_field, run_to_exit, token_of};
 
 #[test]
@@ -159,6 +161,51 @@ fn sigterm_makes_the_node_exit_0_promptly() {
         holder.closed_within(DEADLINE),
         "connections end with the node"
     );
+}
+
+/// SIGTERM while a client streams requests (so the node stops with input
+/// unread): the client still gets the answers written before the stop,
+/// its waiter's `M - A k`, and an orderly end, not a reset that would
+/// discard them. Three rounds: the stop lands at a different point of the
+/// stream each time.
+#[test]
+fn sigterm_while_a_client_streams_requests_still_delivers_its_last_answers() {
+    for round in 0..3 {
+        let mut node = Node::start(&[]);
+        let mut holder = node.client();
+        holder.acquire_now("k", "30");
+        let mut c = node.client();
+        c.send("A k 30 0");
+        let mut probe = node.client();
+        common::wait_for("the waiter to queue", DEADLINE, || {
+            (probe.query("k").waiting == 1).then_some(())
+        });
+        let stream: String = (0..20_000).map(|i| format!("A p{i} 30 0\n")).collect();
+        let mut writer = c.stream.try_clone().expect("clone");
+        let sending = std::thread::spawn(move || {
+            // Fails once the node has closed: that is the end of it.
+            let _ = writer.write_all(stream.as_bytes());
+        });
+        // The stream is being served: stop the node in the middle of it.
+        let first = c.recv();
+        assert!(first.starts_with("A "), "{first}");
+        node.signal("TERM");
+        let (lines, ending) = c.rest_until_closed(DEADLINE);
+        let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        sending.join().expect("writer");
+        assert_eq!(node.wait_exit(DEADLINE), Some(0), "log:\n{}", node.log());
+        assert_eq!(
+            ending,
+            common::Ending::Eof,
+            "round {round}: after {} lines",
+            lines.len() + 1
+        );
+        assert!(
+            lines.iter().any(|l| l == "M - A k"),
+            "round {round}: the waiter is told no node is active ({} lines)",
+            lines.len() + 1
+        );
+    }
 }
 
 #[test]

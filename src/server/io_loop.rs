@@ -33,7 +33,13 @@
 //!   loop still gets back to its other clients;
 //! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
 //!   is closed at once (under TLS it is closed without a word: it has no
-//!   TLS session to carry one);
+//!   TLS session to carry one); on a cluster node a few slots past it are
+//!   kept for peer links, and a client in one is refused (and counted) when
+//!   its first line is no peer's or at `PEER_SLOT_MS`;
+//! - `LINGER`: a connection the node ends is half-closed once every answer
+//!   owed is written, and its input read and dropped until the client
+//!   closes or this is up (never a reset that loses the client's last
+//!   answers); a stopping loop ends all its connections so, within it;
 //! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake
 //!   (the deadlines are a queue in their order, looked at only when the
 //!   first is due), and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per
@@ -152,6 +158,13 @@ pub const BAD_AUTH_DELAY: Duration = Duration::from_millis(100);
 /// With `--auth-file`, a connection must have authenticated this long after
 /// it was accepted, or it is closed.
 pub const AUTH_DEADLINE: Duration = Duration::from_secs(10);
+/// A connection the server ends, its answers all with the kernel, is
+/// half-closed (FIN) and read, its input dropped, until the client closes
+/// too or this long has passed; also the most a stopping loop waits for
+/// its connections to take their last answers. (Closing a socket with
+/// unread input makes the kernel reset the connection, and a reset
+/// discards the answers the client had not yet read.)
+pub const LINGER: Duration = Duration::from_secs(1);
 
 /// Where a connection stands with client authentication.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +198,9 @@ struct Conn {
     /// Closing, everything owed handed to the stream, and under TLS a
     /// `close_notify` queued after it.
     said_end: bool,
+    /// Everything is written and the write side shut down: input is read
+    /// and dropped until the client closes or `LINGER` is up.
+    lingering: bool,
     /// Queued for a flush this round.
     dirty: bool,
     /// Reading is paused by PAUSE_OUTPUT or MAX_OWED.
@@ -256,6 +272,10 @@ pub struct IoLoop {
     /// With `--auth-file`: connections with the time they must have
     /// authenticated by (in that order: the deadline is fixed).
     auth_deadlines: VecDeque<(usize, ConnId, Instant)>,
+    /// Lingering connections with the time they are dropped by (in that
+    /// order: `LINGER` is fixed). One entry per connection, which is
+    /// closing: bounded by the connections closed in `LINGER`.
+    lingers: VecDeque<(usize, ConnId, Instant)>,
 }
 
 impl IoLoop {
@@ -300,6 +320,7 @@ impl IoLoop {
             delayed_closes: VecDeque::new(),
             handshakes: VecDeque::new(),
             auth_deadlines: VecDeque::new(),
+            lingers: VecDeque::new(),
         };
         Ok((io_loop, waker, awake))
     }
@@ -326,11 +347,7 @@ impl IoLoop {
         self.stop_polling();
         // Last answers (redirects after a handoff, say) go out before closing.
         self.take_answers();
-        for slot in 0..self.conns.capacity() {
-            if self.conns.contains(slot) {
-                self.flush(slot);
-            }
-        }
+        self.end_all(&mut events);
         for (_, conn) in self.conns.iter_mut() {
             if !conn.said_end {
                 // Best effort: the process is ending.
@@ -347,6 +364,55 @@ impl IoLoop {
             "I/O loop {}: stopped, dropping {open} connections",
             self.index
         );
+    }
+
+    /// The loop is stopping: every connection ends as one the owner forgot
+    /// does (its answers written, then the half-close, its input read and
+    /// dropped until the client closes), for at most `LINGER` in all, so
+    /// that the last answers (a waiter's `M`, say) are not lost to a reset.
+    /// Nothing read is parsed any more.
+    fn end_all(&mut self, events: &mut Events) {
+        let deadline = Instant::now() + LINGER;
+        let slots: Vec<usize> = self.conns.iter().map(|(slot, _)| slot).collect();
+        for slot in slots {
+            let conn = &mut self.conns[slot];
+            conn.closing = true;
+            conn.forgotten = true;
+            self.mark_dirty(slot);
+        }
+        loop {
+            self.flush_dirty();
+            let backlog = std::mem::take(&mut self.backlog);
+            for slot in backlog {
+                if let Some(conn) = self.conns.get_mut(slot) {
+                    conn.backlogged = false;
+                    self.read_conn(slot, true);
+                }
+            }
+            self.expire_lingers();
+            let now = Instant::now();
+            if self.conns.is_empty() || now >= deadline {
+                return;
+            }
+            let wait = if self.backlog.is_empty() && self.dirty.is_empty() {
+                deadline - now
+            } else {
+                Duration::ZERO
+            };
+            match self.poll.poll(events, Some(wait)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+            for event in events.iter() {
+                if let Token(slot) = event.token()
+                    && event.token() != LISTENER
+                    && event.token() != WAKER
+                {
+                    self.handle_event(slot, event);
+                }
+            }
+        }
     }
 
     /// Everything after the events: accept, read what is backlogged, send the
@@ -373,6 +439,9 @@ impl IoLoop {
         }
         if !self.auth_deadlines.is_empty() {
             self.expire_auth_deadlines();
+        }
+        if !self.lingers.is_empty() {
+            self.expire_lingers();
         }
         let backlog = std::mem::take(&mut self.backlog);
         for &slot in &backlog {
@@ -428,12 +497,13 @@ impl IoLoop {
         self.stop_polling();
         let sleep = self.may_sleep();
         // Wake for the deadline of a connection in a peer-reserved slot, of
-        // the first TLS handshake, the first delayed close, or the first
-        // authentication deadline.
+        // the first TLS handshake, the first delayed close, the first
+        // authentication deadline, or the first lingering connection's.
         let firsts = [
             self.handshakes.front(),
             self.delayed_closes.front(),
             self.auth_deadlines.front(),
+            self.lingers.front(),
         ];
         match self
             .peer_only
@@ -499,6 +569,8 @@ impl IoLoop {
         let mut conn = self.conns.remove(slot);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+        // Counted as refused now that it is one (not when it took the slot).
+        self.shared.io_counters.refused(Reason::TooManyConnections);
         let _ = conn.stream.write(&too_many_connections());
         log::debug!(
             "{}: closed: a peer-reserved slot held no peer link",
@@ -648,6 +720,7 @@ impl IoLoop {
             cut_off: false,
             farewell: None,
             said_end: false,
+            lingering: false,
             dirty: false,
             paused: false,
             inflight: 0,
@@ -710,6 +783,10 @@ impl IoLoop {
 
     /// Read and parse up to READ_BUDGET bytes from one connection.
     fn read_conn(&mut self, slot: usize, until_blocked: bool) {
+        if self.conns[slot].lingering {
+            self.drain(slot);
+            return;
+        }
         let mut budget = READ_BUDGET;
         // A short read from TLS says nothing about the socket: read on.
         let until_blocked = until_blocked || self.conns[slot].stream.is_tls();
@@ -1148,8 +1225,15 @@ impl IoLoop {
                 conn.output.shrink_to(IDLE_OUTPUT_CAPACITY);
             }
         }
+        if conn.lingering {
+            return;
+        }
         if conn.forgotten && (flushed || failed || conn.cut_off) {
-            self.free(slot);
+            if flushed && !failed && !conn.cut_off {
+                self.linger(slot);
+            } else {
+                self.free(slot);
+            }
             return;
         }
         if failed || pending > MAX_OUTPUT {
@@ -1183,6 +1267,59 @@ impl IoLoop {
             self.shared.conns.fetch_sub(1, Ordering::Relaxed);
         }
         conn
+    }
+
+    /// A forgotten connection's answers (and under TLS its `close_notify`)
+    /// are all with the kernel: shut down the write side, so the client
+    /// reads them and then the end, and read (and drop) what it still
+    /// sends until it closes too or `LINGER` is up. Closing at once with
+    /// its input unread would make the kernel reset the connection, and the
+    /// client lose the answers it had not read yet.
+    fn linger(&mut self, slot: usize) {
+        let conn = &mut self.conns[slot];
+        if conn
+            .stream
+            .tcp()
+            .shutdown(std::net::Shutdown::Write)
+            .is_err()
+        {
+            self.free(slot);
+            return;
+        }
+        conn.lingering = true;
+        let deadline = Instant::now() + LINGER;
+        self.lingers.push_back((slot, conn.id, deadline));
+        // Input may be waiting already: its edge came before.
+        self.drain(slot);
+    }
+
+    /// Read and drop a lingering connection's input, up to READ_BUDGET
+    /// bytes a round; free it once the client has closed.
+    fn drain(&mut self, slot: usize) {
+        let mut budget = READ_BUDGET;
+        loop {
+            // Raw TCP even under TLS: nothing more is decrypted.
+            let mut sock = self.conns[slot].stream.tcp();
+            match sock.read(&mut self.read_buf) {
+                Ok(0) => break self.free(slot),
+                Ok(n) if n >= budget => break self.schedule_read(slot),
+                Ok(n) => budget -= n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break self.free(slot),
+            }
+        }
+    }
+
+    /// Drop the lingering connections whose time is up (the client has not
+    /// closed its side).
+    fn expire_lingers(&mut self) {
+        let now = Instant::now();
+        while let Some((slot, id)) = pop_due(&mut self.lingers, now) {
+            if self.live_slot(id).is_some() && self.conns[slot].lingering {
+                self.free(slot);
+            }
+        }
     }
 
     /// Close a connection whose output is flushed (its `close_notify`
@@ -1582,6 +1719,77 @@ mod tests {
     }
 
     const SECRET: &str = "alpha-secret-0123456789";
+
+    /// A loop with no gate on a fresh listener: its address, and the
+    /// owner's ends of its channels.
+    fn open_loop() -> (IoLoop, SocketAddr, Receiver<ToOwner>, Sender<OwnerBatch>) {
+        let shared = Arc::new(Shared::new(&Config::default(), "test".into()));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let addr = listener.local_addr().expect("addr");
+        let (to_owner, inbound) = crossbeam_channel::unbounded();
+        let (answers, from_owner) = crossbeam_channel::unbounded();
+        let (io_loop, _waker, _awake) =
+            IoLoop::new(0, &listener, to_owner, from_owner, None, shared).expect("a loop");
+        (io_loop, addr, inbound, answers)
+    }
+
+    /// A connection the node ends (here for a line it does not understand)
+    /// lingers once the owner has forgotten it and its `E` is written: the
+    /// client reads the `E` and then the end, what it still sends is read
+    /// and dropped, and its slot goes when it closes too, or when `LINGER`
+    /// is up if it never does.
+    #[test]
+    fn an_ended_connection_lingers_until_the_client_closes_or_its_time_is_up() {
+        let (mut io_loop, addr, inbound, answers) = open_loop();
+        for client_closes in [true, false] {
+            let mut client = connect_and_send(&mut io_loop, addr, "X\n", closing);
+            let closed = inbound
+                .try_iter()
+                .flat_map(|message| match message {
+                    ToOwner::Clients(batch) => batch,
+                    _ => Vec::new(),
+                })
+                .find_map(|inbound| match inbound {
+                    Inbound::Closed(id) => Some(id),
+                    _ => None,
+                })
+                .expect("the owner is told of the close");
+            answers
+                .send(OwnerBatch {
+                    answers: Vec::new(),
+                    forgotten: vec![closed],
+                })
+                .expect("the loop's channel");
+            let start = Instant::now();
+            while !io_loop.conns.iter().any(|(_, c)| c.lingering) {
+                assert!(start.elapsed() < Duration::from_secs(10), "no linger");
+                turn(&mut io_loop);
+            }
+            assert_eq!(read_line(&mut client), "E - - unknown-op");
+            let mut rest = [0u8; 16];
+            assert_eq!(client.read(&mut rest).expect("the end"), 0, "then EOF");
+            // What the client still sends is taken and dropped.
+            client.write_all(&[b'Q'; 100_000]).expect("still read");
+            if client_closes {
+                drop(client);
+                while !io_loop.conns.is_empty() {
+                    assert!(start.elapsed() < Duration::from_secs(10), "not freed");
+                    turn(&mut io_loop);
+                }
+            } else {
+                turn(&mut io_loop);
+                assert_eq!(io_loop.conns.len(), 1, "lingers while its time runs");
+                let timeout = io_loop.poll_timeout().expect("a wake-up for the linger");
+                assert!(timeout <= LINGER, "{timeout:?}");
+                io_loop.lingers[0].2 = Instant::now();
+                io_loop.round();
+                assert!(io_loop.conns.is_empty(), "dropped when its time is up");
+            }
+            io_loop.lingers.clear();
+            assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 0);
+        }
+    }
 
     /// Connect and send `line`; run the loop as `run` does (poll, events,
     /// round) until `done` says it has handled it (10 s at most).

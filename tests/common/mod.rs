@@ -418,6 +418,35 @@ impl LineClient {
         self.recv()
     }
 
+    /// Every line left until the server closes the connection, and how it
+    /// closed: an orderly end, or a reset (which discards what the client
+    /// had not read yet); `Ending::StillOpen` if it is open after `wait`.
+    pub fn rest_until_closed(&mut self, wait: Duration) -> (Vec<String>, Ending) {
+        let start = Instant::now();
+        let ending = loop {
+            let Some(left) = wait.checked_sub(start.elapsed()) else {
+                break Ending::StillOpen;
+            };
+            self.stream
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .expect("set timeout");
+            let mut chunk = [0u8; 65536];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => break Ending::Eof,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut
+                        || e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Ending::Reset(e.to_string()),
+            }
+        };
+        let text = String::from_utf8_lossy(&self.buf).into_owned();
+        self.buf.clear();
+        let lines = text.lines().map(str::to_string).collect();
+        (lines, ending)
+    }
+
     /// True once the server has closed the connection (EOF or reset) within `wait`.
     pub fn closed_within(&mut self, wait: Duration) -> bool {
         let start = Instant::now();
@@ -439,6 +468,16 @@ impl LineClient {
             }
         }
     }
+}
+
+/// How a connection ended (see [`LineClient::rest_until_closed`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// The server closed it in order: everything it sent was read.
+    Eof,
+    /// Reset: what the client had not read yet was lost.
+    Reset(String),
+    StillOpen,
 }
 
 /// What [`LineClient::next_event`] saw.
