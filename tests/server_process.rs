@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::Write;
+use std::time::Duration;
 
 use common::{DEADLINE, Node, batond_path, info_field, run_to_exit, token_of};
 
@@ -206,6 +207,32 @@ fn sigterm_while_a_client_streams_requests_still_delivers_its_last_answers() {
             lines.len() + 1
         );
     }
+}
+
+/// A stopping node ends its connections in order (up to a second for
+/// clients that do not close), but it refuses new ones from the start, so
+/// a client dialing it then tries another node at once instead of waiting.
+#[test]
+fn a_stopping_node_refuses_new_connections_while_its_last_ones_end() {
+    let mut node = Node::start(&[]);
+    // Never closes: the node waits for it before it exits.
+    let mut idle = node.client();
+    assert!(idle.info().starts_with("I "));
+    node.signal("TERM");
+    common::wait_for("a new connection to be refused", DEADLINE, || {
+        match std::net::TcpStream::connect_timeout(&node.addr, Duration::from_millis(200)) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+            _ => None,
+        }
+    });
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", node.pid())).expect("stat");
+    let state = stat
+        .rsplit(") ")
+        .next()
+        .and_then(|rest| rest.chars().next());
+    assert_ne!(state, Some('Z'), "refused while the node still runs");
+    assert!(idle.closed_within(DEADLINE), "the last connection ends");
+    assert_eq!(node.wait_exit(DEADLINE), Some(0), "log:\n{}", node.log());
 }
 
 #[test]

@@ -233,7 +233,10 @@ impl Conn {
 pub struct IoLoop {
     index: usize,
     poll: Poll,
-    listener: TcpListener,
+    /// This loop's copy of the listening socket; closed (taken) when the
+    /// loop stops, so that the node refuses new connections at once while
+    /// its last ones end.
+    listener: Option<TcpListener>,
     conns: Slab<Conn>,
     serial: u32,
     to_owner: Sender<ToOwner>,
@@ -300,7 +303,7 @@ impl IoLoop {
             awake: awake.clone(),
             index,
             poll,
-            listener,
+            listener: Some(listener),
             conns: Slab::new(),
             serial: 0,
             to_owner,
@@ -373,6 +376,11 @@ impl IoLoop {
     /// Nothing read is parsed any more.
     fn end_all(&mut self, events: &mut Events) {
         let deadline = Instant::now() + LINGER;
+        // No new connections: a client dialing now is refused and tries
+        // another node instead of waiting on a node that is going.
+        if let Some(mut listener) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut listener);
+        }
         let slots: Vec<usize> = self.conns.iter().map(|(slot, _)| slot).collect();
         for slot in slots {
             let conn = &mut self.conns[slot];
@@ -627,7 +635,10 @@ impl IoLoop {
     fn accept_some(&mut self) {
         self.accept_pending = false;
         for _ in 0..ACCEPT_BATCH {
-            match self.listener.accept() {
+            let Some(listener) = &self.listener else {
+                return;
+            };
+            match listener.accept() {
                 Ok((stream, addr)) => self.admit(stream, addr),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -1915,7 +1926,12 @@ mod tests {
     #[test]
     fn a_connection_owed_max_owed_is_parsed_no_further_until_answers_come_back() {
         let (mut io_loop, inbound, answers) = idle_loop(0);
-        let addr = io_loop.listener.local_addr().expect("addr");
+        let addr = io_loop
+            .listener
+            .as_ref()
+            .expect("listening")
+            .local_addr()
+            .expect("addr");
         let mut client = std::net::TcpStream::connect(addr).expect("connect");
         const SENT: usize = 4000;
         client.write_all(&b"I\n".repeat(SENT)).expect("send");
