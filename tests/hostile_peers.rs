@@ -12,9 +12,15 @@
 //! node whose `--peers` named a standalone batond redialed in a tight loop
 //! that logged tens of thousands of lines a second.
 //!
-//! The last tests are insiders: a process that holds the cluster key proves
-//! itself as a peer and floods its link; the node's heartbeats, memory and
-//! answers stay as they were.
+//! Then insiders: a process that holds the cluster key proves itself as a
+//! peer and floods its link; the node's heartbeats, memory and answers stay
+//! as they were.
+//!
+//! The last tests are trusted peers that cannot hold each other's state: a
+//! standby with a lower `--max-keys` or `--max-lease` than the active's
+//! state needs. It refuses the active's snapshot and drops the link, and the
+//! two relink with a growing backoff, quietly, not in a tight loop that
+//! logged thousands of lines a second.
 //!
 //! Most tests start a 2-node cluster with the shared test key (node 0 active,
 //! node 1 its synced standby), acquire a few keys, attack, and check that
@@ -1038,4 +1044,82 @@ fn an_insider_posing_as_the_active_and_flooding_deltas_leaves_the_standby_bounde
     drop(client);
     cluster.wait_standby_of(2, 1);
     cluster.wait_synced_standbys(1, 1);
+}
+
+// ----- 11. a standby whose limits cannot hold the active's state -----
+
+/// Node 0 (`--max-keys 10`) serves and holds `LEASE`-long grants of k0..k7.
+fn grant_eight(cluster: &Cluster) {
+    let mut client = cluster.client(0);
+    for i in 0..8 {
+        assert!(client.acquire_now(&format!("k{i}"), LEASE) > 0);
+    }
+}
+
+/// Node 0 holds 8 keys; node 1 joins with `limits`, under which it refuses
+/// them (its log says `refusal`). Over a 3 s window of the two relinking,
+/// node 0 sends few snapshots and brings the link up few times, and
+/// neither node floods its log.
+fn a_standby_that_cannot_hold_the_state_is_redialed_with_backoff(limits: &[&str], refusal: &str) {
+    let mut cluster = Cluster::new(2);
+    cluster.add_args(0, &["--max-keys", "10"]);
+    cluster.add_args(1, limits);
+    cluster.start(0);
+    cluster.wait_serving(0);
+    grant_eight(&cluster);
+    cluster.start(1);
+    cluster.wait_standby_of(1, 0);
+    wait_for("node 1 to refuse node 0's state", DEADLINE, || {
+        cluster.node(1).log().contains(refusal).then_some(())
+    });
+    let count = |i: usize| {
+        let log = cluster.node(i).log();
+        (
+            lines_with(&log, "sending a snapshot"),
+            lines_with(&log, "is up"),
+            log.lines().count(),
+        )
+    };
+    let before = [count(0), count(1)];
+    // Observation window: three seconds of node 0 redialing node 1.
+    std::thread::sleep(Duration::from_secs(3));
+    let after = [count(0), count(1)];
+    for i in 0..2 {
+        let (snapshots, ups, lines) = (
+            after[i].0 - before[i].0,
+            after[i].1 - before[i].1,
+            after[i].2 - before[i].2,
+        );
+        println!("node {i} in 3 s: {snapshots} snapshot lines, {ups} link-up lines, {lines} lines");
+        let log = cluster.node(i).log();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        assert!(
+            snapshots <= 10,
+            "node {i}: {snapshots} snapshots: {tail:#?}"
+        );
+        assert!(ups <= 10, "node {i}: {ups} link-ups: {tail:#?}");
+        assert!(lines <= 30, "node {i}: {lines} lines: {tail:#?}");
+    }
+    let info = cluster.must_info(0);
+    assert!(serving(&info), "{info}");
+    assert_eq!(num(&info, "standbys"), 0, "{info}");
+    assert_eq!(num(&info, "held"), 8, "{info}");
+    let standby = cluster.must_info(1);
+    assert_eq!(field(&standby, "active"), cluster.name(0), "{standby}");
+}
+
+#[test]
+fn a_standby_with_a_lower_max_keys_is_redialed_with_backoff_not_in_a_tight_loop() {
+    a_standby_that_cannot_hold_the_state_is_redialed_with_backoff(
+        &["--max-keys", "5"],
+        "a snapshot above --max-keys",
+    );
+}
+
+#[test]
+fn a_standby_with_a_lower_max_lease_is_redialed_with_backoff_not_in_a_tight_loop() {
+    a_standby_that_cannot_hold_the_state_is_redialed_with_backoff(
+        &["--max-lease", "30"],
+        "a lease above --max-lease",
+    );
 }

@@ -24,7 +24,13 @@
 //! ([`ClusterCore::check_peer_msg`]): tokens and ceilings never 0, leases
 //! within `--max-lease`, snapshots within `--max-keys`; anything else drops
 //! the link. Failed dials back off (with jitter) up to [`RECONNECT_MAX_MS`],
-//! and their warnings are rate-limited.
+//! and their warnings are rate-limited. A dropped link is dialed again at
+//! once, unless links with that peer keep dropping soon after they come up
+//! (within `--detect`, or over something refused: two nodes with different
+//! limits, one of which refuses the other's state): from the second such
+//! drop in a row on, each counts as a failed dial, and the links' log lines
+//! go to debug, one warning standing for them
+//! (`ClusterCore::redial_after_drop`).
 //!
 //! Clocks: no token or ceiling more than [`MAX_PEER_AHEAD_MS`] of clock
 //! above this node's clock floor ([`ClusterCore::token_bound`]) is ever
@@ -196,6 +202,18 @@ pub enum OutDown {
     Rejected,
 }
 
+/// Why an incoming link goes, as far as redialing its peer goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum InDrop {
+    /// It closed or failed (the shell's report), or took too long to prove
+    /// the key.
+    Closed,
+    /// It carried nothing for two heartbeat periods (a partition, a blip).
+    Silent,
+    /// This node refused what came on it.
+    Refused,
+}
+
 /// The verdict on one received peer message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
@@ -240,6 +258,12 @@ struct OutLink {
     /// Dials that failed in a row (the backoff's exponent).
     failures: u32,
     warn: RateLimit,
+    /// When the link last came up.
+    up_since_ms: u64,
+    /// Links with this peer dropped in a row soon after they came up, or
+    /// over something refused ([`ClusterCore::redial_after_drop`]).
+    flaps: u32,
+    flap_warn: RateLimit,
     /// The peer has this node's snapshot on this link.
     snap_sent: bool,
     /// A snapshot was asked of the lock owner and has not come yet.
@@ -256,6 +280,8 @@ struct InLink {
     /// The peer it proved to be; None while the handshake runs.
     peer: Option<usize>,
     opened_ms: u64,
+    /// When it proved the key.
+    proved_ms: u64,
     /// When it last carried a message (its handshake, at first).
     heard_ms: u64,
     /// A snapshot is being received (entries so far).
@@ -319,6 +345,9 @@ impl ClusterCore {
                 state: OutState::Down { retry_at_ms: 0 },
                 failures: 0,
                 warn: RateLimit::default(),
+                up_since_ms: 0,
+                flaps: 0,
+                flap_warn: RateLimit::default(),
                 snap_sent: false,
                 snap_pending: false,
                 snap_sent_ms: 0,
@@ -464,9 +493,27 @@ impl ClusterCore {
         }
         for p in 0..self.outs.len() {
             if p != self.me {
+                self.maybe_healthy(p, now);
                 self.maybe_dial(p, now);
                 self.maybe_ask_snapshot(p, now);
             }
+        }
+    }
+
+    /// A link to `p` that dropped soon after it came up has now been up
+    /// for `--detect`: it is healthy again (its next drop is redialed at
+    /// once, and its lines go back to info).
+    fn maybe_healthy(&mut self, p: usize, now: Now) {
+        let out = &self.outs[p];
+        if out.flaps > 0 && out.state == OutState::Up && !self.out_young(p, now) {
+            if out.flaps > 1 {
+                log::info!(
+                    "replication: link to {} has stayed up for {} ms: no longer backing off",
+                    self.names[p],
+                    self.detect_ms
+                );
+            }
+            self.outs[p].flaps = 0;
         }
     }
 
@@ -501,7 +548,7 @@ impl ClusterCore {
                 "replication: nothing from {} for {silence} ms; dialing it afresh",
                 self.names[p]
             );
-            self.drop_in(now, link, "silent");
+            self.drop_in(now, link, "silent", InDrop::Silent);
         }
         let timeout = self.dial_timeout_ms();
         for p in 0..self.outs.len() {
@@ -524,7 +571,7 @@ impl ClusterCore {
             .collect();
         for link in late {
             log::debug!("replication: an incoming link did not prove the cluster key in time");
-            self.drop_in(now, link, "no handshake within its time");
+            self.drop_in(now, link, "no handshake within its time", InDrop::Closed);
         }
     }
 
@@ -544,15 +591,19 @@ impl ClusterCore {
 
     /// The outgoing link to `p` is connected and the peer proved the key
     /// (the shell has sent its own proof).
-    pub fn handle_link_up(&mut self, _now: Now, p: usize) {
-        let Some(out) = self.outs.get_mut(p) else {
+    pub fn handle_link_up(&mut self, now: Now, p: usize) {
+        let Some(out) = self.outs.get(p) else {
             return;
         };
         if !matches!(out.state, OutState::Dialing { .. }) {
             return;
         }
-        log::info!("replication: link to {} is up", self.names[p]);
+        self.log_link(p, format_args!("link to {} is up", self.names[p]));
+        let out = &mut self.outs[p];
         out.state = OutState::Up;
+        out.up_since_ms = now.ms;
+        // Dials succeed again; whether links with `p` keep dropping
+        // (`flaps`) is told when this one has lasted or dropped.
         out.failures = 0;
         out.snap_sent = false;
         out.snap_pending = false;
@@ -586,33 +637,90 @@ impl ClusterCore {
         base - base / 4 + if spread == 0 { 0 } else { z % (spread + 1) }
     }
 
+    /// Is the outgoing link to `p` up, and since less than `--detect`?
+    fn out_young(&self, p: usize, now: Now) -> bool {
+        self.outs.get(p).is_some_and(|o| {
+            o.state == OutState::Up && now.ms.saturating_sub(o.up_since_ms) < self.detect_ms
+        })
+    }
+
+    /// The links with `p` dropped (either one: the other goes with it), a
+    /// link that was up for less than `--detect` or that carried something
+    /// refused (`quick`), or not: when to dial `p` again. After a link that
+    /// was healthy, at once (to tell a dead peer from a blip quickly: the
+    /// dial is refused), as after the first quick drop. Each further quick
+    /// drop in a row counts as a failed dial: the wait doubles from
+    /// RECONNECT_MS up to the cap of a refused dial (`--detect`/2, at most
+    /// RECONNECT_MAX_MS), so two nodes one of which refuses the other's
+    /// state (different `--max-keys`, say) do not relink in a tight loop;
+    /// that is warned about once per WARN_EVERY_MS, and the links' own
+    /// lines go to debug meanwhile ([`ClusterCore::log_link`]).
+    fn redial_after_drop(&mut self, now: Now, p: usize, quick: bool) -> u64 {
+        let out = &mut self.outs[p];
+        if !quick {
+            out.flaps = 0;
+            out.failures = 0;
+            return now.ms;
+        }
+        out.flaps = out.flaps.saturating_add(1);
+        out.failures = out.flaps - 1;
+        if out.failures == 0 {
+            return now.ms;
+        }
+        let (flaps, failures) = (out.flaps, out.failures);
+        let wait = self.backoff_ms(failures, OutDown::Refused);
+        if let Some(n) = self.outs[p].flap_warn.allow(now.ms, WARN_EVERY_MS) {
+            log::warn!(
+                "replication: links with {} keep dropping soon after they come up ({flaps} in a \
+                 row): dialing it again in {wait} ms, and backing off further while they do. A \
+                 node that refuses the other's state says why in its log: give every node the \
+                 same --max-keys and --max-lease{}",
+                self.names[p],
+                left_out(n)
+            );
+        }
+        now.ms.saturating_add(wait)
+    }
+
+    /// A link event with `p`, for the log: at info, but at debug while
+    /// links with `p` keep dropping and are redialed with a backoff (the
+    /// backoff's warning stands for those lines, so a flapping link cannot
+    /// flood the log).
+    fn log_link(&self, p: usize, line: std::fmt::Arguments<'_>) {
+        if self.outs.get(p).is_some_and(|o| o.flaps > 1) {
+            log::debug!("replication: {line}");
+        } else {
+            log::info!("replication: {line}");
+        }
+    }
+
     /// The outgoing link to `p` failed to connect, or dropped.
     pub fn handle_link_down(&mut self, now: Now, p: usize, why: OutDown, detail: &str) {
-        let Some(out) = self.outs.get_mut(p) else {
+        let Some(out) = self.outs.get(p) else {
             return;
         };
         let was_up = out.state == OutState::Up;
-        out.snap_sent = false;
-        out.snap_pending = false;
-        // Reconnect at once after a drop (to tell a dead peer from a blip
-        // quickly), then back off.
-        let failures = if was_up {
-            0
-        } else {
-            out.failures.saturating_add(1)
-        };
-        out.failures = failures;
         let retry_at_ms = if was_up {
-            now.ms
+            self.log_link(
+                p,
+                format_args!("link to {} dropped: {detail}", self.names[p]),
+            );
+            let quick = self.out_young(p, now);
+            self.redial_after_drop(now, p, quick)
         } else {
+            // A dial that failed: back off.
+            let failures = out.failures.saturating_add(1);
+            self.outs[p].failures = failures;
             let wait = self.backoff_ms(failures, why);
             now.ms.saturating_add(wait)
         };
         let out = &mut self.outs[p];
+        out.snap_sent = false;
+        out.snap_pending = false;
         out.state = OutState::Down { retry_at_ms };
         let name = &self.names[p];
         if was_up {
-            log::info!("replication: link to {name} dropped: {detail}");
+            // Logged above.
         } else if why == OutDown::Rejected {
             if let Some(n) = out.warn.allow(now.ms, WARN_EVERY_MS) {
                 log::warn!(
@@ -665,7 +773,12 @@ impl ClusterCore {
         if pending.len() >= MAX_PENDING_IN
             && let Some(&(_, oldest)) = pending.iter().min()
         {
-            self.drop_in(now, oldest, "too many links still in their handshake");
+            self.drop_in(
+                now,
+                oldest,
+                "too many links still in their handshake",
+                InDrop::Closed,
+            );
         }
         self.ins.insert(
             link,
@@ -703,9 +816,10 @@ impl ClusterCore {
             }
             self.effects.push(ClusterEffect::DropIn { link: l });
         }
-        log::info!("replication: link from {} is up", self.names[from]);
+        self.log_link(from, format_args!("link from {} is up", self.names[from]));
         if let Some(state) = self.ins.get_mut(&link) {
             state.peer = Some(from);
+            state.proved_ms = now.ms;
             state.heard_ms = now.ms;
         }
     }
@@ -726,7 +840,7 @@ impl ClusterCore {
                 left_out(n)
             );
         }
-        self.drop_in(now, link, why);
+        self.drop_in(now, link, why, InDrop::Closed);
     }
 
     /// Incoming link `link` has input the shell holds back unread until the
@@ -746,34 +860,64 @@ impl ClusterCore {
     }
 
     /// Incoming link `link` closed or failed (the shell has closed it).
-    pub fn handle_in_closed(&mut self, _now: Now, link: LinkId, why: &str) {
+    pub fn handle_in_closed(&mut self, now: Now, link: LinkId, why: &str) {
+        self.in_closed(now, link, why, InDrop::Closed);
+    }
+
+    /// Incoming link `link` is gone (`why`, in words; `cause` for the
+    /// redial): this node's own link to its peer goes with it, and is
+    /// dialed again at once — a refused dial means the peer is dead — unless
+    /// links with that peer keep dropping soon after they come up
+    /// ([`ClusterCore::redial_after_drop`]).
+    fn in_closed(&mut self, now: Now, link: LinkId, why: &str, cause: InDrop) {
         let Some(state) = self.ins.remove(&link) else {
             return;
         };
-        if let Some(p) = state.peer {
-            log::info!("replication: link from {} dropped: {why}", self.names[p]);
-            self.roles.handle_state_lost(p);
-            // Probe the peer at once through our own link: refused means dead.
-            if let Some(out) = self.outs.get_mut(p) {
-                if matches!(out.state, OutState::Up | OutState::Dialing { .. }) {
-                    self.effects.push(ClusterEffect::DropOut { peer: p });
-                }
-                out.state = OutState::Down { retry_at_ms: 0 };
-                out.snap_sent = false;
-                out.snap_pending = false;
-            }
+        let Some(p) = state.peer else {
+            return;
+        };
+        if p >= self.outs.len() {
+            return;
         }
+        self.log_link(
+            p,
+            format_args!("link from {} dropped: {why}", self.names[p]),
+        );
+        self.roles.handle_state_lost(p);
+        let quick = match cause {
+            InDrop::Refused => true,
+            // A partition or a blip: dial again at once, then every
+            // heartbeat period, however young the link was.
+            InDrop::Silent => false,
+            InDrop::Closed => {
+                now.ms.saturating_sub(state.proved_ms) < self.detect_ms || self.out_young(p, now)
+            }
+        };
+        let out = &self.outs[p];
+        let was_live = matches!(out.state, OutState::Up | OutState::Dialing { .. });
+        if was_live {
+            self.effects.push(ClusterEffect::DropOut { peer: p });
+        }
+        // An outgoing link already down after a quick drop (the same one
+        // seen from that side, usually) keeps its backoff.
+        if was_live || !quick || out.flaps == 0 {
+            let retry_at_ms = self.redial_after_drop(now, p, quick);
+            self.outs[p].state = OutState::Down { retry_at_ms };
+        }
+        let out = &mut self.outs[p];
+        out.snap_sent = false;
+        out.snap_pending = false;
     }
 
     /// A line on incoming link `link` that did not parse.
     pub fn handle_in_malformed(&mut self, now: Now, link: LinkId) {
-        self.drop_in(now, link, "a line not understood");
+        self.drop_in(now, link, "a line not understood", InDrop::Refused);
     }
 
-    fn drop_in(&mut self, now: Now, link: LinkId, why: &str) {
+    fn drop_in(&mut self, now: Now, link: LinkId, why: &str, cause: InDrop) {
         if self.ins.contains_key(&link) {
             self.effects.push(ClusterEffect::DropIn { link });
-            self.handle_in_closed(now, link, why);
+            self.in_closed(now, link, why, cause);
         }
     }
 
@@ -898,7 +1042,7 @@ impl ClusterCore {
                     left_out(n)
                 );
             }
-            return self.drop_in(now, link, why);
+            return self.drop_in(now, link, why, InDrop::Refused);
         }
         let Some(state) = self.ins.get_mut(&link) else {
             return;
@@ -1098,10 +1242,13 @@ impl ClusterCore {
         if out.state != OutState::Up || !self.roles.role_name().is_active() {
             return;
         }
-        log::info!(
-            "replication: sending a snapshot of {} keys to {}",
-            entries.len(),
-            self.names[peer]
+        self.log_link(
+            peer,
+            format_args!(
+                "sending a snapshot of {} keys to {}",
+                entries.len(),
+                self.names[peer]
+            ),
         );
         self.send(peer, PeerMsg::SnapshotBegin);
         for entry in entries {
@@ -1598,6 +1745,155 @@ mod tests {
             "{out:?}"
         );
         assert!(!core.roles().beat().synced);
+    }
+
+    /// The cap of the redial backoff: `--detect`/2, within 100 ms..1 s.
+    fn redial_cap() -> u64 {
+        (DETECT / 2).clamp(RECONNECT_MS, RECONNECT_MAX_MS)
+    }
+
+    /// Waits of a backoff that doubles from RECONNECT_MS to the cap (each
+    /// within its ±25% jitter), after a first redial at once.
+    fn assert_backs_off(waits: &[u64]) {
+        let cap = redial_cap();
+        assert_eq!(waits[0], 0, "the first redial is at once: {waits:?}");
+        assert!(
+            (RECONNECT_MS * 3 / 4..=RECONNECT_MS * 5 / 4).contains(&waits[1]),
+            "then as after a failed dial: {waits:?}"
+        );
+        assert!(waits[2] > waits[1], "doubling: {waits:?}");
+        assert!(waits.iter().all(|&w| w <= cap * 5 / 4), "{waits:?}");
+        assert!(
+            waits[waits.len() - 1] >= cap * 3 / 4,
+            "reaches the cap: {waits:?}"
+        );
+    }
+
+    #[test]
+    fn a_link_that_keeps_dropping_soon_after_it_comes_up_is_redialed_ever_later() {
+        // The peer drops every link of this node a few ms after it comes up
+        // (it refuses this node's snapshot: another --max-keys, say).
+        let mut core = new_core(0, 2);
+        core.handle_tick(at(0));
+        effects(&mut core);
+        core.handle_link_up(at(1), 1);
+        let mut now = 1;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            core.handle_link_down(at(now + 5), 1, OutDown::Failed, "reset");
+            let t = dial_up(&mut core, 1, now + 5);
+            waits.push(t - (now + 5));
+            now = t;
+        }
+        assert_backs_off(&waits);
+        // A failed dial in between goes on from there.
+        core.handle_link_down(at(now + 5), 1, OutDown::Failed, "reset");
+        let t = next_dial(&mut core, 1, now + 5);
+        core.handle_link_down(at(t + 1), 1, OutDown::Refused, "refused");
+        let t2 = next_dial(&mut core, 1, t + 1);
+        assert!(t2 - (t + 1) >= redial_cap() * 3 / 4, "{}", t2 - t - 1);
+        // A link that stays up for --detect is healthy: its drop is
+        // redialed at once, as is the next quick one; then it backs off
+        // again from RECONNECT_MS.
+        core.handle_link_up(at(t2), 1);
+        core.handle_tick(at(t2 + DETECT));
+        effects(&mut core);
+        core.handle_link_down(at(t2 + DETECT + 1), 1, OutDown::Failed, "reset");
+        let mut now = dial_up(&mut core, 1, t2 + DETECT + 1);
+        assert_eq!(now, t2 + DETECT + 1, "a healthy link is redialed at once");
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            core.handle_link_down(at(now + 5), 1, OutDown::Failed, "reset");
+            let t = dial_up(&mut core, 1, now + 5);
+            waits.push(t - (now + 5));
+            now = t;
+        }
+        assert_backs_off(&waits);
+    }
+
+    #[test]
+    fn both_links_dropping_together_count_once_and_a_refusal_counts_even_on_an_old_link() {
+        // Node 1's peer drops both links a few ms after they come up, the
+        // incoming one seen first or last: the backoff grows by one step
+        // per round, not two.
+        let mut core = linked(1);
+        let mut now = 1;
+        let mut link = 7;
+        let mut waits = Vec::new();
+        for round in 0..8 {
+            let t = now + 5;
+            if round % 2 == 0 {
+                // This node drops its outgoing link with it (no report).
+                core.handle_in_closed(at(t), link, "eof");
+            } else {
+                core.handle_link_down(at(t), 0, OutDown::Failed, "eof");
+                core.handle_in_closed(at(t), link, "eof");
+            }
+            now = dial_up(&mut core, 0, t);
+            waits.push(now - t);
+            link += 1;
+            core.handle_in_opened(at(now), link);
+            core.handle_in_authenticated(at(now), link, 0);
+            effects(&mut core);
+        }
+        assert_backs_off(&waits);
+
+        // A link up for long that carries something refused (a lease above
+        // --max-lease) is redialed at once; the next refusals back off.
+        let params = ClusterParams {
+            max_lease_ms: 60_000,
+            ..ClusterParams::with_detect(DETECT)
+        };
+        let mut core = linked_with(1, params);
+        let bad = PeerMsg::Delta(Delta::Grant {
+            key: key("k"),
+            token: 16,
+            ms_left: 60_001,
+        });
+        let mut now = 3 * DETECT;
+        let mut link = 7;
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            core.handle_peer_msg(at(now), link, bad.clone());
+            let out = effects(&mut core);
+            assert!(out.contains(&ClusterEffect::DropIn { link }), "{out:?}");
+            assert!(out.contains(&ClusterEffect::DropOut { peer: 0 }), "{out:?}");
+            let t = dial_up(&mut core, 0, now);
+            waits.push(t - now);
+            link += 1;
+            core.handle_in_opened(at(t), link);
+            core.handle_in_authenticated(at(t), link, 0);
+            effects(&mut core);
+            now = t + 3;
+        }
+        assert_backs_off(&waits);
+    }
+
+    #[test]
+    fn a_young_link_that_goes_silent_is_still_redialed_at_once() {
+        // A blip, not a refusal: dial again at once, however young the link
+        // and however often (such dials then time out every period).
+        let mut core = linked(0);
+        let silence = core.silence_ms();
+        assert!(silence < DETECT);
+        let mut link = 7;
+        let mut t = 1;
+        for _ in 0..4 {
+            core.handle_tick(at(t + silence));
+            let out = effects(&mut core);
+            assert!(out.contains(&ClusterEffect::DropIn { link }), "{out:?}");
+            assert!(out.contains(&ClusterEffect::DropOut { peer: 1 }), "{out:?}");
+            assert!(
+                out.contains(&ClusterEffect::Dial { peer: 1 }),
+                "at once: {out:?}"
+            );
+            t += silence;
+            core.handle_link_up(at(t), 1);
+            link += 1;
+            core.handle_in_opened(at(t), link);
+            core.handle_in_authenticated(at(t), link, 1);
+            effects(&mut core);
+        }
     }
 
     #[test]
