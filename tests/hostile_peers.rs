@@ -18,9 +18,10 @@
 //!
 //! The last tests are trusted peers that cannot hold each other's state: a
 //! standby with a lower `--max-keys` or `--max-lease` than the active's
-//! state needs. It refuses the active's snapshot and drops the link, and the
-//! two relink with a growing backoff, quietly, not in a tight loop that
-//! logged thousands of lines a second.
+//! state needs. It refuses a replicated grant or a snapshot and drops the
+//! link; the active does not count it in `standbys=` nor hand it the role,
+//! and the two relink with a growing backoff, quietly, not in a tight loop
+//! that logged thousands of lines a second.
 //!
 //! Most tests start a 2-node cluster with the shared test key (node 0 active,
 //! node 1 its synced standby), acquire a few keys, attack, and check that
@@ -1054,6 +1055,47 @@ fn grant_eight(cluster: &Cluster) {
     for i in 0..8 {
         assert!(client.acquire_now(&format!("k{i}"), LEASE) > 0);
     }
+}
+
+#[test]
+fn a_standby_that_refuses_a_replicated_grant_drops_the_link_and_is_neither_counted_nor_handed_the_role()
+ {
+    // Node 1 can hold 5 keys, node 0 10. Node 1 takes node 0's (empty)
+    // snapshot and is its synced standby; then node 0 grants 8 keys. Node 1
+    // refuses the grants past its --max-keys: it must drop the link and
+    // stop saying it holds node 0's state, so node 0 counts no standby and
+    // does not hand it the role on a graceful stop (a failover there would
+    // lose the grants it refused).
+    let mut cluster = Cluster::new(2);
+    cluster.add_args(0, &["--max-keys", "10"]);
+    cluster.add_args(1, &["--max-keys", "5"]);
+    let mut cluster = cluster.formed();
+    grant_eight(&cluster);
+    let info = cluster.wait_info(0, "to count no standby holding its 8 keys", |info| {
+        serving(info) && num(info, "held") == 8 && num(info, "standbys") == 0
+    });
+    println!("node 0: {info}");
+    let log = wait_for("node 1 to log the refusal", DEADLINE, || {
+        let log = cluster.node(1).log();
+        log.contains("--max-keys").then_some(log)
+    });
+    assert!(
+        log.contains("refused a delta from the active: a grant past --max-keys"),
+        "{log}"
+    );
+    // It does not hold node 0's state: its lag grows (it is current as of
+    // no heartbeat of node 0), and node 0 goes on counting it out.
+    let standby = cluster.wait_info(1, "to lag behind node 0", |info| {
+        num(info, "lag_ms") > MAX_LAG_MS
+    });
+    assert_eq!(field(&standby, "active"), cluster.name(0), "{standby}");
+    let info = cluster.must_info(0);
+    assert_eq!(num(&info, "standbys"), 0, "{info}");
+    // A graceful stop of node 0 hands the role to no one.
+    assert_eq!(cluster.terminate(0), Some(0));
+    let (_, log) = cluster.old_logs().last().expect("node 0's log");
+    assert!(!log.contains("transferring the active role"), "{log}");
+    assert!(log.contains("no successor"), "{log}");
 }
 
 /// Node 0 holds 8 keys; node 1 joins with `limits`, under which it refuses

@@ -23,7 +23,12 @@
 //! Even a proved peer's messages are checked
 //! ([`ClusterCore::check_peer_msg`]): tokens and ceilings never 0, leases
 //! within `--max-lease`, snapshots within `--max-keys`; anything else drops
-//! the link. Failed dials back off (with jitter) up to [`RECONNECT_MAX_MS`],
+//! the link. So does state the lock owner refuses (a replicated grant past
+//! its `--max-keys`: `TableToCluster::StateRefused`). Either way a standby
+//! that refused its active's state says it does not hold it (no
+//! `standbys=` count, no role handed to it, an election prefers a node
+//! that holds it), and the active's next link starts with a fresh snapshot.
+//! Failed dials back off (with jitter) up to [`RECONNECT_MAX_MS`],
 //! and their warnings are rate-limited. A dropped link is dialed again at
 //! once, unless links with that peer keep dropping soon after they come up
 //! (within `--detect`, or over something refused: two nodes with different
@@ -210,7 +215,8 @@ enum InDrop {
     Closed,
     /// It carried nothing for two heartbeat periods (a partition, a blip).
     Silent,
-    /// This node refused what came on it.
+    /// This node refused what came on it, or its lock owner refused the
+    /// state it carried.
     Refused,
 }
 
@@ -418,12 +424,14 @@ impl ClusterCore {
     }
 
     /// Live standbys that hold this node's full state, counted only while
-    /// both links with them are up (a dropped link may have lost deltas).
+    /// both links with them are up (a dropped link may have lost deltas)
+    /// and the outgoing one has carried this node's snapshot.
     pub fn synced_standbys(&self, now: Now) -> usize {
         (0..self.names.len())
             .filter(|&p| {
                 p != self.me
                     && self.outs[p].state == OutState::Up
+                    && self.outs[p].snap_sent
                     && self.ins.values().any(|l| l.peer == Some(p))
                     && self.roles.is_live(p, now.ms)
                     && self
@@ -1042,6 +1050,11 @@ impl ClusterCore {
                     left_out(n)
                 );
             }
+            if let Some(p) = peer {
+                // This node does not hold (and cannot take) its active's
+                // state from what it refused.
+                self.roles.handle_state_refused(p);
+            }
             return self.drop_in(now, link, why, InDrop::Refused);
         }
         let Some(state) = self.ins.get_mut(&link) else {
@@ -1231,7 +1244,49 @@ impl ClusterCore {
                     }
                 }
             }
+            TableToCluster::StateRefused { why } => self.handle_state_refused(now, why),
         }
+    }
+
+    /// The lock owner refused part of the state its active sent (`why`):
+    /// this node cannot hold that state (its `--max-keys` is below what the
+    /// active holds, say). As for a message refused here, the link goes:
+    /// this node says it does not hold the active's state (it is not counted
+    /// in `standbys=`, no role is handed to it, an election prefers a node
+    /// that holds the state), and the active's next link starts with a
+    /// fresh snapshot — refused again while this node cannot hold it, and
+    /// redialed with a growing backoff meanwhile.
+    fn handle_state_refused(&mut self, now: Now, why: &str) {
+        let Some(p) = self.roles.following() else {
+            // It took the active role meanwhile (before this came through).
+            log::warn!(
+                "replication: the lock owner refused part of the state of the node this one \
+                 followed ({why}) and this node took the active role since: it serves without \
+                 that part"
+            );
+            return;
+        };
+        self.roles.handle_state_refused(p);
+        if let Some(n) = self.refusal_warn[p].allow(now.ms, WARN_EVERY_MS) {
+            log::warn!(
+                "replication: this node cannot hold the state of {}, its active ({why}): \
+                 dropping the link; it does not count as holding that state until it can take a \
+                 snapshot of it. Give every node the same --max-keys and --max-lease{}",
+                self.names[p],
+                left_out(n)
+            );
+        }
+        let links: Vec<LinkId> = self
+            .ins
+            .iter()
+            .filter(|(_, l)| l.peer == Some(p))
+            .map(|(id, _)| *id)
+            .collect();
+        for link in links {
+            self.drop_in(now, link, why, InDrop::Refused);
+        }
+        // Say so at once on any link still up.
+        self.send_beats();
     }
 
     fn send_snapshot(&mut self, now: Now, peer: usize, entries: Vec<Delta>, ceiling: u64) {
@@ -1897,6 +1952,65 @@ mod tests {
     }
 
     #[test]
+    fn a_standby_whose_lock_owner_refuses_the_actives_state_drops_the_link_and_holds_none() {
+        let mut core = linked(1);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_tick(at(2));
+        assert_eq!(core.roles().following(), Some(0));
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+        assert!(core.roles().beat().synced);
+        effects(&mut core);
+        // Its lock owner refused a grant past --max-keys.
+        core.handle_table(
+            at(4),
+            TableToCluster::StateRefused {
+                why: "a grant past --max-keys",
+            },
+        );
+        let out = effects(&mut core);
+        assert!(out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        assert!(out.contains(&ClusterEffect::DropOut { peer: 0 }), "{out:?}");
+        let beat_now = core.roles().beat();
+        assert!(!beat_now.synced, "not counted in the active's standbys=");
+        assert!(!beat_now.has_state, "not preferred in an election");
+        // Redialed, it is handed no role before a snapshot it can take.
+        let t = dial_up(&mut core, 0, 4);
+        core.handle_in_opened(at(t), 8);
+        core.handle_in_authenticated(at(t), 8, 0);
+        core.handle_peer_msg(at(t), 8, beat(RoleName::Active, None, false));
+        core.handle_peer_msg(at(t), 8, PeerMsg::Handoff);
+        assert_eq!(core.roles().role_name(), RoleName::Standby);
+        let out = effects(&mut core);
+        assert!(
+            !out.iter().any(|e| matches!(
+                e,
+                ClusterEffect::ToTable(ClusterToTable::BecomeActive { .. })
+            )),
+            "{out:?}"
+        );
+        core.handle_peer_msg(at(t + 1), 8, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(t + 1), 8, PeerMsg::SnapshotEnd);
+        assert!(core.roles().beat().synced && core.roles().beat().has_state);
+        // Told after it took the active role: the link to its old active
+        // is no business of it any more.
+        core.handle_peer_msg(at(t + 2), 8, PeerMsg::Handoff);
+        assert_eq!(core.roles().role_name(), RoleName::Active);
+        effects(&mut core);
+        core.handle_table(
+            at(t + 3),
+            TableToCluster::StateRefused {
+                why: "a grant past --max-keys",
+            },
+        );
+        assert!(
+            !effects(&mut core)
+                .iter()
+                .any(|e| matches!(e, ClusterEffect::DropIn { .. })),
+        );
+    }
+
+    #[test]
     fn a_silent_link_is_dropped_and_the_peer_dialed_afresh_before_it_is_found_dead() {
         let mut core = linked(0);
         let silence = core.silence_ms();
@@ -1933,13 +2047,33 @@ mod tests {
     }
 
     #[test]
-    fn standbys_count_only_while_both_links_are_up_and_lag_follows_applied_beats() {
+    fn standbys_count_only_while_both_links_are_up_and_carried_the_snapshot() {
         let mut core = linked(0);
         core.handle_tick(at(2));
         core.handle_peer_msg(at(3), 7, beat(RoleName::Standby, None, false));
         core.handle_tick(at(3));
         assert!(core.roles().role_name().is_active() || core.roles().active().is_none());
+        // It says it holds this node's state, but this link has not carried
+        // the snapshot yet (the claim is from an earlier link, say).
         core.handle_peer_msg(at(4), 7, beat(RoleName::Standby, Some(0), true));
+        assert_eq!(core.synced_standbys(at(4)), 0);
+        effects(&mut core);
+        core.handle_tick(at(4));
+        let out = effects(&mut core);
+        assert!(
+            out.contains(&ClusterEffect::ToTable(ClusterToTable::SnapshotWanted {
+                peer: 1
+            })),
+            "{out:?}"
+        );
+        core.handle_table(
+            at(4),
+            TableToCluster::Snapshot {
+                peer: 1,
+                entries: Vec::new(),
+                ceiling: 16,
+            },
+        );
         assert_eq!(core.synced_standbys(at(5)), 1);
         core.handle_in_closed(at(6), 7, "reset");
         assert_eq!(core.synced_standbys(at(6)), 0, "a dropped link resets it");

@@ -160,6 +160,11 @@ pub enum TableToCluster {
     /// [`capacity::OWNER_DELTAS`]): no standby has every change since its
     /// snapshot, so each gets a fresh one.
     DeltasLost,
+    /// A standby's lock owner refused part of what its active replicated
+    /// (`why`: a grant past its `--max-keys`, say): it does not hold that
+    /// state, so the link it came on goes, as for a message the cluster
+    /// core refuses. Said once per snapshot taken.
+    StateRefused { why: &'static str },
 }
 
 /// What the cluster core tells the lock owner's core.

@@ -251,6 +251,18 @@ impl Roles {
         }
     }
 
+    /// This node refused part of the state of `from` (a grant past its
+    /// `--max-keys`, a lease above its `--max-lease`): if it is the active
+    /// this node follows, this node neither holds its full state nor can
+    /// take it, so it no longer says it holds replicated state at all (an
+    /// election prefers a node that does) until a snapshot it can take.
+    pub fn handle_state_refused(&mut self, from: usize) {
+        if self.following == Some(from) {
+            self.synced = false;
+            self.has_state = false;
+        }
+    }
+
     /// `from`, the active this node follows, hands over to it.
     pub fn handle_handoff(&mut self, now_ms: u64, from: usize) -> Vec<RoleEffect> {
         if self.following != Some(from)
@@ -689,6 +701,37 @@ mod tests {
             n0.handle_took(25, 2),
             vec![RoleEffect::FinishTransfer { to: 2 }, RoleEffect::Exit]
         );
+    }
+
+    #[test]
+    fn a_standby_that_refused_its_actives_state_is_neither_handed_the_role_nor_preferred() {
+        // Node 1 (ranked above node 2) follows node 0 and took its snapshot,
+        // then refused part of its state (past its --max-keys, say).
+        let mut n1 = Roles::new(1, 3, DETECT, 500, 0);
+        n1.handle_beat(1, 0, beat(RoleName::Active, None, false, true));
+        assert_eq!(n1.following(), Some(0));
+        n1.handle_synced(2, 0);
+        assert!(n1.beat().synced && n1.beat().has_state);
+        // Refused by a node it does not follow: nothing changes.
+        n1.handle_state_refused(2);
+        assert!(n1.beat().synced);
+        n1.handle_state_refused(0);
+        assert!(!n1.beat().synced, "not counted, not a successor");
+        assert!(!n1.beat().has_state, "not preferred in an election");
+        n1.handle_handoff(3, 0);
+        assert_eq!(n1.role_name(), RoleName::Standby, "not handed the role");
+        // Node 0 goes silent; node 2 holds its state: node 2 is elected,
+        // not node 1.
+        n1.handle_beat(4, 2, standby_of(0));
+        let effects = n1.poll(2 + DETECT);
+        assert!(!effects.contains(&RoleEffect::BecomeActive), "{effects:?}");
+        // A snapshot it could take makes it a holder again.
+        let mut n1 = Roles::new(1, 2, DETECT, 500, 0);
+        n1.handle_beat(1, 0, beat(RoleName::Active, None, false, true));
+        n1.handle_synced(2, 0);
+        n1.handle_state_refused(0);
+        n1.handle_synced(3, 0);
+        assert!(n1.beat().synced && n1.beat().has_state);
     }
 
     #[test]

@@ -17,7 +17,10 @@
 //! Modes: an active node serves; a standby answers every request but `I`
 //! with `M <active>` and applies what the active replicates; a node
 //! transferring its role holds every request back (in order) until its
-//! successor confirms, then redirects them.
+//! successor confirms, then redirects them. A standby that refuses part of
+//! what its active replicates (a grant past its `--max-keys`, say) logs it
+//! and tells the cluster core, once per snapshot, which drops the link: it
+//! does not hold the active's state.
 //!
 //! Run by the lock-owner thread (owner.rs, which only moves messages) and,
 //! for every simulated node, by the deterministic simulation.
@@ -129,6 +132,11 @@ pub struct TableCore {
     /// Refused deltas and snapshot entries are logged at most once per
     /// `WARN_EVERY_MS` (a peer could otherwise flood the log).
     refusal_log: RateLimit,
+    /// What this standby refused of its active's state since the last
+    /// snapshot (the first reason), told to the cluster core
+    /// (`StateRefused`): once is enough, the link goes and the next one
+    /// starts with a snapshot.
+    refused: Option<&'static str>,
     /// The `I` answer last rendered, with the figures it shows; reused
     /// while they stay the same (forgotten when a cluster message may have
     /// changed the mode or the active's name).
@@ -160,6 +168,7 @@ impl TableCore {
             effects: TableEffects::default(),
             deltas_sent_ms: None,
             refusal_log: RateLimit::default(),
+            refused: None,
             info: None,
         }
     }
@@ -340,6 +349,14 @@ impl TableCore {
         match msg {
             ClusterToTable::BecomeActive { floor, failover } => {
                 log::info!("lock owner: now active");
+                if let Some(why) = self.refused.take() {
+                    // Handed the role (or elected) before the cluster core
+                    // heard of the refusal, or with no other node left.
+                    log::error!(
+                        "lock owner: this node serves without part of the old active's state: \
+                         it refused {why}; those keys are not known as held here"
+                    );
+                }
                 self.table.observe_token(floor);
                 if failover && self.promotion_grace_ms > 0 {
                     log::info!(
@@ -394,25 +411,28 @@ impl TableCore {
                 };
                 self.table
                     .redirect_waiters(active.as_deref(), &mut self.outbox);
-                if let Err((n, why)) = self.table.load_snapshot(now.ms, entries)
-                    && let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS)
-                {
-                    log::error!(
-                        "replication: refused {n} entries of the active's snapshot (the last: {why}){}",
-                        left_out(more)
-                    );
+                self.refused = None;
+                if let Err((n, why)) = self.table.load_snapshot(now.ms, entries) {
+                    if let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS) {
+                        log::error!(
+                            "replication: refused {n} entries of the active's snapshot (the last: {why}){}",
+                            left_out(more)
+                        );
+                    }
+                    self.tell_refused(why);
                 }
             }
             ClusterToTable::Deltas(deltas) => {
                 if !matches!(self.mode, Mode::Active) {
                     for delta in deltas {
-                        if let Err(why) = self.table.apply_delta(now.ms, delta)
-                            && let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS)
-                        {
-                            log::error!(
-                                "replication: refused a delta from the active: {why}{}",
-                                left_out(more)
-                            );
+                        if let Err(why) = self.table.apply_delta(now.ms, delta) {
+                            if let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS) {
+                                log::error!(
+                                    "replication: refused a delta from the active: {why}{}",
+                                    left_out(more)
+                                );
+                            }
+                            self.tell_refused(why);
                         }
                     }
                 }
@@ -428,6 +448,18 @@ impl TableCore {
                     ceiling: self.ceiling,
                 });
             }
+        }
+    }
+
+    /// This standby refused part of its active's state (`why`): tell the
+    /// cluster core, once per snapshot, so that it drops the link and stops
+    /// saying it holds that state.
+    fn tell_refused(&mut self, why: &'static str) {
+        if self.refused.is_none() {
+            self.refused = Some(why);
+            self.effects
+                .to_cluster
+                .push(TableToCluster::StateRefused { why });
         }
     }
 
@@ -1209,6 +1241,68 @@ mod tests {
             }]),
         );
         assert_eq!(core.table().stats().held, 0);
+        core.table().check_invariants();
+    }
+
+    #[test]
+    fn a_standby_that_refuses_part_of_its_actives_state_tells_the_cluster_core_once_per_snapshot() {
+        let limits = TableLimits {
+            max_keys: 2,
+            ..TableLimits::default()
+        };
+        let table = LockTable::new(0, limits, TokenSource::new(0, 0));
+        let mut core = TableCore::new(table, true, "n1:1".into(), 0);
+        let active = Some("n0:1".to_string());
+        cluster(&mut core, at(1), ClusterToTable::Follow { active });
+        let grant = |k: &str, token: u64| Delta::Grant {
+            key: key(k),
+            token,
+            ms_left: 60_000,
+        };
+        let refused = |out: &TableEffects| {
+            out.to_cluster
+                .iter()
+                .filter(|m| matches!(m, TableToCluster::StateRefused { .. }))
+                .count()
+        };
+        let out = cluster(
+            &mut core,
+            at(2),
+            ClusterToTable::Snapshot(vec![grant("a", 16)]),
+        );
+        assert_eq!(refused(&out), 0);
+        let out = cluster(
+            &mut core,
+            at(3),
+            ClusterToTable::Deltas(vec![grant("b", 32), grant("c", 48), grant("d", 64)]),
+        );
+        assert_eq!(core.table().stats().held, 2);
+        assert_eq!(
+            out.to_cluster,
+            vec![TableToCluster::StateRefused {
+                why: "a grant past --max-keys"
+            }],
+            "said once for the two refused"
+        );
+        let out = cluster(
+            &mut core,
+            at(4),
+            ClusterToTable::Deltas(vec![grant("e", 80)]),
+        );
+        assert_eq!(refused(&out), 0, "said already: the link is going");
+        // The next link's snapshot: refused again while it cannot be held.
+        let out = cluster(
+            &mut core,
+            at(5),
+            ClusterToTable::Snapshot(vec![grant("a", 16), grant("b", 32), grant("c", 48)]),
+        );
+        assert_eq!(refused(&out), 1);
+        let out = cluster(
+            &mut core,
+            at(6),
+            ClusterToTable::Snapshot(vec![grant("a", 16)]),
+        );
+        assert_eq!(refused(&out), 0, "one it can hold is taken whole");
         core.table().check_invariants();
     }
 
