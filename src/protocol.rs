@@ -32,7 +32,11 @@
 //!    (`BadLease`) and at most the maximum (`LeaseTooLong`); a wait is
 //!    [`parse_seconds`] (`BadWait`), 0 or at most the same maximum
 //!    (`WaitTooLong`); a token is decimal digits only, fits a u64 and is not 0
-//!    (`BadToken`). Leading zeros are accepted (`007`, `030.5`).
+//!    (`BadToken`). Leading zeros are accepted (`007`, `030.5`). A lease or
+//!    wait that follows the grammar is too long, never bad, however many
+//!    digits it has: one too large for a u64 of milliseconds counts as above
+//!    any maximum ([`parse_seconds_saturating`]), so `bad-lease` and
+//!    `bad-wait` mean text that is not a number of seconds.
 //!
 //! `U <secret>` (client authentication) has no key: its second field is
 //! taken as the secret whatever its bytes, and more fields are
@@ -657,6 +661,36 @@ pub fn parse_seconds(field: &[u8]) -> Option<u64> {
     parse_u64(whole)?.checked_mul(1000)?.checked_add(millis)
 }
 
+/// [`parse_seconds`] for a request's lease or wait: the same grammar, but a
+/// well-formed number too large for a u64 of milliseconds is `u64::MAX`
+/// instead of None, so that it is refused as too long (above any maximum)
+/// rather than as malformed, however many digits it has. None only for
+/// text that breaks the grammar. Never overflows.
+pub fn parse_seconds_saturating(field: &[u8]) -> Option<u64> {
+    let (whole, fraction) = match field.iter().position(|&b| b == b'.') {
+        Some(dot) => (&field[..dot], Some(&field[dot + 1..])),
+        None => (field, None),
+    };
+    let millis = match fraction {
+        Some(digits) => parse_millis(digits)?,
+        None => 0,
+    };
+    let whole = parse_u64_saturating(whole)?;
+    Some(whole.saturating_mul(1000).saturating_add(millis))
+}
+
+/// Decimal digits only (at least one, no sign); a value past `u64::MAX` is
+/// `u64::MAX`.
+fn parse_u64_saturating(field: &[u8]) -> Option<u64> {
+    if field.is_empty() {
+        return None;
+    }
+    field.iter().try_fold(0u64, |acc, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        Some(acc.saturating_mul(10).saturating_add(u64::from(digit)))
+    })
+}
+
 /// The 1 to 3 digits after the point, as milliseconds.
 fn parse_millis(digits: &[u8]) -> Option<u64> {
     let scale = match digits.len() {
@@ -749,16 +783,20 @@ pub(crate) fn write_u64(mut n: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(&digits[start..]);
 }
 
+/// A lease: malformed or 0 is `BadLease`, well formed but above `max_ms`
+/// (however many digits) is `LeaseTooLong`.
 fn parse_lease(field: &[u8], max_ms: u64) -> Result<u64, Reason> {
-    match parse_seconds(field) {
+    match parse_seconds_saturating(field) {
         None | Some(0) => Err(Reason::BadLease),
         Some(ms) if ms > max_ms => Err(Reason::LeaseTooLong),
         Some(ms) => Ok(ms),
     }
 }
 
+/// A wait: malformed is `BadWait`, well formed but above `max_ms` (however
+/// many digits) is `WaitTooLong`.
 fn parse_wait(field: &[u8], max_ms: u64) -> Result<u64, Reason> {
-    match parse_seconds(field) {
+    match parse_seconds_saturating(field) {
         None => Err(Reason::BadWait),
         Some(ms) if ms > max_ms => Err(Reason::WaitTooLong),
         Some(ms) => Ok(ms),
@@ -1894,12 +1932,53 @@ mod tests {
         );
     }
 
+    /// Well-formed numbers of seconds far past any maximum, up to ones too
+    /// large for a u64 of milliseconds, or of seconds, and past a line.
+    const HUGE_SECONDS: [&str; 9] = [
+        "18446744073709551",
+        "18446744073709551.615",
+        "18446744073709551.616",
+        "18446744073709552",
+        "18446744073709551616",
+        "99999999999999999999",
+        "99999999999999999999.999",
+        "000000000000000000000000000000099999999999999999999",
+        "340282366920938463463374607431768211456",
+    ];
+
     #[test]
-    fn lease_overflowing_u64_is_bad_lease() {
+    fn lease_too_large_for_a_u64_is_still_lease_too_long() {
+        for text in HUGE_SECONDS {
+            assert_eq!(
+                req(&format!("A job {text} 0\n")),
+                refused_with(Op::Acquire, Some("job"), Reason::LeaseTooLong),
+                "{text}"
+            );
+            assert_eq!(
+                req(&format!("K job 5 {text}\n")),
+                refused_with(Op::Keep, Some("job"), Reason::LeaseTooLong),
+                "{text}"
+            );
+        }
+        let digits = "9".repeat(1000);
         assert_eq!(
-            req("A job 18446744073709552 0\n"),
-            refused_with(Op::Acquire, Some("job"), Reason::BadLease)
+            req(&format!("A job {digits} 0\n")),
+            refused_with(Op::Acquire, Some("job"), Reason::LeaseTooLong)
         );
+        // Leading zeros make no number too long.
+        let padded = format!("{}30", "0".repeat(900));
+        assert_eq!(
+            req(&format!("A job {padded} 0\n")),
+            acquire("job", 30_000, 0)
+        );
+        // Malformed is malformed whatever its size.
+        for text in ["18446744073709552x", "99999999999999999999.9999", "1e99"] {
+            assert_eq!(
+                req(&format!("A job {text} 0\n")),
+                refused_with(Op::Acquire, Some("job"), Reason::BadLease),
+                "{text}"
+            );
+        }
     }
 
     #[test]
@@ -1911,6 +1990,10 @@ mod tests {
         assert_eq!(
             req("K job 5 86401\n"),
             refused_with(Op::Keep, Some("job"), Reason::LeaseTooLong)
+        );
+        assert_eq!(
+            req("K job 5 x\n"),
+            refused_with(Op::Keep, Some("job"), Reason::BadLease)
         );
     }
 
@@ -1930,6 +2013,13 @@ mod tests {
             req("A job 30 86400.001\n"),
             refused_with(Op::Acquire, Some("job"), Reason::WaitTooLong)
         );
+        for text in HUGE_SECONDS {
+            assert_eq!(
+                req(&format!("A job 30 {text}\n")),
+                refused_with(Op::Acquire, Some("job"), Reason::WaitTooLong),
+                "{text}"
+            );
+        }
     }
 
     #[test]
@@ -1942,7 +2032,8 @@ mod tests {
             "x",
             "",
             "0.0001",
-            "18446744073709552",
+            "18446744073709552.0001",
+            "1.2.3",
         ] {
             assert_eq!(
                 req(&format!("A job 30 {text}\n")),
@@ -2529,11 +2620,14 @@ mod tests {
     /// mostly well formed (so that many survive `mutate`).
     fn random_common_line(rng: &mut Rng) -> Vec<u8> {
         let number = |rng: &mut Rng| -> String {
-            match rng.below(5) {
+            match rng.below(7) {
                 0 => (rng.next() % 100_000).to_string(),
                 1 => format!("{}.{}", rng.next() % 1000, rng.next() % 1000),
                 2 => rng.next().to_string(),
                 3 => "0".to_string(),
+                // Near and far past what a u64 of milliseconds holds.
+                4 => huge_number(rng),
+                5 => format!("{}.{}", huge_number(rng), rng.next() % 1000),
                 _ => (rng.next() % 100).to_string(),
             }
         };
@@ -2547,6 +2641,19 @@ mod tests {
             format!("R {key} {}", number(rng))
         };
         line.into_bytes()
+    }
+
+    /// 16 to 45 decimal digits: from below `u64::MAX / 1000` (seconds that
+    /// still fit in milliseconds) to far past `u64::MAX`.
+    fn huge_number(rng: &mut Rng) -> String {
+        let len = 16 + rng.below(30);
+        (0..len)
+            .map(|i| {
+                let digit = rng.below(10) as u8;
+                // Mostly no leading zero, so the length is the magnitude.
+                char::from(b'0' + if i == 0 { digit.max(1) } else { digit })
+            })
+            .collect()
     }
 
     #[test]
@@ -2591,6 +2698,14 @@ mod tests {
             "A\tk 1 0",
             "R k",
             "A k 1 0\r",
+            "A k 18446744073709551 0",
+            "A k 18446744073709552 0",
+            "A k 1 18446744073709552",
+            "A k 18446744073709551.615 0",
+            "A k 99999999999999999999999999999999999999999 0",
+            "A k 1 99999999999999999999999999999999999999999.5",
+            "A k 0000000000000000000000000001 00000000000000000000000000",
+            "R k 99999999999999999999999999999999999999999",
         ] {
             lines.push(text.as_bytes().to_vec());
         }
@@ -2622,8 +2737,84 @@ mod tests {
         }
         // It took many of them, and the lines it is for.
         assert!(taken > 5_000, "the common path took only {taken} lines");
+        // A lease or wait too large for a u64 of milliseconds is left to the
+        // general parser, which calls it too long, as for any other size.
+        for (line, reason) in [
+            ("A k 18446744073709552 0", Reason::LeaseTooLong),
+            ("A k 1 18446744073709552", Reason::WaitTooLong),
+        ] {
+            assert_eq!(common_request(line.as_bytes(), 86_400_000), None);
+            assert_eq!(
+                request_from_line(line.as_bytes(), 86_400_000),
+                Err(refused(Op::Acquire, Some(key("k")), reason)),
+                "{line}"
+            );
+        }
         assert!(common_request(b"A job 30 0", 86_400_000).is_some());
         assert!(common_request(b"R job 18446744073709551615", 86_400_000).is_some());
+    }
+
+    /// `parse_seconds_saturating` against a definition in u128: the grammar
+    /// (digits, then optionally a point and 1 to 3 digits), and the value
+    /// in milliseconds capped at `u64::MAX`. Where the value fits, it is
+    /// what `parse_seconds` says.
+    #[test]
+    fn saturating_seconds_follow_the_grammar_and_cap_the_value() {
+        fn reference(text: &[u8]) -> Option<u64> {
+            let (whole, fraction) = match text.iter().position(|&b| b == b'.') {
+                Some(dot) => (&text[..dot], Some(&text[dot + 1..])),
+                None => (text, None),
+            };
+            let digits = |d: &[u8]| !d.is_empty() && d.iter().all(u8::is_ascii_digit);
+            if !digits(whole) || fraction.is_some_and(|f| !digits(f) || f.len() > 3) {
+                return None;
+            }
+            let millis = fraction.map_or(0, |f| {
+                let n = f.iter().fold(0u128, |n, &b| n * 10 + u128::from(b - b'0'));
+                n * 10u128.pow(3 - f.len() as u32)
+            });
+            let significant = whole.iter().skip_while(|&&b| b == b'0').count();
+            if significant > 30 {
+                return Some(u64::MAX);
+            }
+            let whole = whole
+                .iter()
+                .fold(0u128, |n, &b| n * 10 + u128::from(b - b'0'));
+            Some(u64::try_from(whole * 1000 + millis).unwrap_or(u64::MAX))
+        }
+        let mut rng = Rng(0x5ec5);
+        let alphabet = b"0123456789999.x";
+        for round in 0..50_000 {
+            let text: Vec<u8> = match round % 3 {
+                0 => (0..rng.below(46))
+                    .map(|_| alphabet[rng.below(alphabet.len())])
+                    .collect(),
+                1 => huge_number(&mut rng).into_bytes(),
+                _ => format!("{}.{}", huge_number(&mut rng), rng.below(1000)).into_bytes(),
+            };
+            let got = parse_seconds_saturating(&text);
+            let shown = String::from_utf8_lossy(&text);
+            assert_eq!(got, reference(&text), "{shown:?}");
+            if let Some(exact) = parse_seconds(&text) {
+                assert_eq!(got, Some(exact), "{shown:?}");
+            } else if got.is_some() {
+                assert_eq!(got, Some(u64::MAX), "{shown:?}");
+            }
+        }
+        for text in HUGE_SECONDS {
+            assert_eq!(
+                parse_seconds_saturating(text.as_bytes()),
+                reference(text.as_bytes())
+            );
+        }
+        assert_eq!(
+            parse_seconds_saturating(b"18446744073709551.615"),
+            Some(u64::MAX)
+        );
+        assert_eq!(
+            parse_seconds_saturating(b"18446744073709551.614"),
+            Some(u64::MAX - 1)
+        );
     }
 
     #[test]

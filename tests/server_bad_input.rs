@@ -290,6 +290,33 @@ fn bad_numbers_are_refused_and_the_connection_stays_open() {
     assert_still_served(&node, &mut healthy);
 }
 
+/// A well-formed number of seconds is too long however many digits it has,
+/// also past what a u64 of milliseconds holds; only text that is not a
+/// number is bad (README: Protocol).
+#[test]
+fn a_huge_lease_or_wait_is_too_long_not_bad_however_many_digits_it_has() {
+    let node = start_node();
+    let mut c = node.client();
+    for huge in [
+        "18446744073709551",
+        "18446744073709552",
+        "18446744073709551.616",
+        "99999999999999999999",
+        "99999999999999999999999999999999999999999.5",
+    ] {
+        assert_eq!(c.ask(&format!("A k {huge} 0")), "E A k lease-too-long");
+        assert_eq!(c.ask(&format!("A k 30 {huge}")), "E A k wait-too-long");
+        assert_eq!(c.ask(&format!("K k 5 {huge}")), "E K k lease-too-long");
+    }
+    assert_eq!(
+        c.ask("A k 99999999999999999999x 0"),
+        "E A k bad-lease",
+        "malformed stays bad"
+    );
+    assert_eq!(c.ask("A k 30 1.0001"), "E A k bad-wait");
+    assert_eq!(c.query("k"), Query::FREE, "nothing was registered");
+}
+
 #[test]
 fn bad_keys_are_refused_and_the_connection_stays_open() {
     let node = start_node();
