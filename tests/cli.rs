@@ -354,6 +354,41 @@ fn servers_come_from_baton_servers_and_failures_are_one_line() {
 }
 
 #[test]
+fn a_flag_given_twice_is_one_line_naming_it_and_exit_2() {
+    // Nothing listens on the server given: a flag wrongly accepted would
+    // fail to connect (exit 1), not exit 2.
+    let nobody = format!("127.0.0.1:{}", common::free_port());
+    for (args, flag) in [
+        (
+            &["acquire", "k", "--lease", "1", "--lease", "2"][..],
+            "--lease",
+        ),
+        (
+            &["--timeout", "1", "--timeout", "2", "status"][..],
+            "--timeout",
+        ),
+        (&["-q", "-q", "acquire", "k"][..], "-q"),
+        (&["--tls", "status", "--tls"][..], "--tls"),
+    ] {
+        let out = baton(&nobody, args);
+        assert_eq!(out.code, Some(2), "{args:?}: {}", out.stderr);
+        assert_eq!(
+            out.stderr,
+            format!("baton: {flag}: given more than once; give it once (see baton --help)\n"),
+            "{args:?}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: {}", out.stdout);
+    }
+    let out = baton(&nobody, &["--servers", "127.0.0.1:2", "status"]);
+    assert_eq!(out.code, Some(2), "--servers given twice: {}", out.stderr);
+    assert!(
+        one_line(&out.stderr) && out.stderr.contains("--servers: given more than once"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
 fn status_prints_each_servers_role_and_counts() {
     let (a, b) = (node(), node());
     let c = library(&a.addr.to_string());

@@ -129,6 +129,51 @@ fn a_bad_number_names_the_flag_and_the_range_and_exits_2() {
 }
 
 #[test]
+fn a_flag_given_twice_is_one_line_naming_it_and_exit_2() {
+    for (args, flag) in [
+        (&["--port", "0", "--port", "0"][..], "--port"),
+        (
+            &["--port", "0", "--threads", "1", "--threads", "2"][..],
+            "--threads",
+        ),
+        (&["--port", "0", "--echo", "--echo"][..], "--echo"),
+    ] {
+        let mut all = vec!["--bind", "127.0.0.1"];
+        all.extend_from_slice(args);
+        let run = run_to_exit(batond_path(), &all, DEADLINE);
+        assert_eq!(run.code, Some(2), "batond {all:?}: {run:?}");
+        assert_eq!(
+            run.stderr,
+            format!("batond: {flag}: given more than once; give it once\n"),
+            "{run:?}"
+        );
+    }
+}
+
+/// A number of seconds too large for any arithmetic is out of range like
+/// any other: the message gives the range.
+#[test]
+fn a_huge_number_of_seconds_names_the_range_and_exits_2() {
+    for (flag, range) in [
+        ("--max-lease", "seconds above 0 and at most 31536000"),
+        ("--detect", "seconds 0.02-3600"),
+        ("--promotion-grace", "seconds 0-31536000"),
+    ] {
+        let huge = "99999999999999999999";
+        let args = ["--bind", "127.0.0.1", "--port", "0", flag, huge];
+        let run = run_to_exit(batond_path(), &args, DEADLINE);
+        assert_eq!(run.code, Some(2), "{run:?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+        assert!(
+            run.stderr
+                .starts_with(&format!("batond: {flag}: expected {range}"))
+                && run.stderr.ends_with(&format!("got '{huge}'\n")),
+            "{run:?}"
+        );
+    }
+}
+
+#[test]
 fn version_prints_the_crate_version_and_exits_0() {
     for flag in ["--version", "-V"] {
         let run = run_to_exit(batond_path(), &[flag], DEADLINE);

@@ -52,6 +52,33 @@ const EXPECT_PROMOTION_GRACE: &str =
 const EXPECT_BUSY_POLL_US: &str = "microseconds 0-10000";
 const EXPECT_METRICS: &str = "an address and port to serve metrics on, like 127.0.0.1:9100";
 
+/// Every flag `batond` reads but `--help` and `--version` (which end the
+/// parse at once). Each may be given once: a second one is an error that
+/// names it.
+pub const FLAGS: [&str; 21] = [
+    "--bind",
+    "--port",
+    "--peers",
+    "--advertise",
+    "--threads",
+    "--max-lease",
+    "--max-conns",
+    "--max-waiting",
+    "--max-keys",
+    "--detect",
+    "--promotion-grace",
+    "--busy-poll-us",
+    "--cluster-key-file",
+    "--insecure-peers",
+    "--auth-file",
+    "--tls-cert",
+    "--tls-key",
+    "--tls-client-ca",
+    "--tls-ca",
+    "--metrics",
+    "--echo",
+];
+
 /// The help text of `batond --help`.
 pub const HELP: &str = "\
 batond: the baton lock server
@@ -311,7 +338,15 @@ impl Config {
         config.auth_file = path_flag("--auth-file")?;
         let a = &mut args;
         config.metrics = flag(a, "--metrics", EXPECT_METRICS, |v| v.parse().ok())?;
+        // Each flag read took its first occurrence: one still left was
+        // given again.
         let rest = args.finish();
+        if let Some(again) = rest.iter().find(|word| FLAGS.iter().any(|f| *word == *f)) {
+            return Err(format!(
+                "{}: given more than once; give it once",
+                again.to_string_lossy()
+            ));
+        }
         if !rest.is_empty() {
             return Err(format!(
                 "unexpected argument '{}' (see --help)",
@@ -620,6 +655,14 @@ mod tests {
                 "--max-lease: expected seconds above 0 and at most 31536000, with up to 3 decimals (like 86400 or 0.5), got '31536001'",
             ),
             (
+                &["--max-lease", "99999999999999999999"],
+                "--max-lease: expected seconds above 0 and at most 31536000, with up to 3 decimals (like 86400 or 0.5), got '99999999999999999999'",
+            ),
+            (
+                &["--max-lease", "18446744073709551.616"],
+                "--max-lease: expected seconds above 0 and at most 31536000, with up to 3 decimals (like 86400 or 0.5), got '18446744073709551.616'",
+            ),
+            (
                 &["--max-conns", "0"],
                 "--max-conns: expected a whole number of connections, 1 or more, got '0'",
             ),
@@ -646,6 +689,14 @@ mod tests {
             (
                 &["--detect", "3600.001"],
                 "--detect: expected seconds 0.02-3600, with up to 3 decimals (like 1 or 0.25), got '3600.001'",
+            ),
+            (
+                &["--detect", "99999999999999999999"],
+                "--detect: expected seconds 0.02-3600, with up to 3 decimals (like 1 or 0.25), got '99999999999999999999'",
+            ),
+            (
+                &["--promotion-grace", "99999999999999999999"],
+                "--promotion-grace: expected seconds 0-31536000, with up to 3 decimals (like 30 or 0.5; 0 is off), got '99999999999999999999'",
             ),
             (
                 &["--promotion-grace", "soon"],
@@ -690,6 +741,37 @@ mod tests {
             Err("--metrics: expected an address and port to serve metrics on, like 127.0.0.1:9100, got '9100'".to_string())
         );
         assert!(parse(&["--metrics", "localhost"]).is_err());
+    }
+
+    #[test]
+    fn a_flag_given_twice_is_an_error_that_names_it() {
+        // A value each flag accepts, so that only the repeat is wrong.
+        let value = |flag: &str| match flag {
+            "--bind" => Some("127.0.0.1"),
+            "--peers" => Some("h:1,h:2"),
+            "--advertise" => Some("h:1"),
+            "--metrics" => Some("127.0.0.1:9100"),
+            "--insecure-peers" | "--echo" => None,
+            f if f.starts_with("--tls") || f.ends_with("-file") => Some("/f"),
+            _ => Some("1"),
+        };
+        for flag in FLAGS {
+            let mut args = vec![flag];
+            args.extend(value(flag));
+            let once = args.clone();
+            args.extend(once.iter().copied());
+            let err = parse(&args).expect_err("twice");
+            assert_eq!(err, format!("{flag}: given more than once; give it once"));
+            assert!(HELP.contains(flag), "--help lists {flag}");
+        }
+        assert_eq!(
+            parse(&["--port", "1", "--bind", "::1", "--port", "2"]),
+            Err("--port: given more than once; give it once".to_string())
+        );
+        assert_eq!(
+            parse(&["--port", "1", "--port"]),
+            Err("--port: given more than once; give it once".to_string())
+        );
     }
 
     #[test]

@@ -87,6 +87,25 @@ const EXPECT_LEASE: &str = "seconds above 0, with up to 3 decimals (like 30 or 0
 const EXPECT_WAIT: &str = "seconds, with up to 3 decimals (like 10 or 0.5; 0 waits without limit)";
 const EXPECT_TIMEOUT: &str = "seconds above 0, with up to 3 decimals (like 5 or 0.5)";
 
+/// Every flag `baton` reads before `--` but `--help` and `--version`
+/// (which end the parse at once), with both spellings of the short ones.
+/// Each may be given once: a second one is an error that names it.
+const FLAGS: [&str; 13] = [
+    "--servers",
+    "--timeout",
+    "-q",
+    "--quiet",
+    "--auth-file",
+    "--tls",
+    "--tls-ca",
+    "--tls-cert",
+    "--tls-key",
+    "--lease",
+    "--wait",
+    "-n",
+    "--nonblock",
+];
+
 /// The commands, for messages.
 const COMMANDS: &str = "acquire, release, run, keep, query or status";
 
@@ -187,16 +206,25 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
             Ok::<_, std::convert::Infallible>(PathBuf::from(s))
         })
         .map_err(flag)?;
-    let tls = tls_flags(&mut args)?;
+    let tls = read_tls_flags(&mut args)?;
     let timing = Timing {
         lease: args.opt_value_from_str("--lease").map_err(flag)?,
         wait: args.opt_value_from_str("--wait").map_err(flag)?,
         nonblock: args.contains(["-n", "--nonblock"]),
     };
+    // Each flag read took its first occurrence: one still left was given
+    // again.
     let words = args.finish();
+    if let Some(again) = words.iter().find(|w| FLAGS.iter().any(|f| *w == *f)) {
+        return Err(format!(
+            "{}: given more than once; give it once",
+            again.to_string_lossy()
+        ));
+    }
     if let Some(unknown) = words.iter().find(|w| is_flag(w)) {
         return Err(format!("unknown flag {}", unknown.to_string_lossy()));
     }
+    let tls = tls.check()?;
     let servers = choose_servers(servers.as_deref(), env_servers)?;
     let timeout = timeout.as_deref().map(read_timeout).transpose()?;
     let command = command_from(words, timing, command)?;
@@ -210,25 +238,41 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
     })
 }
 
-fn tls_flags(args: &mut pico_args::Arguments) -> Result<TlsFlags, String> {
+/// The TLS flags as given, before they are checked together (after every
+/// flag is read, so that a repeated one is named as such first).
+struct TlsGiven {
+    on: bool,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+}
+
+impl TlsGiven {
+    fn check(self) -> Result<TlsFlags, String> {
+        let cert_key = match (self.cert, self.key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err("--tls-cert and --tls-key go together".into()),
+        };
+        Ok(TlsFlags {
+            on: self.on || self.ca.is_some() || cert_key.is_some(),
+            ca: self.ca,
+            cert_key,
+        })
+    }
+}
+
+fn read_tls_flags(args: &mut pico_args::Arguments) -> Result<TlsGiven, String> {
     let flag = |e: pico_args::Error| e.to_string();
-    let on = args.contains("--tls");
-    let ca = args.opt_value_from_os_str("--tls-ca", path).map_err(flag)?;
-    let cert = args
-        .opt_value_from_os_str("--tls-cert", path)
-        .map_err(flag)?;
-    let key = args
-        .opt_value_from_os_str("--tls-key", path)
-        .map_err(flag)?;
-    let cert_key = match (cert, key) {
-        (Some(cert), Some(key)) => Some((cert, key)),
-        (None, None) => None,
-        _ => return Err("--tls-cert and --tls-key go together".into()),
-    };
-    Ok(TlsFlags {
-        on: on || ca.is_some() || cert_key.is_some(),
-        ca,
-        cert_key,
+    Ok(TlsGiven {
+        on: args.contains("--tls"),
+        ca: args.opt_value_from_os_str("--tls-ca", path).map_err(flag)?,
+        cert: args
+            .opt_value_from_os_str("--tls-cert", path)
+            .map_err(flag)?,
+        key: args
+            .opt_value_from_os_str("--tls-key", path)
+            .map_err(flag)?,
     })
 }
 
@@ -658,6 +702,45 @@ mod tests {
             let err = parse_with(&[lone[0], lone[1], "status"], None).expect_err("alone");
             assert!(err.contains("go together"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_flag_given_twice_is_an_error_that_names_it() {
+        let value = |flag: &str| match flag {
+            "--servers" => Some("a:1"),
+            "-q" | "--quiet" | "--tls" | "-n" | "--nonblock" => None,
+            f if f.starts_with("--tls") || f == "--auth-file" => Some("/f"),
+            _ => Some("1"),
+        };
+        for flag in FLAGS {
+            let mut args = vec![flag];
+            args.extend(value(flag));
+            let once = args.clone();
+            args.extend(once.iter().copied());
+            args.extend(["acquire", "k"]);
+            assert_eq!(
+                parse_with(&args, None).map(|cli| cli.command),
+                Err(format!("{flag}: given more than once; give it once")),
+                "{args:?}"
+            );
+            assert!(HELP.contains(flag), "--help lists {flag}");
+        }
+        let err = parse_with(&["acquire", "k", "--wait", "1", "--wait", "2"], None);
+        assert_eq!(
+            err.map(|cli| cli.command),
+            Err("--wait: given more than once; give it once".to_string())
+        );
+        // The two spellings of one flag are one flag.
+        let err = parse_with(&["-q", "acquire", "k", "--quiet"], None);
+        assert_eq!(
+            err.map(|cli| cli.command),
+            Err("--quiet: given more than once; give it once".to_string())
+        );
+        // After `--`, flags belong to the command.
+        assert!(matches!(
+            command(&["run", "k", "--lease", "1", "--", "x", "--lease", "2"]),
+            Command::Run { .. }
+        ));
     }
 
     #[test]
