@@ -388,6 +388,26 @@ fn a_flag_given_twice_is_one_line_naming_it_and_exit_2() {
     );
 }
 
+/// A lease or wait too long for the server is refused by it with the same
+/// line whatever its number of digits, also past what 64 bits hold.
+#[test]
+fn a_huge_lease_or_wait_is_refused_by_the_server_however_many_digits_it_has() {
+    let n = node();
+    let server = n.addr.to_string();
+    for huge in ["99999999999", "99999999999999999999"] {
+        for (flag, reason) in [("--lease", "lease-too-long"), ("--wait", "wait-too-long")] {
+            let out = baton(&server, &["acquire", "k", flag, huge]);
+            assert_eq!(out.code, Some(1), "{flag} {huge}: {}", out.stderr);
+            assert_eq!(
+                out.stderr,
+                format!("baton: cannot acquire k: refused by the server: {reason}\n"),
+                "{flag} {huge}"
+            );
+        }
+    }
+    assert_eq!(holder(&library(&server), "k"), None, "nothing was granted");
+}
+
 #[test]
 fn status_prints_each_servers_role_and_counts() {
     let (a, b) = (node(), node());

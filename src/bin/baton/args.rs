@@ -4,7 +4,10 @@
 //! Owns: flags (pico-args), their defaults — `--servers` from the flag, else
 //! `$BATON_SERVERS`, else `127.0.0.1:7373`; `--lease 30`; `--wait 0` (no
 //! limit); `-n` (the shortest wait the wire allows, 1 ms); `--timeout 5` —
-//! and the help text. Runs once on the main thread.
+//! and the help text. Runs once on the main thread. Seconds have no upper
+//! bound here: a well-formed number too large for a u64 of milliseconds is
+//! read as the largest, and the server answers `lease-too-long` or
+//! `wait-too-long` as it does for any lease or wait above its maximum.
 //!
 //! Never does: I/O, or look at anything after `--` (that is the command
 //! `run` starts, passed on untouched).
@@ -15,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use baton::client::parse_servers;
-use baton::protocol::{Key, parse_seconds};
+use baton::protocol::{Key, parse_seconds_saturating};
 
 /// Servers used when neither `--servers` nor `$BATON_SERVERS` names any.
 pub const DEFAULT_SERVERS: &str = "127.0.0.1:7373";
@@ -284,7 +287,7 @@ fn path(value: &std::ffi::OsStr) -> Result<std::path::PathBuf, String> {
 }
 
 fn read_timeout(text: &str) -> Result<Duration, String> {
-    match parse_seconds(text.as_bytes()) {
+    match parse_seconds_saturating(text.as_bytes()) {
         Some(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
         _ => Err(format!(
             "--timeout: expected {EXPECT_TIMEOUT}, got '{text}'"
@@ -461,14 +464,14 @@ fn check_token(token: &OsString) -> Result<u64, String> {
 fn read_timing(timing: &Timing) -> Result<(Duration, Option<Duration>), String> {
     let lease_ms = match &timing.lease {
         None => DEFAULT_LEASE_MS,
-        Some(text) => match parse_seconds(text.as_bytes()) {
+        Some(text) => match parse_seconds_saturating(text.as_bytes()) {
             Some(ms) if ms > 0 => ms,
             _ => return Err(format!("--lease: expected {EXPECT_LEASE}, got '{text}'")),
         },
     };
     let wait_ms = match &timing.wait {
         None => 0,
-        Some(text) => parse_seconds(text.as_bytes())
+        Some(text) => parse_seconds_saturating(text.as_bytes())
             .ok_or_else(|| format!("--wait: expected {EXPECT_WAIT}, got '{text}'"))?,
     };
     let wait = match timing.nonblock {
@@ -683,6 +686,24 @@ mod tests {
         for (args, expected) in cases {
             assert_eq!(parse_with(args, None).as_ref(), Err(expected), "{args:?}");
         }
+    }
+
+    #[test]
+    fn a_huge_number_of_seconds_is_not_malformed_the_server_judges_it() {
+        let huge = "99999999999999999999";
+        let longest = Duration::from_millis(u64::MAX);
+        assert_eq!(
+            command(&["acquire", "k", "--lease", huge, "--wait", huge]),
+            Command::Acquire {
+                key: b"k".to_vec(),
+                lease: longest,
+                wait: Some(longest),
+            }
+        );
+        let cli = parse_with(&["--timeout", huge, "status"], None).expect("valid");
+        assert_eq!(cli.timeout, Some(longest));
+        let err = parse_with(&["acquire", "k", "--lease", "99999999999999999999x"], None);
+        assert!(err.is_err_and(|e| e.starts_with("--lease: expected")));
     }
 
     #[test]
