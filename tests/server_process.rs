@@ -66,6 +66,67 @@ fn a_cluster_node_without_a_cluster_key_refuses_to_start_with_exit_2() {
     let _ = std::fs::remove_file(&short);
 }
 
+/// Every file a flag names is checked at start, also one a node without
+/// --peers will not use (README: Running `batond`).
+#[test]
+fn a_single_node_with_an_unusable_cluster_key_file_exits_2() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let short = dir.join(format!("single-short-{}.key", std::process::id()));
+    std::fs::write(&short, "only sixteen byt\n").expect("write");
+    let short = short.to_string_lossy().into_owned();
+    for (file, says) in [
+        ("/nonexistent/baton.key", "cannot open"),
+        (short.as_str(), "at least 32"),
+    ] {
+        let args = [
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--cluster-key-file",
+            file,
+        ];
+        let run = run_to_exit(batond_path(), &args, DEADLINE);
+        assert_eq!(run.code, Some(2), "{run:?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+        assert!(
+            run.stderr.starts_with("batond: --cluster-key-file") && run.stderr.contains(says),
+            "{run:?}"
+        );
+    }
+    let _ = std::fs::remove_file(&short);
+}
+
+/// A node without --peers warns, once, about each cluster flag it was given
+/// and does not use, then serves.
+#[test]
+fn a_single_node_warns_about_each_cluster_flag_it_does_not_use() {
+    let node = Node::start(&[
+        "--insecure-peers",
+        "--detect",
+        "2",
+        "--promotion-grace",
+        "1",
+    ]);
+    let mut client = node.client();
+    assert!(client.info().starts_with("I role=active"));
+    let log = common::wait_for("the warnings", DEADLINE, || {
+        let log = node.log();
+        log.contains("--promotion-grace is not").then_some(log)
+    });
+    for flag in ["--insecure-peers", "--detect", "--promotion-grace"] {
+        let warning = format!("{flag} is not used without --peers");
+        assert_eq!(log.matches(&warning).count(), 1, "{warning}: {log}");
+    }
+    let key = common::cluster_key_file();
+    let node = Node::start(&["--cluster-key-file", key]);
+    common::wait_for("the key file warning", DEADLINE, || {
+        node.log()
+            .contains("--cluster-key-file is not used without --peers")
+            .then_some(())
+    });
+}
+
 #[test]
 fn a_bad_flag_exits_non_zero_with_a_one_line_error() {
     // Each run also names a loopback address and port 0, so that a flag

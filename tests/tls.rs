@@ -405,14 +405,57 @@ fn the_node_refuses_to_start_with_unusable_tls_files() {
             "--tls-client-ca",
         ),
         (vec!["--tls-ca", p(&pki.ca_file)], "--tls-cert"),
+        // Not used without --peers, but checked all the same.
+        (
+            vec![
+                "--tls-cert",
+                p(&cert),
+                "--tls-key",
+                p(&key),
+                "--tls-ca",
+                "/nonexistent",
+            ],
+            "--tls-ca",
+        ),
+        (
+            vec![
+                "--tls-cert",
+                p(&cert),
+                "--tls-key",
+                p(&key),
+                "--tls-ca",
+                p(&key),
+            ],
+            "--tls-ca",
+        ),
     ];
     for (args, flag) in cases {
         let mut all = vec!["--bind", "127.0.0.1", "--port", "0"];
         all.extend(args.iter().copied());
         let done = common::run_to_exit(common::batond_path(), &all, DEADLINE);
         assert_eq!(done.code, Some(2), "{args:?}: {}", done.stderr);
-        assert!(done.stderr.contains(flag), "{args:?}: {}", done.stderr);
+        assert_eq!(done.stderr.lines().count(), 1, "{args:?}: {}", done.stderr);
+        assert!(
+            done.stderr.starts_with("batond: --") && done.stderr.contains(flag),
+            "{args:?}: {}",
+            done.stderr
+        );
     }
+}
+
+/// A node without --peers does not use --tls-ca: it checks the file, then
+/// starts and says so.
+#[test]
+fn a_usable_tls_ca_without_peers_is_warned_about_and_the_node_serves() {
+    let pki = Pki::new("unused-ca");
+    let node = tls_node(&pki, &["--tls-ca", p(&pki.ca_file)]);
+    let log = wait_for("the warning", DEADLINE, || {
+        let log = node.log();
+        log.contains("--tls-ca is not used without --peers")
+            .then_some(log)
+    });
+    assert!(!log.contains("--cluster-key-file"), "{log}");
+    still_serves(&node, &pki);
 }
 
 // ----- the CLI -----

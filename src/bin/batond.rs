@@ -3,7 +3,11 @@
 //! Owns: the process — flags (pico-args, through `server::config`), logging
 //! (env_logger, `RUST_LOG`), the file-descriptor limit, and the signals that
 //! stop it (SIGINT, SIGTERM: a graceful shutdown, then exit 0) or reload
-//! its `--auth-file` and TLS files (SIGHUP: `Server::reload`).
+//! its `--auth-file` and TLS files (SIGHUP: `Server::reload`). Every file a
+//! flag names is read and checked before the node starts, whether or not
+//! it will be used; a flag that does not work makes it exit 2 with one line
+//! on stderr naming the flag (a port in use included), and a flag a node
+//! without `--peers` does not use is warned about once it runs.
 //!
 //! Never does: anything the server module does itself.
 
@@ -45,9 +49,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if config.peers.is_empty() && config.cluster_key_file.is_some() {
-        log::warn!("--cluster-key-file is not used without --peers");
-    }
     // TLS files are checked before anything starts, for a clear message.
     if let Err(e) = baton::server::tls::NodeTls::load(&config) {
         eprintln!("batond: {e}");
@@ -71,6 +72,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // After every check, so that a node that does not start says one line.
+    for flag in config.unused_without_peers() {
+        log::warn!("{flag} is not used without --peers");
+    }
     for signal in signals.forever() {
         if signal == SIGHUP {
             log::info!("SIGHUP received: reloading");

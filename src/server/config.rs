@@ -1,9 +1,14 @@
 //! The node's configuration: every `batond` flag, its default, and its check.
 //!
 //! Owns: turning command-line arguments into a [`Config`], with a clear error
-//! for a bad flag. Runs once on the main thread before anything starts.
+//! for a bad flag (one given twice included); reading and checking the
+//! cluster key and client secrets files; and saying which flags a node
+//! without `--peers` does not use ([`Config::unused_without_peers`]), for
+//! the warnings `batond` gives. Runs once on the main thread before
+//! anything starts (the secrets file again on SIGHUP).
 //!
-//! Never does: I/O beyond reading the arguments it is given.
+//! Never does: I/O beyond reading the arguments it is given and the files
+//! they name.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -195,6 +200,10 @@ pub struct Config {
     pub tls_client_ca: Option<PathBuf>,
     /// `--tls-ca`: what peer certificates are checked against.
     pub tls_ca: Option<PathBuf>,
+    /// The flags given that only a cluster uses and that leave no other
+    /// trace in the config (`--detect`, `--promotion-grace`: their values
+    /// may be the defaults), for [`Config::unused_without_peers`].
+    pub cluster_flags_given: Vec<&'static str>,
 }
 
 /// The most I/O loops `--threads` allows.
@@ -235,6 +244,7 @@ impl Default for Config {
             tls_key: None,
             tls_client_ca: None,
             tls_ca: None,
+            cluster_flags_given: Vec::new(),
         }
     }
 }
@@ -309,11 +319,13 @@ impl Config {
             seconds(v).filter(|ms| (MIN_DETECT_MS..=MAX_DETECT_SECS * 1000).contains(ms))
         })? {
             config.detect_ms = ms;
+            config.cluster_flags_given.push("--detect");
         }
         if let Some(ms) = flag(a, "--promotion-grace", EXPECT_PROMOTION_GRACE, |v| {
             seconds(v).filter(|&ms| ms <= MAX_FLAG_SECS * 1000)
         })? {
             config.promotion_grace_ms = ms;
+            config.cluster_flags_given.push("--promotion-grace");
         }
         if let Some(us) = flag(a, "--busy-poll-us", EXPECT_BUSY_POLL_US, |v| {
             v.parse().ok().filter(|&us| us <= MAX_BUSY_POLL_US)
@@ -400,15 +412,34 @@ impl Config {
         self.node_index().map(|_| ())
     }
 
-    /// The key peer links prove: read from `--cluster-key-file`, the public
-    /// stand-in of `--insecure-peers`, or None for a single node. The one
-    /// place this module reads a file; errors name the flag.
-    pub fn read_cluster_key(&self) -> Result<Option<ClusterKey>, String> {
-        if self.peers.is_empty() {
-            return Ok(None);
+    /// The flags given that a node without `--peers` does not use, in the
+    /// order of `--help` (none on a cluster node): `batond` warns about
+    /// each at start. A file among them is read and checked all the same,
+    /// so a wrong path fails at start rather than when `--peers` is added.
+    pub fn unused_without_peers(&self) -> Vec<&'static str> {
+        if !self.peers.is_empty() {
+            return Vec::new();
         }
+        let mut unused = self.cluster_flags_given.clone();
+        if self.cluster_key_file.is_some() {
+            unused.push("--cluster-key-file");
+        }
+        if self.insecure_peers {
+            unused.push("--insecure-peers");
+        }
+        if self.tls_ca.is_some() {
+            unused.push("--tls-ca");
+        }
+        unused
+    }
+
+    /// The key peer links prove: read from `--cluster-key-file`, the public
+    /// stand-in of `--insecure-peers`, or None for a single node (whose
+    /// `--cluster-key-file`, if given, is read and checked all the same,
+    /// then not used). Errors name the flag.
+    pub fn read_cluster_key(&self) -> Result<Option<ClusterKey>, String> {
         let Some(path) = &self.cluster_key_file else {
-            return Ok(Some(ClusterKey::insecure()));
+            return Ok((!self.peers.is_empty()).then(ClusterKey::insecure));
         };
         let shown = path.display();
         let file = std::fs::File::open(path)
@@ -424,9 +455,9 @@ impl Config {
                 "--cluster-key-file {shown}: over {MAX_KEY_FILE} bytes; it holds one secret"
             ));
         }
-        ClusterKey::from_file_contents(&contents)
-            .map(Some)
-            .map_err(|e| format!("--cluster-key-file {shown}: {e}"))
+        let key = ClusterKey::from_file_contents(&contents)
+            .map_err(|e| format!("--cluster-key-file {shown}: {e}"))?;
+        Ok((!self.peers.is_empty()).then_some(key))
     }
 
     /// Client authentication from `--auth-file` (None without the flag);
@@ -885,6 +916,63 @@ mod tests {
                 .expect("key")
                 .is_insecure()
         );
+        // Without --peers the file is not used, but it is checked.
+        let single = |path: &std::path::Path| Config {
+            cluster_key_file: Some(path.to_path_buf()),
+            ..Config::default()
+        };
+        assert_eq!(single(&good).read_cluster_key(), Ok(None));
+        let err = single(&dir.join("missing"))
+            .read_cluster_key()
+            .expect_err("gone");
+        assert!(err.starts_with("--cluster-key-file"), "{err}");
+        assert!(err.contains("cannot open"), "{err}");
+        let err = single(&short).read_cluster_key().expect_err("short");
+        assert!(err.contains("at least 32"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_node_without_peers_names_the_flags_it_does_not_use() {
+        let c = config(&[
+            "--detect",
+            "1",
+            "--promotion-grace",
+            "0",
+            "--cluster-key-file",
+            "/k",
+            "--tls-cert",
+            "/c",
+            "--tls-key",
+            "/k",
+            "--tls-ca",
+            "/ca",
+            "--tls-client-ca",
+            "/cca",
+            "--auth-file",
+            "/a",
+        ]);
+        assert_eq!(
+            c.unused_without_peers(),
+            [
+                "--detect",
+                "--promotion-grace",
+                "--cluster-key-file",
+                "--tls-ca"
+            ]
+        );
+        let c = config(&["--insecure-peers"]);
+        assert_eq!(c.unused_without_peers(), ["--insecure-peers"]);
+        assert!(config(&[]).unused_without_peers().is_empty());
+        let cluster = config(&[
+            "--port",
+            "1",
+            "--peers",
+            "h:1,h:2",
+            "--insecure-peers",
+            "--detect",
+            "2",
+        ]);
+        assert!(cluster.unused_without_peers().is_empty());
     }
 }

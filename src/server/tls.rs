@@ -84,11 +84,19 @@ impl std::fmt::Debug for NodeTls {
 
 impl NodeTls {
     /// The node's TLS, if `--tls-cert` is given; an error (naming the flag
-    /// and file) if a file cannot be read or does not fit.
+    /// and file) if a file cannot be read or does not fit. A `--tls-ca`
+    /// given to a node without `--peers` is not used, but it is read and
+    /// checked here all the same (once: a reload does not read it), so that
+    /// a wrong path fails at start.
     pub fn load(config: &Config) -> Result<Option<NodeTls>, String> {
         let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
             return Ok(None);
         };
+        if config.peers.is_empty()
+            && let Some(ca) = &config.tls_ca
+        {
+            crate::tls::roots_from_file(ca).map_err(|e| format!("--tls-ca: {e}"))?;
+        }
         let paths = Paths {
             cert: cert.clone(),
             key: key.clone(),
