@@ -234,6 +234,53 @@ fn a_huge_number_of_seconds_names_the_range_and_exits_2() {
     }
 }
 
+/// A port or address the node cannot listen on is a flag it cannot use:
+/// exit 2, one line naming the flag, the address and the system's reason.
+#[test]
+fn a_port_in_use_or_an_address_not_here_exits_2_naming_the_flag() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let run = run_to_exit(
+        batond_path(),
+        &["--bind", "127.0.0.1", "--port", &port],
+        DEADLINE,
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+    let says = format!("batond: --port: cannot listen on 127.0.0.1:{port}: ");
+    assert!(
+        run.stderr.starts_with(&says) && run.stderr.contains("in use"),
+        "{run:?}"
+    );
+    let metrics = format!("127.0.0.1:{port}");
+    let args = ["--bind", "127.0.0.1", "--port", "0", "--metrics", &metrics];
+    let run = run_to_exit(batond_path(), &args, DEADLINE);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+    let says = format!("batond: --metrics: cannot listen on {metrics}: ");
+    assert!(
+        run.stderr.starts_with(&says) && run.stderr.contains("in use"),
+        "{run:?}"
+    );
+    drop(taken);
+    // 192.0.2.1 is a documentation address (RFC 5737), on no machine: the
+    // bind fails before anything listens. Skipped if this one has it.
+    if std::net::TcpListener::bind("192.0.2.1:0").is_err() {
+        let run = run_to_exit(
+            batond_path(),
+            &["--bind", "192.0.2.1", "--port", "0"],
+            DEADLINE,
+        );
+        assert_eq!(run.code, Some(2), "{run:?}");
+        assert_eq!(run.stderr.lines().count(), 1, "{run:?}");
+        assert!(
+            run.stderr
+                .starts_with("batond: --bind: cannot listen on 192.0.2.1:0: "),
+            "{run:?}"
+        );
+    }
+}
+
 #[test]
 fn version_prints_the_crate_version_and_exits_0() {
     for flag in ["--version", "-V"] {

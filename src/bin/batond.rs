@@ -14,7 +14,7 @@
 use std::process::ExitCode;
 
 use baton::server::config::{Command, HELP};
-use baton::server::{Config, Server};
+use baton::server::{Config, Server, StartError};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 
@@ -64,7 +64,11 @@ fn main() -> ExitCode {
     };
     let server = match Server::start(&config, cluster_key, client_auth) {
         Ok(server) => server,
-        Err(e) => {
+        Err(StartError::Flag(e)) => {
+            eprintln!("batond: {e}");
+            return ExitCode::from(2);
+        }
+        Err(StartError::Io(e)) => {
             eprintln!(
                 "batond: cannot start on {}:{}: {e}",
                 config.bind, config.port

@@ -402,6 +402,19 @@ impl Config {
         if self.tls_cert.is_none() && (self.tls_client_ca.is_some() || self.tls_ca.is_some()) {
             return Err("--tls-client-ca and --tls-ca need --tls-cert and --tls-key".into());
         }
+        if let Some(metrics) = self.metrics
+            && self.port != 0
+            && metrics.port() == self.port
+            && (metrics.ip() == self.bind
+                || metrics.ip().is_unspecified()
+                || self.bind.is_unspecified())
+        {
+            return Err(format!(
+                "--metrics: expected an address and port other than the client's, got '{metrics}', \
+                 where --bind {} --port {} listens",
+                self.bind, self.port
+            ));
+        }
         if self.peers.len() > crate::server::tokens::MAX_NODES {
             return Err(format!(
                 "--peers lists {} nodes; at most {} are supported",
@@ -772,6 +785,21 @@ mod tests {
             Err("--metrics: expected an address and port to serve metrics on, like 127.0.0.1:9100, got '9100'".to_string())
         );
         assert!(parse(&["--metrics", "localhost"]).is_err());
+        // Not on the client port (the node would find it taken by itself).
+        for (bind, metrics) in [
+            ("0.0.0.0", "127.0.0.1:7373"),
+            ("127.0.0.1", "127.0.0.1:7373"),
+            ("127.0.0.1", "0.0.0.0:7373"),
+        ] {
+            let err = parse(&["--bind", bind, "--metrics", metrics]).expect_err(metrics);
+            assert!(
+                err.starts_with("--metrics: expected an address and port other than the client's"),
+                "{err}"
+            );
+        }
+        let c = config(&["--bind", "127.0.0.1", "--metrics", "127.0.0.2:7373"]);
+        assert_eq!(c.metrics, Some("127.0.0.2:7373".parse().expect("addr")));
+        assert!(parse(&["--port", "0", "--metrics", "127.0.0.1:0"]).is_ok());
     }
 
     #[test]

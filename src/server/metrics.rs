@@ -22,7 +22,6 @@
 //! state.
 
 use std::io::{self, Read, Write};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -86,7 +85,7 @@ struct Conn {
     deadline: Instant,
 }
 
-/// The metrics thread. Build with [`MetricsServer::bind`], run with
+/// The metrics thread. Build with [`MetricsServer::new`], run with
 /// [`MetricsServer::run`].
 pub struct MetricsServer {
     poll: Poll,
@@ -103,17 +102,17 @@ pub struct MetricsServer {
 }
 
 impl MetricsServer {
-    /// Bind `addr`; the slot the lock owner publishes into comes with it.
-    pub fn bind(
-        addr: SocketAddr,
+    /// Serve on `std_listener` (bound to the `--metrics` address by the
+    /// node's start, which names the flag if it cannot be); the slot the
+    /// lock owner publishes into comes with it.
+    pub fn new(
+        std_listener: std::net::TcpListener,
         to_owner: Sender<ToOwner>,
         shared: Arc<Shared>,
     ) -> io::Result<(MetricsServer, Arc<MetricsSlot>)> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
         let slot = Arc::new(MetricsSlot::new(waker));
-        let std_listener = std::net::TcpListener::bind(addr)
-            .map_err(|e| io::Error::new(e.kind(), format!("--metrics {addr}: {e}")))?;
         std_listener.set_nonblocking(true)?;
         let mut listener = TcpListener::from_std(std_listener);
         poll.registry()

@@ -4,9 +4,10 @@
 //! (`io_loop.rs`) feeding one lock-owner thread (`owner.rs`, which owns the
 //! `LockTable` of `lock_table.rs` and its `TimingWheel` of `wheel.rs`), with
 //! `--metrics` the metrics thread (`metrics.rs`) — and the [`Shared`] flags
-//! the threads read. Every channel and waker is built
-//! before any thread starts; [`Server::shutdown`] stops them in a fixed order
-//! and logs each step.
+//! the threads read. Both listening sockets are bound first (a port that
+//! cannot be is a [`StartError::Flag`] naming its flag), and every channel
+//! and waker is built before any thread starts; [`Server::shutdown`] stops
+//! them in a fixed order and logs each step.
 //!
 //! Never does: decide anything about locks (that is the lock table's job).
 
@@ -130,6 +131,50 @@ impl Shared {
 /// link (its link, a redial, and one stranger at a time).
 const PEER_SLOTS_PER_PEER: usize = 4;
 
+/// Why [`Server::start`] failed.
+#[derive(Debug)]
+pub enum StartError {
+    /// A flag the node cannot use: a port in use, an address no interface
+    /// has, a port it may not bind. One line that names the flag, what
+    /// failed and why; `batond` exits 2.
+    Flag(String),
+    /// Anything else (threads, epoll, wakers); `batond` exits 1.
+    Io(io::Error),
+}
+
+impl From<io::Error> for StartError {
+    fn from(e: io::Error) -> StartError {
+        StartError::Io(e)
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Flag(line) => f.write_str(line),
+            StartError::Io(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Listen on `addr`, the address of the flag `flag(error)` names: an error
+/// says which flag, where, and the operating system's reason, with a hint
+/// for the common ones, on one line.
+fn listen(
+    addr: SocketAddr,
+    flag: impl Fn(&io::Error) -> &'static str,
+) -> Result<std::net::TcpListener, StartError> {
+    std::net::TcpListener::bind(addr).map_err(|e| {
+        let hint = match e.kind() {
+            io::ErrorKind::AddrInUse => "; another process listens there",
+            io::ErrorKind::AddrNotAvailable => "; no interface of this machine has that address",
+            io::ErrorKind::PermissionDenied => "; a port below 1024 needs CAP_NET_BIND_SERVICE",
+            _ => "",
+        };
+        StartError::Flag(format!("{}: cannot listen on {addr}: {e}{hint}", flag(&e)))
+    })
+}
+
 /// A running node.
 pub struct Server {
     local_addr: SocketAddr,
@@ -153,21 +198,30 @@ struct ReplHandle {
 }
 
 impl Server {
-    /// Bind, build every channel and waker, then start the threads.
-    /// `cluster_key` is what [`Config::read_cluster_key`] read (None for a
-    /// single node; a cluster node without one runs as `--insecure-peers`),
-    /// `client_auth` what [`Config::read_client_auth`] read.
+    /// Bind (the client port, then the metrics port), build every channel
+    /// and waker, then start the threads. `cluster_key` is what
+    /// [`Config::read_cluster_key`] read (None for a single node; a cluster
+    /// node without one runs as `--insecure-peers`), `client_auth` what
+    /// [`Config::read_client_auth`] read. A port that cannot be listened on
+    /// is a [`StartError::Flag`] naming the flag.
     pub fn start(
         config: &Config,
         cluster_key: Option<ClusterKey>,
         client_auth: Option<ClientAuth>,
-    ) -> io::Result<Server> {
-        let listener = std::net::TcpListener::bind(SocketAddr::new(config.bind, config.port))?;
+    ) -> Result<Server, StartError> {
+        let listener = listen(SocketAddr::new(config.bind, config.port), |e| {
+            match e.kind() {
+                io::ErrorKind::AddrInUse | io::ErrorKind::PermissionDenied => "--port",
+                _ => "--bind",
+            }
+        })?;
+        let metrics_listener = match config.metrics {
+            Some(addr) => Some(listen(addr, |_| "--metrics")?),
+            None => None,
+        };
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
-        let node_index = config
-            .node_index()
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let node_index = config.node_index().map_err(StartError::Flag)?;
         let node = if config.peers.is_empty() {
             SocketAddr::new(config.bind, local_addr.port()).to_string()
         } else {
@@ -176,7 +230,7 @@ impl Server {
         let mut shared = Shared::new(config, node);
         shared.auth = client_auth.map(Arc::new);
         shared.tls = tls::NodeTls::load(config)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+            .map_err(StartError::Flag)?
             .map(Arc::new);
         let shared = Arc::new(shared);
         let clock = Clock::new();
@@ -235,10 +289,10 @@ impl Server {
             config.promotion_grace_ms,
         );
         let mut owner = Owner::new(core, clock, inbound, links, handover, shared.clone());
-        let metrics_server = match config.metrics {
-            Some(addr) => {
+        let metrics_server = match metrics_listener {
+            Some(listener) => {
                 let (server, slot) =
-                    metrics::MetricsServer::bind(addr, to_owner.clone(), shared.clone())?;
+                    metrics::MetricsServer::new(listener, to_owner.clone(), shared.clone())?;
                 owner = owner.with_metrics(slot.clone());
                 Some((server, slot))
             }
