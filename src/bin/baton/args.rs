@@ -266,24 +266,24 @@ impl TlsGiven {
 }
 
 fn read_tls_flags(args: &mut pico_args::Arguments) -> Result<TlsGiven, String> {
-    let flag = |e: pico_args::Error| e.to_string();
+    let on = args.contains("--tls");
+    let mut path = |name: &'static str| {
+        let value = args
+            .opt_value_from_os_str(name, |v| {
+                Ok::<_, std::convert::Infallible>(v.to_os_string())
+            })
+            .map_err(|_| format!("{name}: expected a path, got nothing"))?;
+        match value {
+            Some(v) if v.is_empty() => Err(format!("{name}: expected a path, got ''")),
+            v => Ok(v.map(PathBuf::from)),
+        }
+    };
     Ok(TlsGiven {
-        on: args.contains("--tls"),
-        ca: args.opt_value_from_os_str("--tls-ca", path).map_err(flag)?,
-        cert: args
-            .opt_value_from_os_str("--tls-cert", path)
-            .map_err(flag)?,
-        key: args
-            .opt_value_from_os_str("--tls-key", path)
-            .map_err(flag)?,
+        ca: path("--tls-ca")?,
+        cert: path("--tls-cert")?,
+        key: path("--tls-key")?,
+        on,
     })
-}
-
-fn path(value: &std::ffi::OsStr) -> Result<std::path::PathBuf, String> {
-    if value.is_empty() {
-        return Err("a path, not an empty word".into());
-    }
-    Ok(std::path::PathBuf::from(value))
 }
 
 fn read_timeout(text: &str) -> Result<Duration, String> {
@@ -719,6 +719,16 @@ mod tests {
             parse_with(&["--tls-cert", "/c", "--tls-key", "/k", "status"], None).expect("valid");
         assert!(mtls.tls.on);
         assert_eq!(mtls.tls.cert_key, Some(("/c".into(), "/k".into())));
+        for flag in ["--tls-ca", "--tls-cert", "--tls-key"] {
+            assert_eq!(
+                parse_with(&["status", flag], None).map(|cli| cli.command),
+                Err(format!("{flag}: expected a path, got nothing"))
+            );
+            assert_eq!(
+                parse_with(&[flag, "", "status"], None).map(|cli| cli.command),
+                Err(format!("{flag}: expected a path, got ''"))
+            );
+        }
         for lone in [["--tls-cert", "/c"], ["--tls-key", "/k"]] {
             let err = parse_with(&[lone[0], lone[1], "status"], None).expect_err("alone");
             assert!(err.contains("go together"), "{err}");
