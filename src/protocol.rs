@@ -786,21 +786,31 @@ pub(crate) fn write_u64(mut n: u64, out: &mut Vec<u8>) {
 /// A lease: malformed or 0 is `BadLease`, well formed but above `max_ms`
 /// (however many digits) is `LeaseTooLong`.
 fn parse_lease(field: &[u8], max_ms: u64) -> Result<u64, Reason> {
-    match parse_seconds_saturating(field) {
-        None | Some(0) => Err(Reason::BadLease),
-        Some(ms) if ms > max_ms => Err(Reason::LeaseTooLong),
-        Some(ms) => Ok(ms),
+    match parse_seconds(field) {
+        Some(0) => Err(Reason::BadLease),
+        Some(ms) if ms <= max_ms => Ok(ms),
+        Some(_) => Err(Reason::LeaseTooLong),
+        None if past_u64(field) => Err(Reason::LeaseTooLong),
+        None => Err(Reason::BadLease),
     }
 }
 
 /// A wait: malformed is `BadWait`, well formed but above `max_ms` (however
 /// many digits) is `WaitTooLong`.
 fn parse_wait(field: &[u8], max_ms: u64) -> Result<u64, Reason> {
-    match parse_seconds_saturating(field) {
+    match parse_seconds(field) {
+        Some(ms) if ms <= max_ms => Ok(ms),
+        Some(_) => Err(Reason::WaitTooLong),
+        None if past_u64(field) => Err(Reason::WaitTooLong),
         None => Err(Reason::BadWait),
-        Some(ms) if ms > max_ms => Err(Reason::WaitTooLong),
-        Some(ms) => Ok(ms),
     }
+}
+
+/// A field [`parse_seconds`] refused that is nevertheless a well-formed
+/// number of seconds, only too large for a u64 of milliseconds: above any
+/// maximum, even `u64::MAX` ms. Asked only on that refusal's path.
+fn past_u64(field: &[u8]) -> bool {
+    parse_seconds_saturating(field).is_some()
 }
 
 fn parse_token(field: &[u8]) -> Result<u64, Reason> {
@@ -1960,6 +1970,29 @@ mod tests {
                 "{text}"
             );
         }
+        // Above any maximum, even the largest a u64 can hold.
+        for (line, reason) in [
+            ("A job 18446744073709552 0\n", Reason::LeaseTooLong),
+            ("A job 1 18446744073709551.616\n", Reason::WaitTooLong),
+            ("K job 5 99999999999999999999\n", Reason::LeaseTooLong),
+        ] {
+            let op = Op::from_byte(line.as_bytes()[0]).expect("op");
+            assert_eq!(
+                parse_request(line.as_bytes(), u64::MAX),
+                Parsed::Line {
+                    used: line.len(),
+                    result: refused_with(op, Some("job"), reason)
+                },
+                "{line}"
+            );
+        }
+        assert_eq!(
+            parse_request(b"A job 18446744073709551.615 0\n", u64::MAX),
+            Parsed::Line {
+                used: 30,
+                result: acquire("job", u64::MAX, 0)
+            }
+        );
         let digits = "9".repeat(1000);
         assert_eq!(
             req(&format!("A job {digits} 0\n")),
