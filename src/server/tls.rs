@@ -86,8 +86,8 @@ impl NodeTls {
     /// The node's TLS, if `--tls-cert` is given; an error (naming the flag
     /// and file) if a file cannot be read or does not fit. A `--tls-ca`
     /// given to a node without `--peers` is not used, but it is read and
-    /// checked here all the same (once: a reload does not read it), so that
-    /// a wrong path fails at start.
+    /// checked here all the same (at start only: a reload builds from the
+    /// files in use and skips it), so that a wrong path fails at start.
     pub fn load(config: &Config) -> Result<Option<NodeTls>, String> {
         let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
             return Ok(None);
