@@ -110,11 +110,15 @@ fn a_single_node_warns_about_each_cluster_flag_it_does_not_use() {
     ]);
     let mut client = node.client();
     assert!(client.info().starts_with("I role=active"));
+    let flags = ["--insecure-peers", "--detect", "--promotion-grace"];
     let log = common::wait_for("the warnings", DEADLINE, || {
         let log = node.log();
-        log.contains("--promotion-grace is not").then_some(log)
+        flags
+            .iter()
+            .all(|flag| log.contains(&format!("{flag} is not used")))
+            .then_some(log)
     });
-    for flag in ["--insecure-peers", "--detect", "--promotion-grace"] {
+    for flag in flags {
         let warning = format!("{flag} is not used without --peers");
         assert_eq!(log.matches(&warning).count(), 1, "{warning}: {log}");
     }
@@ -358,6 +362,12 @@ fn sigterm_while_a_client_streams_requests_still_delivers_its_last_answers() {
             lines.iter().any(|l| l == "M - A k"),
             "round {round}: the waiter is told no node is active ({} lines)",
             lines.len() + 1
+        );
+        // Every request the node had read was answered before the end.
+        assert!(
+            !node.log().contains("requests unanswered"),
+            "round {round}: log:\n{}",
+            node.log()
         );
     }
 }

@@ -86,9 +86,10 @@
 //! its last line: with answers still owed, it waits for the owner's
 //! acknowledgement, which comes after them. Under TLS a `close_notify`
 //! follows the last answer, so its client can tell the end from a cut.
-//! The slot is freed once all that is written (under TLS, once rustls
-//! holds none of it either: its records go out on writable events like
-//! the loop's own output, never with a wait), or at once if the client
+//! Once all that is written (under TLS, once rustls holds none of it
+//! either: its records go out on writable events like the loop's own
+//! output, never with a wait) the connection lingers (see `LINGER`) and
+//! its slot is freed when the client closes too; at once if the client
 //! was cut off or a write failed (then without `close_notify`).
 //!
 //! Never does: block, touch lock state, or panic on anything a client sends.
@@ -165,6 +166,8 @@ pub const AUTH_DEADLINE: Duration = Duration::from_secs(10);
 /// unread input makes the kernel reset the connection, and a reset
 /// discards the answers the client had not yet read.)
 pub const LINGER: Duration = Duration::from_secs(1);
+/// How often a stopping loop looks for the owner's last answers.
+const STOP_POLL: Duration = Duration::from_millis(5);
 
 /// Where a connection stands with client authentication.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,9 +279,12 @@ pub struct IoLoop {
     /// authenticated by (in that order: the deadline is fixed).
     auth_deadlines: VecDeque<(usize, ConnId, Instant)>,
     /// Lingering connections with the time they are dropped by (in that
-    /// order: `LINGER` is fixed). One entry per connection, which is
-    /// closing: bounded by the connections closed in `LINGER`.
+    /// order: `LINGER` is fixed). One entry per connection that lingers
+    /// (one whose client had already closed goes at once, with none):
+    /// bounded by the connections ended in `LINGER`.
     lingers: VecDeque<(usize, ConnId, Instant)>,
+    /// The loop is stopping (`end_all`): nothing more is parsed.
+    stopping: bool,
 }
 
 impl IoLoop {
@@ -324,6 +330,7 @@ impl IoLoop {
             handshakes: VecDeque::new(),
             auth_deadlines: VecDeque::new(),
             lingers: VecDeque::new(),
+            stopping: false,
         };
         Ok((io_loop, waker, awake))
     }
@@ -370,25 +377,33 @@ impl IoLoop {
     }
 
     /// The loop is stopping: every connection ends as one the owner forgot
-    /// does (its answers written, then the half-close, its input read and
-    /// dropped until the client closes), for at most `LINGER` in all, so
-    /// that the last answers (a waiter's `M`, say) are not lost to a reset.
-    /// Nothing read is parsed any more.
+    /// does, for at most `LINGER` in all, so that the last answers (a
+    /// waiter's `M`, say) are not lost to a reset. Nothing more is parsed
+    /// (what clients send is read and dropped, so none is stuck writing to
+    /// a node that waits for it to read); the requests already parsed go to
+    /// the owner, which still answers them (after a single node's retire,
+    /// with `M -`); a connection is half-closed once every answer it is
+    /// owed (and its `E`, if it was ending) is written, then lingers.
     fn end_all(&mut self, events: &mut Events) {
         let deadline = Instant::now() + LINGER;
+        self.stopping = true;
         // No new connections: a client dialing now is refused and tries
         // another node instead of waiting on a node that is going.
         if let Some(mut listener) = self.listener.take() {
             let _ = self.poll.registry().deregister(&mut listener);
         }
         let slots: Vec<usize> = self.conns.iter().map(|(slot, _)| slot).collect();
-        for slot in slots {
+        for &slot in &slots {
             let conn = &mut self.conns[slot];
             conn.closing = true;
-            conn.forgotten = true;
-            self.mark_dirty(slot);
+            conn.partial = Vec::new();
+            // Read (and drop) from now on.
+            self.schedule_read(slot);
         }
+        self.send_batch();
         loop {
+            self.take_answers();
+            self.forget_answered();
             self.flush_dirty();
             let backlog = std::mem::take(&mut self.backlog);
             for slot in backlog {
@@ -400,12 +415,25 @@ impl IoLoop {
             self.expire_lingers();
             let now = Instant::now();
             if self.conns.is_empty() || now >= deadline {
+                let unanswered: u64 = self.conns.iter().map(|(_, c)| u64::from(c.inflight)).sum();
+                if unanswered > 0 {
+                    log::warn!(
+                        "I/O loop {}: stopped with {unanswered} requests unanswered",
+                        self.index
+                    );
+                }
                 return;
             }
-            let wait = if self.backlog.is_empty() && self.dirty.is_empty() {
-                deadline - now
-            } else {
+            let busy = !self.backlog.is_empty() || !self.dirty.is_empty() || self.answers_pending;
+            let owed = self.conns.iter().any(|(_, c)| c.inflight > 0);
+            // The owner does not wake a loop that is stopping: while answers
+            // are owed, look for them often.
+            let wait = if busy {
                 Duration::ZERO
+            } else if owed {
+                STOP_POLL.min(deadline - now)
+            } else {
+                deadline - now
             };
             match self.poll.poll(events, Some(wait)) {
                 Ok(()) => {}
@@ -419,6 +447,48 @@ impl IoLoop {
                 {
                     self.handle_event(slot, event);
                 }
+            }
+        }
+    }
+
+    /// While stopping: a connection with every answer written to it (and
+    /// its `E`, if it was ending) is done with, as if the owner had
+    /// forgotten it (it lingers once flushed).
+    fn forget_answered(&mut self) {
+        let done: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.forgotten && c.inflight == 0)
+            .map(|(slot, _)| slot)
+            .collect();
+        for slot in done {
+            if let Some(reason) = self.conns[slot].farewell.take() {
+                self.write_answer(slot, &fatal_answer(reason));
+            }
+            self.conns[slot].forgotten = true;
+            self.mark_dirty(slot);
+        }
+    }
+
+    /// Send the round's requests to the owner. A full channel keeps them
+    /// for the next round; a gone owner stops the node.
+    fn send_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        // The next batch starts with room for as many requests as the
+        // recent rounds had (no step-by-step growth, and copies, every
+        // round).
+        self.batch_room = next_room(self.batch_room, self.batch.len());
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(self.batch_room));
+        match self.to_owner.try_send(ToOwner::Clients(batch)) {
+            Ok(()) => {}
+            // The owner's channel is full: keep the batch (it goes
+            // first next round) and read no more until it has gone.
+            Err(TrySendError::Full(ToOwner::Clients(batch))) => self.batch = batch,
+            Err(_) => {
+                log::error!("I/O loop {}: the lock owner is gone", self.index);
+                self.shared.shutdown.store(true, Ordering::Release);
             }
         }
     }
@@ -459,23 +529,7 @@ impl IoLoop {
             }
         }
         self.backlog = reuse(backlog, &mut self.backlog);
-        if !self.batch.is_empty() {
-            // The next batch starts with room for as many requests as the
-            // recent rounds had (no step-by-step growth, and copies, every
-            // round).
-            self.batch_room = next_room(self.batch_room, self.batch.len());
-            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(self.batch_room));
-            match self.to_owner.try_send(ToOwner::Clients(batch)) {
-                Ok(()) => {}
-                // The owner's channel is full: keep the batch (it goes
-                // first next round) and read no more until it has gone.
-                Err(TrySendError::Full(ToOwner::Clients(batch))) => self.batch = batch,
-                Err(_) => {
-                    log::error!("I/O loop {}: the lock owner is gone", self.index);
-                    self.shared.shutdown.store(true, Ordering::Release);
-                }
-            }
-        }
+        self.send_batch();
         self.take_answers();
         self.flush_dirty();
     }
@@ -796,6 +850,11 @@ impl IoLoop {
     fn read_conn(&mut self, slot: usize, until_blocked: bool) {
         if self.conns[slot].lingering {
             self.drain(slot);
+            return;
+        }
+        if self.stopping {
+            // Nothing more is parsed; an end of input changes nothing here.
+            let _ = self.discard_input(slot);
             return;
         }
         let mut budget = READ_BUDGET;
@@ -1298,26 +1357,42 @@ impl IoLoop {
             return;
         }
         conn.lingering = true;
-        let deadline = Instant::now() + LINGER;
-        self.lingers.push_back((slot, conn.id, deadline));
-        // Input may be waiting already: its edge came before.
-        self.drain(slot);
+        let id = conn.id;
+        // Input may be waiting already (its edge came before), or the
+        // client may have closed already: then it goes now.
+        if self.discard_input(slot) {
+            self.free(slot);
+            return;
+        }
+        self.lingers.push_back((slot, id, Instant::now() + LINGER));
     }
 
-    /// Read and drop a lingering connection's input, up to READ_BUDGET
-    /// bytes a round; free it once the client has closed.
+    /// Read and drop a lingering connection's input; free it once the
+    /// client has closed.
     fn drain(&mut self, slot: usize) {
+        if self.discard_input(slot) {
+            self.free(slot);
+        }
+    }
+
+    /// Read and drop what a connection sends, up to READ_BUDGET bytes a
+    /// round (the rest next round); true once the client has closed its
+    /// side (or the socket failed).
+    fn discard_input(&mut self, slot: usize) -> bool {
         let mut budget = READ_BUDGET;
         loop {
             // Raw TCP even under TLS: nothing more is decrypted.
             let mut sock = self.conns[slot].stream.tcp();
             match sock.read(&mut self.read_buf) {
-                Ok(0) => break self.free(slot),
-                Ok(n) if n >= budget => break self.schedule_read(slot),
+                Ok(0) => return true,
+                Ok(n) if n >= budget => {
+                    self.schedule_read(slot);
+                    return false;
+                }
                 Ok(n) => budget -= n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break self.free(slot),
+                Err(_) => return true,
             }
         }
     }

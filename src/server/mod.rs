@@ -416,8 +416,9 @@ impl Server {
 
     /// Stop in order: first, in a cluster, hand the active role over (the
     /// replication thread says when it is done, or gives up after a bound);
-    /// then the I/O loops (they flush what is pending and close every
-    /// connection); then the metrics thread; then replication; then the
+    /// then the I/O loops (they stop listening, write every answer the
+    /// owner still makes for requests already read, and end every
+    /// connection in order, within `io_loop::LINGER`); then the metrics thread; then replication; then the
     /// lock owner, which stops once every sender is gone.
     pub fn shutdown(mut self) {
         if let Some(repl) = &self.repl {
