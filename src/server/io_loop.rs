@@ -634,6 +634,7 @@ impl IoLoop {
         // Counted as refused now that it is one (not when it took the slot).
         self.shared.io_counters.refused(Reason::TooManyConnections);
         let _ = conn.stream.write(&too_many_connections());
+        end_refused(conn.stream.tcp(), &mut self.read_buf);
         log::debug!(
             "{}: closed: a peer-reserved slot held no peer link",
             who(&conn)
@@ -729,6 +730,7 @@ impl IoLoop {
                 if self.shared.tls.is_none() {
                     let _ = (&stream).write(&too_many_connections());
                 }
+                end_refused(&stream, &mut self.read_buf);
                 return;
             }
             peer_only = true;
@@ -1481,6 +1483,17 @@ fn answer_owed(answer: &Answer) -> u32 {
 }
 
 /// The line a connection over `--max-conns` gets before it is closed.
+/// The end of a connection refused at once, which holds no slot to
+/// linger in: the write side shut after its `E`, and what the client has
+/// sent already (up to one buffer) read and dropped, so that closing it
+/// does not reset the connection and lose the `E` (closing with unread
+/// input makes the kernel reset it).
+fn end_refused(stream: &TcpStream, buf: &mut [u8]) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut stream = stream;
+    let _ = stream.read(buf);
+}
+
 fn too_many_connections() -> Vec<u8> {
     let mut line = Vec::new();
     fatal_answer(Reason::TooManyConnections).write_to(&mut line);
