@@ -30,12 +30,16 @@
 //! that holds it), and the active's next link starts with a fresh snapshot.
 //! Failed dials back off (with jitter) up to [`RECONNECT_MAX_MS`],
 //! and their warnings are rate-limited. A dropped link is dialed again at
-//! once, unless links with that peer keep dropping soon after they come up
-//! (within `--detect`, or over something refused: two nodes with different
-//! limits, one of which refuses the other's state): from the second such
-//! drop in a row on, each counts as a failed dial, and the links' log lines
-//! go to debug, one warning standing for them
-//! (`ClusterCore::redial_after_drop`).
+//! once (a blip, a silent link, a crash, however young the link), unless
+//! links with that peer keep dropping over refused state (two nodes with
+//! different limits, one of which refuses the other's state: this node
+//! refused what the link carried, or its lock owner did, or the peer
+//! dropped this active's link after its snapshot and before saying it
+//! holds it): from the second such drop in a row on, the redial waits,
+//! doubling from [`RECONNECT_MS`] but never above `--detect`/2 so that the
+//! heartbeat each new link starts with keeps both nodes well within
+//! `--detect` of each other, and the links' log lines go to debug, one
+//! warning standing for them (`ClusterCore::redial_after_drop`).
 //!
 //! Clocks: no token or ceiling more than [`MAX_PEER_AHEAD_MS`] of clock
 //! above this node's clock floor ([`ClusterCore::token_bound`]) is ever
@@ -266,8 +270,8 @@ struct OutLink {
     warn: RateLimit,
     /// When the link last came up.
     up_since_ms: u64,
-    /// Links with this peer dropped in a row soon after they came up, or
-    /// over something refused ([`ClusterCore::redial_after_drop`]).
+    /// Links with this peer dropped in a row over refused state, none of
+    /// them up for `--detect` ([`ClusterCore::redial_after_drop`]).
     flaps: u32,
     flap_warn: RateLimit,
     /// The peer has this node's snapshot on this link.
@@ -295,6 +299,9 @@ struct InLink {
     /// Entries of that snapshot left out: their tokens are beyond this
     /// node's window.
     left_out: usize,
+    /// The `seq` of the snapshot it carried to the lock owner, if any
+    /// (what a `StateRefused` names).
+    snapshot_seq: Option<u64>,
 }
 
 /// The cluster core of one node. See the module doc.
@@ -332,6 +339,11 @@ pub struct ClusterCore {
     ceiling: u64,
     /// When this node last heard from the active it follows.
     heard_active_ms: u64,
+    /// The last snapshot passed to the lock owner: its `seq` (0 before
+    /// any) and the node it came from. A `StateRefused` about an older one
+    /// is stale: the lock owner's table has been replaced since.
+    snapshot_seq: u64,
+    snapshot_from: Option<usize>,
     effects: Vec<ClusterEffect>,
 }
 
@@ -383,6 +395,8 @@ impl ClusterCore {
             last_issued: 0,
             ceiling: 0,
             heard_active_ms: 0,
+            snapshot_seq: 0,
+            snapshot_from: None,
             effects: Vec::new(),
         }
     }
@@ -645,6 +659,45 @@ impl ClusterCore {
         base - base / 4 + if spread == 0 { 0 } else { z % (spread + 1) }
     }
 
+    /// The wait before the next dial after the `flaps`-th link in a row
+    /// with `p` dropped over refused state (`flaps` ≥ 2): doubling from
+    /// RECONNECT_MS, with jitter, and never above `--detect`/2 (no floor:
+    /// with `--detect 0.02` that is 10 ms).
+    ///
+    /// Why that bound: each node's heartbeats travel only on its own
+    /// outgoing link, and the first thing on every new link is one
+    /// ([`ClusterCore::handle_link_up`] sends a heartbeat at once). In a
+    /// refusal loop both nodes wait at most `--detect`/2, then dial (a
+    /// connect and a handshake: a couple of round trips) and send a
+    /// heartbeat on the new link; so each hears the other at least every
+    /// `--detect`/2 plus those round trips, below `--detect` and below
+    /// [`silence_limit_ms`] (`--detect` + two heartbeat periods) by more
+    /// than half of `--detect`. Neither finds the other dead, nor does the
+    /// standby promote itself over a live active, however small
+    /// `--detect` is (a network slower than that margin would fail
+    /// `--detect` without any backoff). Within a round the active's
+    /// heartbeat comes before its snapshot, so the refusing standby hears
+    /// it too.
+    fn flap_backoff_ms(&mut self, flaps: u32) -> u64 {
+        let cap = self.detect_ms / 2;
+        self.backoff_ms(flaps.saturating_sub(1), OutDown::Refused)
+            .min(cap)
+    }
+
+    /// Did the peer refuse the state this node sent on its link to `p`?
+    /// This node is active and sent its snapshot on that link, and `p` has
+    /// not said it holds that state since: a drop now is `p` refusing it
+    /// (a lower `--max-keys` or `--max-lease`), or a drop in the middle of
+    /// a snapshot (counted the same: only the second in a row backs off).
+    fn peer_refusing(&self, p: usize) -> bool {
+        self.outs.get(p).is_some_and(|o| o.snap_sent)
+            && self.roles.role_name().is_active()
+            && !self
+                .roles
+                .peer_beat(p)
+                .is_some_and(|b| b.synced && b.following == Some(self.me))
+    }
+
     /// Is the outgoing link to `p` up, and since less than `--detect`?
     fn out_young(&self, p: usize, now: Now) -> bool {
         self.outs.get(p).is_some_and(|o| {
@@ -652,35 +705,38 @@ impl ClusterCore {
         })
     }
 
-    /// The links with `p` dropped (either one: the other goes with it), a
-    /// link that was up for less than `--detect` or that carried something
-    /// refused (`quick`), or not: when to dial `p` again. After a link that
-    /// was healthy, at once (to tell a dead peer from a blip quickly: the
-    /// dial is refused), as after the first quick drop. Each further quick
-    /// drop in a row counts as a failed dial: the wait doubles from
-    /// RECONNECT_MS up to the cap of a refused dial (`--detect`/2, at most
-    /// RECONNECT_MAX_MS), so two nodes one of which refuses the other's
-    /// state (different `--max-keys`, say) do not relink in a tight loop;
-    /// that is warned about once per WARN_EVERY_MS, and the links' own
-    /// lines go to debug meanwhile ([`ClusterCore::log_link`]).
-    fn redial_after_drop(&mut self, now: Now, p: usize, quick: bool) -> u64 {
+    /// The links with `p` dropped (either one: the other goes with it),
+    /// over state refused (`refused`: this node refused something the link
+    /// carried, or its lock owner refused the state, or `p` is refusing
+    /// this node's snapshot: [`ClusterCore::peer_refusing`]) or not: when
+    /// to dial `p` again. Any other drop (a blip, a silent link, a crash,
+    /// however young the link) is redialed at once, as is the first
+    /// refused one (to tell a dead peer from a blip quickly: the dial is
+    /// refused). Each further refused drop in a row backs off
+    /// ([`ClusterCore::flap_backoff_ms`], at most `--detect`/2), so two
+    /// nodes one of which refuses the other's state (different
+    /// `--max-keys`, say) do not relink in a tight loop, and still hear
+    /// each other well within `--detect`; that is warned about once per
+    /// WARN_EVERY_MS, and the links' own lines go to debug meanwhile
+    /// ([`ClusterCore::log_link`]).
+    fn redial_after_drop(&mut self, now: Now, p: usize, refused: bool) -> u64 {
         let out = &mut self.outs[p];
-        if !quick {
+        if !refused {
             out.flaps = 0;
             out.failures = 0;
             return now.ms;
         }
         out.flaps = out.flaps.saturating_add(1);
-        out.failures = out.flaps - 1;
-        if out.failures == 0 {
+        out.failures = 0;
+        if out.flaps == 1 {
             return now.ms;
         }
-        let (flaps, failures) = (out.flaps, out.failures);
-        let wait = self.backoff_ms(failures, OutDown::Refused);
+        let flaps = out.flaps;
+        let wait = self.flap_backoff_ms(flaps);
         if let Some(n) = self.outs[p].flap_warn.allow(now.ms, WARN_EVERY_MS) {
             log::warn!(
-                "replication: links with {} keep dropping soon after they come up ({flaps} in a \
-                 row): dialing it again in {wait} ms, and backing off further while they do. A \
+                "replication: links with {} keep dropping over state one node refuses ({flaps} \
+                 in a row): dialing it again in {wait} ms, and backing off while they do. The \
                  node that refuses the other's state says why in its log: give every node the \
                  same --max-keys and --max-lease{}",
                 self.names[p],
@@ -713,8 +769,8 @@ impl ClusterCore {
                 p,
                 format_args!("link to {} dropped: {detail}", self.names[p]),
             );
-            let quick = self.out_young(p, now);
-            self.redial_after_drop(now, p, quick)
+            let refused = self.peer_refusing(p);
+            self.redial_after_drop(now, p, refused)
         } else {
             // A dial that failed: back off.
             let failures = out.failures.saturating_add(1);
@@ -892,24 +948,24 @@ impl ClusterCore {
             format_args!("link from {} dropped: {why}", self.names[p]),
         );
         self.roles.handle_state_lost(p);
-        let quick = match cause {
+        let refused = match cause {
             InDrop::Refused => true,
             // A partition or a blip: dial again at once, then every
             // heartbeat period, however young the link was.
             InDrop::Silent => false,
-            InDrop::Closed => {
-                now.ms.saturating_sub(state.proved_ms) < self.detect_ms || self.out_young(p, now)
-            }
+            InDrop::Closed => self.peer_refusing(p),
         };
         let out = &self.outs[p];
         let was_live = matches!(out.state, OutState::Up | OutState::Dialing { .. });
         if was_live {
             self.effects.push(ClusterEffect::DropOut { peer: p });
         }
-        // An outgoing link already down after a quick drop (the same one
-        // seen from that side, usually) keeps its backoff.
-        if was_live || !quick || out.flaps == 0 {
-            let retry_at_ms = self.redial_after_drop(now, p, quick);
+        // An outgoing link already down and backing off after a refused
+        // drop (the same drop seen from that side, usually) keeps its
+        // backoff: both links going count once, and the wait is short
+        // (at most `--detect`/2).
+        if was_live || out.flaps == 0 {
+            let retry_at_ms = self.redial_after_drop(now, p, refused);
             self.outs[p].state = OutState::Down { retry_at_ms };
         }
         let out = &mut self.outs[p];
@@ -1050,10 +1106,12 @@ impl ClusterCore {
                     left_out(n)
                 );
             }
-            if let Some(p) = peer {
+            if let Some(p) = peer
+                && (self.roles.following() == Some(p) || self.snapshot_from == Some(p))
+            {
                 // This node does not hold (and cannot take) its active's
                 // state from what it refused.
-                self.roles.handle_state_refused(p);
+                self.roles.handle_state_refused();
             }
             return self.drop_in(now, link, why, InDrop::Refused);
         }
@@ -1148,7 +1206,7 @@ impl ClusterCore {
                             entries.len(),
                             self.names[p]
                         );
-                        self.tell_table(ClusterToTable::Snapshot(entries));
+                        self.pass_snapshot(link, p, entries);
                         self.roles.handle_state_lost(p);
                         return;
                     }
@@ -1157,7 +1215,7 @@ impl ClusterCore {
                         entries.len(),
                         self.names[p]
                     );
-                    self.tell_table(ClusterToTable::Snapshot(entries));
+                    self.pass_snapshot(link, p, entries);
                     let effects = self.roles.handle_synced(now.ms, p);
                     self.apply_role_effects(now, effects);
                     self.heard_active_ms = now.ms;
@@ -1244,42 +1302,62 @@ impl ClusterCore {
                     }
                 }
             }
-            TableToCluster::StateRefused { why } => self.handle_state_refused(now, why),
+            TableToCluster::StateRefused { why, snapshot } => {
+                self.handle_state_refused(now, why, snapshot)
+            }
         }
     }
 
-    /// The lock owner refused part of the state its active sent (`why`):
-    /// this node cannot hold that state (its `--max-keys` is below what the
-    /// active holds, say). As for a message refused here, the link goes:
-    /// this node says it does not hold the active's state (it is not counted
-    /// in `standbys=`, no role is handed to it, an election prefers a node
-    /// that holds the state), and the active's next link starts with a
-    /// fresh snapshot — refused again while this node cannot hold it, and
-    /// redialed with a growing backoff meanwhile.
-    fn handle_state_refused(&mut self, now: Now, why: &str) {
-        let Some(p) = self.roles.following() else {
-            // It took the active role meanwhile (before this came through).
-            log::warn!(
-                "replication: the lock owner refused part of the state of the node this one \
-                 followed ({why}) and this node took the active role since: it serves without \
-                 that part"
+    /// The lock owner refused part of the state its active sent (`why`),
+    /// after the snapshot numbered `snapshot` (0: before any): this node
+    /// cannot hold that state (its `--max-keys` is below what the active
+    /// holds, say). A refusal about an older snapshot than the last one
+    /// passed on is stale (the table has been replaced since) and changes
+    /// nothing. Otherwise, as for a message refused here: unless this node
+    /// is active by now, it says it does not hold replicated state (it is
+    /// not counted in `standbys=`, no role is handed to it, an election
+    /// prefers a node that holds the state) — whomever it follows now, even
+    /// no one (its active just found dead); and the link that carried that
+    /// snapshot goes, if it is still up (no other: a newer link starts with
+    /// its own snapshot, judged on its own), so the active's next link
+    /// starts with a fresh snapshot — refused again while this node cannot
+    /// hold it, and redialed with a backoff meanwhile.
+    fn handle_state_refused(&mut self, now: Now, why: &str, snapshot: u64) {
+        if snapshot != self.snapshot_seq {
+            log::debug!(
+                "replication: the lock owner refused state of an older snapshot ({why}); a newer \
+                 one replaced it"
             );
             return;
-        };
-        self.roles.handle_state_refused(p);
-        if let Some(n) = self.refusal_warn[p].allow(now.ms, WARN_EVERY_MS) {
+        }
+        let from = self.snapshot_from;
+        let name = from.map_or("its active", |p| self.names[p].as_str());
+        if self.roles.role_name().is_active() {
+            // It took the active role meanwhile (before this came through).
             log::warn!(
-                "replication: this node cannot hold the state of {}, its active ({why}): \
+                "replication: the lock owner refused part of the state of {name}, which this \
+                 node followed ({why}), and this node took the active role since: it serves \
+                 without that part"
+            );
+            return;
+        }
+        self.roles.handle_state_refused();
+        let limit = match from {
+            Some(p) => &mut self.refusal_warn[p],
+            None => &mut self.stranger_warn,
+        };
+        if let Some(n) = limit.allow(now.ms, WARN_EVERY_MS) {
+            log::warn!(
+                "replication: this node cannot hold the state of {name}, its active ({why}): \
                  dropping the link; it does not count as holding that state until it can take a \
                  snapshot of it. Give every node the same --max-keys and --max-lease{}",
-                self.names[p],
                 left_out(n)
             );
         }
         let links: Vec<LinkId> = self
             .ins
             .iter()
-            .filter(|(_, l)| l.peer == Some(p))
+            .filter(|(_, l)| from.is_some() && l.peer == from && l.snapshot_seq == Some(snapshot))
             .map(|(id, _)| *id)
             .collect();
         for link in links {
@@ -1287,6 +1365,20 @@ impl ClusterCore {
         }
         // Say so at once on any link still up.
         self.send_beats();
+    }
+
+    /// Pass the snapshot that incoming link `link` from `p` carried to the
+    /// lock owner, numbered for a `StateRefused` about it.
+    fn pass_snapshot(&mut self, link: LinkId, p: usize, entries: Vec<Delta>) {
+        self.snapshot_seq = self.snapshot_seq.saturating_add(1);
+        self.snapshot_from = Some(p);
+        if let Some(l) = self.ins.get_mut(&link) {
+            l.snapshot_seq = Some(self.snapshot_seq);
+        }
+        self.tell_table(ClusterToTable::Snapshot {
+            seq: self.snapshot_seq,
+            entries,
+        });
     }
 
     fn send_snapshot(&mut self, now: Now, peer: usize, entries: Vec<Delta>, ceiling: u64) {
@@ -1796,19 +1888,21 @@ mod tests {
         assert!(out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
         assert!(
             !out.iter()
-                .any(|e| matches!(e, ClusterEffect::ToTable(ClusterToTable::Snapshot(_)))),
+                .any(|e| matches!(e, ClusterEffect::ToTable(ClusterToTable::Snapshot { .. }))),
             "{out:?}"
         );
         assert!(!core.roles().beat().synced);
     }
 
-    /// The cap of the redial backoff: `--detect`/2, within 100 ms..1 s.
+    /// The cap of the backoff after links dropped over refused state:
+    /// `--detect`/2, jitter included.
     fn redial_cap() -> u64 {
-        (DETECT / 2).clamp(RECONNECT_MS, RECONNECT_MAX_MS)
+        DETECT / 2
     }
 
     /// Waits of a backoff that doubles from RECONNECT_MS to the cap (each
-    /// within its ±25% jitter), after a first redial at once.
+    /// within its ±25% jitter, never above the cap), after a first redial
+    /// at once.
     fn assert_backs_off(waits: &[u64]) {
         let cap = redial_cap();
         assert_eq!(waits[0], 0, "the first redial is at once: {waits:?}");
@@ -1817,82 +1911,198 @@ mod tests {
             "then as after a failed dial: {waits:?}"
         );
         assert!(waits[2] > waits[1], "doubling: {waits:?}");
-        assert!(waits.iter().all(|&w| w <= cap * 5 / 4), "{waits:?}");
+        assert!(waits.iter().all(|&w| w <= cap), "{waits:?}");
         assert!(
             waits[waits.len() - 1] >= cap * 3 / 4,
             "reaches the cap: {waits:?}"
         );
     }
 
-    #[test]
-    fn a_link_that_keeps_dropping_soon_after_it_comes_up_is_redialed_ever_later() {
-        // The peer drops every link of this node a few ms after it comes up
-        // (it refuses this node's snapshot: another --max-keys, say).
-        let mut core = new_core(0, 2);
-        core.handle_tick(at(0));
+    /// Active `core` (node 0 of 2) hears node 1 follow it (not synced) on
+    /// incoming link `link`, and sends it a snapshot on its link at `t`.
+    fn snapshot_to_follower(core: &mut ClusterCore, link: LinkId, t: u64) {
+        core.handle_peer_msg(at(t), link, beat(RoleName::Standby, Some(0), false));
+        core.handle_tick(at(t));
+        let wanted = ClusterEffect::ToTable(ClusterToTable::SnapshotWanted { peer: 1 });
+        assert!(effects(core).contains(&wanted));
+        core.handle_table(
+            at(t),
+            TableToCluster::Snapshot {
+                peer: 1,
+                entries: vec![],
+                ceiling: 99,
+            },
+        );
+        effects(core);
+    }
+
+    /// Node 0, active, with its follower node 1 linked both ways; the
+    /// incoming link is `link`.
+    fn active_with_follower(detect_ms: u64, link: LinkId) -> (ClusterCore, u64) {
+        let mut core = ClusterCore::new(0, names(2), ClusterParams::with_detect(detect_ms), at(0));
+        core.handle_tick(at(detect_ms + 1));
+        let t = dial_up(&mut core, 1, detect_ms + 1);
+        assert!(core.roles().role_name().is_active());
+        core.handle_in_opened(at(t), link);
+        core.handle_in_authenticated(at(t), link, 1);
         effects(&mut core);
-        core.handle_link_up(at(1), 1);
-        let mut now = 1;
-        let mut waits = Vec::new();
-        for _ in 0..8 {
-            core.handle_link_down(at(now + 5), 1, OutDown::Failed, "reset");
-            let t = dial_up(&mut core, 1, now + 5);
-            waits.push(t - (now + 5));
-            now = t;
+        (core, t)
+    }
+
+    /// One round of a follower refusing the snapshot of active `core`:
+    /// both links come up (incoming `link`), the snapshot goes out, and the
+    /// follower drops both links 1 ms later, its incoming one seen first
+    /// or last. Returns when the round ends.
+    fn refused_round(core: &mut ClusterCore, link: LinkId, t: u64, in_first: bool) -> u64 {
+        snapshot_to_follower(core, link, t);
+        if in_first {
+            // This node drops its outgoing link with it (no report).
+            core.handle_in_closed(at(t + 1), link, "eof");
+        } else {
+            core.handle_link_down(at(t + 1), 1, OutDown::Failed, "eof");
+            core.handle_in_closed(at(t + 1), link, "eof");
         }
-        assert_backs_off(&waits);
-        // A failed dial in between goes on from there.
-        core.handle_link_down(at(now + 5), 1, OutDown::Failed, "reset");
-        let t = next_dial(&mut core, 1, now + 5);
-        core.handle_link_down(at(t + 1), 1, OutDown::Refused, "refused");
-        let t2 = next_dial(&mut core, 1, t + 1);
-        assert!(t2 - (t + 1) >= redial_cap() * 3 / 4, "{}", t2 - t - 1);
-        // A link that stays up for --detect is healthy: its drop is
-        // redialed at once, as is the next quick one; then it backs off
-        // again from RECONNECT_MS.
-        core.handle_link_up(at(t2), 1);
-        core.handle_tick(at(t2 + DETECT));
-        effects(&mut core);
-        core.handle_link_down(at(t2 + DETECT + 1), 1, OutDown::Failed, "reset");
-        let mut now = dial_up(&mut core, 1, t2 + DETECT + 1);
-        assert_eq!(now, t2 + DETECT + 1, "a healthy link is redialed at once");
-        let mut waits = Vec::new();
-        for _ in 0..6 {
-            core.handle_link_down(at(now + 5), 1, OutDown::Failed, "reset");
-            let t = dial_up(&mut core, 1, now + 5);
-            waits.push(t - (now + 5));
-            now = t;
-        }
-        assert_backs_off(&waits);
+        t + 1
     }
 
     #[test]
-    fn both_links_dropping_together_count_once_and_a_refusal_counts_even_on_an_old_link() {
-        // Node 1's peer drops both links a few ms after they come up, the
-        // incoming one seen first or last: the backoff grows by one step
-        // per round, not two.
-        let mut core = linked(1);
-        let mut now = 1;
+    fn links_a_follower_keeps_dropping_after_this_nodes_snapshot_are_redialed_ever_later() {
+        // Node 1 drops every link of this active node right after its
+        // snapshot (it refuses it: another --max-keys, say), the incoming
+        // one seen first or last: the backoff grows by one step per round,
+        // not two.
+        let (mut core, mut now) = active_with_follower(DETECT, 7);
         let mut link = 7;
         let mut waits = Vec::new();
         for round in 0..8 {
+            let down = refused_round(&mut core, link, now, round % 2 == 0);
+            now = dial_up(&mut core, 1, down);
+            waits.push(now - down);
+            link += 1;
+            core.handle_in_opened(at(now), link);
+            core.handle_in_authenticated(at(now), link, 1);
+            effects(&mut core);
+        }
+        assert_backs_off(&waits);
+        // A link that stays up for --detect is healthy: the next refused
+        // drop is redialed at once.
+        let down = refused_round(&mut core, link, now + DETECT, true);
+        assert_eq!(
+            dial_up(&mut core, 1, down),
+            down,
+            "at once after a healthy link"
+        );
+    }
+
+    #[test]
+    fn young_links_that_drop_over_nothing_refused_are_always_redialed_at_once() {
+        // A blip, a crash, a peer dropping a silent link: however young the
+        // link and however often, no backoff (a backoff here would keep
+        // this node's heartbeats from a peer that is counting the silence).
+        // Standby side: the active drops the links a few ms after they
+        // come up.
+        let mut core = linked(1);
+        let mut now = 1;
+        let mut link = 7;
+        for round in 0..8 {
             let t = now + 5;
             if round % 2 == 0 {
-                // This node drops its outgoing link with it (no report).
                 core.handle_in_closed(at(t), link, "eof");
             } else {
                 core.handle_link_down(at(t), 0, OutDown::Failed, "eof");
                 core.handle_in_closed(at(t), link, "eof");
             }
             now = dial_up(&mut core, 0, t);
-            waits.push(now - t);
+            assert_eq!(now, t, "round {round}: at once");
             link += 1;
             core.handle_in_opened(at(now), link);
             core.handle_in_authenticated(at(now), link, 0);
             effects(&mut core);
         }
-        assert_backs_off(&waits);
+        // Active side: links that carried no snapshot yet, or whose
+        // follower said it holds the state, drop young: at once too.
+        let (mut core, mut now) = active_with_follower(DETECT, 7);
+        let mut link = 7;
+        for round in 0..8 {
+            if round % 2 == 1 {
+                snapshot_to_follower(&mut core, link, now);
+                core.handle_peer_msg(at(now), link, beat(RoleName::Standby, Some(0), true));
+            }
+            core.handle_link_down(at(now + 2), 1, OutDown::Failed, "reset");
+            core.handle_in_closed(at(now + 2), link, "eof");
+            let t = dial_up(&mut core, 1, now + 2);
+            assert_eq!(t, now + 2, "round {round}: at once");
+            now = t;
+            link += 1;
+            core.handle_in_opened(at(now), link);
+            core.handle_in_authenticated(at(now), link, 1);
+            effects(&mut core);
+        }
+    }
 
+    #[test]
+    fn the_backoff_over_refused_state_never_waits_more_than_half_of_detect() {
+        // With a small --detect a wait of RECONNECT_MS or more would outlast
+        // the silence limit: every wait stays within --detect/2, jitter
+        // included, so each new link's first heartbeat keeps both nodes
+        // live (see ClusterCore::flap_backoff_ms).
+        for detect in [20, 100, 1000] {
+            let (mut core, mut now) = active_with_follower(detect, 7);
+            let mut link = 7;
+            let mut waits = Vec::new();
+            for round in 0..12 {
+                let down = refused_round(&mut core, link, now, round % 2 == 0);
+                now = dial_up(&mut core, 1, down);
+                waits.push(now - down);
+                link += 1;
+                core.handle_in_opened(at(now), link);
+                core.handle_in_authenticated(at(now), link, 1);
+                effects(&mut core);
+            }
+            assert_eq!(waits[0], 0, "detect {detect}: {waits:?}");
+            assert!(waits[1] > 0, "detect {detect}: backs off: {waits:?}");
+            assert!(
+                waits.iter().all(|&w| w <= detect / 2),
+                "detect {detect}: {waits:?}"
+            );
+            assert!(
+                waits[11] >= (detect / 2).min(RECONNECT_MAX_MS) * 3 / 4,
+                "detect {detect}: reaches the cap: {waits:?}"
+            );
+            // The standby's side: it refuses what the active sends.
+            let params = ClusterParams {
+                max_lease_ms: 60_000,
+                ..ClusterParams::with_detect(detect)
+            };
+            let mut core = linked_with(1, params);
+            let bad = PeerMsg::Delta(Delta::Grant {
+                key: key("k"),
+                token: 16,
+                ms_left: 60_001,
+            });
+            let mut now = 2;
+            let mut link = 7;
+            let mut waits = Vec::new();
+            for _ in 0..12 {
+                core.handle_peer_msg(at(now), link, bad.clone());
+                let t = dial_up(&mut core, 0, now);
+                waits.push(t - now);
+                link += 1;
+                core.handle_in_opened(at(t), link);
+                core.handle_in_authenticated(at(t), link, 0);
+                effects(&mut core);
+                now = t + 1;
+            }
+            assert!(waits[1] > 0, "detect {detect}: backs off: {waits:?}");
+            assert!(
+                waits.iter().all(|&w| w <= detect / 2),
+                "detect {detect}: {waits:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refusal_counts_even_on_an_old_link() {
         // A link up for long that carries something refused (a lease above
         // --max-lease) is redialed at once; the next refusals back off.
         let params = ClusterParams {
@@ -1966,6 +2176,7 @@ mod tests {
             at(4),
             TableToCluster::StateRefused {
                 why: "a grant past --max-keys",
+                snapshot: 1,
             },
         );
         let out = effects(&mut core);
@@ -2001,12 +2212,106 @@ mod tests {
             at(t + 3),
             TableToCluster::StateRefused {
                 why: "a grant past --max-keys",
+                snapshot: 2,
             },
         );
         assert!(
             !effects(&mut core)
                 .iter()
                 .any(|e| matches!(e, ClusterEffect::DropIn { .. })),
+        );
+    }
+
+    #[test]
+    fn a_state_refusal_is_matched_to_the_snapshot_it_came_after() {
+        let refused = |snapshot| TableToCluster::StateRefused {
+            why: "a grant past --max-keys",
+            snapshot,
+        };
+        let mut core = linked(1);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_tick(at(2));
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+        // Link 7 drops (a blip); link 8 from node 0 carries snapshot 2,
+        // which the lock owner takes.
+        core.handle_in_closed(at(4), 7, "eof");
+        let t = dial_up(&mut core, 0, 4);
+        core.handle_in_opened(at(t), 8);
+        core.handle_in_authenticated(at(t), 8, 0);
+        core.handle_peer_msg(at(t), 8, beat(RoleName::Active, None, false));
+        core.handle_peer_msg(at(t), 8, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(t), 8, PeerMsg::SnapshotEnd);
+        assert!(core.roles().beat().synced);
+        effects(&mut core);
+        // A refusal of snapshot 1 comes through late: stale, the table was
+        // replaced since. The good link stays, and so does the state.
+        core.handle_table(at(t + 1), refused(1));
+        let out = effects(&mut core);
+        assert!(
+            !out.iter()
+                .any(|e| matches!(e, ClusterEffect::DropIn { .. })),
+            "{out:?}"
+        );
+        assert!(core.roles().beat().synced && core.roles().beat().has_state);
+        // Node 0 replaces link 8 with link 9 (no snapshot on it yet), then
+        // the refusal of snapshot 2 comes: no state held, and link 9 stays
+        // (its own snapshot will be judged on its own).
+        core.handle_in_opened(at(t + 2), 9);
+        core.handle_in_authenticated(at(t + 2), 9, 0);
+        effects(&mut core);
+        core.handle_table(at(t + 3), refused(2));
+        let out = effects(&mut core);
+        assert!(!out.contains(&ClusterEffect::DropIn { link: 9 }), "{out:?}");
+        assert!(!core.roles().beat().has_state);
+        // A refusal of the snapshot a link still carries drops that link.
+        core.handle_peer_msg(at(t + 4), 9, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(t + 4), 9, PeerMsg::SnapshotEnd);
+        effects(&mut core);
+        core.handle_table(at(t + 5), refused(3));
+        let out = effects(&mut core);
+        assert!(out.contains(&ClusterEffect::DropIn { link: 9 }), "{out:?}");
+    }
+
+    #[test]
+    fn a_state_refusal_after_the_active_is_found_dead_still_means_no_state_held() {
+        // Node 2 of 3 follows node 0 and took its snapshot; node 1 (ranked
+        // above it) is a standby too. Node 0 is found dead, then node 2's
+        // lock owner's refusal comes through: node 2 follows no one, yet
+        // must not say it holds the state (node 1 does, and must win).
+        let mut core = new_core(2, 3);
+        core.handle_tick(at(0));
+        core.handle_link_up(at(1), 0);
+        core.handle_link_up(at(1), 1);
+        core.handle_in_opened(at(1), 7);
+        core.handle_in_authenticated(at(1), 7, 0);
+        core.handle_in_opened(at(1), 8);
+        core.handle_in_authenticated(at(1), 8, 1);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_peer_msg(at(2), 8, beat(RoleName::Standby, Some(0), true));
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+        assert!(core.roles().beat().has_state);
+        core.handle_in_closed(at(4), 7, "eof");
+        core.handle_link_down(at(4), 0, OutDown::Refused, "refused");
+        assert_eq!(core.roles().following(), None);
+        assert!(!core.roles().role_name().is_active());
+        effects(&mut core);
+        core.handle_table(
+            at(5),
+            TableToCluster::StateRefused {
+                why: "a grant past --max-keys",
+                snapshot: 1,
+            },
+        );
+        assert!(
+            !core.roles().beat().has_state,
+            "not preferred in the election"
+        );
+        let out = effects(&mut core);
+        assert!(
+            !out.contains(&ClusterEffect::DropIn { link: 8 }),
+            "node 1's link stays: {out:?}"
         );
     }
 
@@ -2325,7 +2630,10 @@ mod tests {
         let out = effects(&mut core);
         assert_eq!(
             out[0],
-            ClusterEffect::ToTable(ClusterToTable::Snapshot(vec![grant]))
+            ClusterEffect::ToTable(ClusterToTable::Snapshot {
+                seq: 1,
+                entries: vec![grant]
+            })
         );
         assert!(core.roles().beat().synced);
         assert!(out.iter().any(|e| matches!(
@@ -2612,9 +2920,10 @@ mod tests {
         let out = effects(&mut core);
         assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
         assert!(
-            out.contains(&ClusterEffect::ToTable(ClusterToTable::Snapshot(vec![
-                near
-            ]))),
+            out.contains(&ClusterEffect::ToTable(ClusterToTable::Snapshot {
+                seq: 1,
+                entries: vec![near]
+            })),
             "{out:?}"
         );
         assert!(!core.roles().beat().synced, "it left part of the state out");

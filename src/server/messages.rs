@@ -163,8 +163,11 @@ pub enum TableToCluster {
     /// A standby's lock owner refused part of what its active replicated
     /// (`why`: a grant past its `--max-keys`, say): it does not hold that
     /// state, so the link it came on goes, as for a message the cluster
-    /// core refuses. Said once per snapshot taken.
-    StateRefused { why: &'static str },
+    /// core refuses. Said once per snapshot taken; `snapshot` is the `seq`
+    /// of the last [`ClusterToTable::Snapshot`] before the refused state (0
+    /// if none), so that the cluster core ignores a refusal that a newer
+    /// snapshot has made stale and drops only the link that carried it.
+    StateRefused { why: &'static str, snapshot: u64 },
 }
 
 /// What the cluster core tells the lock owner's core.
@@ -185,8 +188,9 @@ pub enum ClusterToTable {
     /// Shutting down with no successor: answer every waiter `M -`, then
     /// answer `Redirected`.
     Retire,
-    /// Replace the table with the active's.
-    Snapshot(Vec<Delta>),
+    /// Replace the table with the active's; `seq` numbers the snapshots
+    /// the cluster core passed on (from 1), for `StateRefused`.
+    Snapshot { seq: u64, entries: Vec<Delta> },
     /// Apply the active's deltas.
     Deltas(Vec<Delta>),
     /// Lift the token counter above this.
@@ -200,7 +204,7 @@ impl ClusterToTable {
     /// snapshot entry (what [`capacity::CLUSTER_ENTRIES`] counts).
     pub fn weight(&self) -> usize {
         match self {
-            ClusterToTable::Snapshot(entries) | ClusterToTable::Deltas(entries) => {
+            ClusterToTable::Snapshot { entries, .. } | ClusterToTable::Deltas(entries) => {
                 entries.len().saturating_add(1)
             }
             _ => 1,

@@ -996,9 +996,10 @@ mod tests {
     fn a_snapshot_counts_whole_and_an_owner_gone_leaves_nothing_counted() {
         let queued = Arc::new(ClusterQueued::default());
         let mut q = OwnerQueue::new(Arc::clone(&queued), 100);
-        q.push(ClusterToTable::Snapshot(
-            (1..=500).map(|c| Delta::Ceiling(c * 16)).collect(),
-        ));
+        q.push(ClusterToTable::Snapshot {
+            seq: 1,
+            entries: (1..=500).map(|c| Delta::Ceiling(c * 16)).collect(),
+        });
         assert_eq!(q.queued(), 501);
         assert!(!q.takes_peer_input());
         let (tx, rx) = bounded(1);

@@ -251,13 +251,16 @@ impl Roles {
         }
     }
 
-    /// This node refused part of the state of `from` (a grant past its
-    /// `--max-keys`, a lease above its `--max-lease`): if it is the active
-    /// this node follows, this node neither holds its full state nor can
-    /// take it, so it no longer says it holds replicated state at all (an
-    /// election prefers a node that does) until a snapshot it can take.
-    pub fn handle_state_refused(&mut self, from: usize) {
-        if self.following == Some(from) {
+    /// This node refused part of the state it replicates (a grant past its
+    /// `--max-keys`, a lease above its `--max-lease`; the caller knows
+    /// whose): unless it is active (serving what it has), it neither holds
+    /// that state nor can take it, so it no longer says it holds
+    /// replicated state at all (an election prefers a node that does) until
+    /// a snapshot it can take — whomever it follows now, even no one (its
+    /// active just found dead: it must not win the election over a node
+    /// that holds the whole state).
+    pub fn handle_state_refused(&mut self) {
+        if !matches!(self.role, Role::Active | Role::HandingOff { .. }) {
             self.synced = false;
             self.has_state = false;
         }
@@ -712,10 +715,7 @@ mod tests {
         assert_eq!(n1.following(), Some(0));
         n1.handle_synced(2, 0);
         assert!(n1.beat().synced && n1.beat().has_state);
-        // Refused by a node it does not follow: nothing changes.
-        n1.handle_state_refused(2);
-        assert!(n1.beat().synced);
-        n1.handle_state_refused(0);
+        n1.handle_state_refused();
         assert!(!n1.beat().synced, "not counted, not a successor");
         assert!(!n1.beat().has_state, "not preferred in an election");
         n1.handle_handoff(3, 0);
@@ -729,9 +729,28 @@ mod tests {
         let mut n1 = Roles::new(1, 2, DETECT, 500, 0);
         n1.handle_beat(1, 0, beat(RoleName::Active, None, false, true));
         n1.handle_synced(2, 0);
-        n1.handle_state_refused(0);
+        n1.handle_state_refused();
         n1.handle_synced(3, 0);
         assert!(n1.beat().synced && n1.beat().has_state);
+        // Its active just found dead (it follows no one), then the refusal
+        // comes through: it holds no state all the same.
+        // Node 2, ranked below node 1 (which holds the state too), waits
+        // for the election.
+        let mut n2 = Roles::new(2, 3, DETECT, 500, 0);
+        n2.handle_beat(1, 0, beat(RoleName::Active, None, false, true));
+        n2.handle_synced(2, 0);
+        n2.handle_beat(3, 1, standby_of(0));
+        n2.handle_peer_dead(4, 0);
+        assert_eq!(n2.following(), None);
+        assert!(!n2.role_name().is_active());
+        assert!(n2.beat().has_state);
+        n2.handle_state_refused();
+        assert!(!n2.beat().has_state, "not preferred in the election");
+        // An active node keeps serving what it has.
+        let mut n0 = Roles::new(0, 1, DETECT, 500, 0);
+        assert_eq!(n0.role_name(), RoleName::Active);
+        n0.handle_state_refused();
+        assert_eq!(n0.role_name(), RoleName::Active);
     }
 
     #[test]

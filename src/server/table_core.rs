@@ -137,6 +137,9 @@ pub struct TableCore {
     /// (`StateRefused`): once is enough, the link goes and the next one
     /// starts with a snapshot.
     refused: Option<&'static str>,
+    /// The `seq` of the last snapshot taken (0 before any): what a
+    /// `StateRefused` is about.
+    snapshot_seq: u64,
     /// The `I` answer last rendered, with the figures it shows; reused
     /// while they stay the same (forgotten when a cluster message may have
     /// changed the mode or the active's name).
@@ -169,6 +172,7 @@ impl TableCore {
             deltas_sent_ms: None,
             refusal_log: RateLimit::default(),
             refused: None,
+            snapshot_seq: 0,
             info: None,
         }
     }
@@ -404,7 +408,8 @@ impl TableCore {
                 self.stop_serving(now, None);
                 self.effects.redirected = true;
             }
-            ClusterToTable::Snapshot(entries) => {
+            ClusterToTable::Snapshot { seq, entries } => {
+                self.snapshot_seq = seq;
                 let active = match &self.mode {
                     Mode::Standby { active } => active.clone(),
                     _ => None,
@@ -457,9 +462,10 @@ impl TableCore {
     fn tell_refused(&mut self, why: &'static str) {
         if self.refused.is_none() {
             self.refused = Some(why);
-            self.effects
-                .to_cluster
-                .push(TableToCluster::StateRefused { why });
+            self.effects.to_cluster.push(TableToCluster::StateRefused {
+                why,
+                snapshot: self.snapshot_seq,
+            });
         }
     }
 
@@ -1230,7 +1236,14 @@ mod tests {
             token: 77,
             ms_left: 500,
         };
-        cluster(&mut core, at(2), ClusterToTable::Snapshot(vec![grant]));
+        cluster(
+            &mut core,
+            at(2),
+            ClusterToTable::Snapshot {
+                seq: 1,
+                entries: vec![grant],
+            },
+        );
         assert_eq!(core.table().stats().held, 1);
         cluster(
             &mut core,
@@ -1268,7 +1281,10 @@ mod tests {
         let out = cluster(
             &mut core,
             at(2),
-            ClusterToTable::Snapshot(vec![grant("a", 16)]),
+            ClusterToTable::Snapshot {
+                seq: 1,
+                entries: vec![grant("a", 16)],
+            },
         );
         assert_eq!(refused(&out), 0);
         let out = cluster(
@@ -1280,9 +1296,10 @@ mod tests {
         assert_eq!(
             out.to_cluster,
             vec![TableToCluster::StateRefused {
-                why: "a grant past --max-keys"
+                why: "a grant past --max-keys",
+                snapshot: 1,
             }],
-            "said once for the two refused"
+            "said once for the two refused, naming the snapshot they came after"
         );
         let out = cluster(
             &mut core,
@@ -1294,13 +1311,25 @@ mod tests {
         let out = cluster(
             &mut core,
             at(5),
-            ClusterToTable::Snapshot(vec![grant("a", 16), grant("b", 32), grant("c", 48)]),
+            ClusterToTable::Snapshot {
+                seq: 2,
+                entries: vec![grant("a", 16), grant("b", 32), grant("c", 48)],
+            },
         );
-        assert_eq!(refused(&out), 1);
+        assert_eq!(
+            out.to_cluster,
+            vec![TableToCluster::StateRefused {
+                why: "a grant past --max-keys",
+                snapshot: 2,
+            }]
+        );
         let out = cluster(
             &mut core,
             at(6),
-            ClusterToTable::Snapshot(vec![grant("a", 16)]),
+            ClusterToTable::Snapshot {
+                seq: 3,
+                entries: vec![grant("a", 16)],
+            },
         );
         assert_eq!(refused(&out), 0, "one it can hold is taken whole");
         core.table().check_invariants();
