@@ -98,9 +98,14 @@ impl Cluster {
 
     /// Start (or restart) node `i`; returns once it listens.
     fn start(&mut self, i: usize) {
+        self.start_env(i, &[]);
+    }
+
+    /// Start (or restart) node `i` with `env` on top (`RUST_LOG`, say).
+    fn start_env(&mut self, i: usize, env: &[(&str, &str)]) {
         let mut flags = vec!["--detect", DETECT];
         flags.extend(self.args[i].iter().map(String::as_str));
-        self.nodes.start_with(i, &flags, &[]);
+        self.nodes.start_with(i, &flags, env);
     }
 
     fn start_all(&mut self) {
@@ -1101,15 +1106,19 @@ fn a_standby_that_refuses_a_replicated_grant_drops_the_link_and_is_neither_count
 /// Node 0 holds 8 keys; node 1 joins with `limits`, under which it refuses
 /// them (its log says `refusal`). Over a 3 s window of the two relinking,
 /// node 0 sends few snapshots and brings the link up few times, and
-/// neither node floods its log.
+/// neither node floods its log. Both log at debug: while links back off,
+/// their "is up" and "sending a snapshot" lines go to debug, and these are
+/// what a tight loop would multiply (thousands a second), so they are
+/// counted at every level; the info-and-above lines are bounded apart.
 fn a_standby_that_cannot_hold_the_state_is_redialed_with_backoff(limits: &[&str], refusal: &str) {
+    let debug = [("RUST_LOG", "debug")];
     let mut cluster = Cluster::new(2);
     cluster.add_args(0, &["--max-keys", "10"]);
     cluster.add_args(1, limits);
-    cluster.start(0);
+    cluster.start_env(0, &debug);
     cluster.wait_serving(0);
     grant_eight(&cluster);
-    cluster.start(1);
+    cluster.start_env(1, &debug);
     cluster.wait_standby_of(1, 0);
     wait_for("node 1 to refuse node 0's state", DEADLINE, || {
         cluster.node(1).log().contains(refusal).then_some(())
@@ -1119,7 +1128,7 @@ fn a_standby_that_cannot_hold_the_state_is_redialed_with_backoff(limits: &[&str]
         (
             lines_with(&log, "sending a snapshot"),
             lines_with(&log, "is up"),
-            log.lines().count(),
+            log.lines().filter(|l| !l.contains(" DEBUG ")).count(),
         )
     };
     let before = [count(0), count(1)];
@@ -1132,14 +1141,20 @@ fn a_standby_that_cannot_hold_the_state_is_redialed_with_backoff(limits: &[&str]
             after[i].1 - before[i].1,
             after[i].2 - before[i].2,
         );
-        println!("node {i} in 3 s: {snapshots} snapshot lines, {ups} link-up lines, {lines} lines");
+        println!(
+            "node {i} in 3 s: {snapshots} snapshot lines, {ups} link-up lines, {lines} lines above \
+             debug"
+        );
         let log = cluster.node(i).log();
         let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        // The backoff waits up to --detect/2 (250 ms) between rounds: about
+        // a dozen rounds in 3 s, each one snapshot and two link-up lines
+        // (the link to the peer and the link from it) per node.
         assert!(
-            snapshots <= 10,
+            snapshots <= 30,
             "node {i}: {snapshots} snapshots: {tail:#?}"
         );
-        assert!(ups <= 10, "node {i}: {ups} link-ups: {tail:#?}");
+        assert!(ups <= 60, "node {i}: {ups} link-ups: {tail:#?}");
         assert!(lines <= 30, "node {i}: {lines} lines: {tail:#?}");
     }
     let info = cluster.must_info(0);
