@@ -522,9 +522,9 @@ impl ClusterCore {
         }
     }
 
-    /// A link to `p` that dropped soon after it came up has now been up
-    /// for `--detect`: it is healthy again (its next drop is redialed at
-    /// once, and its lines go back to info).
+    /// A link to `p` after drops over refused state has now been up for
+    /// `--detect`: it is healthy again (its next drop is redialed at once,
+    /// and its lines go back to info).
     fn maybe_healthy(&mut self, p: usize, now: Now) {
         let out = &self.outs[p];
         if out.flaps > 0 && out.state == OutState::Up && !self.out_young(p, now) {
@@ -931,7 +931,7 @@ impl ClusterCore {
     /// Incoming link `link` is gone (`why`, in words; `cause` for the
     /// redial): this node's own link to its peer goes with it, and is
     /// dialed again at once — a refused dial means the peer is dead — unless
-    /// links with that peer keep dropping soon after they come up
+    /// links with that peer keep dropping over refused state
     /// ([`ClusterCore::redial_after_drop`]).
     fn in_closed(&mut self, now: Now, link: LinkId, why: &str, cause: InDrop) {
         let Some(state) = self.ins.remove(&link) else {

@@ -19,8 +19,9 @@
 //! transferring its role holds every request back (in order) until its
 //! successor confirms, then redirects them. A standby that refuses part of
 //! what its active replicates (a grant past its `--max-keys`, say) logs it
-//! and tells the cluster core, once per snapshot, which drops the link: it
-//! does not hold the active's state.
+//! and tells the cluster core, once per snapshot and naming that snapshot
+//! (so a refusal a newer one made stale is ignored), which drops the link
+//! that carried it: it does not hold the active's state.
 //!
 //! Run by the lock-owner thread (owner.rs, which only moves messages) and,
 //! for every simulated node, by the deterministic simulation.
