@@ -290,8 +290,6 @@ struct InLink {
     /// The peer it proved to be; None while the handshake runs.
     peer: Option<usize>,
     opened_ms: u64,
-    /// When it proved the key.
-    proved_ms: u64,
     /// When it last carried a message (its handshake, at first).
     heard_ms: u64,
     /// A snapshot is being received (entries so far).
@@ -883,7 +881,6 @@ impl ClusterCore {
         self.log_link(from, format_args!("link from {} is up", self.names[from]));
         if let Some(state) = self.ins.get_mut(&link) {
             state.peer = Some(from);
-            state.proved_ms = now.ms;
             state.heard_ms = now.ms;
         }
     }
