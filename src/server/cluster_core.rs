@@ -1950,6 +1950,29 @@ mod tests {
     /// both links come up (incoming `link`), the snapshot goes out, and the
     /// follower drops both links 1 ms later, its incoming one seen first
     /// or last. Returns when the round ends.
+    /// `rounds` rounds of the follower (node 1) dropping every link of
+    /// this active right after its snapshot, the first over incoming link
+    /// `link`, the incoming one seen first every other round: the wait
+    /// before each redial, and the time and incoming link after the last.
+    fn refused_rounds(
+        core: &mut ClusterCore,
+        mut now: u64,
+        mut link: LinkId,
+        rounds: usize,
+    ) -> (Vec<u64>, u64, LinkId) {
+        let mut waits = Vec::new();
+        for round in 0..rounds {
+            let down = refused_round(core, link, now, round % 2 == 0);
+            now = dial_up(core, 1, down);
+            waits.push(now - down);
+            link += 1;
+            core.handle_in_opened(at(now), link);
+            core.handle_in_authenticated(at(now), link, 1);
+            effects(core);
+        }
+        (waits, now, link)
+    }
+
     fn refused_round(core: &mut ClusterCore, link: LinkId, t: u64, in_first: bool) -> u64 {
         snapshot_to_follower(core, link, t);
         if in_first {
@@ -1968,18 +1991,8 @@ mod tests {
         // snapshot (it refuses it: another --max-keys, say), the incoming
         // one seen first or last: the backoff grows by one step per round,
         // not two.
-        let (mut core, mut now) = active_with_follower(DETECT, 7);
-        let mut link = 7;
-        let mut waits = Vec::new();
-        for round in 0..8 {
-            let down = refused_round(&mut core, link, now, round % 2 == 0);
-            now = dial_up(&mut core, 1, down);
-            waits.push(now - down);
-            link += 1;
-            core.handle_in_opened(at(now), link);
-            core.handle_in_authenticated(at(now), link, 1);
-            effects(&mut core);
-        }
+        let (mut core, now) = active_with_follower(DETECT, 7);
+        let (waits, now, link) = refused_rounds(&mut core, now, 7, 8);
         assert_backs_off(&waits);
         // A link that stays up for --detect is healthy: the next refused
         // drop is redialed at once.
@@ -2044,18 +2057,8 @@ mod tests {
         // included, so each new link's first heartbeat keeps both nodes
         // live (see ClusterCore::flap_backoff_ms).
         for detect in [20, 100, 1000] {
-            let (mut core, mut now) = active_with_follower(detect, 7);
-            let mut link = 7;
-            let mut waits = Vec::new();
-            for round in 0..12 {
-                let down = refused_round(&mut core, link, now, round % 2 == 0);
-                now = dial_up(&mut core, 1, down);
-                waits.push(now - down);
-                link += 1;
-                core.handle_in_opened(at(now), link);
-                core.handle_in_authenticated(at(now), link, 1);
-                effects(&mut core);
-            }
+            let (mut core, now) = active_with_follower(detect, 7);
+            let (waits, _, _) = refused_rounds(&mut core, now, 7, 12);
             assert_eq!(waits[0], 0, "detect {detect}: {waits:?}");
             assert!(waits[1] > 0, "detect {detect}: backs off: {waits:?}");
             assert!(
