@@ -14,21 +14,8 @@ fn help_lists_every_flag_and_exits_0() {
     for flag in ["--help", "-h"] {
         let run = run_to_exit(batond_path(), &[flag], DEADLINE);
         assert_eq!(run.code, Some(0), "batond {flag}: {run:?}");
-        for name in [
-            "--bind",
-            "--port",
-            "--peers",
-            "--advertise",
-            "--threads",
-            "--max-lease",
-            "--max-conns",
-            "--max-waiting",
-            "--max-keys",
-            "--busy-poll-us",
-            "--cluster-key-file",
-            "--insecure-peers",
-            "--help",
-        ] {
+        let every = baton::server::config::FLAGS.iter().chain([&"--help"]);
+        for name in every {
             assert!(run.stdout.contains(name), "--help lists {name}: {run:?}");
         }
     }

@@ -1965,12 +1965,19 @@ mod tests {
             let down = refused_round(core, link, now, round % 2 == 0);
             now = dial_up(core, 1, down);
             waits.push(now - down);
-            link += 1;
-            core.handle_in_opened(at(now), link);
-            core.handle_in_authenticated(at(now), link, 1);
-            effects(core);
+            link = new_in_link(core, now, link, 1);
         }
         (waits, now, link)
+    }
+
+    /// Peer `from` opens a new incoming link (the one after `link`) at `t`
+    /// and proves the key; effects taken. The new link.
+    fn new_in_link(core: &mut ClusterCore, t: u64, link: LinkId, from: usize) -> LinkId {
+        let link = link + 1;
+        core.handle_in_opened(at(t), link);
+        core.handle_in_authenticated(at(t), link, from);
+        effects(core);
+        link
     }
 
     fn refused_round(core: &mut ClusterCore, link: LinkId, t: u64, in_first: bool) -> u64 {
@@ -2024,10 +2031,7 @@ mod tests {
             }
             now = dial_up(&mut core, 0, t);
             assert_eq!(now, t, "round {round}: at once");
-            link += 1;
-            core.handle_in_opened(at(now), link);
-            core.handle_in_authenticated(at(now), link, 0);
-            effects(&mut core);
+            link = new_in_link(&mut core, now, link, 0);
         }
         // Active side: links that carried no snapshot yet, or whose
         // follower said it holds the state, drop young: at once too.
@@ -2043,10 +2047,7 @@ mod tests {
             let t = dial_up(&mut core, 1, now + 2);
             assert_eq!(t, now + 2, "round {round}: at once");
             now = t;
-            link += 1;
-            core.handle_in_opened(at(now), link);
-            core.handle_in_authenticated(at(now), link, 1);
-            effects(&mut core);
+            link = new_in_link(&mut core, now, link, 1);
         }
     }
 
@@ -2087,10 +2088,7 @@ mod tests {
                 core.handle_peer_msg(at(now), link, bad.clone());
                 let t = dial_up(&mut core, 0, now);
                 waits.push(t - now);
-                link += 1;
-                core.handle_in_opened(at(t), link);
-                core.handle_in_authenticated(at(t), link, 0);
-                effects(&mut core);
+                link = new_in_link(&mut core, t, link, 0);
                 now = t + 1;
             }
             assert!(waits[1] > 0, "detect {detect}: backs off: {waits:?}");
@@ -2125,10 +2123,7 @@ mod tests {
             assert!(out.contains(&ClusterEffect::DropOut { peer: 0 }), "{out:?}");
             let t = dial_up(&mut core, 0, now);
             waits.push(t - now);
-            link += 1;
-            core.handle_in_opened(at(t), link);
-            core.handle_in_authenticated(at(t), link, 0);
-            effects(&mut core);
+            link = new_in_link(&mut core, t, link, 0);
             now = t + 3;
         }
         assert_backs_off(&waits);
@@ -2154,10 +2149,7 @@ mod tests {
             );
             t += silence;
             core.handle_link_up(at(t), 1);
-            link += 1;
-            core.handle_in_opened(at(t), link);
-            core.handle_in_authenticated(at(t), link, 1);
-            effects(&mut core);
+            link = new_in_link(&mut core, t, link, 1);
         }
     }
 
