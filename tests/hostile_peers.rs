@@ -40,8 +40,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use baton::server::cluster_core::HANDSHAKE_MS;
-use baton::server::peer_auth::{ClusterKey, Dialer, LinkIds, NONCE_LEN, Sealer, peers_fingerprint};
+use baton::server::core::cluster_core::HANDSHAKE_MS;
+use baton::server::trust::peer_auth::{
+    ClusterKey, Dialer, LinkIds, NONCE_LEN, Sealer, peers_fingerprint,
+};
 use common::info::{field, num, probe, serving};
 use common::nodes::{Nodes, deref_to_nodes, start_node};
 use common::{DEADLINE, LineClient, Node, Query, Received, free_port, wait_for};

@@ -42,16 +42,16 @@ mod rng;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use baton::protocol::{Answer, Key, Op, Reason, Request};
-use baton::server::clock::Now;
-use baton::server::cluster_core::{
+use baton::server::core::cluster_core::{
     ClusterCore, ClusterEffect, ClusterParams, HANDSHAKE_MS, LinkId, MAX_PENDING_IN, OutDown,
 };
-use baton::server::lock_table::{ConnId, LockTable, TableLimits};
+use baton::server::core::lock_table::{ConnId, LockTable, TableLimits};
+use baton::server::core::now::Now;
+use baton::server::core::peer_msg::PeerMsg;
+use baton::server::core::roles::RoleName;
+use baton::server::core::table_core::{GaugeReadings, TableCore};
+use baton::server::core::tokens::{self, TokenSource};
 use baton::server::messages::{ClusterToTable, Inbound, TableToCluster};
-use baton::server::peer_wire::PeerMsg;
-use baton::server::roles::RoleName;
-use baton::server::table_core::{Gauges, TableCore};
-use baton::server::tokens::{self, TokenSource};
 use rng::Rng;
 
 const DETECT_MS: u64 = 400;
@@ -319,7 +319,7 @@ impl Sim {
         }
         // The lock owner: one round.
         let node = &mut self.nodes[i];
-        let gauges = Gauges {
+        let gauges = GaugeReadings {
             conns: node.conns.len(),
             heard_active_ms: node.cluster.heard_active_ms(),
             synced_standbys: node.cluster.synced_standbys(now),
@@ -690,7 +690,7 @@ impl Sim {
             1 => inbox.push_back(NetEvent::Peer(
                 id,
                 PeerMsg::Beat {
-                    beat: baton::server::roles::Beat {
+                    beat: baton::server::core::roles::Beat {
                         role: RoleName::Active,
                         following: None,
                         synced: true,
@@ -703,7 +703,9 @@ impl Sim {
             2 => inbox.push_back(NetEvent::Peer(id, PeerMsg::Handoff)),
             _ => inbox.push_back(NetEvent::Peer(
                 id,
-                PeerMsg::Delta(baton::server::lock_table::Delta::Ceiling(u64::MAX >> 2)),
+                PeerMsg::Delta(baton::server::core::lock_table::Delta::Ceiling(
+                    u64::MAX >> 2,
+                )),
             )),
         }
     }
@@ -1383,11 +1385,11 @@ fn strangers_that_never_finish_a_handshake_hold_nothing_past_its_deadline() {
 
 #[test]
 fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_or_has_them_left_out() {
-    use baton::server::lock_table::Delta;
+    use baton::server::core::lock_table::Delta;
     let key = Key::new(b"planted").expect("key");
     let far = ClusterCore::token_bound(sim_now_unix(0)) * 2;
     let beat = |last_token: u64, ceiling: u64| PeerMsg::Beat {
-        beat: baton::server::roles::Beat {
+        beat: baton::server::core::roles::Beat {
             role: RoleName::Active,
             following: None,
             synced: true,

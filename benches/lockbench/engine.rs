@@ -26,7 +26,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use baton::server::tls::Stream;
+use baton::server::trust::tls::Stream;
 use hdrhistogram::Histogram;
 use mio::net::TcpStream;
 use mio::unix::SourceFd;

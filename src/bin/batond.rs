@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         }
     };
     // TLS files are checked before anything starts, for a clear message.
-    if let Err(e) = baton::server::tls::NodeTls::load(&config) {
+    if let Err(e) = baton::server::trust::tls::NodeTls::load(&config) {
         eprintln!("batond: {e}");
         return ExitCode::from(2);
     }

@@ -49,6 +49,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
 use crate::client::ctx::Ctx;
+use crate::client::limits::WRITE_BATCH;
 use crate::client::oneshot::{self, RecvError};
 use crate::client::pending::{Pending, Route, route};
 use crate::client::timer::Timer;
@@ -58,9 +59,6 @@ use crate::protocol::{self, Answer, LineError, Op, Parsed, Reason, Request, Secr
 pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(3);
 /// Requests waiting for an answer on one connection, at most.
 pub const MAX_IN_FLIGHT: usize = 65_536;
-/// Bytes the writer puts into one socket write, at most (more if one line
-/// alone is longer, which it never is).
-pub const WRITE_BATCH: usize = 64 * 1024;
 /// Bytes read from the socket at once.
 const READ_CHUNK: usize = 8 * 1024;
 

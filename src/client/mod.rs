@@ -75,6 +75,7 @@ mod ctx;
 mod error;
 mod grant;
 mod hold;
+mod limits;
 mod oneshot;
 mod pending;
 mod pool;

@@ -271,7 +271,7 @@ impl TlsWriter {
             }
         }
         let result = self.sock.write_all(&self.out);
-        if self.out.capacity() > 2 * crate::client::conn::WRITE_BATCH {
+        if self.out.capacity() > 2 * crate::client::limits::WRITE_BATCH {
             self.out = Vec::new();
         }
         result

@@ -1,39 +1,17 @@
-//! The node's clocks, in one place: the monotonic millisecond clock that
-//! timers run on, and the wall clock that token floors come from.
+//! The node's real clocks: the monotonic millisecond clock that timers run
+//! on, and the wall clock that token floors come from.
 //!
-//! Owns: every clock read of the server. The shells (owner.rs,
-//! replication.rs) read the time here once per round and pass it, as a
-//! [`Now`], into the cores, which never read a clock themselves — so tests
-//! and the simulation drive them with any time they like, skewed or not.
+//! Owns: [`Clock`], which the lock owner and the replication thread read
+//! once per round and pass, as a [`Now`], into the cores (which never read a
+//! clock themselves), and [`unix_ms`]. The I/O loops and the busy-poll
+//! windows read `Instant::now` directly for their own socket deadlines; no
+//! decision about locks or roles depends on those readings.
 //!
 //! Never does: sleep, or decide anything.
 
 use std::time::{Duration, Instant};
 
-/// One reading of both clocks, as the cores take it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Now {
-    /// Monotonic ms since the node started, rounded down: the time to fire
-    /// timers at (a deadline fires once it has fully passed).
-    pub ms: u64,
-    /// The same, rounded up: the time requests are stamped with, so a
-    /// deadline set from it (now + lease) is never before the moment the
-    /// request really arrived + lease.
-    pub ms_ceil: u64,
-    /// Milliseconds since the Unix epoch, by the wall clock.
-    pub unix_ms: u64,
-}
-
-impl Now {
-    /// A reading where both monotonic roundings agree (tests, simulation).
-    pub fn at(ms: u64, unix_ms: u64) -> Now {
-        Now {
-            ms,
-            ms_ceil: ms,
-            unix_ms,
-        }
-    }
-}
+pub use crate::server::core::now::Now;
 
 /// A monotonic millisecond clock shared by the node's threads.
 #[derive(Clone, Copy, Debug)]

@@ -13,8 +13,8 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
-use crate::server::client_auth::{ClientAuth, SecretSet};
-use crate::server::peer_auth::{ClusterKey, MAX_KEY_FILE};
+use crate::server::trust::client_auth::{ClientAuth, SecretSet};
+use crate::server::trust::peer_auth::{ClusterKey, MAX_KEY_FILE};
 
 /// Default client port.
 pub const DEFAULT_PORT: u16 = 7373;
@@ -415,11 +415,11 @@ impl Config {
                 self.bind, self.port
             ));
         }
-        if self.peers.len() > crate::server::tokens::MAX_NODES {
+        if self.peers.len() > crate::server::core::tokens::MAX_NODES {
             return Err(format!(
                 "--peers lists {} nodes; at most {} are supported",
                 self.peers.len(),
-                crate::server::tokens::MAX_NODES
+                crate::server::core::tokens::MAX_NODES
             ));
         }
         self.node_index().map(|_| ())

@@ -2,7 +2,8 @@
 //!
 //! Owns: the types on the node's channels — I/O loop → lock owner
 //! ([`ToOwner`]), lock owner → I/O loop ([`OwnerBatch`]), lock owner ⇄
-//! replication ([`TableToCluster`], [`ClusterToTable`]), anyone →
+//! replication ([`TableToCluster`], [`ClusterToTable`], defined with the
+//! cores in `core::events` and carried here), anyone →
 //! replication ([`ToRepl`]) — and the capacity of each channel with the
 //! policy for when it fills ([`capacity`]). The threads import these from
 //! here, never from each other, so no thread module depends on another.
@@ -25,8 +26,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crossbeam_channel::Sender;
 use mio::Waker;
 
-use crate::protocol::{Answer, Key, Op, Reason, Request};
-use crate::server::lock_table::{ConnId, Delta};
+use crate::protocol::Answer;
+pub use crate::server::core::events::{ClusterToTable, Inbound, TableToCluster};
+use crate::server::core::lock_table::ConnId;
 
 /// Channel capacities (in messages) and what a sender does when one is full.
 /// Every channel of the node is bounded by one of these.
@@ -68,19 +70,6 @@ pub mod capacity {
     pub const CLUSTER_ENTRIES: usize = 1 << 16;
     /// The replication thread's "handoff done, exit now" signal: one message.
     pub const EXIT_SIGNAL: usize = 1;
-}
-
-/// What an I/O loop tells the lock owner about one connection.
-#[derive(Debug)]
-pub enum Inbound {
-    /// A well-formed request.
-    Request(ConnId, Request),
-    /// A request the parser refused, routed through the owner so that its
-    /// `E` leaves in request order with the connection's other answers.
-    Refused(ConnId, Op, Option<Key>, Reason),
-    /// The connection is closing: drop its waiters and acknowledge, after
-    /// which no more answers for it will come.
-    Closed(ConnId),
 }
 
 /// Everything the lock owner receives.
@@ -132,84 +121,11 @@ pub enum ToRepl {
     Table(TableToCluster),
     /// From an I/O loop: a connection that opened with a peer line, and the
     /// bytes already read from it (adopting a peer link).
-    AdoptPeerLink(crate::server::tls::Stream, Vec<u8>),
+    AdoptPeerLink(crate::server::trust::tls::Stream, Vec<u8>),
     /// Graceful shutdown asked for (SIGINT/SIGTERM).
     Shutdown,
     /// Stop now (the last step of shutdown).
     Stop,
-}
-
-/// What the lock owner's core tells the cluster core.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TableToCluster {
-    /// State changes while active, in order.
-    Deltas(Vec<Delta>),
-    /// The whole table, for a standby that asked.
-    Snapshot {
-        peer: usize,
-        entries: Vec<Delta>,
-        ceiling: u64,
-    },
-    /// Every delta before this one has been sent: the role transfer message
-    /// may go to `to`.
-    TransferReady { to: usize },
-    /// Clients have been redirected after the role was transferred (or the
-    /// node retired).
-    Redirected,
-    /// Deltas were dropped here (the lock owner could not queue more:
-    /// [`capacity::OWNER_DELTAS`]): no standby has every change since its
-    /// snapshot, so each gets a fresh one.
-    DeltasLost,
-    /// A standby's lock owner refused part of what its active replicated
-    /// (`why`: a grant past its `--max-keys`, say): it does not hold that
-    /// state, so the link it came on goes, as for a message the cluster
-    /// core refuses. Said once per snapshot taken; `snapshot` is the `seq`
-    /// of the last [`ClusterToTable::Snapshot`] before the refused state (0
-    /// if none), so that the cluster core ignores a refusal that a newer
-    /// snapshot has made stale and drops only the link that carried it.
-    StateRefused { why: &'static str, snapshot: u64 },
-}
-
-/// What the cluster core tells the lock owner's core.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ClusterToTable {
-    /// Serve, with tokens above `floor`; `failover` when promoted by an
-    /// election (state may be missing), not by a role transfer.
-    BecomeActive { floor: u64, failover: bool },
-    /// Do not serve; redirect clients to `active` (its address), or `M -`.
-    Follow { active: Option<String> },
-    /// Transferring the active role to `to`: hold requests back, and answer
-    /// `TransferReady` after this round's deltas.
-    StartTransfer { to: usize },
-    /// The transfer failed: serve again.
-    AbortTransfer,
-    /// `to` took the role over: redirect every held request and waiter to it.
-    FinishTransfer { to: String },
-    /// Shutting down with no successor: answer every waiter `M -`, then
-    /// answer `Redirected`.
-    Retire,
-    /// Replace the table with the active's; `seq` numbers the snapshots
-    /// the cluster core passed on (from 1), for `StateRefused`.
-    Snapshot { seq: u64, entries: Vec<Delta> },
-    /// Apply the active's deltas.
-    Deltas(Vec<Delta>),
-    /// Lift the token counter above this.
-    Observe(u64),
-    /// Send a snapshot for `peer`.
-    SnapshotWanted { peer: usize },
-}
-
-impl ClusterToTable {
-    /// What the message holds, in entries: one, plus one per delta or
-    /// snapshot entry (what [`capacity::CLUSTER_ENTRIES`] counts).
-    pub fn weight(&self) -> usize {
-        match self {
-            ClusterToTable::Snapshot { entries, .. } | ClusterToTable::Deltas(entries) => {
-                entries.len().saturating_add(1)
-            }
-            _ => 1,
-        }
-    }
 }
 
 /// The entries ([`ClusterToTable::weight`]) the replication thread has
@@ -237,5 +153,37 @@ impl ClusterQueued {
     /// Entries queued and not applied yet.
     pub fn get(&self) -> usize {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Room for the next round's batch: the largest of the recent rounds, an
+/// eighth forgotten each round, and never more than `MAX_ROOM` entries, so
+/// that a burst's room is not kept by a node that then goes idle.
+pub fn next_room(room: usize, used: usize) -> usize {
+    used.max(room - room / 8).min(MAX_ROOM)
+}
+
+/// The most room a round's batch is made with (a larger round grows it as
+/// it goes, as every round once did).
+const MAX_ROOM: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rounds_room_follows_the_recent_rounds_and_stays_bounded() {
+        assert_eq!(next_room(0, 100), 100);
+        assert_eq!(next_room(800, 0), 700, "an eighth forgotten per round");
+        assert_eq!(next_room(800, 750), 750);
+        assert_eq!(next_room(0, 1_000_000), MAX_ROOM);
+        let mut room = MAX_ROOM;
+        for _ in 0..100 {
+            room = next_room(room, 0);
+        }
+        assert!(
+            room < 8,
+            "rounds with few requests give the room back: {room}"
+        );
     }
 }

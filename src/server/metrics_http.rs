@@ -14,7 +14,9 @@
 use std::fmt::Write as _;
 
 use crate::protocol::KNOWN_REASONS;
-use crate::server::stats::{ANSWER_KINDS, BUCKETS_US, LatencySnapshot, OPS, REASONS, Snapshot};
+use crate::server::core::counters::{
+    ANSWER_KINDS, BUCKETS_US, LatencySnapshot, OPS, REASONS, Snapshot,
+};
 
 /// The longest request head taken (request line and headers).
 pub const MAX_REQUEST_BYTES: usize = 8192;

@@ -12,7 +12,7 @@
 //! Figures: the lock owner's come from the snapshot it leaves in the
 //! [`MetricsSlot`] when asked (`ToOwner::Scrape`, sent with `try_send`);
 //! the I/O loops' counters and the connection count are read here from
-//! [`Shared`]. If no fresh snapshot comes within [`SNAPSHOT_WAIT`] (the
+//! [`Gauges`]. If no fresh snapshot comes within [`SNAPSHOT_WAIT`] (the
 //! owner is busy, or its channel full), the last one is served (503 before
 //! the first).
 //!
@@ -31,11 +31,11 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::server::Shared;
 use crate::server::messages::ToOwner;
 use crate::server::metrics_http::{
     MAX_REQUEST_BYTES, Parsed, Status, error_body, parse_request, render, response,
 };
+use crate::server::shared::Gauges;
 use crate::server::stats::MetricsSlot;
 
 /// Metrics connections open at once; past it, new ones are closed at once.
@@ -93,7 +93,7 @@ pub struct MetricsServer {
     conns: Slab<Conn>,
     slot: Arc<MetricsSlot>,
     to_owner: Sender<ToOwner>,
-    shared: Arc<Shared>,
+    gauges: Arc<Gauges>,
     /// An outstanding ask: the slot's serial then, when first and last asked.
     asked: Option<(u64, Instant, Instant)>,
     /// The owner is not asked again before this (`SNAPSHOT_INTERVAL` after
@@ -108,7 +108,7 @@ impl MetricsServer {
     pub fn new(
         std_listener: std::net::TcpListener,
         to_owner: Sender<ToOwner>,
-        shared: Arc<Shared>,
+        gauges: Arc<Gauges>,
     ) -> io::Result<(MetricsServer, Arc<MetricsSlot>)> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
@@ -127,7 +127,7 @@ impl MetricsServer {
             conns: Slab::with_capacity(MAX_CONNS),
             slot: slot.clone(),
             to_owner,
-            shared,
+            gauges,
             asked: None,
             next_ask: None,
         };
@@ -138,7 +138,7 @@ impl MetricsServer {
     /// rung, or a second passes).
     pub fn run(mut self) {
         let mut events = Events::with_capacity(64);
-        while !self.shared.shutdown.load(Ordering::Acquire) {
+        while !self.gauges.shutdown.load(Ordering::Acquire) {
             let timeout = self.poll_timeout();
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -294,12 +294,12 @@ impl MetricsServer {
         }
         let body = match self.slot.read() {
             Some(mut snap) => {
-                self.shared.io_counters.add_auth_to(&mut snap);
+                self.gauges.io_counters.add_auth_to(&mut snap);
                 if !fresh {
                     log::warn!("metrics: no fresh figures from the lock owner; serving the last");
                 }
-                let io = self.shared.io_counters.refusals();
-                let conns = self.shared.conns.load(Ordering::Relaxed) as u64;
+                let io = self.gauges.io_counters.refusals();
+                let conns = self.gauges.conns.load(Ordering::Relaxed) as u64;
                 response(Status::Ok, &render(&snap, &io, conns))
             }
             None => response(Status::Unavailable, &error_body(Status::Unavailable)),

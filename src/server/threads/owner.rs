@@ -20,7 +20,7 @@
 //! waits for replication so is bounded (`capacity::OWNER_DELTAS`): past it
 //! the queued deltas are dropped and the standbys re-synced from snapshots. Each
 //! message from the replication thread it has applied it takes off
-//! `Shared::cluster_queued`, which bounds how far that thread reads its
+//! `Gauges::cluster_queued`, which bounds how far that thread reads its
 //! peers ahead of it (`capacity::CLUSTER_ENTRIES`).
 //!
 //! Limits per round: `MAX_MESSAGES_PER_ROUND` messages taken off the
@@ -46,15 +46,16 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
-use crate::server::Shared;
 use crate::server::busy_poll::IdleStretch;
 use crate::server::clock::Clock;
-use crate::server::io_loop::next_room;
+use crate::server::shared::{Gauges, Settings};
+
+use crate::server::core::counters::Snapshot;
+use crate::server::core::table_core::{GaugeReadings, TableCore};
 use crate::server::messages::{
-    IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl, capacity,
+    IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl, capacity, next_room,
 };
-use crate::server::stats::{MetricsSlot, OwnerStats, Snapshot};
-use crate::server::table_core::{Gauges, TableCore};
+use crate::server::stats::{MetricsSlot, OwnerStats};
 
 /// Most inbound messages drained per round before answers go out, so a
 /// flood from the I/O loops cannot delay every answer indefinitely.
@@ -75,10 +76,10 @@ pub struct Owner {
     inbound: Receiver<ToOwner>,
     io_loops: Vec<IoLoopLink>,
     repl: Option<ReplLink>,
-    shared: Arc<Shared>,
+    gauges: Arc<Gauges>,
     /// Answers per I/O loop not sent yet (the loop's channel was full).
     rounds: Vec<OwnerBatch>,
-    /// Room each loop's next batch is made with (`io_loop::next_room`).
+    /// Room each loop's next batch is made with (`messages::next_room`).
     rooms: Vec<usize>,
     /// Messages for replication not sent yet (its channel was full), and
     /// how many deltas they carry (bounded: `capacity::OWNER_DELTAS`).
@@ -107,10 +108,11 @@ impl Owner {
         inbound: Receiver<ToOwner>,
         io_loops: Vec<IoLoopLink>,
         repl: Option<ReplLink>,
-        shared: Arc<Shared>,
+        settings: &Settings,
+        gauges: Arc<Gauges>,
     ) -> Owner {
         let rounds: Vec<_> = io_loops.iter().map(|_| OwnerBatch::default()).collect();
-        let busy_poll_max = shared.busy_poll;
+        let busy_poll_max = settings.busy_poll;
         let stats = OwnerStats::new(core.is_serving());
         Owner {
             core,
@@ -118,7 +120,7 @@ impl Owner {
             inbound,
             io_loops,
             repl,
-            shared,
+            gauges,
             rooms: vec![0; rounds.len()],
             rounds,
             to_repl: VecDeque::new(),
@@ -146,10 +148,10 @@ impl Owner {
             }
             let now = self.clock.now();
             self.round_start = Instant::now();
-            let gauges = Gauges {
-                conns: self.shared.conns.load(Ordering::Relaxed),
-                heard_active_ms: self.shared.heard_active_ms.load(Ordering::Relaxed),
-                synced_standbys: self.shared.synced_standbys.load(Ordering::Relaxed),
+            let gauges = GaugeReadings {
+                conns: self.gauges.conns.load(Ordering::Relaxed),
+                heard_active_ms: self.gauges.heard_active_ms.load(Ordering::Relaxed),
+                synced_standbys: self.gauges.synced_standbys.load(Ordering::Relaxed),
             };
             self.core.begin_round(now, gauges);
             let mut budget = MAX_REQUESTS_PER_ROUND;
@@ -175,7 +177,7 @@ impl Owner {
                         self.core.handle_cluster(now, msg);
                         // The replication thread may read its peers for
                         // that much more (messages::capacity).
-                        self.shared.cluster_queued.applied(weight);
+                        self.gauges.cluster_queued.applied(weight);
                     }
                     ToOwner::Scrape => {
                         budget -= 1;
@@ -227,10 +229,10 @@ impl Owner {
             // often follows, so a new idle stretch starts now.
             self.idle.restart();
         }
-        self.shared
+        self.gauges
             .last_issued
             .store(self.core.last_issued(), Ordering::Relaxed);
-        self.shared
+        self.gauges
             .ceiling
             .store(self.core.ceiling(), Ordering::Relaxed);
         self.send_to_repl();
@@ -334,7 +336,7 @@ impl Owner {
         if let Some(at) = wake_at {
             until = until.min(at);
         }
-        if Instant::now() >= until || !self.shared.pollers.try_take() {
+        if Instant::now() >= until || !self.gauges.pollers.try_take() {
             return Ok(None);
         }
         let polled = loop {
@@ -345,7 +347,7 @@ impl Owner {
                 Err(TryRecvError::Empty) => std::thread::yield_now(),
             }
         };
-        self.shared.pollers.give_back();
+        self.gauges.pollers.give_back();
         polled
     }
 
@@ -453,7 +455,7 @@ fn queue_for_repl(queue: &mut VecDeque<TableToCluster>, deltas: &mut usize, msg:
 /// is dropped, each run of them replaced by one `DeltasLost` where it
 /// stood, so a snapshot or role transfer queued after it knows the deltas
 /// before it are missing. Token ceilings dropped so still reach the
-/// standbys: every heartbeat carries this node's ceiling (`shared.ceiling`,
+/// standbys: every heartbeat carries this node's ceiling (`gauges.ceiling`,
 /// stored each round), and the fresh snapshot too. A message alone in the
 /// queue is kept (it goes out next; one round's deltas, however many
 /// leases ran out in it, are bounded by --max-keys).
@@ -504,13 +506,13 @@ mod tests {
     use super::*;
     use crate::protocol::{Answer, Key, Request};
     use crate::server::Config;
-    use crate::server::lock_table::{ConnId, Delta, LockTable, TableLimits};
+    use crate::server::core::lock_table::{ConnId, Delta, LockTable, TableLimits};
+    use crate::server::core::tokens::TokenSource;
     use crate::server::messages::Inbound;
-    use crate::server::tokens::TokenSource;
 
     /// An owner's clock, core (in a cluster or not) and shared state.
-    fn parts(clustered: bool) -> (Clock, TableCore, Arc<Shared>) {
-        let shared = Arc::new(Shared::new(&Config::default(), "test".into()));
+    fn parts(clustered: bool) -> (Clock, TableCore, Arc<Settings>) {
+        let settings = Arc::new(Settings::new(&Config::default(), "test".into()));
         let clock = Clock::new();
         let table = LockTable::new(
             clock.now_ms(),
@@ -518,7 +520,7 @@ mod tests {
             TokenSource::new(0, 0),
         );
         let core = TableCore::new(table, clustered, "test".into(), 0);
-        (clock, core, shared)
+        (clock, core, settings)
     }
 
     fn grants(n: usize) -> TableToCluster {
@@ -579,13 +581,21 @@ mod tests {
 
     #[test]
     fn a_full_replication_channel_bounds_what_the_owner_keeps_and_marks_the_loss() {
-        let (clock, core, shared) = parts(true);
+        let (clock, core, settings) = parts(true);
         let (_to_owner, inbound) = crossbeam_channel::bounded(4);
         let (tx, full) = crossbeam_channel::bounded(1);
         let poll = mio::Poll::new().expect("poll");
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).expect("waker"));
         let repl = ReplLink { tx, waker };
-        let mut owner = Owner::new(core, clock, inbound, vec![], Some(repl), shared);
+        let mut owner = Owner::new(
+            core,
+            clock,
+            inbound,
+            vec![],
+            Some(repl),
+            &settings,
+            Arc::default(),
+        );
         // Replication takes the first message, then nothing.
         let step = capacity::OWNER_DELTAS / 2;
         for _ in 0..3 {
@@ -616,7 +626,7 @@ mod tests {
 
     #[test]
     fn a_batch_larger_than_a_round_is_split_and_its_answers_go_out_between() {
-        let (clock, core, shared) = parts(false);
+        let (clock, core, settings) = parts(false);
         let poll = mio::Poll::new().expect("poll");
         let waker = Arc::new(mio::Waker::new(poll.registry(), mio::Token(0)).expect("waker"));
         let (to_owner, inbound) = crossbeam_channel::bounded(4);
@@ -626,7 +636,15 @@ mod tests {
             waker,
             awake: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         };
-        let owner = Owner::new(core, clock, inbound, vec![link], None, shared);
+        let owner = Owner::new(
+            core,
+            clock,
+            inbound,
+            vec![link],
+            None,
+            &settings,
+            Arc::default(),
+        );
         // One flooding batch, then a request of another connection.
         let flood = 2 * MAX_REQUESTS_PER_ROUND + 10;
         let key = Key::new(b"k").expect("key");

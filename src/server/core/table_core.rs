@@ -29,12 +29,12 @@
 //! Never does: I/O, clock reads, logging of internal types at info level.
 
 use crate::protocol::{Answer, Info, Request};
-use crate::server::clock::Now;
-use crate::server::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
-use crate::server::lock_table::{LockTable, Outbox};
-use crate::server::messages::{ClusterToTable, Inbound, TableToCluster};
-use crate::server::stats::Snapshot;
-use crate::server::tokens;
+use crate::server::core::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
+use crate::server::core::counters::Snapshot;
+use crate::server::core::events::{ClusterToTable, Inbound, TableToCluster};
+use crate::server::core::lock_table::{LockTable, Outbox};
+use crate::server::core::now::Now;
+use crate::server::core::tokens;
 
 /// Tokens reserved ahead of the last one issued: the ceiling replicated to
 /// the standbys, so a promoted node starts above anything issued but not yet
@@ -74,7 +74,7 @@ pub const MAX_HELD_BACK: usize = 100_000;
 /// Figures the core reports in `I` but does not decide: read by the shell
 /// from the other threads' counters and passed in each round.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Gauges {
+pub struct GaugeReadings {
     /// Open client connections.
     pub conns: usize,
     /// When a standby last heard from its active (monotonic ms).
@@ -89,9 +89,9 @@ pub struct Gauges {
 #[derive(Debug, Default)]
 pub struct TableEffects {
     /// Answers in the order they must be written (per connection).
-    pub answers: Vec<(crate::server::lock_table::ConnId, Answer)>,
+    pub answers: Vec<(crate::server::core::lock_table::ConnId, Answer)>,
     /// Connections to forget once their answers are written.
-    pub forgotten: Vec<crate::server::lock_table::ConnId>,
+    pub forgotten: Vec<crate::server::core::lock_table::ConnId>,
     /// Messages for the cluster core, in order.
     pub to_cluster: Vec<TableToCluster>,
     /// Clients were redirected this round (the role went elsewhere): tell
@@ -125,7 +125,7 @@ pub struct TableCore {
     ceiling: u64,
     promotion_grace_ms: u64,
     node: String,
-    gauges: Gauges,
+    gauges: GaugeReadings,
     outbox: Outbox,
     effects: TableEffects,
     /// When changes last went to the cluster core (clock ms).
@@ -167,7 +167,7 @@ impl TableCore {
             ceiling: 0,
             promotion_grace_ms,
             node,
-            gauges: Gauges::default(),
+            gauges: GaugeReadings::default(),
             outbox: Outbox::default(),
             effects: TableEffects::default(),
             deltas_sent_ms: None,
@@ -254,7 +254,7 @@ impl TableCore {
 
     /// How long new keys' grants wait: `REPL_YOUNG_MS` while many stream,
     /// else not at all (holding a few saves nothing).
-    fn hold_young_ms(ready: &crate::server::lock_table::Ready) -> u64 {
+    fn hold_young_ms(ready: &crate::server::core::lock_table::Ready) -> u64 {
         if ready.young >= REPL_YOUNG_MIN {
             REPL_YOUNG_MS
         } else {
@@ -265,7 +265,7 @@ impl TableCore {
     /// The start of a round: tokens go above the wall clock's floor (so a
     /// token issued later by any node, even one cut off from the others, is
     /// larger, clocks permitting), and due timers fire.
-    pub fn begin_round(&mut self, now: Now, gauges: Gauges) {
+    pub fn begin_round(&mut self, now: Now, gauges: GaugeReadings) {
         self.gauges = gauges;
         self.table.metrics_mut().begin_round();
         self.table.observe_token(tokens::clock_floor(now.unix_ms));
@@ -320,7 +320,7 @@ impl TableCore {
         }
     }
 
-    fn serve(&mut self, now: Now, conn: crate::server::lock_table::ConnId, request: Request) {
+    fn serve(&mut self, now: Now, conn: crate::server::core::lock_table::ConnId, request: Request) {
         let out = &mut self.outbox;
         let now_ms = now.ms_ceil;
         match request {
@@ -653,8 +653,8 @@ fn moved(active: Option<String>, request: &Request) -> Answer {
 mod tests {
     use super::*;
     use crate::protocol::{Key, Op, Reason};
-    use crate::server::lock_table::{ConnId, Delta, TableLimits};
-    use crate::server::tokens::TokenSource;
+    use crate::server::core::lock_table::{ConnId, Delta, TableLimits};
+    use crate::server::core::tokens::TokenSource;
 
     const UNIX: u64 = 1_700_000_000_000;
 
@@ -695,7 +695,7 @@ mod tests {
 
     /// One round with these client events; the answers it decided.
     fn round(core: &mut TableCore, now: Now, inbound: Vec<Inbound>) -> TableEffects {
-        core.begin_round(now, Gauges::default());
+        core.begin_round(now, GaugeReadings::default());
         for i in inbound {
             core.handle_inbound(now, i);
         }
@@ -703,7 +703,7 @@ mod tests {
     }
 
     fn cluster(core: &mut TableCore, now: Now, msg: ClusterToTable) -> TableEffects {
-        core.begin_round(now, Gauges::default());
+        core.begin_round(now, GaugeReadings::default());
         core.handle_cluster(now, msg);
         std::mem::take(core.end_round(now))
     }
@@ -783,7 +783,7 @@ mod tests {
         // At 21 ms a peer's token lifts the counter past the ceiling the
         // standbys know, and the key is handed over twice (hot: its batch
         // may wait) and a short lock comes and goes (in no delta at all).
-        core.begin_round(at(21), Gauges::default());
+        core.begin_round(at(21), GaugeReadings::default());
         core.handle_cluster(at(21), ClusterToTable::Observe(known + 1000));
         core.handle_inbound(at(21), Inbound::Request(D, acquire("held", 1000)));
         let t0 = core.last_issued();
@@ -810,7 +810,7 @@ mod tests {
         let known = core.ceiling();
         // One round: the counter jumps past the ceiling, a lock comes and
         // goes (in no delta), and the transfer starts.
-        core.begin_round(at(3), Gauges::default());
+        core.begin_round(at(3), GaugeReadings::default());
         core.handle_cluster(at(3), ClusterToTable::Observe(known + 1000));
         core.handle_inbound(at(3), Inbound::Request(C, acquire("k", 0)));
         let t = core.last_issued();
@@ -1363,7 +1363,7 @@ mod tests {
                 active: Some("n1:1".into()),
             },
         );
-        let gauges = Gauges {
+        let gauges = GaugeReadings {
             conns: 3,
             heard_active_ms: 90,
             synced_standbys: 2,
@@ -1388,7 +1388,7 @@ mod tests {
             Answer::Info(info) => info.clone(),
             other => panic!("not an I answer: {other:?}"),
         };
-        core.begin_round(at(100), Gauges::default());
+        core.begin_round(at(100), GaugeReadings::default());
         core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
         core.handle_inbound(at(100), Inbound::Request(D, Request::Info));
         core.handle_inbound(at(100), Inbound::Request(C, acquire("k", 0)));
@@ -1401,13 +1401,13 @@ mod tests {
         assert_eq!(after.get("held"), Some("1"));
         // The next round, nothing changed (the clock neither, which lifts
         // the token floor): the same text again.
-        core.begin_round(at(100), Gauges::default());
+        core.begin_round(at(100), GaugeReadings::default());
         core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
         let out = std::mem::take(core.end_round(at(100)));
         assert!(info_of(&out, 0).is_shared_with(&after));
         // A cluster message may change the mode: rendered anew.
         cluster(&mut core, at(100), ClusterToTable::Observe(1));
-        core.begin_round(at(100), Gauges::default());
+        core.begin_round(at(100), GaugeReadings::default());
         core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
         let out = std::mem::take(core.end_round(at(100)));
         let fresh = info_of(&out, 0);
@@ -1418,7 +1418,7 @@ mod tests {
     #[test]
     fn the_metrics_snapshot_says_what_info_says() {
         let mut core = core(true);
-        let gauges = Gauges {
+        let gauges = GaugeReadings {
             conns: 3,
             heard_active_ms: 90,
             synced_standbys: 2,

@@ -86,14 +86,13 @@
 //! Never does: I/O, clock reads, lock state (that is the lock owner's core).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 
-use crate::server::clock::Now;
-use crate::server::lock_table::Delta;
-use crate::server::messages::{ClusterToTable, TableToCluster};
-use crate::server::peer_wire::PeerMsg;
-use crate::server::roles::{RoleEffect, Roles};
-use crate::server::tokens;
+use crate::server::core::events::{ClusterToTable, TableToCluster};
+use crate::server::core::lock_table::Delta;
+use crate::server::core::now::Now;
+use crate::server::core::peer_msg::PeerMsg;
+use crate::server::core::roles::{RoleEffect, Roles};
+use crate::server::core::tokens;
 
 /// A standby passes the deltas it receives to its lock owner at most once
 /// per this many ms (each pass wakes that thread), or once
@@ -885,13 +884,14 @@ impl ClusterCore {
         }
     }
 
-    /// Incoming link `link` failed its handshake (`why`, in words): it is
-    /// dropped, and the failure logged at most once per WARN_EVERY_MS.
+    /// Incoming link `link` (from the address `from`, when the shell knows
+    /// it) failed its handshake (`why`, in words): it is dropped, and the
+    /// failure logged at most once per WARN_EVERY_MS.
     pub fn handle_in_rejected(
         &mut self,
         now: Now,
         link: LinkId,
-        from: Option<SocketAddr>,
+        from: Option<&dyn std::fmt::Display>,
         why: &str,
     ) {
         if let Some(n) = self.stranger_warn.allow(now.ms, WARN_EVERY_MS) {
@@ -1561,7 +1561,7 @@ impl ClusterCore {
 mod tests {
     use super::*;
     use crate::protocol::Key;
-    use crate::server::roles::{Beat, RoleName};
+    use crate::server::core::roles::{Beat, RoleName};
 
     const DETECT: u64 = 400;
 

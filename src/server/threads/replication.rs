@@ -45,22 +45,23 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 use slab::Slab;
 
-use crate::server::Shared;
 use crate::server::clock::Clock;
+use crate::server::shared::{Gauges, Settings};
 use ring::rand::{SecureRandom, SystemRandom};
 
-use crate::server::cluster_core::{
+use crate::server::core::cluster_core::{
     ClusterCore, ClusterEffect, ClusterParams, LinkId, OutDown, RateLimit, WARN_EVERY_MS,
 };
-use crate::server::lock_table::Delta;
+use crate::server::core::lock_table::Delta;
+use crate::server::core::peer_msg::{PeerParsed, parse_peer};
 use crate::server::messages::{
     ClusterQueued, ClusterToTable, TableToCluster, ToOwner, ToRepl, capacity,
 };
-use crate::server::peer_auth::{
+use crate::server::peer_wire::{PeerReader, PeerWriter};
+use crate::server::trust::peer_auth::{
     Acceptor, ClusterKey, Dialer, LinkIds, NONCE_LEN, Opener, peers_fingerprint,
 };
-use crate::server::peer_wire::{PeerParsed, PeerReader, PeerWriter, parse_peer};
-use crate::server::tls::Stream;
+use crate::server::trust::tls::Stream;
 
 /// Token of the replication thread's waker.
 pub const REPL_WAKER: Token = Token(usize::MAX - 1);
@@ -207,7 +208,8 @@ pub struct Replication {
     owner_backlog: OwnerQueue,
     /// Warnings that the owner is behind and peers are read no faster.
     behind_warn: RateLimit,
-    shared: Arc<Shared>,
+    settings: Arc<Settings>,
+    gauges: Arc<Gauges>,
     exit: Sender<()>,
     done: bool,
 }
@@ -224,7 +226,8 @@ impl Replication {
         poll: Poll,
         inbox: Receiver<ToRepl>,
         to_owner: Sender<ToOwner>,
-        shared: Arc<Shared>,
+        settings: Arc<Settings>,
+        gauges: Arc<Gauges>,
         exit: Sender<()>,
     ) -> Replication {
         let rng = SystemRandom::new();
@@ -260,11 +263,12 @@ impl Replication {
             inbox,
             to_owner,
             owner_backlog: OwnerQueue::new(
-                Arc::clone(&shared.cluster_queued),
+                Arc::clone(&gauges.cluster_queued),
                 capacity::CLUSTER_ENTRIES,
             ),
             behind_warn: RateLimit::default(),
-            shared,
+            settings,
+            gauges,
             exit,
             done: false,
         }
@@ -325,16 +329,16 @@ impl Replication {
     /// Time-driven work after the events, then everything flushed.
     fn round(&mut self) {
         let now = self.clock.now();
-        self.shared
+        self.gauges
             .synced_standbys
             .store(self.core.synced_standbys(now), Ordering::Relaxed);
         self.core.set_tokens(
-            self.shared.last_issued.load(Ordering::Relaxed),
-            self.shared.ceiling.load(Ordering::Relaxed),
+            self.gauges.last_issued.load(Ordering::Relaxed),
+            self.gauges.ceiling.load(Ordering::Relaxed),
         );
         self.core.handle_tick(now);
         self.carry_out();
-        self.shared
+        self.gauges
             .heard_active_ms
             .store(self.core.heard_active_ms(), Ordering::Relaxed);
         self.send_to_owner();
@@ -481,7 +485,7 @@ impl Replication {
             let e = io::Error::new(io::ErrorKind::NotFound, "address does not resolve");
             return self.out_failed(p, &e);
         };
-        let connected = TcpStream::connect(addr).and_then(|sock| match &self.shared.tls {
+        let connected = TcpStream::connect(addr).and_then(|sock| match &self.settings.tls {
             None => Ok(Stream::Plain(sock)),
             Some(tls) => tls
                 .dial(sock, &self.peers[p])
@@ -800,7 +804,7 @@ impl Replication {
                 self.flush_in(link);
             }
             Err(e) => {
-                if let Some(line) = crate::server::peer_auth::refusal_line(&e)
+                if let Some(line) = crate::server::trust::peer_auth::refusal_line(&e)
                     && let Some(state) = self.ins.get_mut(link)
                 {
                     state.writer.push_raw(line);
@@ -821,7 +825,7 @@ impl Replication {
         };
         let from = acceptor.from();
         // Under TLS the peer's certificate must name its --peers entry too.
-        if let Some(tls) = &self.shared.tls
+        if let Some(tls) = &self.settings.tls
             && let Some(peer) = self.peers.get(from)
             && let Err(why) = tls.check_peer(&state.stream, peer)
         {
@@ -867,8 +871,9 @@ impl Replication {
         };
         state.phase = InPhase::Done;
         let addr = state.addr;
+        let from = addr.as_ref().map(|a| a as &dyn std::fmt::Display);
         self.core
-            .handle_in_rejected(self.clock.now(), link, addr, why);
+            .handle_in_rejected(self.clock.now(), link, from, why);
         self.carry_out();
     }
 

@@ -107,12 +107,12 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
 use crate::protocol::{self, Answer, LineError, Op, Parsed, Reason, Request, Secret};
-use crate::server::Shared;
 use crate::server::busy_poll::IdleStretch;
-use crate::server::lock_table::ConnId;
-use crate::server::messages::{Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl};
-use crate::server::peer_wire::is_peer_line;
-use crate::server::tls::{HANDSHAKE_MS, Stream};
+use crate::server::core::lock_table::ConnId;
+use crate::server::core::peer_msg::is_peer_line;
+use crate::server::messages::{Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room};
+use crate::server::shared::{Gauges, Settings};
+use crate::server::trust::tls::{HANDSHAKE_MS, Stream};
 
 const LISTENER: Token = Token(usize::MAX - 1);
 /// The token of the loop's `mio::Waker`.
@@ -246,7 +246,8 @@ pub struct IoLoop {
     from_owner: Receiver<OwnerBatch>,
     /// Where peer links go (cluster nodes only).
     handover: Option<ReplLink>,
-    shared: Arc<Shared>,
+    settings: Arc<Settings>,
+    gauges: Arc<Gauges>,
     /// False while the loop may be asleep in `poll`: the owner wakes it only then.
     awake: Arc<AtomicBool>,
     batch: Vec<Inbound>,
@@ -260,7 +261,7 @@ pub struct IoLoop {
     /// Since when the loop has been out of work, and its polling window; the
     /// stretch ends when an event or answers from the owner arrive.
     idle: IdleStretch,
-    /// Holds one of the node's polling slots (`Shared::pollers`).
+    /// Holds one of the node's polling slots (`Gauges::pollers`).
     polling: bool,
     /// Connections in peer-reserved slots, with the time they must have
     /// shown a peer line by.
@@ -296,7 +297,8 @@ impl IoLoop {
         to_owner: Sender<ToOwner>,
         from_owner: Receiver<OwnerBatch>,
         handover: Option<ReplLink>,
-        shared: Arc<Shared>,
+        settings: Arc<Settings>,
+        gauges: Arc<Gauges>,
     ) -> io::Result<(IoLoop, Arc<Waker>, Arc<AtomicBool>)> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
@@ -304,7 +306,7 @@ impl IoLoop {
         poll.registry()
             .register(&mut listener, LISTENER, Interest::READABLE)?;
         let awake = Arc::new(AtomicBool::new(true));
-        let busy_poll_max = shared.busy_poll;
+        let busy_poll_max = settings.busy_poll;
         let io_loop = IoLoop {
             awake: awake.clone(),
             index,
@@ -315,7 +317,8 @@ impl IoLoop {
             to_owner,
             from_owner,
             handover,
-            shared,
+            settings,
+            gauges,
             batch: Vec::new(),
             batch_room: 0,
             dirty: Vec::new(),
@@ -338,7 +341,7 @@ impl IoLoop {
     /// Serve until shutdown is flagged.
     pub fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS_CAPACITY);
-        while !self.shared.shutdown.load(Ordering::Acquire) {
+        while !self.gauges.shutdown.load(Ordering::Acquire) {
             let timeout = self.poll_timeout();
             let polled = self.poll.poll(&mut events, timeout);
             self.awake.store(true, Ordering::SeqCst);
@@ -365,9 +368,9 @@ impl IoLoop {
             }
         }
         let open = self.conns.iter().filter(|(_, c)| !c.peer_only).count();
-        self.shared.conns.fetch_sub(open, Ordering::Relaxed);
+        self.gauges.conns.fetch_sub(open, Ordering::Relaxed);
         let reserved = self.conns.len() - open;
-        self.shared
+        self.gauges
             .peer_slots_used
             .fetch_sub(reserved, Ordering::Relaxed);
         log::info!(
@@ -488,7 +491,7 @@ impl IoLoop {
             Err(TrySendError::Full(ToOwner::Clients(batch))) => self.batch = batch,
             Err(_) => {
                 log::error!("I/O loop {}: the lock owner is gone", self.index);
-                self.shared.shutdown.store(true, Ordering::Release);
+                self.gauges.shutdown.store(true, Ordering::Release);
             }
         }
     }
@@ -549,7 +552,7 @@ impl IoLoop {
             return Some(Duration::ZERO);
         }
         let window_closes = self.idle.poll_until();
-        if Instant::now() < window_closes && (self.polling || self.shared.pollers.try_take()) {
+        if Instant::now() < window_closes && (self.polling || self.gauges.pollers.try_take()) {
             // Stay awake (so the owner need not wake us), but let any other
             // thread that wants this CPU have it first.
             self.polling = true;
@@ -630,9 +633,9 @@ impl IoLoop {
         }
         let mut conn = self.conns.remove(slot);
         let _ = self.poll.registry().deregister(&mut conn.stream);
-        self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+        self.gauges.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
         // Counted as refused now that it is one (not when it took the slot).
-        self.shared.io_counters.refused(Reason::TooManyConnections);
+        self.gauges.io_counters.refused(Reason::TooManyConnections);
         let _ = conn.stream.write(&too_many_connections());
         end_refused(conn.stream.tcp(), &mut self.read_buf);
         log::debug!(
@@ -644,7 +647,7 @@ impl IoLoop {
     /// Give back the polling slot, if this loop has one.
     fn stop_polling(&mut self) {
         if std::mem::take(&mut self.polling) {
-            self.shared.pollers.give_back();
+            self.gauges.pollers.give_back();
         }
     }
 
@@ -716,18 +719,18 @@ impl IoLoop {
     }
 
     fn admit(&mut self, stream: TcpStream, addr: SocketAddr) {
-        let count = self.shared.conns.fetch_add(1, Ordering::Relaxed);
+        let count = self.gauges.conns.fetch_add(1, Ordering::Relaxed);
         let mut peer_only = false;
-        if count >= self.shared.max_conns {
-            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+        if count >= self.settings.max_conns {
+            self.gauges.conns.fetch_sub(1, Ordering::Relaxed);
             // Clients fill --max-conns; a few slots past it stay for peer
             // links, so that a full node can still be reached by its peers.
-            let used = self.shared.peer_slots_used.fetch_add(1, Ordering::Relaxed);
-            if self.handover.is_none() || used >= self.shared.peer_slots {
-                self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+            let used = self.gauges.peer_slots_used.fetch_add(1, Ordering::Relaxed);
+            if self.handover.is_none() || used >= self.settings.peer_slots {
+                self.gauges.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
                 log::debug!("refusing {addr}: over --max-conns");
-                self.shared.io_counters.refused(Reason::TooManyConnections);
-                if self.shared.tls.is_none() {
+                self.gauges.io_counters.refused(Reason::TooManyConnections);
+                if self.settings.tls.is_none() {
                     let _ = (&stream).write(&too_many_connections());
                 }
                 end_refused(&stream, &mut self.read_buf);
@@ -735,24 +738,24 @@ impl IoLoop {
             }
             peer_only = true;
         }
-        let release = |shared: &Shared| {
+        let release = |gauges: &Gauges| {
             if peer_only {
-                shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+                gauges.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
             } else {
-                shared.conns.fetch_sub(1, Ordering::Relaxed);
+                gauges.conns.fetch_sub(1, Ordering::Relaxed);
             }
         };
         if let Err(e) = stream.set_nodelay(true) {
             log::debug!("{addr}: set_nodelay failed: {e}");
         }
         // Plain or TLS, once for the connection's whole life.
-        let mut stream = match &self.shared.tls {
+        let mut stream = match &self.settings.tls {
             None => Stream::Plain(stream),
             Some(tls) => match tls.accept(stream) {
                 Ok(stream) => stream,
                 Err(e) => {
                     log::warn!("{addr}: cannot start TLS: {e}");
-                    release(&self.shared);
+                    release(&self.gauges);
                     return;
                 }
             },
@@ -760,7 +763,7 @@ impl IoLoop {
         let entry = self.conns.vacant_entry();
         let slot = entry.key();
         if slot >= 1 << 24 {
-            release(&self.shared);
+            release(&self.gauges);
             return;
         }
         self.serial = self.serial.wrapping_add(1);
@@ -772,7 +775,7 @@ impl IoLoop {
             .register(&mut stream, Token(slot), interest)
         {
             log::warn!("{addr}: register failed: {e}");
-            release(&self.shared);
+            release(&self.gauges);
             return;
         }
         log::debug!("{id} ({addr}): connected");
@@ -796,7 +799,7 @@ impl IoLoop {
             backlogged: false,
             fresh: true,
             peer_only,
-            gate: if self.shared.auth.is_some() {
+            gate: if self.settings.auth.is_some() {
                 Gate::Awaiting
             } else {
                 Gate::Open
@@ -806,7 +809,7 @@ impl IoLoop {
             let deadline = Instant::now() + Duration::from_millis(PEER_SLOT_MS);
             self.peer_only.push((slot, id, deadline));
         }
-        if self.shared.tls.is_some() {
+        if self.settings.tls.is_some() {
             // As for the authentication deadlines below: entries of
             // handshakes done or connections gone are dropped when they
             // outnumber the open connections (amortised O(1)).
@@ -821,7 +824,7 @@ impl IoLoop {
             let deadline = Instant::now() + Duration::from_millis(HANDSHAKE_MS);
             self.handshakes.push_back((slot, id, deadline));
         }
-        if self.shared.auth.is_some() {
+        if self.settings.auth.is_some() {
             // Entries of connections gone or through the gate wait for
             // their deadline; drop them when they outnumber the open
             // connections, so churn cannot grow the queue (amortised O(1)).
@@ -948,7 +951,7 @@ impl IoLoop {
     /// Parse every complete line of `input`; return the bytes used, or None
     /// if the connection turned out to be a peer link and was handed over.
     fn parse_lines(&mut self, slot: usize, input: &[u8]) -> Option<usize> {
-        let max_lease_ms = self.shared.max_lease_ms;
+        let max_lease_ms = self.settings.max_lease_ms;
         let mut used = 0;
         if self.conns[slot].fresh && self.handover.is_some() && is_peer_line(input) {
             self.hand_over(slot, input);
@@ -984,7 +987,7 @@ impl IoLoop {
                 }
                 continue;
             }
-            if self.shared.echo {
+            if self.settings.echo {
                 // Benchmark floor: the same read, parse and write path,
                 // answered with the line itself, without the lock owner.
                 self.conns[slot]
@@ -1028,7 +1031,7 @@ impl IoLoop {
                         who(&self.conns[slot]),
                         reason.as_str()
                     );
-                    self.shared.io_counters.refused(reason);
+                    self.gauges.io_counters.refused(reason);
                     self.close_with(slot, reason, reason.as_str());
                     break;
                 }
@@ -1047,12 +1050,12 @@ impl IoLoop {
             Ok(Request::Auth { secret }) => self.handle_auth(slot, &secret),
             Err(LineError::Refused { op: Op::Auth, .. }) => {
                 // `U` with extra fields: a failed attempt like a wrong secret.
-                self.shared.io_counters.auth_request();
+                self.gauges.io_counters.auth_request();
                 self.reject(slot);
                 false
             }
             Ok(_) | Err(_) => {
-                self.shared.io_counters.refused(Reason::AuthRequired);
+                self.gauges.io_counters.refused(Reason::AuthRequired);
                 self.close_with(slot, Reason::AuthRequired, "a request before U");
                 false
             }
@@ -1062,9 +1065,9 @@ impl IoLoop {
     /// `U <secret>`: `U ok`, `E U - auth-disabled` without `--auth-file`, or
     /// a wrong secret rejected. False when nothing more is to be parsed.
     fn handle_auth(&mut self, slot: usize, secret: &Secret) -> bool {
-        self.shared.io_counters.auth_request();
-        let Some(auth) = self.shared.auth.as_ref() else {
-            self.shared.io_counters.refused(Reason::AuthDisabled);
+        self.gauges.io_counters.auth_request();
+        let Some(auth) = self.settings.auth.as_ref() else {
+            self.gauges.io_counters.refused(Reason::AuthDisabled);
             let answer = Answer::Error {
                 op: Some(Op::Auth),
                 key: None,
@@ -1075,7 +1078,7 @@ impl IoLoop {
         };
         if auth.accepts(secret.as_bytes()) {
             self.conns[slot].gate = Gate::Open;
-            self.shared.io_counters.auth_ok();
+            self.gauges.io_counters.auth_ok();
             self.write_answer(slot, &Answer::AuthOk);
             return true;
         }
@@ -1104,7 +1107,7 @@ impl IoLoop {
         let now = Instant::now();
         while let Some((slot, id)) = pop_due(&mut self.delayed_closes, now) {
             if self.live_slot(id).is_some() {
-                self.shared.io_counters.refused(Reason::BadAuth);
+                self.gauges.io_counters.refused(Reason::BadAuth);
                 self.close_with(slot, Reason::BadAuth, "wrong secret");
             }
         }
@@ -1120,7 +1123,7 @@ impl IoLoop {
                 .live_slot(id)
                 .is_some_and(|slot| self.conns[slot].gate == Gate::Awaiting);
             if awaiting && !self.conns[slot].closing {
-                self.shared.io_counters.refused(Reason::AuthRequired);
+                self.gauges.io_counters.refused(Reason::AuthRequired);
                 self.close_with(slot, Reason::AuthRequired, "no U in time");
             }
         }
@@ -1180,7 +1183,7 @@ impl IoLoop {
                 }
                 Err(TryRecvError::Empty) => return,
                 Err(TryRecvError::Disconnected) => {
-                    self.shared.shutdown.store(true, Ordering::Release);
+                    self.gauges.shutdown.store(true, Ordering::Release);
                     return;
                 }
             }
@@ -1334,9 +1337,9 @@ impl IoLoop {
         let _ = self.poll.registry().deregister(&mut conn.stream);
         if conn.peer_only {
             self.peer_only.retain(|(s, _, _)| *s != slot);
-            self.shared.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
+            self.gauges.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
         } else {
-            self.shared.conns.fetch_sub(1, Ordering::Relaxed);
+            self.gauges.conns.fetch_sub(1, Ordering::Relaxed);
         }
         conn
     }
@@ -1440,17 +1443,6 @@ fn reuse(mut done: Vec<usize>, added: &mut Vec<usize>) -> Vec<usize> {
     done
 }
 
-/// Room for the next round's batch: the largest of the recent rounds, an
-/// eighth forgotten each round, and never more than `MAX_ROOM` entries, so
-/// that a burst's room is not kept by a node that then goes idle.
-pub fn next_room(room: usize, used: usize) -> usize {
-    used.max(room - room / 8).min(MAX_ROOM)
-}
-
-/// The most room a round's batch is made with (a larger round grows it as
-/// it goes, as every round once did).
-const MAX_ROOM: usize = 4096;
-
 /// What a request of `op` on `key` is owed against MAX_OWED until its
 /// answer comes: its key's bytes and ANSWER_ALLOWANCE, or INFO_COST for an
 /// `I`. The answer is taken off by [`answer_owed`], which names the same
@@ -1522,21 +1514,6 @@ fn who(conn: &Conn) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_rounds_room_follows_the_recent_rounds_and_stays_bounded() {
-        assert_eq!(next_room(0, 100), 100);
-        assert_eq!(next_room(800, 0), 700, "an eighth forgotten per round");
-        assert_eq!(next_room(800, 750), 750);
-        assert_eq!(next_room(0, 1_000_000), MAX_ROOM);
-        let mut room = MAX_ROOM;
-        for _ in 0..100 {
-            room = next_room(room, 0);
-        }
-        assert!(
-            room < 8,
-            "rounds with few requests give the room back: {room}"
-        );
-    }
     use crate::server::Config;
 
     /// A loop on a fresh loopback listener, with the owner's ends of its
@@ -1546,13 +1523,21 @@ mod tests {
             busy_poll_us,
             ..Config::default()
         };
-        let shared = Arc::new(Shared::new(&config, "test".into()));
+        let settings = Arc::new(Settings::new(&config, "test".into()));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         listener.set_nonblocking(true).expect("non-blocking");
         let (to_owner, inbound) = crossbeam_channel::unbounded();
         let (answers, from_owner) = crossbeam_channel::unbounded();
-        let (mut io_loop, _waker, _awake) =
-            IoLoop::new(0, &listener, to_owner, from_owner, None, shared).expect("a loop");
+        let (mut io_loop, _waker, _awake) = IoLoop::new(
+            0,
+            &listener,
+            to_owner,
+            from_owner,
+            None,
+            settings,
+            Arc::default(),
+        )
+        .expect("a loop");
         io_loop.round();
         (io_loop, inbound, answers)
     }
@@ -1583,17 +1568,24 @@ mod tests {
             tls_key: Some(dir.join("k.pem")),
             ..Config::default()
         };
-        let tls = crate::server::tls::NodeTls::load(&config).expect("tls");
+        let tls = crate::server::trust::tls::NodeTls::load(&config).expect("tls");
         let _ = std::fs::remove_dir_all(&dir);
-        let mut shared = Shared::new(&config, "test".into());
-        shared.tls = tls.map(Arc::new);
+        let mut settings = Settings::new(&config, "test".into());
+        settings.tls = tls.map(Arc::new);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         listener.set_nonblocking(true).expect("non-blocking");
         let (to_owner, inbound) = crossbeam_channel::unbounded();
         let (answers, from_owner) = crossbeam_channel::unbounded();
-        let (io_loop, _waker, _awake) =
-            IoLoop::new(0, &listener, to_owner, from_owner, None, Arc::new(shared))
-                .expect("a loop");
+        let (io_loop, _waker, _awake) = IoLoop::new(
+            0,
+            &listener,
+            to_owner,
+            from_owner,
+            None,
+            Arc::new(settings),
+            Arc::default(),
+        )
+        .expect("a loop");
         (io_loop, inbound, answers, listener, cert.der().clone())
     }
 
@@ -1612,14 +1604,14 @@ mod tests {
             io_loop.round();
         }
         assert_eq!(io_loop.handshakes.len(), 1);
-        assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 1);
+        assert_eq!(io_loop.gauges.conns.load(Ordering::Relaxed), 1);
         // Before the deadline it stays; after it, it is gone.
         io_loop.expire_handshakes(admitted);
         assert_eq!(io_loop.conns.len(), 1);
         let late = Instant::now() + Duration::from_millis(HANDSHAKE_MS + 1);
         io_loop.expire_handshakes(late);
         assert!(io_loop.conns.is_empty() && io_loop.handshakes.is_empty());
-        assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 0);
+        assert_eq!(io_loop.gauges.conns.load(Ordering::Relaxed), 0);
         // The owner never heard of it.
         assert!(inbound.try_recv().is_err());
     }
@@ -1802,18 +1794,25 @@ mod tests {
 
     /// A loop whose node wants `SECRET`, and its address.
     fn gated_loop() -> (IoLoop, SocketAddr, Receiver<ToOwner>) {
-        use crate::server::client_auth::{ClientAuth, SecretSet};
-        let mut shared = Shared::new(&Config::default(), "test".into());
+        use crate::server::trust::client_auth::{ClientAuth, SecretSet};
+        let mut settings = Settings::new(&Config::default(), "test".into());
         let secrets = SecretSet::from_file_contents(SECRET.as_bytes()).expect("a secret");
-        shared.auth = Some(Arc::new(ClientAuth::new("/unused".into(), secrets)));
+        settings.auth = Some(Arc::new(ClientAuth::new("/unused".into(), secrets)));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         listener.set_nonblocking(true).expect("non-blocking");
         let addr = listener.local_addr().expect("addr");
         let (to_owner, inbound) = crossbeam_channel::unbounded();
         let (_answers, from_owner) = crossbeam_channel::unbounded();
-        let (io_loop, _waker, _awake) =
-            IoLoop::new(0, &listener, to_owner, from_owner, None, Arc::new(shared))
-                .expect("a loop");
+        let (io_loop, _waker, _awake) = IoLoop::new(
+            0,
+            &listener,
+            to_owner,
+            from_owner,
+            None,
+            Arc::new(settings),
+            Arc::default(),
+        )
+        .expect("a loop");
         (io_loop, addr, inbound)
     }
 
@@ -1822,14 +1821,22 @@ mod tests {
     /// A loop with no gate on a fresh listener: its address, and the
     /// owner's ends of its channels.
     fn open_loop() -> (IoLoop, SocketAddr, Receiver<ToOwner>, Sender<OwnerBatch>) {
-        let shared = Arc::new(Shared::new(&Config::default(), "test".into()));
+        let settings = Arc::new(Settings::new(&Config::default(), "test".into()));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         listener.set_nonblocking(true).expect("non-blocking");
         let addr = listener.local_addr().expect("addr");
         let (to_owner, inbound) = crossbeam_channel::unbounded();
         let (answers, from_owner) = crossbeam_channel::unbounded();
-        let (io_loop, _waker, _awake) =
-            IoLoop::new(0, &listener, to_owner, from_owner, None, shared).expect("a loop");
+        let (io_loop, _waker, _awake) = IoLoop::new(
+            0,
+            &listener,
+            to_owner,
+            from_owner,
+            None,
+            settings,
+            Arc::default(),
+        )
+        .expect("a loop");
         (io_loop, addr, inbound, answers)
     }
 
@@ -1886,7 +1893,7 @@ mod tests {
                 assert!(io_loop.conns.is_empty(), "dropped when its time is up");
             }
             io_loop.lingers.clear();
-            assert_eq!(io_loop.shared.conns.load(Ordering::Relaxed), 0);
+            assert_eq!(io_loop.gauges.conns.load(Ordering::Relaxed), 0);
         }
     }
 
@@ -2158,7 +2165,7 @@ mod tests {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         for _ in 0..cores {
             assert!(
-                io_loop.shared.pollers.try_take(),
+                io_loop.gauges.pollers.try_take(),
                 "every slot is free again"
             );
         }

@@ -35,9 +35,9 @@ use hashbrown::HashTable;
 use slab::Slab;
 
 use crate::protocol::{Answer, Key, Op, Reason};
-use crate::server::stats::TableMetrics;
-use crate::server::tokens::TokenSource;
-use crate::server::wheel::{TimerId, TimingWheel};
+use crate::server::core::counters::TableMetrics;
+use crate::server::core::tokens::TokenSource;
+use crate::server::core::wheel::{TimerId, TimingWheel};
 
 /// A client connection, named by the I/O loop that owns it: loop index in the
 /// top 8 bits, slab slot in the next 24, a serial in the low 32 so that an

@@ -1,0 +1,413 @@
+//! The baton node: starting its threads, and stopping them in one place.
+//!
+//! Owns: the thread layout (ARCHITECTURE.md) — `--threads` I/O loops
+//! (`threads/io_loop.rs`) feeding one lock-owner thread (`threads/owner.rs`,
+//! which runs the `TableCore` and `LockTable` of `core/`), in a cluster the
+//! replication thread (`threads/replication.rs`), with `--metrics` the
+//! metrics thread (`threads/metrics.rs`) — and the [`Settings`] and
+//! [`Gauges`] they share. Both listening sockets are bound first (a port that
+//! cannot be is a [`StartError::Flag`] naming its flag), and every channel
+//! and waker is built before any thread starts; [`Server::shutdown`] stops
+//! them in a fixed order and logs each step.
+//!
+//! Never does: decide anything about locks (that is the lock table's job).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+
+use mio::Waker;
+
+use crate::server::Config;
+use crate::server::clock::{Clock, unix_ms};
+use crate::server::core::cluster_core::ClusterParams;
+use crate::server::core::lock_table::{LockTable, TableLimits};
+use crate::server::core::table_core::TableCore;
+use crate::server::core::tokens::{self, TokenSource};
+use crate::server::messages::{IoLoopLink, ReplLink, ToOwner, ToRepl, capacity};
+use crate::server::shared::{Gauges, Settings};
+use crate::server::stats::MetricsSlot;
+use crate::server::threads::io_loop::IoLoop;
+use crate::server::threads::metrics::MetricsServer;
+use crate::server::threads::owner::Owner;
+use crate::server::threads::replication::{self, Replication};
+use crate::server::trust::client_auth::ClientAuth;
+use crate::server::trust::peer_auth::ClusterKey;
+use crate::server::trust::tls::NodeTls;
+
+/// Why [`Server::start`] failed.
+#[derive(Debug)]
+pub enum StartError {
+    /// A flag the node cannot use: a port in use, an address no interface
+    /// has, a port it may not bind. One line that names the flag, what
+    /// failed and why; `batond` exits 2.
+    Flag(String),
+    /// Anything else (threads, epoll, wakers); `batond` exits 1.
+    Io(io::Error),
+}
+
+impl From<io::Error> for StartError {
+    fn from(e: io::Error) -> StartError {
+        StartError::Io(e)
+    }
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Flag(line) => f.write_str(line),
+            StartError::Io(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Listen on `addr`, the address of the flag `flag(error)` names: an error
+/// says which flag, where, and the operating system's reason, with a hint
+/// for the common ones, on one line.
+fn listen(
+    addr: SocketAddr,
+    flag: impl Fn(&io::Error) -> &'static str,
+) -> Result<std::net::TcpListener, StartError> {
+    std::net::TcpListener::bind(addr).map_err(|e| {
+        let hint = match e.kind() {
+            io::ErrorKind::AddrInUse => "; another process listens there",
+            io::ErrorKind::AddrNotAvailable => "; no interface of this machine has that address",
+            io::ErrorKind::PermissionDenied => "; a port below 1024 needs CAP_NET_BIND_SERVICE",
+            _ => "",
+        };
+        StartError::Flag(format!("{}: cannot listen on {addr}: {e}{hint}", flag(&e)))
+    })
+}
+
+/// A running node.
+pub struct Server {
+    local_addr: SocketAddr,
+    settings: Arc<Settings>,
+    gauges: Arc<Gauges>,
+    wakers: Vec<Arc<Waker>>,
+    io_threads: Vec<JoinHandle<()>>,
+    owner_thread: Option<JoinHandle<()>>,
+    repl: Option<ReplHandle>,
+    /// A single node's own line to the lock owner, for the retire message
+    /// at shutdown (dropped then, so the owner sees every sender gone).
+    retire: Option<crossbeam_channel::Sender<ToOwner>>,
+    metrics: Option<(Arc<MetricsSlot>, JoinHandle<()>)>,
+    detect_ms: u64,
+}
+
+struct ReplHandle {
+    tx: crossbeam_channel::Sender<ToRepl>,
+    waker: Arc<Waker>,
+    exit: crossbeam_channel::Receiver<()>,
+    thread: JoinHandle<()>,
+}
+
+impl Server {
+    /// Bind (the client port, then the metrics port), build every channel
+    /// and waker, then start the threads. `cluster_key` is what
+    /// [`Config::read_cluster_key`] read (None for a single node; a cluster
+    /// node without one runs as `--insecure-peers`), `client_auth` what
+    /// [`Config::read_client_auth`] read. A port that cannot be listened on
+    /// is a [`StartError::Flag`] naming the flag.
+    pub fn start(
+        config: &Config,
+        cluster_key: Option<ClusterKey>,
+        client_auth: Option<ClientAuth>,
+    ) -> Result<Server, StartError> {
+        let listener = listen(SocketAddr::new(config.bind, config.port), |e| {
+            match e.kind() {
+                io::ErrorKind::AddrInUse | io::ErrorKind::PermissionDenied => "--port",
+                _ => "--bind",
+            }
+        })?;
+        let metrics_listener = match config.metrics {
+            Some(addr) => Some(listen(addr, |_| "--metrics")?),
+            None => None,
+        };
+        listener.set_nonblocking(true)?;
+        let local_addr = listener.local_addr()?;
+        let node_index = config.node_index().map_err(StartError::Flag)?;
+        let node = if config.peers.is_empty() {
+            SocketAddr::new(config.bind, local_addr.port()).to_string()
+        } else {
+            config.node_name()
+        };
+        let mut settings = Settings::new(config, node);
+        settings.auth = client_auth.map(Arc::new);
+        settings.tls = NodeTls::load(config)
+            .map_err(StartError::Flag)?
+            .map(Arc::new);
+        let settings = Arc::new(settings);
+        let gauges = Arc::new(Gauges::new());
+        let clock = Clock::new();
+        install_panic_hook();
+
+        // Every channel and waker first (each bounded; see messages::capacity).
+        let (to_owner, inbound) = crossbeam_channel::bounded(capacity::TO_OWNER);
+        let repl_parts = if config.peers.is_empty() {
+            None
+        } else {
+            let poll = mio::Poll::new()?;
+            let waker = Arc::new(Waker::new(poll.registry(), replication::REPL_WAKER)?);
+            let (tx, rx) = crossbeam_channel::bounded(capacity::TO_REPL);
+            let (exit_tx, exit_rx) = crossbeam_channel::bounded(capacity::EXIT_SIGNAL);
+            Some((poll, waker, tx, rx, exit_tx, exit_rx))
+        };
+        let handover = repl_parts.as_ref().map(|(_, waker, tx, ..)| ReplLink {
+            tx: tx.clone(),
+            waker: waker.clone(),
+        });
+        let mut loops = Vec::with_capacity(config.threads);
+        let mut links = Vec::with_capacity(config.threads);
+        let mut wakers = Vec::with_capacity(config.threads);
+        for index in 0..config.threads {
+            let (answers, from_owner) = crossbeam_channel::bounded(capacity::TO_IO_LOOP);
+            let (io_loop, waker, awake) = IoLoop::new(
+                index,
+                &listener,
+                to_owner.clone(),
+                from_owner,
+                handover.as_ref().map(|h| ReplLink {
+                    tx: h.tx.clone(),
+                    waker: h.waker.clone(),
+                }),
+                settings.clone(),
+                gauges.clone(),
+            )?;
+            loops.push(io_loop);
+            links.push(IoLoopLink {
+                answers,
+                waker: waker.clone(),
+                awake,
+            });
+            wakers.push(waker);
+        }
+
+        let floor = tokens::start_floor(unix_ms());
+        let limits = TableLimits {
+            max_waiting_per_conn: config.max_waiting,
+            max_keys: config.max_keys,
+        };
+        let table = LockTable::new(clock.now_ms(), limits, TokenSource::new(node_index, floor));
+        let core = TableCore::new(
+            table,
+            handover.is_some(),
+            settings.node.clone(),
+            config.promotion_grace_ms,
+        );
+        let mut owner = Owner::new(
+            core,
+            clock,
+            inbound,
+            links,
+            handover,
+            &settings,
+            gauges.clone(),
+        );
+        let metrics_server = match metrics_listener {
+            Some(listener) => {
+                let (server, slot) =
+                    MetricsServer::new(listener, to_owner.clone(), gauges.clone())?;
+                owner = owner.with_metrics(slot.clone());
+                Some((server, slot))
+            }
+            None => None,
+        };
+
+        // Then the threads: owner, replication, I/O loops.
+        let owner_thread = std::thread::Builder::new()
+            .name("baton-owner".into())
+            .spawn(move || owner.run())?;
+        let mut retire = None;
+        let repl = match repl_parts {
+            None => {
+                retire = Some(to_owner);
+                None
+            }
+            Some((poll, waker, tx, rx, exit_tx, exit_rx)) => {
+                let params = ClusterParams {
+                    detect_ms: config.detect_ms,
+                    max_lease_ms: config.max_lease_ms,
+                    max_keys: config.max_keys,
+                    insecure: cluster_key.as_ref().is_none_or(ClusterKey::is_insecure),
+                    seed: 0,
+                };
+                let replication = Replication::new(
+                    node_index,
+                    config.peers.clone(),
+                    params,
+                    cluster_key.unwrap_or_else(ClusterKey::insecure),
+                    clock,
+                    poll,
+                    rx,
+                    to_owner,
+                    settings.clone(),
+                    gauges.clone(),
+                    exit_tx,
+                );
+                let thread = std::thread::Builder::new()
+                    .name("baton-repl".into())
+                    .spawn(move || replication.run())?;
+                Some(ReplHandle {
+                    tx,
+                    waker,
+                    exit: exit_rx,
+                    thread,
+                })
+            }
+        };
+        let mut io_threads = Vec::with_capacity(loops.len());
+        for (index, io_loop) in loops.into_iter().enumerate() {
+            io_threads.push(
+                std::thread::Builder::new()
+                    .name(format!("baton-io-{index}"))
+                    .spawn(move || io_loop.run())?,
+            );
+        }
+        let metrics = match metrics_server {
+            Some((server, slot)) => Some((
+                slot,
+                std::thread::Builder::new()
+                    .name("baton-metrics".into())
+                    .spawn(move || server.run())?,
+            )),
+            None => None,
+        };
+        log::info!(
+            "listening on {local_addr} as {} with {} I/O loops",
+            settings.node,
+            io_threads.len()
+        );
+        Ok(Server {
+            local_addr,
+            settings,
+            gauges,
+            wakers,
+            io_threads,
+            owner_thread: Some(owner_thread),
+            repl,
+            retire,
+            metrics,
+            detect_ms: config.detect_ms,
+        })
+    }
+
+    /// The address the node listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// SIGHUP: read again what may change without a restart. Each part
+    /// logs what it did; a part that fails keeps what it had.
+    pub fn reload(&self) {
+        self.reload_client_auth();
+        match self.reload_tls() {
+            Ok(true) => log::info!("reload: TLS certificate and keys read again"),
+            Ok(false) => {}
+            Err(e) => log::error!("reload: TLS files not reloaded, the old ones stay: {e}"),
+        }
+    }
+
+    /// `--auth-file`: the new secrets replace the old ones for connections
+    /// made from now on; a bad file keeps the old ones.
+    fn reload_client_auth(&self) {
+        let Some(auth) = &self.settings.auth else {
+            log::info!("reload: no --auth-file; nothing to read");
+            return;
+        };
+        match auth.reload() {
+            Ok(count) => log::info!("reload: --auth-file: {count} secrets in use"),
+            Err(e) => log::warn!("reload: {e}; keeping the secrets in use"),
+        }
+    }
+
+    /// Read the TLS files again (SIGHUP): new connections use them; those
+    /// open keep theirs. Ok(false) without TLS. On an error the files in
+    /// use stay, and the error says why.
+    pub fn reload_tls(&self) -> Result<bool, String> {
+        match &self.settings.tls {
+            Some(tls) => tls.reload().map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Stop in order: first, in a cluster, hand the active role over (the
+    /// replication thread says when it is done, or gives up after a bound);
+    /// then the I/O loops (they stop listening, write every answer the
+    /// owner still makes for requests already read, and end every
+    /// connection in order, within `io_loop::LINGER`); then the metrics thread; then replication; then the
+    /// lock owner, which stops once every sender is gone.
+    pub fn shutdown(mut self) {
+        if let Some(repl) = &self.repl {
+            log::info!("shutdown: handing over to a successor, if any");
+            if repl.tx.send(ToRepl::Shutdown).is_ok() {
+                let _ = repl.waker.wake();
+                let bound = std::time::Duration::from_millis(3 * self.detect_ms + 1000);
+                if repl.exit.recv_timeout(bound).is_err() {
+                    log::warn!(
+                        "shutdown: no handoff within {} ms; stopping anyway",
+                        bound.as_millis()
+                    );
+                }
+            }
+        }
+        if let Some(to_owner) = self.retire.take() {
+            // A single node: its waiters hear `M -` (no node is active)
+            // before their connections close, as with a cluster's last node.
+            let bound = std::time::Duration::from_secs(1);
+            let (done, retired) = crossbeam_channel::bounded(1);
+            if to_owner.send_timeout(ToOwner::Retire(done), bound).is_ok()
+                && retired.recv_timeout(bound).is_err()
+            {
+                log::warn!("shutdown: the lock owner did not answer its waiters in time");
+            }
+        }
+        log::info!("shutdown: stopping the I/O loops");
+        self.gauges.shutdown.store(true, Ordering::Release);
+        for waker in &self.wakers {
+            let _ = waker.wake();
+        }
+        for thread in self.io_threads.drain(..) {
+            let _ = thread.join();
+        }
+        if let Some((slot, thread)) = self.metrics.take() {
+            log::info!("shutdown: stopping the metrics thread");
+            slot.wake();
+            let _ = thread.join();
+        }
+        if let Some(repl) = self.repl.take() {
+            log::info!("shutdown: stopping replication");
+            let _ = repl.tx.send(ToRepl::Stop);
+            let _ = repl.waker.wake();
+            let _ = repl.thread.join();
+        }
+        log::info!("shutdown: stopping the lock owner");
+        if let Some(thread) = self.owner_thread.take() {
+            let _ = thread.join();
+        }
+        log::info!("shutdown: done");
+    }
+}
+
+/// A panic in any of the node's threads (named `baton-…`) ends the process
+/// with a log line and a non-zero exit: a node that keeps listening with no
+/// lock owner or no replication would take requests it can never answer.
+/// (Release builds also abort on panic; this covers every build, and panics
+/// outside the node's threads — a test's, say — keep their usual course.)
+fn install_panic_hook() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            let thread = std::thread::current();
+            let name = thread.name().unwrap_or("");
+            if name.starts_with("baton-") {
+                log::error!("thread {name} panicked: {info}; stopping the node");
+                std::process::exit(101);
+            }
+        }));
+    });
+}
