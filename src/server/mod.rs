@@ -1,6 +1,6 @@
 //! The baton node: starting its threads, and stopping them in one place.
 //!
-//! Owns: the thread layout (README: Design) — `--threads` I/O loops
+//! Owns: the thread layout (ARCHITECTURE.md) — `--threads` I/O loops
 //! (`io_loop.rs`) feeding one lock-owner thread (`owner.rs`, which owns the
 //! `LockTable` of `lock_table.rs` and its `TimingWheel` of `wheel.rs`), with
 //! `--metrics` the metrics thread (`metrics.rs`) — and the [`Shared`] flags
