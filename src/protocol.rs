@@ -1,4 +1,4 @@
-//! The wire format of baton, protocol version 1 (README, "Protocol").
+//! The wire format of baton, protocol version 1 (docs/protocol.md).
 //!
 //! Owns: parsing request and answer lines from bytes, and formatting them back
 //! into bytes. Used by the server's I/O loops (requests in, answers out) and by
@@ -825,8 +825,8 @@ fn parse_token(field: &[u8]) -> Result<u64, Reason> {
 // ---------------------------------------------------------------------------
 
 /// Parse one request line from the start of buf. lease above max_lease_ms ->
-/// Refused LeaseTooLong, wait above max_lease_ms -> Refused WaitTooLong (README:
-/// Protocol: a wait is 0 or up to the same maximum).
+/// Refused LeaseTooLong, wait above max_lease_ms -> Refused WaitTooLong (docs/protocol.md:
+/// a wait is 0 or up to the same maximum).
 pub fn parse_request(buf: &[u8], max_lease_ms: u64) -> Parsed<Request> {
     parse_line(buf, |line| request_from_line(line, max_lease_ms))
 }

@@ -1,4 +1,4 @@
-//! Client authentication (`--auth-file`, README "Client authentication"):
+//! Client authentication (`--auth-file`, docs/security.md, "Client authentication"):
 //! real `batond` processes on loopback ports, spoken to over TCP by raw
 //! line clients, the Rust client library and the `baton` CLI.
 //!

@@ -1,6 +1,6 @@
 //! Clock skew between cluster nodes, with real processes: one node of a
 //! two-node cluster on loopback runs under libfaketime with its wall clock
-//! 120 s behind the other's (README, "Keep the nodes' clocks in sync
+//! 120 s behind the other's (docs/cluster.md, "Keep the nodes' clocks in sync
 //! (NTP)"; cluster_core.rs, `MAX_PEER_AHEAD_MS`). The unit and simulation
 //! tests drive the cores with skewed times; these check the same contract
 //! end to end: the node behind follows the active, never makes a second
@@ -211,7 +211,7 @@ impl Pair {
         );
     }
 
-    /// The skewed node's warning about node `peer` (README: `sent a token N
+    /// The skewed node's warning about node `peer` (docs/cluster.md: `sent a token N
     /// s ahead of this node's clock`), with N about SKEW; the line.
     fn wait_skew_warning(&self, peer: usize) -> String {
         let name = self.name(peer);
@@ -402,7 +402,7 @@ fn a_first_node_120_s_behind_never_takes_the_role_back() {
 
 /// The active dies and the node 120 s behind, the only one left, is
 /// promoted: its tokens are above every token it took and above its own
-/// clock floor, and (as the README says) below the old active's, which a
+/// clock floor, and (as docs/cluster.md says) below the old active's, which a
 /// fenced resource would hold against them until its clock catches up.
 #[test]
 fn the_node_behind_promoted_issues_tokens_above_all_it_took() {
@@ -457,7 +457,7 @@ fn the_node_behind_promoted_issues_tokens_above_all_it_took() {
     let new_min = new_tokens[0];
     assert!(
         new_min < old_max,
-        "the README says the promoted node's tokens are below the old active's \
+        "docs/cluster.md says the promoted node's tokens are below the old active's \
          (its clock is 120 s behind): {new_min} >= {old_max}"
     );
     println!(

@@ -1,6 +1,6 @@
 //! Cluster tests: real `batond` processes on loopback ports, started with the
 //! same `--peers` list, killed, stopped, restarted and shut down, checked over
-//! TCP (README: Fencing tokens, Cluster operations).
+//! TCP (docs/fencing.md, docs/cluster.md).
 //!
 //! Every test has its own ports, so they run in parallel. Waits are polls
 //! with a deadline. The few sleeps either show that something does NOT
@@ -873,7 +873,7 @@ fn nodes_whose_peers_lists_differ_refuse_each_other_and_say_so_without_flapping(
     // The same two addresses in another order: each node would take the
     // other's index for a different node, so their links are refused (the
     // hello carries a fingerprint of the list), and each runs alone, as the
-    // README's rule says, instead of switching roles.
+    // rule in docs/cluster.md says, instead of switching roles.
     let (pa, pb) = (free_port(), free_port());
     let (a, b) = (format!("127.0.0.1:{pa}"), format!("127.0.0.1:{pb}"));
     let flags = [

@@ -1,4 +1,4 @@
-//! `scripts/cluster.sh` run as a user would (README: Cluster operations):
+//! `scripts/cluster.sh` run as a user would (docs/cluster.md):
 //! start, status, kill, restart and stop of a 2-node cluster on free
 //! loopback ports, and a start that fails because a port is taken.
 //!

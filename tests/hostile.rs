@@ -1,4 +1,4 @@
-//! Hostile-client reliability tests (README: Protocol: bad input never
+//! Hostile-client reliability tests (docs/protocol.md: bad input never
 //! crashes the server or affects other connections; a slow or silent client
 //! holds nothing but its own socket; limits answer with a clear `E`, never
 //! with unbounded memory).

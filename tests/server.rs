@@ -1,7 +1,7 @@
 //! Real-process tests of a single `batond` node: the lock semantics of
-//! README: Protocol (the state table, FIFO handover, lease expiry, wait
+//! docs/protocol.md (the state table, FIFO handover, lease expiry, wait
 //! timeouts, disconnects, release, keep, query, pipelining and `I`) and
-//! Fencing tokens, seen from TCP clients.
+//! docs/fencing.md, seen from TCP clients.
 //!
 //! Every test starts its own node on a free loopback port (killed by PID when
 //! the test ends) and talks raw protocol lines to it. Waits are polls with a
@@ -57,7 +57,7 @@ fn queue_behind(waiter: &mut LineClient, probe: &mut LineClient, key: &str, posi
 }
 
 // ---------------------------------------------------------------------------
-// README: Protocol: the state table
+// docs/protocol.md, "Writing a client": the state table
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -444,7 +444,7 @@ fn query_reports_free_held_and_waiting() {
 }
 
 // ---------------------------------------------------------------------------
-// Pipelining (README: Protocol)
+// Pipelining (docs/protocol.md)
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -733,7 +733,7 @@ fn info_reports_the_role_the_node_and_the_right_counts() {
 }
 
 // ---------------------------------------------------------------------------
-// Fencing tokens (README: Fencing tokens)
+// Fencing tokens (docs/fencing.md)
 // ---------------------------------------------------------------------------
 
 #[test]

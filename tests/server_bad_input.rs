@@ -1,5 +1,5 @@
 //! Real-process tests of a single `batond` node against bad input and at its
-//! limits (README: Protocol): malformed lines, over-long lines, binary junk,
+//! limits (docs/protocol.md): malformed lines, over-long lines, binary junk,
 //! silent and vanishing clients, `--max-conns`, `--max-waiting`,
 //! `--max-keys`, and a client that never reads its answers.
 //!
@@ -292,7 +292,7 @@ fn bad_numbers_are_refused_and_the_connection_stays_open() {
 
 /// A well-formed number of seconds is too long however many digits it has,
 /// also past what a u64 of milliseconds holds; only text that is not a
-/// number is bad (README: Protocol).
+/// number is bad (docs/protocol.md).
 #[test]
 fn a_huge_lease_or_wait_is_too_long_not_bad_however_many_digits_it_has() {
     let node = start_node();
@@ -463,8 +463,8 @@ fn a_client_that_never_reads_its_answers_does_not_make_the_node_buffer_without_l
         .set_write_timeout(Some(Duration::from_millis(500)))
         .expect("write timeout");
     // 1 MiB of `I` requests: half a million answers of about 120 bytes each,
-    // which a node that stops reading a client that does not read (README,
-    // Protocol: never unbounded memory) must not hold all at once.
+    // which a node that stops reading a client that does not read (docs/protocol.md,
+    // "Details baton settles": never unbounded memory) must not hold all at once.
     let chunk = b"I\n".repeat(32 * 1024);
     let mut sent = 0;
     while sent < 1 << 20 {

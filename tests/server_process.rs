@@ -1,4 +1,4 @@
-//! Real-process tests of `batond` as a program (README: Fencing tokens, Running `batond`):
+//! Real-process tests of `batond` as a program (docs/fencing.md, docs/running.md):
 //! its flags, its exit on SIGTERM (waiters told `M -` first), and fencing
 //! tokens across a restart.
 
@@ -54,7 +54,7 @@ fn a_cluster_node_without_a_cluster_key_refuses_to_start_with_exit_2() {
 }
 
 /// Every file a flag names is checked at start, also one a node without
-/// --peers will not use (README: Running `batond`).
+/// --peers will not use (docs/running.md).
 #[test]
 fn a_single_node_with_an_unusable_cluster_key_file_exits_2() {
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));

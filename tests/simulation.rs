@@ -1562,7 +1562,7 @@ fn a_node_whose_clock_is_ten_minutes_behind_follows_the_active_and_never_makes_a
     }
     // Node 0 dies: node 1, the only node left, promotes. Its tokens are
     // above everything it took and above its own clock floor, but below
-    // node 0's (README, "Consistency caveats": a fenced resource refuses
+    // node 0's (docs/cluster.md, "Clocks": a fenced resource refuses
     // them until its clock catches up).
     sim.crash(0);
     sim.run_until(DETECT_MS, "node 1 promotes", |s| s.actives() == vec![1]);

@@ -1,7 +1,7 @@
 //! The wire formats the load generator speaks, with no I/O.
 //!
 //! Owns: writing an acquire and a release, and reading one answer, for each
-//! system the harness drives — baton's line protocol (README: Protocol),
+//! system the harness drives — baton's line protocol (docs/protocol.md),
 //! `batond --echo` (every line comes back as it was sent), a Redis lock in
 //! RESP (`SET key token NX PX lease`, released by the compare-and-delete
 //! script through `EVALSHA`), and Redis `PING` inline (the Redis floor).
@@ -134,7 +134,7 @@ impl fmt::Display for BadAnswer {
 const MAX_ANSWER: usize = 4096;
 
 /// Append an acquire of `key`. `token` is the client's token (Redis only);
-/// `lease_ms` and `wait_ms` as README: Protocol (Redis uses only the lease:
+/// `lease_ms` and `wait_ms` as docs/protocol.md (Redis uses only the lease:
 /// the wait is the client's retry loop).
 pub fn write_acquire(
     proto: Proto,

@@ -19,7 +19,7 @@ mod splitmix;
 
 /// The schedule's generator: the tests' SplitMix64, with draws of its own
 /// (modulo, unit floats), so that a seed names the same schedule as the
-/// runs quoted in the README.
+/// runs quoted in docs/reliability.md.
 #[derive(Clone, Debug)]
 pub struct Rng(splitmix::Rng);
 

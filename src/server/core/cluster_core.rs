@@ -59,7 +59,7 @@
 //! it is promoted all the same (no other node is left), its tokens are
 //! above everything it took and above its own clock floor, but may be below
 //! the ones it left out: a fenced resource refuses them until its clock
-//! catches up (README, "Consistency caveats").
+//! catches up (docs/cluster.md, "Consistency caveats").
 //!
 //! Liveness does not wait for TCP: a proved incoming link that carries
 //! nothing for two heartbeat periods (a quarter of `--detect`) is dropped,

@@ -5,7 +5,7 @@
 //! the replication thread, which feeds it heartbeats, link events and time,
 //! and carries out the [`RoleEffect`]s it returns.
 //!
-//! The rules (README, "Cluster operations"):
+//! The rules (docs/cluster.md, "What happens when"):
 //! - Among the live nodes, the one highest in `--peers` is active. A peer is
 //!   live while its heartbeats keep arriving (within `detect_ms`) and it has
 //!   not been found dead (connection refused after its link dropped).

@@ -8,7 +8,7 @@
 //! node that issued it, so two nodes that are briefly active at once never
 //! issue the same token, and each new token is strictly above every token
 //! this node has issued or observed. A node that starts with no memory starts
-//! above `unix_milliseconds × 2^20` (README, "Fencing tokens"), which is above every
+//! above `unix_milliseconds × 2^20` (docs/fencing.md), which is above every
 //! token it issued before a restart unless it issued more than 2^16 tokens in
 //! every millisecond of its life.
 //!
