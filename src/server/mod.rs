@@ -13,7 +13,8 @@
 //! - [`trust`]: TLS and the peer and client authentication, sans-I/O layers
 //!   that the threads drive.
 //! - The plumbing between them, at this level: [`node`] starts and stops the
-//!   threads and ends the process if one of them ends; [`shared`] holds the
+//!   threads, through [`supervise`], which ends the process if one of them
+//!   ends; [`shared`] holds the
 //!   settings every thread reads and the few gauges that cross threads;
 //!   [`messages`] the channel messages; [`config`] the flags; [`stats`] and
 //!   [`metrics_http`] the figures; [`clock`] the real clocks; [`peer_wire`]
@@ -32,6 +33,7 @@ pub mod peer_wire;
 pub mod sched;
 pub mod shared;
 pub mod stats;
+pub mod supervise;
 pub mod threads;
 pub mod trust;
 

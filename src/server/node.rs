@@ -29,6 +29,7 @@ use crate::server::core::tokens::{self, TokenSource};
 use crate::server::messages::{IoLoopLink, ReplLink, ToOwner, ToRepl, capacity};
 use crate::server::shared::{Gauges, Settings};
 use crate::server::stats::MetricsSlot;
+use crate::server::supervise::Supervisor;
 use crate::server::threads::io_loop::IoLoop;
 use crate::server::threads::metrics::MetricsServer;
 use crate::server::threads::owner::Owner;
@@ -95,6 +96,8 @@ pub struct Server {
     retire: Option<crossbeam_channel::Sender<ToOwner>>,
     metrics: Option<(Arc<MetricsSlot>, JoinHandle<()>)>,
     detect_ms: u64,
+    /// Started every thread; told when the stop sequence begins.
+    supervisor: Supervisor,
 }
 
 struct ReplHandle {
@@ -142,7 +145,7 @@ impl Server {
         let settings = Arc::new(settings);
         let gauges = Arc::new(Gauges::new());
         let clock = Clock::new();
-        install_panic_hook();
+        let supervisor = Supervisor::new();
 
         // Every channel and waker first (each bounded; see messages::capacity).
         let (to_owner, inbound) = crossbeam_channel::bounded(capacity::TO_OWNER);
@@ -217,9 +220,7 @@ impl Server {
         };
 
         // Then the threads: owner, replication, I/O loops.
-        let owner_thread = std::thread::Builder::new()
-            .name("baton-owner".into())
-            .spawn(move || owner.run())?;
+        let owner_thread = supervisor.spawn("baton-owner".into(), move || owner.run())?;
         let mut retire = None;
         let repl = match repl_parts {
             None => {
@@ -247,9 +248,7 @@ impl Server {
                     gauges.clone(),
                     exit_tx,
                 );
-                let thread = std::thread::Builder::new()
-                    .name("baton-repl".into())
-                    .spawn(move || replication.run())?;
+                let thread = supervisor.spawn("baton-repl".into(), move || replication.run())?;
                 Some(ReplHandle {
                     tx,
                     waker,
@@ -260,18 +259,12 @@ impl Server {
         };
         let mut io_threads = Vec::with_capacity(loops.len());
         for (index, io_loop) in loops.into_iter().enumerate() {
-            io_threads.push(
-                std::thread::Builder::new()
-                    .name(format!("baton-io-{index}"))
-                    .spawn(move || io_loop.run())?,
-            );
+            io_threads.push(supervisor.spawn(format!("baton-io-{index}"), move || io_loop.run())?);
         }
         let metrics = match metrics_server {
             Some((server, slot)) => Some((
                 slot,
-                std::thread::Builder::new()
-                    .name("baton-metrics".into())
-                    .spawn(move || server.run())?,
+                supervisor.spawn("baton-metrics".into(), move || server.run())?,
             )),
             None => None,
         };
@@ -291,6 +284,7 @@ impl Server {
             retire,
             metrics,
             detect_ms: config.detect_ms,
+            supervisor,
         })
     }
 
@@ -340,6 +334,7 @@ impl Server {
     /// connection in order, within `io_loop::LINGER`); then the metrics thread; then replication; then the
     /// lock owner, which stops once every sender is gone.
     pub fn shutdown(mut self) {
+        self.supervisor.stopping();
         if let Some(repl) = &self.repl {
             log::info!("shutdown: handing over to a successor, if any");
             if repl.tx.send(ToRepl::Shutdown).is_ok() {
@@ -389,25 +384,4 @@ impl Server {
         }
         log::info!("shutdown: done");
     }
-}
-
-/// A panic in any of the node's threads (named `baton-…`) ends the process
-/// with a log line and a non-zero exit: a node that keeps listening with no
-/// lock owner or no replication would take requests it can never answer.
-/// (Release builds also abort on panic; this covers every build, and panics
-/// outside the node's threads — a test's, say — keep their usual course.)
-fn install_panic_hook() {
-    static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            previous(info);
-            let thread = std::thread::current();
-            let name = thread.name().unwrap_or("");
-            if name.starts_with("baton-") {
-                log::error!("thread {name} panicked: {info}; stopping the node");
-                std::process::exit(101);
-            }
-        }));
-    });
 }
