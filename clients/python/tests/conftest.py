@@ -22,7 +22,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent.parent
 try:
-    import baton  # noqa: F401  (installed: test what pip installed)
+    import baton_locks  # noqa: F401  (installed: test what pip installed)
 except ImportError:
     sys.path.insert(0, str(HERE.parent))
 
@@ -169,9 +169,9 @@ def pair(nodes, tmp_path):
 
 
 def client_of(*nodes_, **kwargs):
-    import baton
+    import baton_locks
 
-    return baton.Client([n.addr for n in nodes_], **kwargs)
+    return baton_locks.Client([n.addr for n in nodes_], **kwargs)
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ NO_ACTIVE_RETRY = 0.1
 MAX_REDIRECTS = 8
 ACQUIRE_ROUNDS = 3
 
-log = logging.getLogger("baton")
+log = logging.getLogger("baton_locks")
 
 
 class Grant:

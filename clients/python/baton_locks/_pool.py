@@ -38,7 +38,7 @@ import time
 from . import _wire
 from .errors import Unavailable
 
-log = logging.getLogger("baton")
+log = logging.getLogger("baton_locks")
 
 RECONNECT_INTERVAL = 3.0
 CONNECTIONS_FOR_ONE_SERVER = 2
