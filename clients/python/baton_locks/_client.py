@@ -11,6 +11,7 @@ threads), or block an asyncio loop.
 """
 
 import contextlib
+import os
 import ssl
 
 from . import _calls, _wire
@@ -21,6 +22,8 @@ DEFAULT_REQUEST_TIMEOUT = 5.0
 
 
 def _parse_servers(servers):
+    if isinstance(servers, (bytes, bytearray)):
+        raise TypeError("servers are 'host:port' strs, not bytes")
     if isinstance(servers, str):
         servers = servers.split(",")
     servers = list(servers)
@@ -43,7 +46,12 @@ def _tls_context(tls):
         return tls
     if tls is True:
         return ssl.create_default_context()
-    return ssl.create_default_context(cafile=str(tls))
+    if isinstance(tls, (str, os.PathLike)):
+        return ssl.create_default_context(cafile=os.fspath(tls))
+    raise TypeError(
+        "tls is an ssl.SSLContext, the path of a CA file, True or None, not %s"
+        % type(tls).__name__
+    )
 
 
 class _Base:
@@ -56,10 +64,10 @@ class _Base:
         request_timeout=DEFAULT_REQUEST_TIMEOUT,
     ):
         addrs = _parse_servers(servers)
-        if connect_timeout <= 0 or request_timeout <= 0:
-            raise ValueError("timeouts must be above 0")
+        connect = _wire.check_timeout("connect_timeout", connect_timeout)
+        request = _wire.check_timeout("request_timeout", request_timeout)
         auth_line = None if auth is None else _wire.auth_line(auth)
-        self._pool = Pool(addrs, float(connect_timeout), float(request_timeout), auth_line, _tls_context(tls))
+        self._pool = Pool(addrs, connect, request, auth_line, _tls_context(tls))
 
     @property
     def servers(self):
@@ -92,14 +100,20 @@ class Client(_Base):
     ``auth``: a shared secret, sent as ``U <secret>`` first on every
     connection. ``tls``: an ``ssl.SSLContext``, or the path of a CA file
     to check the servers' certificates against, or True for the system's
-    roots.
+    roots. ``connect_timeout`` and ``request_timeout``: seconds above 0.
+
+    Durations (``lease``, ``wait``, the timeouts) are ``int`` or ``float``
+    seconds, at most a year; a lease or wait is rounded up to whole
+    milliseconds, the wire's resolution. A value of the wrong type raises
+    ``TypeError``, one out of range (``inf``, ``nan``, below the least
+    allowed, past a year) ``ValueError``, before anything is sent.
     """
 
     def acquire(self, key, lease, wait=None):
-        """Acquire ``key`` for ``lease`` seconds, waiting in line up to
-        ``wait`` seconds (None: without limit; 0: only if it is free now).
-        A ``Grant``; raises ``Timeout`` when the wait runs out, ``Refused``,
-        or ``Unavailable``."""
+        """Acquire ``key`` for ``lease`` seconds (above 0), waiting in line
+        up to ``wait`` seconds (None: without limit; 0: only if it is free
+        now). A ``Grant``; raises ``Timeout`` when the wait runs out,
+        ``Refused``, or ``Unavailable``."""
         return _calls.drive(_calls.acquire(self._pool, key, lease, wait))
 
     def release(self, grant):

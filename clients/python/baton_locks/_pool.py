@@ -53,7 +53,10 @@ DOWN = "down"
 
 
 def normalise_server(server):
-    """``host:port`` (a missing port is 7373); ValueError when malformed."""
+    """``host:port`` (a missing port is 7373); TypeError when not a str,
+    ValueError when malformed."""
+    if not isinstance(server, str):
+        raise TypeError("a server is a 'host:port' str, not %s" % type(server).__name__)
     server = server.strip()
     if not server or any(c.isspace() for c in server):
         raise ValueError("%r is not host:port" % server)

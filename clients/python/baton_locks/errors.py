@@ -3,8 +3,10 @@
 ``Timeout``, ``Refused`` and ``NotHeld`` are clear answers from a server;
 ``Unavailable`` means no server gave one, so the outcome on the server may
 be unknown (a grant made just before a connection dropped stays held until
-its lease runs out). Bad arguments raise ``ValueError`` or ``TypeError``
-before anything is sent.
+its lease runs out). Bad arguments raise ``TypeError`` (not the right
+kind of value: a lease that is a str) or ``ValueError`` (the right kind,
+out of range: a lease of 0, ``inf`` or ``nan``) before anything is sent;
+neither is an ``Error``.
 """
 
 
