@@ -9,8 +9,8 @@ token that only ever grows::
     with client.lock("invoices", lease=30, wait=10) as grant:
         write_invoices(fence=grant.token)
 
-Pure standard library; ``AsyncClient`` is the same for asyncio. Installed
-as the distribution ``baton-locks``.
+Pure standard library, fully typed (``py.typed``); ``AsyncClient`` is the
+same for asyncio. Installed as the distribution ``baton-locks``.
 """
 
 from ._calls import Grant, KeyStatus

@@ -9,6 +9,10 @@ out of range: a lease of 0, ``inf`` or ``nan``) before anything is sent;
 neither is an ``Error``.
 """
 
+from __future__ import annotations
+
+from typing import Optional
+
 
 class Error(Exception):
     """Every error of this package."""
@@ -25,7 +29,10 @@ class Refused(Error):
     or ``too-many-waiting``.
     """
 
-    def __init__(self, reason, op=None):
+    reason: str
+    op: Optional[str]
+
+    def __init__(self, reason: str, op: Optional[str] = None) -> None:
         super().__init__("refused by the server: %s" % reason)
         self.reason = reason
         self.op = op
@@ -45,7 +52,9 @@ class Unavailable(Error):
     """No server gave an answer: every connection is down, a server did not
     answer in time, or no active node is known."""
 
-    def __init__(self, message, maybe_delivered=False):
+    #: True when the request may have reached a server anyway.
+    maybe_delivered: bool
+
+    def __init__(self, message: str, maybe_delivered: bool = False) -> None:
         super().__init__(message)
-        #: True when the request may have reached a server anyway.
         self.maybe_delivered = maybe_delivered
