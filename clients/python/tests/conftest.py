@@ -2,7 +2,8 @@
 
 The binary is ``$BATON_BATOND``, else ``target/release/batond`` of the
 repository (``cargo test --release`` or ``cargo build --release`` builds
-it). Every process started here is killed by its PID when its test ends.
+it). The package under test is ``baton_locks`` as installed (see
+``INSTALLED``). Every process started here is killed by its PID when its test ends.
 ``cluster_flags`` is the one place that decides the extra flags a cluster
 node needs (peer authentication arrived after these tests were written).
 """
@@ -20,11 +21,20 @@ import time
 import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
-REPO = HERE.parent.parent.parent
+SOURCE = HERE.parent
+REPO = SOURCE.parent.parent
+
+#: ``BATON_PY_INSTALLED=1`` (as CI sets it): the tests must run against the
+#: package installed in this virtual environment (the built wheel), never
+#: the source tree; ``test_installed.py`` checks it. Otherwise an
+#: uninstalled checkout falls back to the source directory.
+INSTALLED = os.environ.get("BATON_PY_INSTALLED") == "1"
 try:
-    import baton  # noqa: F401  (installed: test what pip installed)
+    import baton_locks  # noqa: F401  (installed: test what pip installed)
 except ImportError:
-    sys.path.insert(0, str(HERE.parent))
+    if INSTALLED:
+        raise
+    sys.path.insert(0, str(SOURCE))
 
 DEADLINE = 10.0
 
@@ -169,9 +179,9 @@ def pair(nodes, tmp_path):
 
 
 def client_of(*nodes_, **kwargs):
-    import baton
+    import baton_locks
 
-    return baton.Client([n.addr for n in nodes_], **kwargs)
+    return baton_locks.Client([n.addr for n in nodes_], **kwargs)
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
-"""baton.AsyncClient against one real batond."""
+"""baton_locks.AsyncClient against one real batond."""
 
 import asyncio
 
 import pytest
 
-import baton
+import baton_locks
 from conftest import DEADLINE
 
 
@@ -14,12 +14,12 @@ def run(coro):
 
 def test_the_async_calls_work_end_to_end(node):
     async def main():
-        async with baton.AsyncClient(node.addr) as c:
+        async with baton_locks.AsyncClient(node.addr) as c:
             grant = await c.acquire("job", lease=2)
             assert (await c.query("job")).token == grant.token
             await c.keep(grant, 30)
             assert (await c.query("job")).time_left > 2
-            with pytest.raises(baton.Timeout):
+            with pytest.raises(baton_locks.Timeout):
                 await c.acquire("job", lease=5, wait=0)
             assert await c.release(grant) is True
             assert await c.release(grant) is False
@@ -32,7 +32,7 @@ def test_the_async_calls_work_end_to_end(node):
 
 def test_a_waiting_acquire_is_woken_by_the_hand_over(node):
     async def main():
-        async with baton.AsyncClient(node.addr) as c:
+        async with baton_locks.AsyncClient(node.addr) as c:
             held = await c.acquire("job", lease=30)
             waiter = asyncio.ensure_future(c.acquire("job", lease=30))
             while (await c.query("job")).waiting != 1:
@@ -48,7 +48,7 @@ def test_a_waiting_acquire_is_woken_by_the_hand_over(node):
 
 def test_a_cancelled_acquire_leaves_nothing_held(node):
     async def main():
-        async with baton.AsyncClient(node.addr) as c:
+        async with baton_locks.AsyncClient(node.addr) as c:
             held = await c.acquire("job", lease=30)
             waiter = asyncio.ensure_future(c.acquire("job", lease=30))
             while (await c.query("job")).waiting != 1:
@@ -67,7 +67,7 @@ def test_a_cancelled_acquire_leaves_nothing_held(node):
 
 def test_many_tasks_share_the_connections(node):
     async def main():
-        async with baton.AsyncClient(node.addr) as c:
+        async with baton_locks.AsyncClient(node.addr) as c:
             async def one(i):
                 g = await c.acquire("k%d" % i, lease=10)
                 assert await c.release(g)

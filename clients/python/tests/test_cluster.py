@@ -2,7 +2,7 @@
 
 import asyncio
 
-import baton
+import baton_locks
 from conftest import DEADLINE, client_of, wait_for
 
 
@@ -45,7 +45,7 @@ def test_the_async_client_fails_over_too(pair):
     active, standby = pair
 
     async def main():
-        async with baton.AsyncClient([active.addr, standby.addr]) as c:
+        async with baton_locks.AsyncClient([active.addr, standby.addr]) as c:
             first = await c.acquire("before", lease=30, wait=5)
             active.kill()
             second = await c.acquire("after", lease=30, wait=5)

@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 
-import baton
+import baton_locks
 from conftest import DEADLINE, wait_for
 
 
@@ -83,7 +83,7 @@ def test_not_held_after_a_retry_counts_as_released(closing):
 
     server = FakeServer(handle)
     try:
-        c = closing(baton.Client(server.addr))
+        c = closing(baton_locks.Client(server.addr))
         assert c.release_token("job", 42) is True
         assert len(seen) == 2 and seen[0] != seen[1], "moved to the other connection"
     finally:
@@ -93,7 +93,7 @@ def test_not_held_after_a_retry_counts_as_released(closing):
 def test_not_held_at_the_first_try_is_not_held(closing):
     server = FakeServer(lambda index, line: b"N job")
     try:
-        c = closing(baton.Client(server.addr))
+        c = closing(baton_locks.Client(server.addr))
         assert c.release_token("job", 42) is False
     finally:
         server.close()
@@ -108,10 +108,10 @@ def test_an_acquire_moves_to_the_next_connection_and_fails_after_as_many_attempt
 
     server = FakeServer(drop_acquires)
     try:
-        c = closing(baton.Client(server.addr))
+        c = closing(baton_locks.Client(server.addr))
         try:
             c.acquire("job", lease=5)
-        except baton.Unavailable as e:
+        except baton_locks.Unavailable as e:
             assert "each of 2 attempts" in str(e)
         else:
             raise AssertionError("an acquire with every connection dropping must fail")
@@ -132,7 +132,7 @@ def test_no_active_node_known_is_retried_shortly(closing):
 
     server = FakeServer(handle)
     try:
-        c = closing(baton.Client(server.addr))
+        c = closing(baton_locks.Client(server.addr))
         grant = c.acquire("job", lease=5)
         assert grant.token == 77 and len(calls) == 3
     finally:
@@ -154,7 +154,7 @@ def test_answers_in_another_order_than_the_requests_reach_their_callers(closing)
 
     server = FakeServer(handle)
     try:
-        c = closing(baton.Client(server.addr))
+        c = closing(baton_locks.Client(server.addr))
         wait_for("both connections up", lambda: all(up for _, up, _ in c.connections()))
         results = {}
 
@@ -186,7 +186,7 @@ def test_a_grant_that_waited_longer_than_its_lease_is_confirmed_not_asked_again(
 
     server = FakeServer(handle)
     try:
-        c = closing(baton.Client(server.addr))
+        c = closing(baton_locks.Client(server.addr))
         grant = c.acquire("slow", lease=0.3)
         assert grant.token == 5
         assert [line.split(b" ")[0] for _, line in server.lines] == [b"A", b"K"]
@@ -205,10 +205,10 @@ def test_hostile_answers_close_the_connection_and_fail_the_call(closing):
     for answer in hostile:
         server = FakeServer(lambda index, line, answer=answer: answer)
         try:
-            c = closing(baton.Client(server.addr))
+            c = closing(baton_locks.Client(server.addr))
             try:
                 c.acquire("job", lease=5)
-            except baton.Unavailable:
+            except baton_locks.Unavailable:
                 pass
             else:
                 raise AssertionError("%r was taken for an answer" % answer[:40])
@@ -223,7 +223,7 @@ def test_hostile_answers_close_the_connection_and_fail_the_call(closing):
 def test_requests_go_round_robin_over_the_connections(closing):
     server = FakeServer(lambda index, line: b"Q " + line.split(b" ")[1] + b" 0 0 0")
     try:
-        c = closing(baton.Client(server.addr))
+        c = closing(baton_locks.Client(server.addr))
         wait_for("both connections up", lambda: all(up for _, up, _ in c.connections()))
         for i in range(6):
             assert c.query("k%d" % i).free
@@ -240,10 +240,10 @@ def test_redirects_stop_after_eight(closing):
     servers.append(FakeServer(lambda index, line: b"M " + servers[1].addr.encode() + b" A job"))
     servers.append(FakeServer(lambda index, line: b"M " + servers[0].addr.encode() + b" A job"))
     try:
-        c = closing(baton.Client(servers[0].addr))
+        c = closing(baton_locks.Client(servers[0].addr))
         try:
             c.acquire("job", lease=5, wait=1)
-        except baton.Unavailable as e:
+        except baton_locks.Unavailable as e:
             assert "redirected 8 times" in str(e), e
         else:
             raise AssertionError("an endless redirect must fail")
@@ -269,7 +269,7 @@ def test_an_acquire_cancelled_while_its_grant_is_confirmed_releases_it(closing):
 
     server = FakeServer(handle)
     try:
-        c = closing(baton.AsyncClient(server.addr))
+        c = closing(baton_locks.AsyncClient(server.addr))
 
         def sent(prefix):
             return any(line.startswith(prefix) for _, line in server.lines)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-import baton
+import baton_locks
 from conftest import DEADLINE, client_of, wait_for
 
 
@@ -28,7 +28,7 @@ def test_acquire_query_keep_release(node, closing):
     assert c.release(grant) is True
     assert c.query("job").free
     assert c.release(grant) is False, "released already: not held"
-    with pytest.raises(baton.NotHeld):
+    with pytest.raises(baton_locks.NotHeld):
         c.keep(grant, 5)
 
 
@@ -36,9 +36,9 @@ def test_a_held_key_times_out_and_wait_zero_does_not_queue(node, closing):
     c = closing(client_of(node))
     held = c.acquire("job", lease=30)
     start = time.monotonic()
-    with pytest.raises(baton.Timeout):
+    with pytest.raises(baton_locks.Timeout):
         c.acquire("job", lease=30, wait=0)
-    with pytest.raises(baton.Timeout):
+    with pytest.raises(baton_locks.Timeout):
         c.acquire("job", lease=30, wait=0.05)
     assert time.monotonic() - start < DEADLINE
     status = c.query("job")
@@ -52,13 +52,13 @@ def test_bad_arguments_and_refusals(node, closing):
             c.acquire(bad, lease=1)
     with pytest.raises(ValueError):
         c.acquire("k", lease=0)
-    with pytest.raises(baton.Refused) as refused:
+    with pytest.raises(baton_locks.Refused) as refused:
         c.acquire("k", lease=10**6)
     assert refused.value.reason == "lease-too-long"
     with pytest.raises(ValueError):
-        baton.Client([])
+        baton_locks.Client([])
     with pytest.raises(ValueError):
-        baton.Client("host:notaport")
+        baton_locks.Client("host:notaport")
 
 
 def test_one_address_gets_two_connections(node, closing):
@@ -134,14 +134,14 @@ def test_a_restarted_server_is_reconnected_in_the_background(nodes, closing):
     first.kill()
     # Every connection is down: calls fail at once, they do not hang.
     wait_for("the connections to drop", lambda: not any(up for _, up, _ in c.connections()))
-    with pytest.raises(baton.Unavailable):
+    with pytest.raises(baton_locks.Unavailable):
         c.query("k")
     nodes(port=first.port)
 
     def served():
         try:
             return c.acquire("after", lease=30, wait=1)
-        except baton.Unavailable:
+        except baton_locks.Unavailable:
             return None
 
     grant = wait_for("the client to reconnect (every 3 s)", served)
@@ -152,9 +152,9 @@ def test_nothing_listening_is_unavailable_at_once(closing):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    c = closing(baton.Client("127.0.0.1:%d" % port))
+    c = closing(baton_locks.Client("127.0.0.1:%d" % port))
     start = time.monotonic()
-    with pytest.raises(baton.Unavailable) as e:
+    with pytest.raises(baton_locks.Unavailable) as e:
         c.acquire("k", lease=1)
     assert "refused" in str(e.value)
     assert time.monotonic() - start < DEADLINE
@@ -166,8 +166,8 @@ def test_a_silent_server_is_given_up_after_the_request_timeout(closing):
     silent.listen(8)
     try:
         addr = "127.0.0.1:%d" % silent.getsockname()[1]
-        c = closing(baton.Client(addr, request_timeout=0.3))
-        with pytest.raises(baton.Unavailable) as e:
+        c = closing(baton_locks.Client(addr, request_timeout=0.3))
+        with pytest.raises(baton_locks.Unavailable) as e:
             c.query("k")
         assert "no answer" in str(e.value)
     finally:
@@ -181,7 +181,7 @@ def up_count(c):
 
 def test_a_dropped_connection_is_tried_again_three_seconds_later(node, proxy, closing):
     p = proxy(node)
-    c = closing(baton.Client(p.addr))
+    c = closing(baton_locks.Client(p.addr))
     p.wait_linked(2)
     assert p.accepted == 2
     cut = time.monotonic()
@@ -190,7 +190,7 @@ def test_a_dropped_connection_is_tried_again_three_seconds_later(node, proxy, cl
     # All down and none connecting: a call fails at once, it does not sit
     # until the reconnect.
     start = time.monotonic()
-    with pytest.raises(baton.Unavailable):
+    with pytest.raises(baton_locks.Unavailable):
         c.query("k")
     assert time.monotonic() - start < 0.5
     wait_for("both connections back", lambda: up_count(c) == 2)
@@ -203,7 +203,7 @@ def test_a_dropped_connection_is_tried_again_three_seconds_later(node, proxy, cl
 
 def test_a_release_is_retried_until_a_connection_is_back(node, proxy, closing):
     p = proxy(node)
-    c = closing(baton.Client(p.addr))
+    c = closing(baton_locks.Client(p.addr))
     grant = c.acquire("job", lease=30)
     p.wait_linked(2)
     p.cut()
@@ -221,9 +221,9 @@ def test_a_release_gives_up_after_five_seconds(closing):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    c = closing(baton.Client("127.0.0.1:%d" % port))
+    c = closing(baton_locks.Client("127.0.0.1:%d" % port))
     start = time.monotonic()
-    with pytest.raises(baton.Unavailable):
+    with pytest.raises(baton_locks.Unavailable):
         c.release_token("job", 42)
     took = time.monotonic() - start
     assert 4.7 <= took < 7, "gave up after %.2fs" % took

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-import baton
+import baton_locks
 from conftest import DEADLINE, client_of, has_flag
 
 needs_mtls = pytest.mark.skipif(
@@ -60,5 +60,5 @@ def test_a_client_certificate_is_required_and_accepted(nodes, tmp_path, closing)
     assert c.release(grant)
 
     without = closing(client_of(node, tls=str(pki["ca"]), connect_timeout=1, request_timeout=1))
-    with pytest.raises(baton.Unavailable):
+    with pytest.raises(baton_locks.Unavailable):
         without.query("k")

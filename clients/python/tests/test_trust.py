@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-import baton
+import baton_locks
 from conftest import DEADLINE, client_of, has_flag, wait_for
 
 SECRET = "correct-horse-battery-staple"
@@ -30,11 +30,11 @@ def test_the_right_secret_is_let_in_and_others_are_not(nodes, tmp_path, closing)
     assert c.release(grant)
 
     wrong = closing(client_of(node, auth="x" * 24, connect_timeout=1))
-    with pytest.raises(baton.Unavailable) as e:
+    with pytest.raises(baton_locks.Unavailable) as e:
         wrong.query("k")
     assert "bad-auth" in str(e.value)
     none = closing(client_of(node))
-    with pytest.raises(baton.Unavailable):
+    with pytest.raises(baton_locks.Unavailable):
         none.query("k")
 
 
@@ -51,7 +51,7 @@ def test_the_client_authenticates_again_after_the_node_restarts(nodes, tmp_path,
     def served():
         try:
             return c.acquire("k", lease=5, wait=0)
-        except baton.Error:
+        except baton_locks.Error:
             return None
 
     grant = wait_for("the client to authenticate with the restarted node", served)
@@ -75,7 +75,7 @@ def test_sighup_rotates_the_secrets(nodes, tmp_path, closing):
         fresh = client_of(node, auth=new_secret, connect_timeout=1)
         try:
             return fresh.query("k") is not None
-        except baton.Error:
+        except baton_locks.Error:
             return False
         finally:
             fresh._close()
@@ -84,7 +84,7 @@ def test_sighup_rotates_the_secrets(nodes, tmp_path, closing):
     # The old client's connections were authenticated before: still served.
     assert old.query("k").token is None
     refused = closing(client_of(node, auth=SECRET, connect_timeout=1))
-    with pytest.raises(baton.Unavailable) as e:
+    with pytest.raises(baton_locks.Unavailable) as e:
         refused.query("k")
     assert "bad-auth" in str(e.value)
 
@@ -98,9 +98,9 @@ def test_a_secret_for_a_server_without_auth_is_harmless(node, closing):
 
 def test_a_malformed_secret_is_refused_before_connecting():
     with pytest.raises(ValueError):
-        baton.Client("127.0.0.1:1", auth="short")
+        baton_locks.Client("127.0.0.1:1", auth="short")
     with pytest.raises(ValueError):
-        baton.Client("127.0.0.1:1", auth="has a space in it ......")
+        baton_locks.Client("127.0.0.1:1", auth="has a space in it ......")
 
 
 @needs_tls
@@ -124,5 +124,5 @@ def test_tls_with_a_ca_file(nodes, tmp_path, closing):
     assert c.release(grant)
 
     plain = closing(client_of(node, request_timeout=1))
-    with pytest.raises(baton.Unavailable):
+    with pytest.raises(baton_locks.Unavailable):
         plain.query("k")

@@ -10,24 +10,40 @@ Never does: I/O on the caller's thread (connections live on their own
 threads), or block an asyncio loop.
 """
 
+from __future__ import annotations
+
 import contextlib
+import os
 import ssl
+from typing import AsyncIterator, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union
 
 from . import _calls, _wire
-from ._pool import Pool, normalise_server, MAX_SERVERS
+from ._calls import Grant, KeyStatus
+from ._pool import MAX_SERVERS, Pool, normalise_server
+from ._wire import Key
 
 DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_REQUEST_TIMEOUT = 5.0
 
+#: What ``tls=`` takes: a context, the path of a CA file, True for the
+#: system's roots, or None / False for plain TCP.
+TlsArg = Union[ssl.SSLContext, str, "os.PathLike[str]", bool, None]
 
-def _parse_servers(servers):
-    if isinstance(servers, str):
-        servers = servers.split(",")
-    servers = list(servers)
-    if len(servers) > MAX_SERVERS:
+#: What ``servers`` takes: ``host:port`` strings, or one comma-separated str.
+ServersArg = Union[str, Iterable[str]]
+
+_C = TypeVar("_C", bound="Client")
+_A = TypeVar("_A", bound="AsyncClient")
+
+
+def _parse_servers(servers: ServersArg) -> List[str]:
+    if isinstance(servers, (bytes, bytearray)):
+        raise TypeError("servers are 'host:port' strs, not bytes")
+    given = servers.split(",") if isinstance(servers, str) else list(servers)
+    if len(given) > MAX_SERVERS:
         raise ValueError("at most %d servers are supported" % MAX_SERVERS)
-    out = []
-    for server in servers:
+    out: List[str] = []
+    for server in given:
         addr = normalise_server(server)
         if addr not in out:
             out.append(addr)
@@ -36,38 +52,43 @@ def _parse_servers(servers):
     return out
 
 
-def _tls_context(tls):
+def _tls_context(tls: TlsArg) -> Optional[ssl.SSLContext]:
     if tls is None or tls is False:
         return None
     if isinstance(tls, ssl.SSLContext):
         return tls
     if tls is True:
         return ssl.create_default_context()
-    return ssl.create_default_context(cafile=str(tls))
+    if isinstance(tls, (str, os.PathLike)):
+        return ssl.create_default_context(cafile=os.fspath(tls))
+    raise TypeError(
+        "tls is an ssl.SSLContext, the path of a CA file, True or None, not %s"
+        % type(tls).__name__
+    )
 
 
 class _Base:
     def __init__(
         self,
-        servers,
-        auth=None,
-        tls=None,
-        connect_timeout=DEFAULT_CONNECT_TIMEOUT,
-        request_timeout=DEFAULT_REQUEST_TIMEOUT,
-    ):
+        servers: ServersArg,
+        auth: Union[str, bytes, None] = None,
+        tls: TlsArg = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    ) -> None:
         addrs = _parse_servers(servers)
-        if connect_timeout <= 0 or request_timeout <= 0:
-            raise ValueError("timeouts must be above 0")
+        connect = _wire.check_timeout("connect_timeout", connect_timeout)
+        request = _wire.check_timeout("request_timeout", request_timeout)
         auth_line = None if auth is None else _wire.auth_line(auth)
-        self._pool = Pool(addrs, float(connect_timeout), float(request_timeout), auth_line, _tls_context(tls))
+        self._pool = Pool(addrs, connect, request, auth_line, _tls_context(tls))
 
     @property
-    def servers(self):
+    def servers(self) -> List[str]:
         """The servers this client knows (given, then learned from
         redirects)."""
         return self._pool.servers()
 
-    def connections(self):
+    def connections(self) -> List[Tuple[str, bool, Optional[str]]]:
         """``(server, connected, last_error)`` for every connection."""
         out = []
         for conn in self._pool.conns():
@@ -75,10 +96,10 @@ class _Base:
             out.append((conn.addr, phase == "up", error))
         return out
 
-    def _close(self):
+    def _close(self) -> None:
         self._pool.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         pool = getattr(self, "_pool", None)
         if pool is not None:
             pool.close()
@@ -92,40 +113,46 @@ class Client(_Base):
     ``auth``: a shared secret, sent as ``U <secret>`` first on every
     connection. ``tls``: an ``ssl.SSLContext``, or the path of a CA file
     to check the servers' certificates against, or True for the system's
-    roots.
+    roots. ``connect_timeout`` and ``request_timeout``: seconds above 0.
+
+    Durations (``lease``, ``wait``, the timeouts) are ``int`` or ``float``
+    seconds, at most a year; a lease or wait is rounded up to whole
+    milliseconds, the wire's resolution. A value of the wrong type raises
+    ``TypeError``, one out of range (``inf``, ``nan``, below the least
+    allowed, past a year) ``ValueError``, before anything is sent.
     """
 
-    def acquire(self, key, lease, wait=None):
-        """Acquire ``key`` for ``lease`` seconds, waiting in line up to
-        ``wait`` seconds (None: without limit; 0: only if it is free now).
-        A ``Grant``; raises ``Timeout`` when the wait runs out, ``Refused``,
-        or ``Unavailable``."""
+    def acquire(self, key: Key, lease: float, wait: Optional[float] = None) -> Grant:
+        """Acquire ``key`` for ``lease`` seconds (above 0), waiting in line
+        up to ``wait`` seconds (None: without limit; 0: only if it is free
+        now). A ``Grant``; raises ``Timeout`` when the wait runs out,
+        ``Refused``, or ``Unavailable``."""
         return _calls.drive(_calls.acquire(self._pool, key, lease, wait))
 
-    def release(self, grant):
+    def release(self, grant: Grant) -> bool:
         """Release a grant (retried for 5 s while no connection can carry
         it). True when released, False when the grant no longer held the
         key."""
         return _calls.drive(_calls.release(self._pool, grant._raw_key, grant.token))
 
-    def release_token(self, key, token):
+    def release_token(self, key: Key, token: int) -> bool:
         """Release the grant that ``token`` names (say from another
         process), as ``release`` does."""
         return _calls.drive(_calls.release(self._pool, key, token))
 
-    def keep(self, grant, lease):
+    def keep(self, grant: Grant, lease: float) -> None:
         """Extend ``grant``'s lease to now + ``lease`` seconds (it updates
         ``grant.expires_at``). Raises ``NotHeld`` when the key was lost,
         ``Expired`` (a ``NotHeld``) when the lease ran out first."""
-        return _calls.drive(_calls.keep(self._pool, grant, lease))
+        _calls.drive(_calls.keep(self._pool, grant, lease))
 
-    def query(self, key):
+    def query(self, key: Key) -> KeyStatus:
         """Who holds ``key``: a ``KeyStatus`` (token or None, seconds left,
         requests waiting)."""
         return _calls.drive(_calls.query(self._pool, key))
 
     @contextlib.contextmanager
-    def lock(self, key, lease, wait=None):
+    def lock(self, key: Key, lease: float, wait: Optional[float] = None) -> Iterator[Grant]:
         """``with client.lock(key, lease) as grant:`` — acquired on entry,
         released on exit (also on an exception)."""
         grant = self.acquire(key, lease, wait)
@@ -134,14 +161,14 @@ class Client(_Base):
         finally:
             self.release(grant)
 
-    def close(self):
+    def close(self) -> None:
         """Close the connections; later calls raise ``Unavailable``."""
         self._close()
 
-    def __enter__(self):
+    def __enter__(self: _C) -> _C:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -151,23 +178,30 @@ class AsyncClient(_Base):
     as ``Client``. Cancelling a call gives up its request; a grant that
     still arrives is released at once."""
 
-    async def acquire(self, key, lease, wait=None):
+    async def acquire(self, key: Key, lease: float, wait: Optional[float] = None) -> Grant:
+        """``Client.acquire`` as a coroutine."""
         return await _calls.drive_async(_calls.acquire(self._pool, key, lease, wait))
 
-    async def release(self, grant):
+    async def release(self, grant: Grant) -> bool:
+        """``Client.release`` as a coroutine."""
         return await _calls.drive_async(_calls.release(self._pool, grant._raw_key, grant.token))
 
-    async def release_token(self, key, token):
+    async def release_token(self, key: Key, token: int) -> bool:
+        """``Client.release_token`` as a coroutine."""
         return await _calls.drive_async(_calls.release(self._pool, key, token))
 
-    async def keep(self, grant, lease):
-        return await _calls.drive_async(_calls.keep(self._pool, grant, lease))
+    async def keep(self, grant: Grant, lease: float) -> None:
+        """``Client.keep`` as a coroutine."""
+        await _calls.drive_async(_calls.keep(self._pool, grant, lease))
 
-    async def query(self, key):
+    async def query(self, key: Key) -> KeyStatus:
+        """``Client.query`` as a coroutine."""
         return await _calls.drive_async(_calls.query(self._pool, key))
 
     @contextlib.asynccontextmanager
-    async def lock(self, key, lease, wait=None):
+    async def lock(
+        self, key: Key, lease: float, wait: Optional[float] = None
+    ) -> AsyncIterator[Grant]:
         """``async with client.lock(key, lease) as grant:``."""
         grant = await self.acquire(key, lease, wait)
         try:
@@ -175,11 +209,12 @@ class AsyncClient(_Base):
         finally:
             await self.release(grant)
 
-    async def close(self):
+    async def close(self) -> None:
+        """Close the connections; later calls raise ``Unavailable``."""
         self._close()
 
-    async def __aenter__(self):
+    async def __aenter__(self: _A) -> _A:
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: object) -> None:
         self._close()

@@ -28,13 +28,22 @@ Policies:
 Never does: touch sockets (that is ``_pool.py``).
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import time
+from typing import Callable, Generator, NamedTuple, Optional, Tuple, TypeVar, Union
 
 from . import _wire
-from ._pool import Sleep, Slot, WaitSlot
+from ._pool import Pool, Sleep, Slot, WaitSlot, Waiting
+from ._wire import Answer, Key
 from .errors import Expired, NotHeld, Refused, Timeout, Unavailable
+
+T = TypeVar("T")
+
+#: A call: a generator that yields what it waits for and returns its result.
+Call = Generator[Waiting, None, T]
 
 RELEASE_RETRY_WINDOW = 5.0
 RELEASE_RETRY_INTERVAL = 0.2
@@ -42,7 +51,7 @@ NO_ACTIVE_RETRY = 0.1
 MAX_REDIRECTS = 8
 ACQUIRE_ROUNDS = 3
 
-log = logging.getLogger("baton")
+log = logging.getLogger("baton_locks")
 
 
 class Grant:
@@ -57,48 +66,56 @@ class Grant:
 
     __slots__ = ("key", "token", "lease", "expires_at", "_raw_key")
 
-    def __init__(self, key, token, lease=0.0, expires_at=None):
+    key: Union[str, bytes]
+    token: int
+    lease: float
+    expires_at: float
+
+    def __init__(
+        self, key: Key, token: int, lease: float = 0.0, expires_at: Optional[float] = None
+    ) -> None:
         raw = _wire.check_key(key)
         self._raw_key = raw
         self.key = _display(raw)
         self.token = _wire.check_token(token)
-        self.lease = lease
-        self.expires_at = time.monotonic() if expires_at is None else expires_at
+        self.lease = float(lease)
+        self.expires_at = time.monotonic() if expires_at is None else float(expires_at)
 
-    def time_left(self):
+    def time_left(self) -> float:
         """Seconds left on the lease (0 once it has run out)."""
         return max(0.0, self.expires_at - time.monotonic())
 
     @property
-    def expired(self):
+    def expired(self) -> bool:
+        """True once the lease has run out by the client's clock."""
         return time.monotonic() >= self.expires_at
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Grant(key=%r, token=%d, time_left=%.3f)" % (self.key, self.token, self.time_left())
 
 
-class KeyStatus(tuple):
+class KeyStatus(NamedTuple):
     """Who holds a key: ``token`` (None when free), ``time_left`` (seconds,
     by the server's clock) and ``waiting`` (requests in line)."""
 
-    __slots__ = ()
-
-    def __new__(cls, token, time_left, waiting):
-        return tuple.__new__(cls, (token, time_left, waiting))
-
-    token = property(lambda self: self[0])
-    time_left = property(lambda self: self[1])
-    waiting = property(lambda self: self[2])
+    token: Optional[int]
+    time_left: float
+    waiting: int
 
     @property
-    def free(self):
-        return self[0] is None
+    def free(self) -> bool:
+        """True when nobody holds the key."""
+        return self.token is None
 
-    def __repr__(self):
-        return "KeyStatus(token=%r, time_left=%.3f, waiting=%d)" % self
+    def __repr__(self) -> str:
+        return "KeyStatus(token=%r, time_left=%.3f, waiting=%d)" % (
+            self.token,
+            self.time_left,
+            self.waiting,
+        )
 
 
-def _display(raw):
+def _display(raw: bytes) -> Union[str, bytes]:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -108,7 +125,7 @@ def _display(raw):
 # --- driving a call -----------------------------------------------------
 
 
-def drive(call):
+def drive(call: Call[T]) -> T:
     """Run a call generator on this thread. When the wait is cut short by
     an exception (a KeyboardInterrupt, or another signal handler raising),
     the generator is closed at once, which gives up its request as a
@@ -120,12 +137,13 @@ def drive(call):
             waiting.block()
             waiting = call.send(None)
     except StopIteration as done:
-        return done.value
+        result: T = done.value
+        return result
     finally:
         call.close()
 
 
-async def drive_async(call):
+async def drive_async(call: Call[T]) -> T:
     """Run a call generator in the running asyncio loop; the connection
     threads wake it. Cancelling the task closes the generator, which gives
     up its request (a grant that still arrives is released)."""
@@ -136,9 +154,9 @@ async def drive_async(call):
             if isinstance(waiting, Sleep):
                 await asyncio.sleep(waiting.timeout)
             else:
-                future = loop.create_future()
+                future: asyncio.Future[None] = loop.create_future()
 
-                def wake(future=future):
+                def wake(future: asyncio.Future[None] = future) -> None:
                     try:
                         loop.call_soon_threadsafe(_resolve, future)
                     except RuntimeError:
@@ -154,12 +172,13 @@ async def drive_async(call):
                         pass
             waiting = call.send(None)
     except StopIteration as done:
-        return done.value
+        result: T = done.value
+        return result
     finally:
         call.close()
 
 
-def _resolve(future):
+def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 
@@ -170,26 +189,32 @@ def _resolve(future):
 class _Exchanged:
     __slots__ = ("answer", "sent_at", "earlier_maybe_delivered")
 
-    def __init__(self, answer, sent_at, earlier):
+    def __init__(self, answer: Answer, sent_at: float, earlier: bool) -> None:
         self.answer = answer
         self.sent_at = sent_at
         self.earlier_maybe_delivered = earlier
 
 
-def _budget(op, wait_ms, request_timeout):
+def _budget(op: str, wait_ms: int, request_timeout: float) -> Optional[float]:
     if op == "A":
         return None if wait_ms == 0 else wait_ms / 1000.0 + request_timeout
     return request_timeout
 
 
-def exchange(pool, op, key, due, make):
+def exchange(
+    pool: Pool,
+    op: str,
+    key: bytes,
+    due: Optional[float],
+    make: Callable[[], Tuple[bytes, int]],
+) -> Call[_Exchanged]:
     """Generator: send the line ``make()`` builds (again on each attempt)
     until a final answer comes; an ``_Exchanged``. Raises Unavailable
     (with ``maybe_delivered``) when no server answers."""
     failures = 0
     delivered = False
     hops = 0
-    waiting_since = None
+    waiting_since: Optional[float] = None
     while True:
         line, wait_ms = make()
         try:
@@ -274,25 +299,25 @@ def exchange(pool, op, key, due, make):
             )
 
 
-def _refused(answer):
+def _refused(answer: Answer) -> Refused:
     return Refused(answer[3], answer[1])
 
 
-def _unexpected(answer):
+def _unexpected(answer: Answer) -> Unavailable:
     return Unavailable("protocol error: unexpected answer %r" % (answer,))
 
 
 # --- the calls -----------------------------------------------------------
 
 
-def acquire(pool, key, lease, wait):
+def acquire(pool: Pool, key: object, lease: object, wait: object) -> Call[Grant]:
     """Generator for ``Client.acquire``."""
     raw = _wire.check_key(key)
     lease_ms = _wire.check_lease(lease)
     wait_ms = _wire.wait_millis(wait)
     wait_end = None if wait_ms == 0 else time.monotonic() + wait_ms / 1000.0
 
-    def make():
+    def make() -> Tuple[bytes, int]:
         if wait_end is None:
             left = 0
         else:
@@ -331,7 +356,7 @@ def acquire(pool, key, lease, wait):
     raise Expired("the lease ran out before the grant arrived")
 
 
-def _release_unwanted(pool, grant):
+def _release_unwanted(pool: Pool, grant: Grant) -> None:
     """Queue a release of a grant nobody will get, without waiting (the
     caller is gone); with no connection up, its lease runs out instead."""
     try:
@@ -343,11 +368,11 @@ def _release_unwanted(pool, grant):
         log.warning("could not release %r (token %d), whose caller gave up", grant.key, grant.token)
 
 
-def release(pool, key, token):
+def release(pool: Pool, key: object, token: object) -> Call[bool]:
     """Generator for ``Client.release``: True released, False not held."""
     raw = _wire.check_key(key)
-    token = _wire.check_token(token)
-    line = _wire.release_line(raw, token)
+    checked = _wire.check_token(token)
+    line = _wire.release_line(raw, checked)
     retry_end = time.monotonic() + RELEASE_RETRY_WINDOW
     due = retry_end + pool.request_timeout
     delivered = False
@@ -370,7 +395,7 @@ def release(pool, key, token):
         raise _unexpected(answer)
 
 
-def keep(pool, grant, lease, confirm=False):
+def keep(pool: Pool, grant: Grant, lease: object, confirm: bool = False) -> Call[None]:
     """Generator for ``Client.keep``: extend ``grant`` to now + lease.
     ``confirm``: the grant just arrived after waiting in line, and its lease
     by the client's clock (counted from the acquire) may look spent though
@@ -399,7 +424,7 @@ def keep(pool, grant, lease, confirm=False):
     raise _unexpected(answer)
 
 
-def query(pool, key):
+def query(pool: Pool, key: object) -> Call[KeyStatus]:
     """Generator for ``Client.query``."""
     raw = _wire.check_key(key)
     line = _wire.query_line(raw)

@@ -3,9 +3,15 @@
 ``Timeout``, ``Refused`` and ``NotHeld`` are clear answers from a server;
 ``Unavailable`` means no server gave one, so the outcome on the server may
 be unknown (a grant made just before a connection dropped stays held until
-its lease runs out). Bad arguments raise ``ValueError`` or ``TypeError``
-before anything is sent.
+its lease runs out). Bad arguments raise ``TypeError`` (not the right
+kind of value: a lease that is a str) or ``ValueError`` (the right kind,
+out of range: a lease of 0, ``inf`` or ``nan``) before anything is sent;
+neither is an ``Error``.
 """
+
+from __future__ import annotations
+
+from typing import Optional
 
 
 class Error(Exception):
@@ -23,7 +29,10 @@ class Refused(Error):
     or ``too-many-waiting``.
     """
 
-    def __init__(self, reason, op=None):
+    reason: str
+    op: Optional[str]
+
+    def __init__(self, reason: str, op: Optional[str] = None) -> None:
         super().__init__("refused by the server: %s" % reason)
         self.reason = reason
         self.op = op
@@ -43,7 +52,9 @@ class Unavailable(Error):
     """No server gave an answer: every connection is down, a server did not
     answer in time, or no active node is known."""
 
-    def __init__(self, message, maybe_delivered=False):
+    #: True when the request may have reached a server anyway.
+    maybe_delivered: bool
+
+    def __init__(self, message: str, maybe_delivered: bool = False) -> None:
         super().__init__(message)
-        #: True when the request may have reached a server anyway.
         self.maybe_delivered = maybe_delivered

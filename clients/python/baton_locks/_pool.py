@@ -26,6 +26,8 @@ trust a line from the network (a line that does not parse, longer than
 without bound (at most 65536 requests waiting per connection).
 """
 
+from __future__ import annotations
+
 import collections
 import logging
 import os
@@ -34,11 +36,13 @@ import socket
 import ssl
 import threading
 import time
+from typing import Callable, DefaultDict, Deque, Generator, List, Literal, Optional, Tuple, Union
 
 from . import _wire
+from ._wire import Answer, Route
 from .errors import Unavailable
 
-log = logging.getLogger("baton")
+log = logging.getLogger("baton_locks")
 
 RECONNECT_INTERVAL = 3.0
 CONNECTIONS_FOR_ONE_SERVER = 2
@@ -52,8 +56,11 @@ UP = "up"
 DOWN = "down"
 
 
-def normalise_server(server):
-    """``host:port`` (a missing port is 7373); ValueError when malformed."""
+def normalise_server(server: object) -> str:
+    """``host:port`` (a missing port is 7373); TypeError when not a str,
+    ValueError when malformed."""
+    if not isinstance(server, str):
+        raise TypeError("a server is a 'host:port' str, not %s" % type(server).__name__)
     server = server.strip()
     if not server or any(c.isspace() for c in server):
         raise ValueError("%r is not host:port" % server)
@@ -77,7 +84,7 @@ def normalise_server(server):
     return server
 
 
-def split_server(addr):
+def split_server(addr: str) -> Tuple[str, int]:
     if addr.startswith("["):
         host, _, port = addr[1:].partition("]:")
     else:
@@ -92,24 +99,24 @@ class Slot:
 
     __slots__ = ("_lock", "_event", "answer", "lost", "_abandoned", "_callbacks")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._event = threading.Event()
-        self.answer = None
+        self.answer: Optional[Answer] = None
         self.lost = False
         self._abandoned = False
-        self._callbacks = []
+        self._callbacks: List[Callable[[], None]] = []
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self._event.is_set()
 
-    def _finish(self):
+    def _finish(self) -> List[Callable[[], None]]:
         self._event.set()
         callbacks, self._callbacks = self._callbacks, []
         return callbacks
 
-    def set(self, answer):
+    def set(self, answer: Answer) -> bool:
         """Hand the answer over; False when the caller had given up."""
         with self._lock:
             if self._abandoned or self._event.is_set():
@@ -120,7 +127,7 @@ class Slot:
             callback()
         return True
 
-    def fail(self):
+    def fail(self) -> None:
         """The connection dropped before the answer came."""
         with self._lock:
             if self._event.is_set():
@@ -130,16 +137,16 @@ class Slot:
         for callback in callbacks:
             callback()
 
-    def abandon(self):
+    def abandon(self) -> Optional[Answer]:
         """The caller gives up; the answer if it came just before."""
         with self._lock:
             self._abandoned = True
             return self.answer
 
-    def wait(self, timeout):
+    def wait(self, timeout: Optional[float]) -> bool:
         return self._event.wait(timeout)
 
-    def add_callback(self, callback):
+    def add_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (from some thread) once the slot is done."""
         with self._lock:
             if not self._event.is_set():
@@ -151,12 +158,12 @@ class Slot:
 class Notifier:
     """A version bumped on every phase change of a connection."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self.version = 0
-        self._callbacks = []
+        self._callbacks: List[Callable[[], None]] = []
 
-    def bump(self):
+    def bump(self) -> None:
         with self._cond:
             self.version += 1
             callbacks, self._callbacks = self._callbacks, []
@@ -164,11 +171,11 @@ class Notifier:
         for callback in callbacks:
             callback()
 
-    def wait_change(self, seen, timeout):
+    def wait_change(self, seen: int, timeout: Optional[float]) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: self.version != seen, timeout)
 
-    def add_callback(self, seen, callback):
+    def add_callback(self, seen: int, callback: Callable[[], None]) -> None:
         with self._cond:
             if self.version == seen:
                 self._callbacks.append(callback)
@@ -177,7 +184,16 @@ class Notifier:
 
 
 class Settings:
-    def __init__(self, connect_timeout, request_timeout, auth_line, tls):
+    """What every connection of one client reads: set once, then only
+    ``closed`` changes."""
+
+    def __init__(
+        self,
+        connect_timeout: float,
+        request_timeout: float,
+        auth_line: Optional[bytes],
+        tls: Optional[ssl.SSLContext],
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout
         self.auth_line = auth_line
@@ -189,33 +205,38 @@ class Settings:
 class Conn:
     """One persistent connection to one server."""
 
-    def __init__(self, node, addr, settings):
+    def __init__(self, node: int, addr: str, settings: Settings) -> None:
         self.node = node
         self.addr = addr
         self._settings = settings
         self._lock = threading.Lock()
         self.phase = CONNECTING
         self.generation = 0
-        self.last_error = None
-        self._kill_reason = None
+        self.last_error: Optional[str] = None
+        self._kill_reason: Optional[str] = None
         self._out = bytearray()
-        self._pending = collections.defaultdict(collections.deque)
+        self._pending: DefaultDict[Route, Deque[Optional[Slot]]] = collections.defaultdict(
+            collections.deque
+        )
         self._in_flight = 0
-        self._wake_r, self._wake_w = os.pipe()
+        # The read end is the connection thread's alone; the write end is
+        # None once the thread has closed both.
+        self._wake_r, wake_w = os.pipe()
+        self._wake_w: Optional[int] = wake_w
         os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        os.set_blocking(wake_w, False)
         self._thread = threading.Thread(
             target=self._run, name="baton-conn %s" % addr, daemon=True
         )
 
-    def start(self):
+    def start(self) -> None:
         self._thread.start()
 
-    def status(self):
+    def status(self) -> Tuple[str, Optional[str]]:
         with self._lock:
             return self.phase, self.last_error
 
-    def _wake(self):
+    def _wake(self) -> None:
         with self._lock:
             if self._wake_w is None:
                 return
@@ -224,11 +245,11 @@ class Conn:
             except OSError:
                 pass  # the pipe is full: the thread is awake anyway
 
-    def send(self, line, op, key, slot):
+    def send(self, line: bytes, op: str, key: Optional[bytes], slot: Optional[Slot]) -> Optional[int]:
         """Queue ``line`` with its slot; the connection's generation, or None
         when the connection is not up (or full)."""
         with self._lock:
-            if self.phase != UP or self._in_flight >= MAX_IN_FLIGHT:
+            if self.phase != UP or self._in_flight >= MAX_IN_FLIGHT or self._wake_w is None:
                 return None
             self._queue(line, op, key, slot)
             generation = self.generation
@@ -238,12 +259,12 @@ class Conn:
                 pass  # the pipe is full: the thread is awake anyway
         return generation
 
-    def _queue(self, line, op, key, slot):
+    def _queue(self, line: bytes, op: str, key: Optional[bytes], slot: Optional[Slot]) -> None:
         self._out += line
         self._pending[(op, key)].append(slot)
         self._in_flight += 1
 
-    def kill(self, generation, why):
+    def kill(self, generation: int, why: str) -> None:
         """Close the connection made in ``generation`` (a request on it is
         overdue); it reconnects later."""
         with self._lock:
@@ -253,19 +274,19 @@ class Conn:
             self._kill_reason = why
         self._wake()
 
-    def close(self):
+    def close(self) -> None:
         self._wake()
 
     # --- the connection's thread -----------------------------------------
 
-    def _set_phase(self, phase, error=None):
+    def _set_phase(self, phase: str, error: Optional[str] = None) -> None:
         with self._lock:
             self.phase = phase
             if error is not None:
                 self.last_error = error
         self._settings.notifier.bump()
 
-    def _run(self):
+    def _run(self) -> None:
         settings = self._settings
         try:
             while not settings.closed.is_set():
@@ -281,11 +302,12 @@ class Conn:
         finally:
             self._set_phase(DOWN, "the client is closed")
             with self._lock:
-                fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), None, None
+                fds, self._wake_w = (self._wake_r, self._wake_w), None
             for fd in fds:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
 
-    def _open(self):
+    def _open(self) -> Tuple[socket.socket, bytes]:
         """Connect, wrap in TLS and authenticate, bounded by the connect
         timeout; the socket and any bytes read past the auth answer."""
         settings = self._settings
@@ -303,7 +325,7 @@ class Conn:
             sock.close()
             raise
 
-    def _authenticate(self, sock, line):
+    def _authenticate(self, sock: socket.socket, line: bytes) -> bytes:
         sock.sendall(line)
         data = b""
         while b"\n" not in data:
@@ -324,7 +346,7 @@ class Conn:
             raise OSError("authentication refused: %s" % answer[3])
         raise _wire.WireError("unexpected answer to U")
 
-    def _serve(self, sock, leftover):
+    def _serve(self, sock: socket.socket, leftover: bytes) -> None:
         with self._lock:
             self.phase = UP
             self.generation += 1
@@ -345,7 +367,7 @@ class Conn:
                 pass
         self._go_down(why)
 
-    def _go_down(self, why):
+    def _go_down(self, why: str) -> None:
         with self._lock:
             self.phase = DOWN
             why = self._kill_reason or why
@@ -361,10 +383,9 @@ class Conn:
                 slot.fail()
         self._settings.notifier.bump()
 
-    def _io_loop(self, sock, inbuf):
+    def _io_loop(self, sock: socket.socket, inbuf: bytearray) -> str:
         settings = self._settings
         rt = settings.request_timeout
-        tls = isinstance(sock, ssl.SSLSocket)
         sock.setblocking(False)
         sel = selectors.DefaultSelector()
         try:
@@ -383,7 +404,7 @@ class Conn:
                     want_write = bool(self._out)
                 events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
                 sel.modify(sock, events, "sock")
-                buffered = tls and sock.pending() > 0
+                buffered = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
                 timeout = 0 if buffered else max(0.0, silent_since + rt - time.monotonic())
                 ready = sel.select(timeout)
                 readable = buffered
@@ -421,7 +442,7 @@ class Conn:
         finally:
             sel.close()
 
-    def _flush(self, sock):
+    def _flush(self, sock: socket.socket) -> None:
         with self._lock:
             if not self._out:
                 return
@@ -432,13 +453,13 @@ class Conn:
             del self._out[:sent]
 
     @staticmethod
-    def _recv(sock):
+    def _recv(sock: socket.socket) -> Optional[bytes]:
         try:
             return sock.recv(65536)
         except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return None
 
-    def _take_answers(self, inbuf):
+    def _take_answers(self, inbuf: bytearray) -> None:
         while True:
             end = inbuf.find(b"\n")
             if end < 0:
@@ -451,7 +472,7 @@ class Conn:
                 continue
             self._dispatch(_wire.parse_answer(line))
 
-    def _dispatch(self, answer):
+    def _dispatch(self, answer: Answer) -> None:
         route = _wire.route(answer)
         if route is None:
             raise OSError("refused by the server: %s" % answer[3])
@@ -476,7 +497,7 @@ class Conn:
                 self._queue(_wire.release_line(key, token), "R", key, None)
 
 
-def _plain(e):
+def _plain(e: BaseException) -> str:
     if isinstance(e, socket.timeout):
         return "timed out"
     if isinstance(e, OSError) and e.strerror:
@@ -488,25 +509,32 @@ def _plain(e):
 class Pool:
     """The client's servers and connections."""
 
-    def __init__(self, servers, connect_timeout, request_timeout, auth_line, tls):
+    def __init__(
+        self,
+        servers: List[str],
+        connect_timeout: float,
+        request_timeout: float,
+        auth_line: Optional[bytes],
+        tls: Optional[ssl.SSLContext],
+    ) -> None:
         self.settings = Settings(connect_timeout, request_timeout, auth_line, tls)
         self._lock = threading.Lock()
-        self._nodes = []  # (addr, [Conn])
-        self._preferred = None
+        self._nodes: List[Tuple[str, List[Conn]]] = []
+        self._preferred: Optional[int] = None
         self._turn = 0
         per_node = CONNECTIONS_FOR_ONE_SERVER if len(servers) == 1 else 1
         for addr in servers:
             self._add_node(addr, per_node)
 
     @property
-    def request_timeout(self):
+    def request_timeout(self) -> float:
         return self.settings.request_timeout
 
     @property
-    def notifier(self):
+    def notifier(self) -> Notifier:
         return self.settings.notifier
 
-    def _add_node(self, addr, count):
+    def _add_node(self, addr: str, count: int) -> int:
         index = len(self._nodes)
         conns = [Conn(index, addr, self.settings) for _ in range(count)]
         self._nodes.append((addr, conns))
@@ -515,7 +543,7 @@ class Pool:
         self.settings.notifier.bump()
         return index
 
-    def node_for(self, addr):
+    def node_for(self, addr: str) -> int:
         """The node with this address, registered (one connection) if new."""
         with self._lock:
             for index, (known, _) in enumerate(self._nodes):
@@ -529,27 +557,27 @@ class Pool:
             log.info("learned of server %s from a redirect", addr)
             return self._add_node(addr, 1)
 
-    def prefer(self, node):
+    def prefer(self, node: int) -> None:
         self._preferred = node
 
-    def is_reachable(self, node):
+    def is_reachable(self, node: int) -> bool:
         with self._lock:
             conns = self._nodes[node][1] if node < len(self._nodes) else []
         return any(c.status()[0] != DOWN for c in conns)
 
-    def connection_count(self):
+    def connection_count(self) -> int:
         with self._lock:
             return sum(len(conns) for _, conns in self._nodes)
 
-    def conns(self):
+    def conns(self) -> List[Conn]:
         with self._lock:
             return [c for _, conns in self._nodes for c in conns]
 
-    def servers(self):
+    def servers(self) -> List[str]:
         with self._lock:
             return [addr for addr, _ in self._nodes]
 
-    def choose(self):
+    def choose(self) -> Optional[Conn]:
         """A connection that is up; ``None`` while one is connecting; raises
         Unavailable when none is up or connecting."""
         conns = self.conns()
@@ -564,7 +592,7 @@ class Pool:
             raise Unavailable("no connection: %s" % self.describe())
         return conns[index]
 
-    def pick(self, due):
+    def pick(self, due: Optional[float]) -> Generator[WaitChange, None, Conn]:
         """A generator: a connection that is up, waiting (until ``due`` at
         the latest) while one is connecting."""
         now = time.monotonic()
@@ -581,7 +609,7 @@ class Pool:
                 raise Unavailable("no connection: still connecting: %s" % self.describe())
             yield WaitChange(self.notifier, seen, left)
 
-    def describe(self):
+    def describe(self) -> str:
         with self._lock:
             nodes = list(self._nodes)
         parts = []
@@ -590,19 +618,21 @@ class Pool:
             parts.append("%s (%s)" % (addr, why or "not connected yet"))
         return "; ".join(parts)
 
-    def close(self):
+    def close(self) -> None:
         self.settings.closed.set()
         for conn in self.conns():
             conn.close()
         self.settings.notifier.bump()
 
 
-def choose(phases, preferred, turn):
+def choose(
+    phases: List[Tuple[int, str]], preferred: Optional[int], turn: int
+) -> Union[int, Literal["wait"], None]:
     """Pick from ``(node, phase)`` pairs: the preferred node's up connections
     first (waiting for it while it is connecting), else any up one,
     round-robin. An index, "wait", or None."""
 
-    def among(node):
+    def among(node: Optional[int]) -> Union[int, Literal["wait"], None]:
         fits = [i for i, (n, _) in enumerate(phases) if node is None or n == node]
         up = [i for i in fits if phases[i][1] == UP]
         if up:
@@ -627,14 +657,14 @@ class WaitSlot:
 
     __slots__ = ("slot", "timeout")
 
-    def __init__(self, slot, timeout):
+    def __init__(self, slot: Slot, timeout: Optional[float]) -> None:
         self.slot = slot
         self.timeout = timeout
 
-    def block(self):
+    def block(self) -> None:
         self.slot.wait(self.timeout)
 
-    def subscribe(self, callback):
+    def subscribe(self, callback: Callable[[], None]) -> None:
         self.slot.add_callback(callback)
 
 
@@ -643,26 +673,33 @@ class WaitChange:
 
     __slots__ = ("notifier", "seen", "timeout")
 
-    def __init__(self, notifier, seen, timeout):
+    def __init__(self, notifier: Notifier, seen: int, timeout: Optional[float]) -> None:
         self.notifier = notifier
         self.seen = seen
         self.timeout = timeout
 
-    def block(self):
+    def block(self) -> None:
         self.notifier.wait_change(self.seen, self.timeout)
 
-    def subscribe(self, callback):
+    def subscribe(self, callback: Callable[[], None]) -> None:
         self.notifier.add_callback(self.seen, callback)
 
 
 class Sleep:
+    """Wait ``timeout`` seconds (``_calls.drive_async`` sleeps in the loop
+    instead)."""
+
     __slots__ = ("timeout",)
 
-    def __init__(self, timeout):
+    def __init__(self, timeout: float) -> None:
         self.timeout = timeout
 
-    def block(self):
+    def block(self) -> None:
         time.sleep(self.timeout)
 
-    def subscribe(self, callback):
+    def subscribe(self, callback: Callable[[], None]) -> None:
         pass
+
+
+#: What a call generator of ``_calls.py`` yields.
+Waiting = Union[WaitSlot, WaitChange, Sleep]

@@ -1,0 +1,271 @@
+"""The wire format of baton, version 1: requests out, answers in.
+
+Owns: checking keys and durations before anything is sent, formatting
+request lines, parsing answer lines, and naming the (op, key) an answer
+belongs to. Pure functions, used by whichever thread holds the data.
+
+Never does: I/O, or trust a line from the network: a line that does not
+parse raises ``WireError`` and the connection that read it is closed.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+import numbers
+from typing import Any, Dict, Optional, Tuple, Union
+
+MAX_LINE = 1024
+MAX_KEY = 250
+
+#: The longest lease, wait or timeout accepted, in seconds (a year): the
+#: most any server's ``--max-lease`` allows, so a longer lease or wait could
+#: never be granted. (A server refuses one above its own ``--max-lease``
+#: with ``lease-too-long`` or ``wait-too-long``.)
+MAX_SECONDS = 365 * 86400
+
+LEASE_RULE = "a number of seconds above 0 and at most %d (a year)" % MAX_SECONDS
+WAIT_RULE = "None (no limit) or a number of seconds from 0 to %d (a year)" % MAX_SECONDS
+TIMEOUT_RULE = "a number of seconds above 0 and at most %d (a year)" % MAX_SECONDS
+
+#: What a key may be given as (a key is 1 to 250 bytes on the wire).
+Key = Union[str, bytes, bytearray]
+
+#: An answer, parsed: (tag, fields...); see ``parse_answer``.
+Answer = Tuple[Any, ...]
+
+#: The (op, key) an answer belongs to; the key is None for ``I`` and ``U``.
+Route = Tuple[str, Optional[bytes]]
+
+# Answers, parsed: (tag, fields...). The tags are the wire's.
+GRANTED = "A"
+TIMEOUT = "T"
+RELEASED = "R"
+NOT_HELD = "N"
+KEPT = "K"
+QUERIED = "Q"
+MOVED = "M"
+REFUSED = "E"
+INFO = "I"
+AUTH = "U"
+
+
+class WireError(Exception):
+    """A line from the server that does not parse."""
+
+
+def check_key(key: object) -> bytes:
+    """The key as bytes (a str is encoded as UTF-8); TypeError when it is
+    neither str nor bytes, ValueError when it is not 1 to 250 bytes without
+    spaces or control bytes."""
+    if isinstance(key, str):
+        key = key.encode("utf-8")
+    if not isinstance(key, (bytes, bytearray)):
+        raise TypeError("a key is str or bytes, not %s" % type(key).__name__)
+    raw = bytes(key)
+    if not 1 <= len(raw) <= MAX_KEY or any(b <= 0x20 or b == 0x7F for b in raw):
+        raise ValueError(
+            "bad key %r: 1 to 250 bytes, no spaces or control characters" % (raw,)
+        )
+    return raw
+
+
+def _seconds(what: str, value: object, rule: str) -> float:
+    """``value`` as finite float seconds: TypeError when it is not a number
+    (an int, a float, any other real number or a Decimal; a bool is not a
+    number here), ValueError when it is infinite or not a number (NaN).
+    Both messages say what ``what`` must be (``rule``)."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
+        raise TypeError("%s must be %s, not %s" % (what, rule, type(value).__name__))
+    try:
+        seconds = float(value)
+    except (OverflowError, ValueError):  # a huge int, a signalling NaN
+        seconds = math.nan
+    if not math.isfinite(seconds):
+        raise ValueError("%s must be %s, not %r" % (what, rule, value))
+    return seconds
+
+
+def millis_ceil(seconds: float) -> int:
+    """Whole milliseconds in ``seconds`` (finite, 0 or more), rounded up:
+    first to whole nanoseconds (as a Rust ``Duration`` is), so that float
+    noise (``0.1 + 0.2``) adds no millisecond, then up to whole
+    milliseconds, the wire's resolution. Above 0 is at least 1 ms."""
+    nanos = round(seconds * 1e9)
+    ms = -(-nanos // 1_000_000)
+    return 1 if ms <= 0 and seconds > 0 else max(0, ms)
+
+
+def check_lease(lease: object) -> int:
+    """A lease in whole milliseconds (rounded up); TypeError when it is not
+    a number, ValueError when it is not above 0 and at most a year."""
+    seconds = _seconds("lease", lease, LEASE_RULE)
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ValueError("lease must be %s, not %r" % (LEASE_RULE, lease))
+    return millis_ceil(seconds)
+
+
+def wait_millis(wait: object) -> int:
+    """The wire's wait in milliseconds. ``None`` waits without limit (0 on
+    the wire); 0 (or a wait under 1 ms) becomes 1 ms, the shortest the wire
+    allows: take the key only if it is free now. TypeError when it is not
+    None or a number, ValueError when it is below 0 or above a year."""
+    if wait is None:
+        return 0
+    seconds = _seconds("wait", wait, WAIT_RULE)
+    if not 0 <= seconds <= MAX_SECONDS:
+        raise ValueError("wait must be %s, not %r" % (WAIT_RULE, wait))
+    return max(1, millis_ceil(seconds))
+
+
+def check_timeout(what: str, timeout: object) -> float:
+    """A connect or request timeout in seconds; TypeError when it is not a
+    number, ValueError when it is not above 0 and at most a year."""
+    seconds = _seconds(what, timeout, TIMEOUT_RULE)
+    if not 0 < seconds <= MAX_SECONDS:
+        raise ValueError("%s must be %s, not %r" % (what, TIMEOUT_RULE, timeout))
+    return seconds
+
+
+def seconds_field(ms: int) -> bytes:
+    return b"%d.%03d" % (ms // 1000, ms % 1000)
+
+
+TOKEN_RULE = "a whole number from 1 to 2**64 - 1"
+
+
+def check_token(token: object) -> int:
+    """TypeError when ``token`` is not an int (a bool is not), ValueError
+    when it is out of the fencing tokens' range."""
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError("a token is %s, not %s" % (TOKEN_RULE, type(token).__name__))
+    if not 0 < token < 2**64:
+        raise ValueError("a token is %s, not %d" % (TOKEN_RULE, token))
+    return token
+
+
+def acquire_line(key: bytes, lease_ms: int, wait_ms: int) -> bytes:
+    return b"A %s %s %s\n" % (key, seconds_field(lease_ms), seconds_field(wait_ms))
+
+
+def release_line(key: bytes, token: int) -> bytes:
+    return b"R %s %d\n" % (key, token)
+
+
+def keep_line(key: bytes, token: int, lease_ms: int) -> bytes:
+    return b"K %s %d %s\n" % (key, token, seconds_field(lease_ms))
+
+
+def query_line(key: bytes) -> bytes:
+    return b"Q %s\n" % key
+
+
+INFO_LINE = b"I\n"
+
+AUTH_RULE = "16 to 128 printable ASCII bytes without spaces"
+
+
+def auth_line(secret: object) -> bytes:
+    """The ``U <secret>`` line; TypeError when ``secret`` is not str or
+    bytes, ValueError when it is not 16 to 128 printable ASCII bytes."""
+    if isinstance(secret, str):
+        try:
+            secret = secret.encode("ascii")
+        except UnicodeEncodeError:
+            raise ValueError("an auth secret is %s" % AUTH_RULE) from None
+    if not isinstance(secret, (bytes, bytearray)):
+        raise TypeError("an auth secret is str or bytes, not %s" % type(secret).__name__)
+    raw = bytes(secret).strip()
+    if not 16 <= len(raw) <= 128 or any(b <= 0x20 or b >= 0x7F for b in raw):
+        raise ValueError("an auth secret is %s" % AUTH_RULE)
+    return b"U %s\n" % raw
+
+
+def _u64(field: bytes) -> int:
+    if not field.isdigit() or len(field) > 20:
+        raise WireError("not a number: %r" % field)
+    value = int(field)
+    if value >= 2**64:
+        raise WireError("number out of range: %r" % field)
+    return value
+
+
+def _key(field: bytes) -> bytes:
+    if not 1 <= len(field) <= MAX_KEY or any(b <= 0x20 or b == 0x7F for b in field):
+        raise WireError("bad key in an answer")
+    return field
+
+
+def _op(field: bytes) -> Optional[str]:
+    if field == b"-":
+        return None
+    if field not in (b"A", b"R", b"K", b"Q", b"I", b"U"):
+        raise WireError("unknown op %r" % field)
+    return field.decode()
+
+
+def parse_answer(line: bytes) -> Answer:
+    """Parse one answer line (without its line ending) into a tuple:
+
+    ("A", token, key) ("T", key) ("R", key) ("N", key) ("K", key)
+    ("Q", key, token, ms_left, waiting) ("M", active or None, op, key or None)
+    ("E", op or None, key or None, reason) ("I", {name: value}) ("U", text)
+    """
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    fields = line.split(b" ")
+    tag, rest = fields[0], fields[1:]
+    if any(not f for f in rest):
+        raise WireError("empty field")
+    try:
+        if tag == b"A" and len(rest) == 2:
+            return (GRANTED, _u64(rest[0]), _key(rest[1]))
+        if tag in (b"T", b"R", b"N", b"K") and len(rest) == 1:
+            return (tag.decode(), _key(rest[0]))
+        if tag == b"Q" and len(rest) == 4:
+            return (QUERIED, _key(rest[0]), _u64(rest[1]), _u64(rest[2]), _u64(rest[3]))
+        if tag == b"M" and len(rest) == 3:
+            active = None if rest[0] == b"-" else rest[0].decode("ascii")
+            key = None if rest[2] == b"-" else _key(rest[2])
+            return (MOVED, active, _op(rest[1]), key)
+        if tag == b"E" and len(rest) == 3:
+            key = None if rest[1] == b"-" else _key(rest[1])
+            return (REFUSED, _op(rest[0]), key, rest[2].decode("ascii", "replace"))
+        if tag == b"I":
+            pairs: Dict[str, str] = {}
+            for field in rest:
+                name, eq, value = field.partition(b"=")
+                if not eq:
+                    raise WireError("info field without '='")
+                pairs[name.decode("ascii", "replace")] = value.decode("ascii", "replace")
+            return (INFO, pairs)
+        if tag == b"U" and len(rest) == 1:
+            return (AUTH, rest[0].decode("ascii", "replace"))
+    except UnicodeDecodeError:
+        raise WireError("not ASCII where it must be") from None
+    raise WireError("an answer that does not parse: %r" % line[:80])
+
+
+def route(answer: Answer) -> Optional[Route]:
+    """The (op, key) of the request an answer belongs to; None for
+    ``E - - reason`` (the server closes the connection after it)."""
+    tag = answer[0]
+    if tag in (GRANTED,):
+        return ("A", answer[2])
+    if tag == TIMEOUT:
+        return ("A", answer[1])
+    if tag in (RELEASED, NOT_HELD):
+        return ("R", answer[1])
+    if tag == KEPT:
+        return ("K", answer[1])
+    if tag == QUERIED:
+        return ("Q", answer[1])
+    if tag == INFO:
+        return ("I", None)
+    if tag == MOVED:
+        return (answer[2], answer[3])
+    if tag == REFUSED:
+        if answer[1] is None:
+            return None
+        return (answer[1], answer[2])
+    return ("U", None)
