@@ -282,11 +282,15 @@ impl Prometheus {
     }
 
     /// GET an API path; its `data`. None while Prometheus does not answer
-    /// (starting); a failure if it answers with anything but a successful
-    /// JSON answer (a bad query is a bug in this test).
+    /// or answers 503 (it is starting: it listens before it is ready); a
+    /// failure if it answers with anything but a successful JSON answer (a
+    /// bad query is a bug in this test).
     fn api(&mut self, target: &str) -> Option<Value> {
         self.check_running();
         let (code, body) = http_get(self.addr, target).ok()?;
+        if code == 503 {
+            return None;
+        }
         let text = String::from_utf8_lossy(&body);
         assert_eq!(code, 200, "GET {target}: {text}");
         let json: Value = serde_json::from_slice(&body)
