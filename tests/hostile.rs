@@ -634,6 +634,8 @@ fn arbitrary_request(rng: &mut Rng, max_ms: u64) -> Request {
             key: arbitrary_key(rng),
             lease_ms: arbitrary_lease_ms(rng, max_ms),
             wait_ms: arbitrary_wait_ms(rng, max_ms),
+            limit: None,
+            value: None,
         },
         Op::Release => Request::Release {
             key: arbitrary_key(rng),
@@ -681,6 +683,7 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
         0 => Answer::Granted {
             token: arbitrary_token(rng),
             key: arbitrary_key(rng),
+            slot: (rng.below(2) == 0).then(|| rng.below(10_000) as u32),
         },
         1 => Answer::Timeout {
             key: arbitrary_key(rng),

@@ -759,6 +759,8 @@ impl Sim {
                 key,
                 lease_ms: self.rng.between(20, 320),
                 wait_ms: self.rng.below(200),
+                limit: None,
+                value: None,
             },
             7..=10 => match self.pick_held(i) {
                 Some((key, token)) => Request::Release { key, token },
@@ -828,6 +830,8 @@ impl Sim {
                 key,
                 lease_ms: 5_000,
                 wait_ms: 0,
+                limit: None,
+                value: None,
             },
         ));
     }
@@ -853,7 +857,7 @@ impl Sim {
             conn.0
         );
         *pending -= 1;
-        if let Answer::Granted { token, key } = answer {
+        if let Answer::Granted { token, key, .. } = answer {
             assert!(
                 token > node.last_granted,
                 "node {i}: token {token} not above its previous {}",
@@ -1318,6 +1322,8 @@ fn graceful_shutdown_transfers_the_role_to_the_synced_standby_before_exit() {
                 key: key.clone(),
                 lease_ms: 10_000,
                 wait_ms: 0,
+                limit: None,
+                value: None,
             },
         ));
         sim.step();

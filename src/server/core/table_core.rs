@@ -32,7 +32,7 @@ use crate::protocol::{Answer, Info, Request};
 use crate::server::core::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
 use crate::server::core::counters::Snapshot;
 use crate::server::core::events::{ClusterToTable, Inbound, TableToCluster};
-use crate::server::core::lock_table::{LockTable, Outbox};
+use crate::server::core::lock_table::{Ask, LockTable, Outbox};
 use crate::server::core::now::Now;
 use crate::server::core::tokens;
 
@@ -328,9 +328,17 @@ impl TableCore {
                 key,
                 lease_ms,
                 wait_ms,
-            } => self
-                .table
-                .handle_acquire(now_ms, conn, key, lease_ms, wait_ms, out),
+                limit,
+                value,
+            } => self.table.handle_acquire(
+                now_ms,
+                conn,
+                key,
+                lease_ms,
+                wait_ms,
+                Ask { limit, value },
+                out,
+            ),
             Request::Release { key, token } => {
                 self.table.handle_release(now_ms, conn, key, token, out)
             }
@@ -690,6 +698,8 @@ mod tests {
             key: key(k),
             lease_ms: 1000,
             wait_ms,
+            limit: None,
+            value: None,
         }
     }
 
@@ -956,7 +966,7 @@ mod tests {
             }
             let out = round(&mut core, at(ms), inbound);
             for (conn, answer) in &out.answers {
-                if let (true, Answer::Granted { token, key }) = (*conn == D, answer) {
+                if let (true, Answer::Granted { token, key, .. }) = (*conn == D, answer) {
                     last_shorts.push((key.clone(), *token));
                 }
             }
@@ -1138,6 +1148,8 @@ mod tests {
             key: key("k"),
             lease_ms: 10,
             wait_ms: 0,
+            limit: None,
+            value: None,
         };
         round(&mut core, at(2), vec![Inbound::Request(C, short)]);
         let out = round(
