@@ -597,6 +597,7 @@ impl TableCore {
         snap.active = !matches!(self.mode, Mode::Standby { .. });
         snap.handing_off = self.is_transferring();
         snap.held = stats.held as u64;
+        snap.holders = stats.holders as u64;
         snap.waiting = stats.waiting as u64;
         snap.last_token = stats.last_token;
         snap.ceiling = self.ceiling.max(stats.last_token);
