@@ -124,10 +124,15 @@ impl Ord for Key {
 /// The request operations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
+    /// `A`: acquire a key.
     Acquire,
+    /// `R`: release a grant.
     Release,
+    /// `K`: keep (extend the lease of) a grant.
     Keep,
+    /// `Q`: query a key.
     Query,
+    /// `I`: ask a node about itself.
     Info,
     /// `U <secret>`: client authentication, answered by the I/O loop itself.
     Auth,
@@ -180,20 +185,41 @@ pub fn is_valid_secret(bytes: &[u8]) -> bool {
 pub enum Request {
     /// `A <key> <lease> <wait>`; `wait_ms == 0` waits without limit.
     Acquire {
+        /// The key asked for.
         key: Key,
+        /// How long the grant lasts unless kept or released, in ms.
         lease_ms: u64,
+        /// How long to wait in line, in ms (0: without limit).
         wait_ms: u64,
     },
     /// `R <key> <token>`
-    Release { key: Key, token: u64 },
+    Release {
+        /// The key to release.
+        key: Key,
+        /// The token of the grant being released.
+        token: u64,
+    },
     /// `K <key> <token> <lease>`
-    Keep { key: Key, token: u64, lease_ms: u64 },
+    Keep {
+        /// The key held.
+        key: Key,
+        /// The token of the grant being kept.
+        token: u64,
+        /// The new lease, from now, in ms.
+        lease_ms: u64,
+    },
     /// `Q <key>`
-    Query { key: Key },
+    Query {
+        /// The key asked about.
+        key: Key,
+    },
     /// `I`
     Info,
     /// `U <secret>`: never forwarded to the lock owner.
-    Auth { secret: Secret },
+    Auth {
+        /// The secret offered.
+        secret: Secret,
+    },
 }
 
 /// Why a request was refused or a line not understood: the `<reason>` field of
@@ -246,33 +272,60 @@ pub enum Reason {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
     /// `A <token> <key>`
-    Granted { token: u64, key: Key },
+    Granted {
+        /// The fencing token of the new grant.
+        token: u64,
+        /// The key granted.
+        key: Key,
+    },
     /// `T <key>`
-    Timeout { key: Key },
+    Timeout {
+        /// The key that was not granted within the wait.
+        key: Key,
+    },
     /// `R <key>`
-    Released { key: Key },
+    Released {
+        /// The key released.
+        key: Key,
+    },
     /// `N <key>`
-    NotHeld { key: Key },
+    NotHeld {
+        /// The key the token did not hold.
+        key: Key,
+    },
     /// `K <key>`
-    Kept { key: Key },
+    Kept {
+        /// The key whose lease was extended.
+        key: Key,
+    },
     /// `Q <key> <token> <ms_left> <waiting>` (`token == 0` and `ms_left == 0` when free)
     Queried {
+        /// The key asked about.
         key: Key,
+        /// The holder's token; 0 when the key is free.
         token: u64,
+        /// Milliseconds left on the holder's lease; 0 when free.
         ms_left: u64,
+        /// Requests waiting in line for the key.
         waiting: u64,
     },
     /// `M <host:port> <op> <key>`, or `M - <op> <key>` when `active` is None.
     /// `key` None is written `-`.
     Moved {
+        /// The active node's client address, when this node knows it.
         active: Option<String>,
+        /// The op of the request that was not served here.
         op: Op,
+        /// Its key (None for `I`).
         key: Option<Key>,
     },
     /// `E <op> <key> <reason>`; None is written `-`.
     Error {
+        /// The op of the refused request, when the line named one.
         op: Option<Op>,
+        /// Its key, when the line had a valid one.
         key: Option<Key>,
+        /// Why.
         reason: Reason,
     },
     /// `I <name>=<value> ...`: the pairs in order.
@@ -348,8 +401,11 @@ pub enum LineError {
     /// The line was understood enough to name its op (and maybe its key) but
     /// was refused: answer `E <op> <key or -> <reason>`, the connection stays.
     Refused {
+        /// The op the line named.
         op: Op,
+        /// Its key, when valid.
         key: Option<Key>,
+        /// Why it was refused.
         reason: Reason,
     },
     /// The line was not understood: answer `E - - <reason>` and close.
@@ -367,7 +423,9 @@ pub enum Parsed<T> {
     /// A buffer of MAX_LINE bytes or more without a `\n` in its first
     /// MAX_LINE bytes gives `Line { used: MAX_LINE, result: Err(Fatal(LineTooLong)) }`.
     Line {
+        /// Bytes of the buffer the line took, its line ending included.
         used: usize,
+        /// What the line says, or why it could not be taken.
         result: Result<T, LineError>,
     },
 }

@@ -59,7 +59,7 @@
 //!
 //! Client authentication (`--auth-file`) is a gate per connection, checked
 //! here and nowhere else (the lock owner never sees `U`): a connection
-//! starts [`Gate::Awaiting`] its `U <secret>`; a right secret opens it
+//! starts `Gate::Awaiting` its `U <secret>`; a right secret opens it
 //! (`U ok`); any other line first gets `E - - auth-required` and the
 //! connection is closed; a wrong secret (or a `U` with extra fields) stops
 //! all reading and, `BAD_AUTH_DELAY` later, by a timer of this loop (it
