@@ -2,7 +2,10 @@
 //!
 //! Owns: parsing request and answer lines from bytes, and formatting them back
 //! into bytes. Used by the server's I/O loops (requests in, answers out) and by
-//! the client library (requests out, answers in).
+//! the client library (requests out, answers in). Also the op table
+//! ([`OPS`], [`ANSWER_KINDS`]): every op and kind of answer once, with its
+//! letter, fields and metrics label, and which request an answer belongs
+//! to ([`Answer::request`]); it says how to add an op.
 //!
 //! Never does: I/O, allocation per request beyond the key itself, or panics on
 //! any input. Every rule here has a unit test at the bottom of this file.
@@ -249,35 +252,50 @@ protocol_tables! {
     /// tag its line starts with and its `kind` label in `baton_answers_total`.
     /// The metrics list ops and kinds in the order of their rows.
     ///
-    /// Adding a keyed op (say `W <key>`, answered `W <key> ...`), by file:
+    /// # Adding a keyed op
     ///
-    /// - `src/protocol.rs` (7 edits; the compiler points at 1-5 once 6 and 7
-    ///   are in):
-    ///   1. a `Request` variant named after the op, and its arm in
-    ///      `Request::key`;
-    ///   2. its arm in `keyed_request` (the fields after the key, checked
-    ///      left to right);
-    ///   3. its arm in `Request::write_to`;
-    ///   4. an `Answer` variant per new answer, named like its kind, and its
-    ///      arm in `Answer::request` (which field is the key);
-    ///   5. its arm in `answer_from_line` (parse) and in `Answer::write_to`;
-    ///   6. a row in `ops` below: letter, fields, keyed, label, answers;
-    ///   7. a row in `answers` below per new answer kind: tag, label (the
-    ///      metrics list it where the row is);
-    ///   and the README's protocol section and the module doc above.
-    /// - `src/server/core/table_core.rs` (1 edit, compiler-pointed): the
-    ///   request's arm in `TableCore::serve`, calling its handler;
-    /// - `src/server/core/lock_table.rs` (1 edit): the handler;
-    /// - `src/server/threads/io_loop.rs` (1 edit, compiler-pointed): the op's
-    ///   arm in `owed_for`, what its worst answer costs;
-    /// - `src/client/calls.rs` (1 edit): the call that sends it and reads its
-    ///   answer (and its method in `src/client/mod.rs` if it is public API);
-    /// - `tests/hostile.rs` (1 edit, compiler-pointed): the op's arm in
-    ///   `arbitrary_request` (and one in `arbitrary_answer` per new answer).
+    /// Say `W <key>`, answered `W <key> ...`. Write the four declarations;
+    /// the compiler then points at every other edit but the feature's own
+    /// two (the handler and the client call), and the table tests at the
+    /// one test case that must be added.
     ///
-    /// Nothing else: the answer-to-request mapping (`Answer::request`) serves
-    /// the I/O loop's budget, the client's matching and the tests; the
-    /// metrics arrays and labels come from these rows.
+    /// Declarations, in this file:
+    /// 1. a row in `ops` below: letter, fields, keyed, label, its answers;
+    /// 2. a row in `answers` below per new kind of answer: tag, label (the
+    ///    metrics list it where its row is);
+    /// 3. a [`Request`] variant named after the op;
+    /// 4. an [`Answer`] variant per new kind, named after the kind.
+    ///
+    /// Pointed at by the compiler, in this file:
+    /// 5. `keyed_request`: the fields after the key, checked left to right
+    ///    (and `common_request` only if the op is common enough to deserve
+    ///    the one-pass path);
+    /// 6. `Request::write_to`; 7. `Request::key`;
+    /// 8. `answer_from_line` (parse the answer); 9. `Answer::write_to`;
+    /// 10. `Answer::request`: which field of the answer is the key.
+    ///
+    /// Pointed at by the compiler, elsewhere:
+    /// 11. `src/server/threads/io_loop.rs`, `owed_for`: what a request of
+    ///     the op may cost until answered (its longest answer);
+    /// 12. `src/client/calls.rs`, `answer_budget`: how long its answer may
+    ///     take;
+    /// 13. `src/server/core/table_core.rs`, `TableCore::serve`: the
+    ///     request's arm, calling its handler.
+    ///
+    /// The feature itself:
+    /// 14. `src/server/core/lock_table.rs`: the handler;
+    /// 15. `src/client/calls.rs`: the call that sends it and reads its
+    ///     answer (and its method in `src/client/mod.rs`).
+    ///
+    /// Tests: a case per new answer in `every_answer_with_text` below (the
+    /// table tests fail without it), and the arms the compiler asks for in
+    /// `tests/hostile.rs` (`arbitrary_request`, `arbitrary_answer`). Docs:
+    /// the README's protocol section and this module's doc.
+    ///
+    /// Nothing else: which request an answer belongs to is
+    /// [`Answer::request`] for the I/O loop's budget, the client's matching
+    /// and the tests alike, and the metrics take their arrays and labels
+    /// from these rows.
     ops {
         /// `A <key> <lease> <wait>`: take the key, waiting up to `<wait>`.
         Acquire { letter: b'A', fields: 4, keyed: true, label: "acquire", answers: [Granted, Timeout] },
@@ -427,7 +445,7 @@ pub enum Reason {
     ExtraFields,
     /// Fewer fields than the op takes (closes the connection).
     MissingFields,
-    /// The op is not one of A R K Q I (closes the connection).
+    /// The op is not one of the protocol's (closes the connection).
     UnknownOp,
     /// The line is longer than MAX_LINE bytes (closes the connection).
     LineTooLong,
