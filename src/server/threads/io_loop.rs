@@ -1451,27 +1451,19 @@ fn reuse(mut done: Vec<usize>, added: &mut Vec<usize>) -> Vec<usize> {
 fn owed_for(op: Op, key: Option<&protocol::Key>) -> u32 {
     match op {
         Op::Info => INFO_COST,
-        _ => key.map_or(0, |key| key.as_bytes().len() as u32) + ANSWER_ALLOWANCE,
+        Op::Acquire | Op::Release | Op::Keep | Op::Query | Op::Auth => {
+            key.map_or(0, |key| key.as_bytes().len() as u32) + ANSWER_ALLOWANCE
+        }
     }
 }
 
 /// What an answer from the owner pays back: [`owed_for`] the request it
-/// answers (every answer names its request's op and key).
+/// answers ([`Answer::request`] names its op and key). Nothing for
+/// `E - -`, about the connection, not a request (it is being cut off).
+/// (`U ok` never comes from the owner: a `U` is answered here, never owed.)
 #[inline]
 fn answer_owed(answer: &Answer) -> u32 {
-    match answer {
-        Answer::Granted { key, .. } | Answer::Timeout { key } => owed_for(Op::Acquire, Some(key)),
-        Answer::Released { key } | Answer::NotHeld { key } => owed_for(Op::Release, Some(key)),
-        Answer::Kept { key } => owed_for(Op::Keep, Some(key)),
-        Answer::Queried { key, .. } => owed_for(Op::Query, Some(key)),
-        Answer::Info(_) => owed_for(Op::Info, None),
-        Answer::Moved { op, key, .. }
-        | Answer::Error {
-            op: Some(op), key, ..
-        } => owed_for(*op, key.as_ref()),
-        // About the connection, not a request (it is being cut off).
-        Answer::Error { op: None, .. } | Answer::AuthOk => 0,
-    }
+    answer.request().map_or(0, |(op, key)| owed_for(op, key))
 }
 
 /// The line a connection over `--max-conns` gets before it is closed.
