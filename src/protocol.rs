@@ -2,7 +2,10 @@
 //!
 //! Owns: parsing request and answer lines from bytes, and formatting them back
 //! into bytes. Used by the server's I/O loops (requests in, answers out) and by
-//! the client library (requests out, answers in).
+//! the client library (requests out, answers in). Also the op table
+//! ([`OPS`], [`ANSWER_KINDS`]): every op and kind of answer once, with its
+//! letter, fields and metrics label, and which request an answer belongs
+//! to ([`Answer::request`]); it says how to add an op.
 //!
 //! Never does: I/O, allocation per request beyond the key itself, or panics on
 //! any input. Every rule here has a unit test at the bottom of this file.
@@ -157,16 +160,250 @@ impl fmt::Debug for Value {
     }
 }
 
-/// The request operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Op {
-    Acquire,
-    Release,
-    Keep,
-    Query,
-    Info,
-    /// `U <secret>`: client authentication, answered by the I/O loop itself.
-    Auth,
+/// Declares, from the table of the invocation below it, the [`Op`] and
+/// [`AnswerKind`] enums, [`OPS`] and [`ANSWER_KINDS`], and the code that
+/// follows from them by rote: the lookups by letter or tag,
+/// [`Request::op`], [`Answer::kind`] and [`AnswerKind::op`]. Read the
+/// invocation, not this.
+macro_rules! protocol_tables {
+    (
+        $(#[$table_doc:meta])*
+        ops {
+            $(
+                $(#[$op_doc:meta])*
+                $op:ident {
+                    letter: $letter:literal,
+                    fields: $fields:literal,
+                    optional: $optional:literal,
+                    keyed: $keyed:literal,
+                    label: $op_label:literal,
+                    answers: [$($answer:ident),* $(,)?] $(,)?
+                }
+            ),* $(,)?
+        }
+        answers_naming_their_op: [$($naming:ident),* $(,)?];
+        answers {
+            $(
+                $(#[$kind_doc:meta])*
+                $kind:ident { tag: $tag:literal, label: $kind_label:literal $(,)? }
+            ),* $(,)?
+        }
+    ) => {
+        /// The request operations, in the order of [`OPS`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Op {
+            $( $(#[$op_doc])* $op, )*
+        }
+
+        $(#[$table_doc])*
+        pub const OPS: &[OpSpec] = &[
+            $(
+                OpSpec {
+                    op: Op::$op,
+                    letter: $letter,
+                    fields: $fields,
+                    optional: $optional,
+                    keyed: $keyed,
+                    label: $op_label,
+                    answers: &[$(AnswerKind::$answer),*],
+                },
+            )*
+        ];
+
+        impl Op {
+            /// The op named by a letter, case-sensitive.
+            pub fn from_byte(b: u8) -> Option<Op> {
+                match b {
+                    $( $letter => Some(Op::$op), )*
+                    _ => None,
+                }
+            }
+        }
+
+        impl Request {
+            /// The request's op (each [`Request`] variant is named after its op).
+            pub fn op(&self) -> Op {
+                match self {
+                    $( Request::$op { .. } => Op::$op, )*
+                }
+            }
+        }
+
+        /// The kinds of [`Answer`], one per variant and named after it, in
+        /// the order of [`ANSWER_KINDS`].
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum AnswerKind {
+            $( $(#[$kind_doc])* $kind, )*
+        }
+
+        /// Every answer kind's row, in the order of [`AnswerKind`]'s
+        /// variants (the order the metrics list them in).
+        pub const ANSWER_KINDS: &[AnswerSpec] = &[
+            $( AnswerSpec { kind: AnswerKind::$kind, tag: $tag, label: $kind_label }, )*
+        ];
+
+        impl AnswerKind {
+            /// The op of the request an answer of this kind belongs to:
+            /// the op whose row lists it. None for the kinds that name
+            /// their op in the answer (`M`, `E`). A kind in no row, or in
+            /// two, does not compile.
+            pub fn op(self) -> Option<Op> {
+                match self {
+                    $( $( AnswerKind::$answer => Some(Op::$op), )* )*
+                    $( AnswerKind::$naming => None, )*
+                }
+            }
+
+            /// The kind whose answers start with this tag.
+            fn from_tag(b: u8) -> Option<AnswerKind> {
+                match b {
+                    $( $tag => Some(AnswerKind::$kind), )*
+                    _ => None,
+                }
+            }
+        }
+
+        impl Answer {
+            /// The answer's kind (each [`AnswerKind`] is named after its
+            /// [`Answer`] variant).
+            pub fn kind(&self) -> AnswerKind {
+                match self {
+                    $( Answer::$kind { .. } => AnswerKind::$kind, )*
+                }
+            }
+        }
+    };
+}
+
+protocol_tables! {
+    /// THE OP TABLE. Every op of the protocol and every kind of answer, once.
+    /// The parser, the formatter, the server's owed-answer budget, the client's
+    /// matching of answers to requests, the metrics labels and the tests all
+    /// read it; nothing else lists the ops or the answer kinds.
+    ///
+    /// An op's row: its letter on the wire; how many fields its request line
+    /// has, the letter included, and how many optional ones may follow
+    /// them; whether its second field is a key (for a
+    /// keyless op, `-` in the key field of an `M` or `E` about it means "no
+    /// key"); its `op` label in `baton_requests_total`; and the kinds of answer
+    /// that belong to a request of this op (besides `M` and `E`, which can
+    /// answer any op and name the op they answer). An answer kind's row: the
+    /// tag its line starts with and its `kind` label in `baton_answers_total`.
+    /// The metrics list ops and kinds in the order of their rows.
+    ///
+    /// # Adding a keyed op
+    ///
+    /// Say `W <key>`, answered `W <key> ...`. Write the four declarations;
+    /// the compiler then points at every other edit but the feature's own
+    /// two (the handler and the client call), and the table tests at the
+    /// one test case that must be added.
+    ///
+    /// Declarations, in this file:
+    /// 1. a row in `ops` below: letter, fields, keyed, label, its answers;
+    /// 2. a row in `answers` below per new kind of answer: tag, label (the
+    ///    metrics list it where its row is);
+    /// 3. a [`Request`] variant named after the op;
+    /// 4. an [`Answer`] variant per new kind, named after the kind.
+    ///
+    /// Pointed at by the compiler, in this file:
+    /// 5. `keyed_request`: the fields after the key, checked left to right
+    ///    (and `common_request` only if the op is common enough to deserve
+    ///    the one-pass path);
+    /// 6. `Request::write_to`; 7. `Request::key`;
+    /// 8. `answer_from_line` (parse the answer); 9. `Answer::write_to`;
+    /// 10. `Answer::request`: which field of the answer is the key.
+    ///
+    /// Pointed at by the compiler, elsewhere:
+    /// 11. `src/server/threads/io_loop.rs`, `owed_for`: what a request of
+    ///     the op may cost until answered (its longest answer);
+    /// 12. `src/client/calls.rs`, `answer_budget`: how long its answer may
+    ///     take;
+    /// 13. `src/server/core/table_core.rs`, `TableCore::serve`: the
+    ///     request's arm, calling its handler.
+    ///
+    /// The feature itself:
+    /// 14. `src/server/core/lock_table.rs`: the handler;
+    /// 15. `src/client/calls.rs`: the call that sends it and reads its
+    ///     answer (and its method in `src/client/mod.rs`).
+    ///
+    /// Tests: a case per new answer in `every_answer_with_text` below (the
+    /// table tests fail without it), and the arms the compiler asks for in
+    /// `tests/hostile.rs` (`arbitrary_request`, `arbitrary_answer`). Docs:
+    /// the README's protocol section and this module's doc.
+    ///
+    /// Nothing else: which request an answer belongs to is
+    /// [`Answer::request`] for the I/O loop's budget, the client's matching
+    /// and the tests alike, and the metrics take their arrays and labels
+    /// from these rows.
+    ops {
+        /// `A <key> <lease> <wait> [<limit> [<value>]]`: take the key (one
+        /// of its `<limit>` slots), waiting up to `<wait>`.
+        Acquire { letter: b'A', fields: 4, optional: 2, keyed: true, label: "acquire", answers: [Granted, Timeout] },
+        /// `R <key> <token>`: give the key back.
+        Release { letter: b'R', fields: 3, optional: 0, keyed: true, label: "release", answers: [Released, NotHeld] },
+        /// `K <key> <token> <lease>`: extend a lease.
+        Keep { letter: b'K', fields: 4, optional: 0, keyed: true, label: "keep", answers: [Kept] },
+        /// `Q <key>`: who holds the key, for how long, how many wait.
+        Query { letter: b'Q', fields: 2, optional: 0, keyed: true, label: "query", answers: [Queried] },
+        /// `I`: the node's figures.
+        Info { letter: b'I', fields: 1, optional: 0, keyed: false, label: "info", answers: [Info] },
+        /// `U <secret>`: client authentication, answered by the I/O loop itself.
+        Auth { letter: b'U', fields: 2, optional: 0, keyed: false, label: "auth", answers: [AuthOk] },
+    }
+    answers_naming_their_op: [Moved, Error];
+    answers {
+        /// `A <token> <key>`
+        Granted { tag: b'A', label: "granted" },
+        /// `T <key>`
+        Timeout { tag: b'T', label: "timeout" },
+        /// `R <key>`
+        Released { tag: b'R', label: "released" },
+        /// `N <key>`
+        NotHeld { tag: b'N', label: "not_held" },
+        /// `K <key>`
+        Kept { tag: b'K', label: "kept" },
+        /// `Q <key> <token> <ms_left> <waiting>`
+        Queried { tag: b'Q', label: "queried" },
+        /// `M <host:port> <op> <key>`
+        Moved { tag: b'M', label: "moved" },
+        /// `E <op> <key> <reason>`
+        Error { tag: b'E', label: "error" },
+        /// `I <name>=<value> ...`
+        Info { tag: b'I', label: "info" },
+        /// `U ok`
+        AuthOk { tag: b'U', label: "auth_ok" },
+    }
+}
+
+/// One op of the protocol: its row of [`OPS`].
+#[derive(Debug)]
+pub struct OpSpec {
+    /// The op this row describes.
+    pub op: Op,
+    /// Its letter on the wire (the request's first field).
+    pub letter: u8,
+    /// How many fields its request line has, the letter included.
+    pub fields: usize,
+    /// How many more fields it may have after those (`A`'s limit and value).
+    pub optional: usize,
+    /// Whether the request's second field is a key.
+    pub keyed: bool,
+    /// Its `op` label in the metrics.
+    pub label: &'static str,
+    /// The kinds of answer that belong to a request of this op, besides
+    /// `M` and `E` (which name the op they answer).
+    pub answers: &'static [AnswerKind],
+}
+
+/// One kind of answer: its row of [`ANSWER_KINDS`].
+#[derive(Debug)]
+pub struct AnswerSpec {
+    /// The kind this row describes.
+    pub kind: AnswerKind,
+    /// The first byte of its line.
+    pub tag: u8,
+    /// Its `kind` label in the metrics.
+    pub label: &'static str,
 }
 
 /// The secret of a `U` line. Its `Debug` never shows the bytes, so a
@@ -219,22 +456,45 @@ pub enum Request {
     /// grant is answered without its slot). A `value` is written after a
     /// limit, `1` when `limit` is None.
     Acquire {
+        /// The key asked for.
         key: Key,
+        /// How long the grant lasts unless kept or released, in ms.
         lease_ms: u64,
+        /// How long to wait in line, in ms (0: without limit).
         wait_ms: u64,
+        /// The limit named (1 to [`MAX_LIMIT`]); None: none named.
         limit: Option<u32>,
+        /// The value the grant is to carry.
         value: Option<Value>,
     },
     /// `R <key> <token>`
-    Release { key: Key, token: u64 },
+    Release {
+        /// The key to release.
+        key: Key,
+        /// The token of the grant being released.
+        token: u64,
+    },
     /// `K <key> <token> <lease>`
-    Keep { key: Key, token: u64, lease_ms: u64 },
+    Keep {
+        /// The key held.
+        key: Key,
+        /// The token of the grant being kept.
+        token: u64,
+        /// The new lease, from now, in ms.
+        lease_ms: u64,
+    },
     /// `Q <key>`
-    Query { key: Key },
+    Query {
+        /// The key asked about.
+        key: Key,
+    },
     /// `I`
     Info,
     /// `U <secret>`: never forwarded to the lock owner.
-    Auth { secret: Secret },
+    Auth {
+        /// The secret offered.
+        secret: Secret,
+    },
 }
 
 /// Why a request was refused or a line not understood: the `<reason>` field of
@@ -257,7 +517,7 @@ pub enum Reason {
     ExtraFields,
     /// Fewer fields than the op takes (closes the connection).
     MissingFields,
-    /// The op is not one of A R K Q I (closes the connection).
+    /// The op is not one of the protocol's (closes the connection).
     UnknownOp,
     /// The line is longer than MAX_LINE bytes (closes the connection).
     LineTooLong,
@@ -297,36 +557,61 @@ pub enum Answer {
     /// `A <token> <key>`, or `A <token> <key> <slot>` when the acquire
     /// named a limit (`slot` is Some exactly then).
     Granted {
+        /// The fencing token of the new grant.
         token: u64,
+        /// The key granted.
         key: Key,
+        /// The grant's slot, when the acquire named a limit.
         slot: Option<u32>,
     },
     /// `T <key>`
-    Timeout { key: Key },
+    Timeout {
+        /// The key that was not granted within the wait.
+        key: Key,
+    },
     /// `R <key>`
-    Released { key: Key },
+    Released {
+        /// The key released.
+        key: Key,
+    },
     /// `N <key>`
-    NotHeld { key: Key },
+    NotHeld {
+        /// The key the token did not hold.
+        key: Key,
+    },
     /// `K <key>`
-    Kept { key: Key },
+    Kept {
+        /// The key whose lease was extended.
+        key: Key,
+    },
     /// `Q <key> <token> <ms_left> <waiting>` (`token == 0` and `ms_left == 0` when free)
     Queried {
+        /// The key asked about.
         key: Key,
+        /// The holder's token; 0 when the key is free.
         token: u64,
+        /// Milliseconds left on the holder's lease; 0 when free.
         ms_left: u64,
+        /// Requests waiting in line for the key.
         waiting: u64,
     },
     /// `M <host:port> <op> <key>`, or `M - <op> <key>` when `active` is None.
     /// `key` None is written `-`.
     Moved {
+        /// The active node's client address, when this node knows it.
         active: Option<String>,
+        /// The op of the request that was not served here.
         op: Op,
+        /// Its key (None for `I`).
         key: Option<Key>,
     },
     /// `E <op> <key> <reason>`; None is written `-`.
     Error {
+        /// The op of the refused request, when the line named one.
         op: Option<Op>,
+        /// Its key, when the line had a valid one.
         key: Option<Key>,
+        /// Why.
         reason: Reason,
     },
     /// `I <name>=<value> ...`: the pairs in order.
@@ -402,8 +687,11 @@ pub enum LineError {
     /// The line was understood enough to name its op (and maybe its key) but
     /// was refused: answer `E <op> <key or -> <reason>`, the connection stays.
     Refused {
+        /// The op the line named.
         op: Op,
+        /// Its key, when valid.
         key: Option<Key>,
+        /// Why it was refused.
         reason: Reason,
     },
     /// The line was not understood: answer `E - - <reason>` and close.
@@ -421,7 +709,9 @@ pub enum Parsed<T> {
     /// A buffer of MAX_LINE bytes or more without a `\n` in its first
     /// MAX_LINE bytes gives `Line { used: MAX_LINE, result: Err(Fatal(LineTooLong)) }`.
     Line {
+        /// Bytes of the buffer the line took, its line ending included.
         used: usize,
+        /// What the line says, or why it could not be taken.
         result: Result<T, LineError>,
     },
 }
@@ -492,52 +782,73 @@ impl fmt::Debug for Key {
     }
 }
 
-/// Every op of the protocol, in one table: its letter on the wire and how
-/// many fields its request line has (the op included), in the order of
-/// [`Op`]'s variants. A new op is a row here, a [`Request`] variant with its
-/// arm in the parser, and its handler in the node's table core.
-const OPS: [(Op, &[u8; 1], usize); 6] = [
-    (Op::Acquire, b"A", 4),
-    (Op::Release, b"R", 3),
-    (Op::Keep, b"K", 4),
-    (Op::Query, b"Q", 2),
-    (Op::Info, b"I", 1),
-    (Op::Auth, b"U", 2),
-];
-
 impl Op {
+    /// How many ops there are.
+    pub const COUNT: usize = OPS.len();
+
+    /// The op's row of [`OPS`].
+    pub fn spec(self) -> &'static OpSpec {
+        &OPS[self.index()]
+    }
+
+    /// The op's place in [`OPS`] (and in the metrics' per-op arrays).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The op's letter on the wire: 'A', 'R', 'K', 'Q', 'I' or 'U'.
     pub fn as_char(self) -> char {
         char::from(self.as_byte())
     }
 
-    /// The op named by a letter, case-sensitive.
-    pub fn from_byte(b: u8) -> Option<Op> {
-        OPS.iter()
-            .find(|(_, letter, _)| letter[0] == b)
-            .map(|(op, _, _)| *op)
+    /// Whether the op's second field is a key.
+    pub fn is_keyed(self) -> bool {
+        self.spec().keyed
     }
 
-    fn row(self) -> &'static (Op, &'static [u8; 1], usize) {
-        &OPS[self as usize]
+    /// The op's `op` label in the metrics.
+    pub fn label(self) -> &'static str {
+        self.spec().label
     }
 
     fn as_byte(self) -> u8 {
-        self.row().1[0]
+        self.spec().letter
     }
 
     /// How many fields a request line of this op has, the op included.
     fn field_count(self) -> usize {
-        self.row().2
+        self.spec().fields
     }
 
-    /// How many fields a request line of this op may have: `A` may add a
-    /// limit and a value.
+    /// How many fields a request line of this op may have, optional ones
+    /// included (`A` may add a limit and a value).
     fn most_fields(self) -> usize {
-        match self {
-            Op::Acquire => self.field_count() + 2,
-            _ => self.field_count(),
-        }
+        self.spec().fields + self.spec().optional
+    }
+}
+
+impl AnswerKind {
+    /// How many kinds of answer there are.
+    pub const COUNT: usize = ANSWER_KINDS.len();
+
+    /// The kind's row of [`ANSWER_KINDS`].
+    pub fn spec(self) -> &'static AnswerSpec {
+        &ANSWER_KINDS[self.index()]
+    }
+
+    /// The kind's place in [`ANSWER_KINDS`] (and in the metrics' arrays).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The kind's `kind` label in the metrics.
+    pub fn label(self) -> &'static str {
+        self.spec().label
+    }
+
+    /// The first byte of an answer line of this kind.
+    fn tag(self) -> u8 {
+        self.spec().tag
     }
 }
 
@@ -952,7 +1263,7 @@ fn request_from_line(line: &[u8], max_ms: u64) -> Result<Request, LineError> {
     if f.count < need {
         return Err(LineError::Fatal(Reason::MissingFields));
     }
-    if op == Op::Info || op == Op::Auth {
+    if !op.is_keyed() {
         // No key: the extra fields are refused without naming any.
         return if f.count > need {
             Err(refused(op, None, Reason::ExtraFields))
@@ -1132,18 +1443,6 @@ impl Request {
         out.push(b'\n');
     }
 
-    /// The request's op.
-    pub fn op(&self) -> Op {
-        match self {
-            Request::Acquire { .. } => Op::Acquire,
-            Request::Release { .. } => Op::Release,
-            Request::Keep { .. } => Op::Keep,
-            Request::Query { .. } => Op::Query,
-            Request::Info => Op::Info,
-            Request::Auth { .. } => Op::Auth,
-        }
-    }
-
     /// The request's key; None for `I` and `U`.
     pub fn key(&self) -> Option<&Key> {
         match self {
@@ -1191,33 +1490,30 @@ fn answer_from_line(line: &[u8]) -> Option<Answer> {
         Some(space) => (&line[..space], Some(&line[space + 1..])),
         None => (line, None),
     };
-    match tag {
-        b"I" => info_answer(rest),
-        _ => keyed_answer(tag, rest?),
-    }
-}
-
-/// Every answer but `I`: the fields after the tag.
-fn keyed_answer(tag: &[u8], rest: &[u8]) -> Option<Answer> {
-    match tag {
-        b"A" => granted_answer(rest),
-        b"T" => Some(Answer::Timeout {
-            key: single_key(rest)?,
+    let kind = match tag {
+        [tag] => AnswerKind::from_tag(*tag)?,
+        _ => return None,
+    };
+    // Every answer but `I` has fields after its tag.
+    match kind {
+        AnswerKind::Info => info_answer(rest),
+        AnswerKind::Granted => granted_answer(rest?),
+        AnswerKind::Timeout => Some(Answer::Timeout {
+            key: single_key(rest?)?,
         }),
-        b"R" => Some(Answer::Released {
-            key: single_key(rest)?,
+        AnswerKind::Released => Some(Answer::Released {
+            key: single_key(rest?)?,
         }),
-        b"N" => Some(Answer::NotHeld {
-            key: single_key(rest)?,
+        AnswerKind::NotHeld => Some(Answer::NotHeld {
+            key: single_key(rest?)?,
         }),
-        b"K" => Some(Answer::Kept {
-            key: single_key(rest)?,
+        AnswerKind::Kept => Some(Answer::Kept {
+            key: single_key(rest?)?,
         }),
-        b"Q" => queried_answer(rest),
-        b"M" => moved_answer(rest),
-        b"E" => error_answer(rest),
-        b"U" => (rest == b"ok").then_some(Answer::AuthOk),
-        _ => None,
+        AnswerKind::Queried => queried_answer(rest?),
+        AnswerKind::Moved => moved_answer(rest?),
+        AnswerKind::Error => error_answer(rest?),
+        AnswerKind::AuthOk => (rest? == b"ok").then_some(Answer::AuthOk),
     }
 }
 
@@ -1259,7 +1555,7 @@ fn moved_answer(rest: &[u8]) -> Option<Answer> {
         DASH => None,
         host => Some(text_field(host)?),
     };
-    let key = optional_key(key, op == Op::Info || op == Op::Auth)?;
+    let key = optional_key(key, !op.is_keyed())?;
     Some(Answer::Moved { active, op, key })
 }
 
@@ -1273,7 +1569,7 @@ fn error_answer(rest: &[u8]) -> Option<Answer> {
         return None;
     }
     let reason = Reason::from_bytes(reason);
-    let dash_is_none = matches!(op, None | Some(Op::Info | Op::Auth)) || reason == Reason::BadKey;
+    let dash_is_none = !op.is_some_and(Op::is_keyed) || reason == Reason::BadKey;
     let key = optional_key(key, dash_is_none)?;
     Some(Answer::Error { op, key, reason })
 }
@@ -1323,61 +1619,73 @@ fn text_field(field: &[u8]) -> Option<String> {
 impl Answer {
     /// Appends the answer's line, `\n` included.
     pub fn write_to(&self, out: &mut Vec<u8>) {
+        out.push(self.kind().tag());
         match self {
             Answer::Granted { token, key, slot } => {
-                out.push(b'A');
                 push_u64(out, *token);
                 push_field(out, key.as_bytes());
                 if let Some(slot) = slot {
                     push_u64(out, u64::from(*slot));
                 }
             }
-            Answer::Timeout { key } => tagged_key(out, b'T', key),
-            Answer::Released { key } => tagged_key(out, b'R', key),
-            Answer::NotHeld { key } => tagged_key(out, b'N', key),
-            Answer::Kept { key } => tagged_key(out, b'K', key),
+            Answer::Timeout { key }
+            | Answer::Released { key }
+            | Answer::NotHeld { key }
+            | Answer::Kept { key } => push_field(out, key.as_bytes()),
             Answer::Queried {
                 key,
                 token,
                 ms_left,
                 waiting,
             } => {
-                tagged_key(out, b'Q', key);
+                push_field(out, key.as_bytes());
                 push_u64(out, *token);
                 push_u64(out, *ms_left);
                 push_u64(out, *waiting);
             }
             Answer::Moved { active, op, key } => {
-                out.push(b'M');
                 push_field(out, active.as_deref().map_or(DASH, str::as_bytes));
-                push_field(out, &[op.as_byte()]);
+                push_field(out, op_text(*op));
                 push_field(out, key.as_ref().map_or(DASH, Key::as_bytes));
             }
             Answer::Error { op, key, reason } => {
-                out.push(b'E');
                 push_field(out, op.as_ref().map_or(DASH, |op| op_text(*op)));
                 push_field(out, key.as_ref().map_or(DASH, Key::as_bytes));
                 push_field(out, reason.as_str().as_bytes());
             }
-            Answer::Info(info) => {
-                out.push(b'I');
-                out.extend_from_slice(info.wire());
-            }
-            Answer::AuthOk => out.extend_from_slice(b"U ok"),
+            Answer::Info(info) => out.extend_from_slice(info.wire()),
+            Answer::AuthOk => out.extend_from_slice(b" ok"),
         }
         out.push(b'\n');
+    }
+
+    /// The request this answer belongs to: its op, and its key (None for
+    /// a keyless op, or a key the request did not have). The one mapping
+    /// from an answer to its request: the I/O loop pays back what the
+    /// request owed, the client hands the answer to the request waiting
+    /// for it, the tests match answers to requests. The op comes from the
+    /// op table ([`AnswerKind::op`]); `M` and `E` name theirs. None only
+    /// for `E - - <reason>`, which is about the connection (it is closed
+    /// after it), not a request.
+    pub fn request(&self) -> Option<(Op, Option<&Key>)> {
+        let key = match self {
+            Answer::Granted { key, .. }
+            | Answer::Timeout { key }
+            | Answer::Released { key }
+            | Answer::NotHeld { key }
+            | Answer::Kept { key }
+            | Answer::Queried { key, .. } => Some(key),
+            Answer::Info(_) | Answer::AuthOk => None,
+            Answer::Moved { op, key, .. } => return Some((*op, key.as_ref())),
+            Answer::Error { op, key, .. } => return op.map(|op| (op, key.as_ref())),
+        };
+        self.kind().op().map(|op| (op, key))
     }
 }
 
 /// The op letter as a one-byte slice.
 fn op_text(op: Op) -> &'static [u8] {
-    op.row().1
-}
-
-/// Appends `<tag> <key>` (no line ending).
-fn tagged_key(out: &mut Vec<u8>, tag: u8, key: &Key) {
-    out.push(tag);
-    push_field(out, key.as_bytes());
+    std::slice::from_ref(&op.spec().letter)
 }
 
 // ---------------------------------------------------------------------------
@@ -1465,15 +1773,159 @@ mod tests {
         })
     }
 
-    // --- keys --------------------------------------------------------------
+    // --- the op table ------------------------------------------------------
+
+    /// A request line of `op` with `fields` fields, each after the letter
+    /// `1` (a valid key, lease, wait, token and secret alike).
+    fn line_of(op: Op, fields: usize) -> String {
+        format!("{}{}\n", op.as_char(), " 1".repeat(fields - 1))
+    }
 
     #[test]
-    fn the_op_table_is_in_the_order_of_the_ops() {
-        for (i, (op, letter, _)) in OPS.iter().enumerate() {
-            assert_eq!(*op as usize, i);
-            assert_eq!(Op::from_byte(letter[0]), Some(*op));
+    fn every_op_has_its_row_in_order_and_its_letter_parses_to_it() {
+        assert_eq!(OPS.len(), Op::COUNT);
+        for (i, spec) in OPS.iter().enumerate() {
+            let op = spec.op;
+            assert_eq!(op.index(), i, "{op:?}");
+            assert!(std::ptr::eq(op.spec(), spec));
+            assert_eq!(Op::from_byte(spec.letter), Some(op));
+            assert_eq!(op_field(&[spec.letter]), Some(op));
+            assert_eq!(op.as_char(), char::from(spec.letter));
+            assert_eq!((op.is_keyed(), op.label()), (spec.keyed, spec.label));
+            // Its field count and keyedness are what the parser does.
+            let Ok(request) = req(&line_of(op, spec.fields)) else {
+                panic!("{op:?}: {:?}", req(&line_of(op, spec.fields)));
+            };
+            assert_eq!(request.op(), op);
+            assert_eq!(request.key().is_some(), spec.keyed, "{op:?}");
+            if spec.fields > 1 {
+                assert_eq!(
+                    req(&line_of(op, spec.fields - 1)),
+                    fatal(Reason::MissingFields),
+                    "{op:?}"
+                );
+            }
+            let most = spec.fields + spec.optional;
+            assert_eq!(req(&line_of(op, most)).map(|r| r.op()), Ok(op), "{op:?}");
+            let extra = spec.keyed.then_some("1");
+            assert_eq!(
+                req(&line_of(op, most + 1)),
+                refused_with(op, extra, Reason::ExtraFields),
+                "{op:?}"
+            );
+            if spec.keyed {
+                let bad_key = format!("{} a\x7f{}\n", op.as_char(), " 1".repeat(spec.fields - 2));
+                assert_eq!(req(&bad_key), refused_with(op, None, Reason::BadKey));
+            }
+        }
+        for b in 0..=u8::MAX {
+            let listed = OPS.iter().any(|spec| spec.letter == b);
+            assert_eq!(Op::from_byte(b).is_some(), listed, "{b:#x}");
         }
     }
+
+    #[test]
+    fn every_answer_belongs_to_an_op_whose_row_lists_it() {
+        assert_eq!(ANSWER_KINDS.len(), AnswerKind::COUNT);
+        for (i, spec) in ANSWER_KINDS.iter().enumerate() {
+            let kind = spec.kind;
+            assert_eq!(kind.index(), i, "{kind:?}");
+            assert!(std::ptr::eq(kind.spec(), spec));
+            assert_eq!(AnswerKind::from_tag(spec.tag), Some(kind));
+            // In the row of the op it names, and in no other; in none if
+            // it names its op in the answer.
+            let rows: Vec<Op> = OPS
+                .iter()
+                .filter(|row| row.answers.contains(&kind))
+                .map(|row| row.op)
+                .collect();
+            assert_eq!(rows, Vec::from_iter(kind.op()), "{kind:?}");
+        }
+        let mut seen = Vec::new();
+        for (answer, text) in every_answer_with_text() {
+            let kind = answer.kind();
+            seen.push(kind);
+            assert_eq!(text.as_bytes()[0], kind.spec().tag, "{text:?}");
+            match answer.request() {
+                Some((op, key)) => {
+                    let listed = op.spec().answers.contains(&kind);
+                    assert!(listed || kind.op().is_none(), "{text:?} names {op:?}");
+                    if let Some(own) = kind.op() {
+                        assert_eq!(own, op, "{text:?}");
+                        // An op's own answers carry its key, if it has one.
+                        assert_eq!(key.is_some(), op.is_keyed(), "{text:?}");
+                    }
+                    if !op.is_keyed() {
+                        assert_eq!(key, None, "{text:?}");
+                    }
+                }
+                None => assert!(
+                    matches!(answer, Answer::Error { op: None, .. }),
+                    "{text:?} belongs to no request"
+                ),
+            }
+        }
+        // Every kind was seen above.
+        for spec in ANSWER_KINDS {
+            assert!(
+                seen.contains(&spec.kind),
+                "no {:?} answer tested",
+                spec.kind
+            );
+        }
+    }
+
+    #[test]
+    fn an_answer_names_the_op_and_key_of_its_request() {
+        let job = key("job");
+        let cases = [
+            (ans("A 7 job\n"), Some((Op::Acquire, Some(&job)))),
+            (ans("T job\n"), Some((Op::Acquire, Some(&job)))),
+            (ans("R job\n"), Some((Op::Release, Some(&job)))),
+            (ans("N job\n"), Some((Op::Release, Some(&job)))),
+            (ans("K job\n"), Some((Op::Keep, Some(&job)))),
+            (ans("Q job 0 0 0\n"), Some((Op::Query, Some(&job)))),
+            (ans("I\n"), Some((Op::Info, None))),
+            (ans("U ok\n"), Some((Op::Auth, None))),
+            (ans("M h:1 K job\n"), Some((Op::Keep, Some(&job)))),
+            (ans("M - I -\n"), Some((Op::Info, None))),
+            (ans("E A job bad-lease\n"), Some((Op::Acquire, Some(&job)))),
+            (ans("E Q - bad-key\n"), Some((Op::Query, None))),
+            (ans("E U - auth-disabled\n"), Some((Op::Auth, None))),
+            (ans("E - - too-many-connections\n"), None),
+        ];
+        for (answer, request) in cases {
+            let answer = answer.expect("valid answer");
+            assert_eq!(answer.request(), request, "{answer:?}");
+        }
+    }
+
+    #[test]
+    fn labels_letters_and_tags_are_unique() {
+        fn unique<T: PartialEq + fmt::Debug>(items: impl IntoIterator<Item = T>) {
+            let items: Vec<T> = items.into_iter().collect();
+            for (i, item) in items.iter().enumerate() {
+                assert!(!items[..i].contains(item), "{item:?} twice");
+            }
+        }
+        unique(OPS.iter().map(|spec| spec.letter));
+        unique(OPS.iter().map(|spec| spec.label));
+        unique(ANSWER_KINDS.iter().map(|spec| spec.tag));
+        unique(ANSWER_KINDS.iter().map(|spec| spec.label));
+        // Labels are Prometheus label values written without escaping.
+        for label in OPS
+            .iter()
+            .map(|spec| spec.label)
+            .chain(ANSWER_KINDS.iter().map(|spec| spec.label))
+        {
+            assert!(
+                !label.is_empty() && label.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{label:?}"
+            );
+        }
+    }
+
+    // --- keys --------------------------------------------------------------
 
     #[test]
     fn key_of_1_to_250_bytes_is_valid() {

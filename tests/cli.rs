@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use baton::client::{Client, Error, ReleaseOutcome};
-use common::{DEADLINE, Node, baton_path, wait_for};
+use common::{DEADLINE, Node, baton_path, batond_path, run_to_exit, wait_for};
 
 fn node() -> Node {
     Node::start(&["--threads", "1"])
@@ -386,6 +386,199 @@ fn a_flag_given_twice_is_one_line_naming_it_and_exit_2() {
         "{}",
         out.stderr
     );
+}
+
+/// Both tools name a flag they do not know and list every flag they
+/// accept, in one line, and exit 2.
+#[test]
+fn an_unknown_flag_is_named_with_every_flag_each_tool_accepts() {
+    let nobody = format!("127.0.0.1:{}", common::free_port());
+    let out = baton(&nobody, &["acquire", "k", "--leas", "3"]);
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert_eq!(
+        out.stderr,
+        "baton: unknown flag --leas; accepted: --servers, --lease, --wait, -n/--nonblock, \
+         -q/--quiet, --timeout, --auth-file, --tls, --tls-ca, --tls-cert, --tls-key, \
+         -h/--help, -V/--version (see baton --help)\n"
+    );
+    let run = run_to_exit(
+        batond_path(),
+        &["--bind", "127.0.0.1", "--prot", "1"],
+        DEADLINE,
+    );
+    assert_eq!(run.code, Some(2), "{run:?}");
+    let accepted = baton::server::config::FLAGS.join(", ");
+    assert_eq!(
+        run.stderr,
+        format!("batond: unknown flag --prot; accepted: {accepted}, -h/--help, -V/--version\n")
+    );
+    assert!(
+        accepted.starts_with("--bind, --port, --peers"),
+        "{accepted}"
+    );
+}
+
+/// Complete each of `lines` (the command line up to the cursor) with the
+/// script `baton completions <shell>` prints, in `<shell> -c <driver>`; one
+/// line of output per line completed.
+fn complete_in(shell: &[&str], driver: &str, lines: &[&str]) -> Vec<String> {
+    let mut args = shell.to_vec();
+    args.extend(["-c", driver, "complete", baton_path()]);
+    args.extend(lines);
+    let run = run_to_exit(args[0], &args[1..], DEADLINE);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stderr.is_empty(), "{run:?}");
+    run.stdout.lines().map(str::to_string).collect()
+}
+
+/// As bash calls a completion function, without the bash-completion
+/// package: COMP_LINE and COMP_POINT, and the words bash splits.
+const BASH_DRIVER: &str = r#"
+source <("$1" completions bash) || exit 1
+shift
+for line in "$@"; do
+    COMP_LINE=$line COMP_POINT=${#line}
+    read -ra COMP_WORDS <<<"$line"
+    [[ $line == *' ' ]] && COMP_WORDS+=("")
+    COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+    COMPREPLY=()
+    _baton
+    echo "${COMPREPLY[*]}"
+done
+"#;
+
+#[test]
+fn the_bash_completion_offers_commands_the_flags_each_accepts_files_and_shells() {
+    let out = start_with(&["completions", "bash"], Some("not a server list")).finish();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("complete -F _baton baton"),
+        "{}",
+        out.stdout
+    );
+    let scratch = Scratch::new("complete");
+    std::fs::write(scratch.file("secret"), "x").expect("write");
+    let path_prefix = scratch.file("sec");
+    let cases = [
+        (
+            "baton ",
+            "acquire release run keep query status completions".to_string(),
+        ),
+        ("baton st", "status".into()),
+        (
+            "baton -",
+            "--servers -q --quiet --timeout --auth-file --tls --tls-ca --tls-cert --tls-key \
+             -h --help -V --version"
+                .into(),
+        ),
+        (
+            "baton acquire k --",
+            "--servers --lease --wait --nonblock --quiet --timeout --auth-file --tls \
+             --tls-ca --tls-cert --tls-key"
+                .into(),
+        ),
+        (
+            "baton --servers a:1,b:2 keep k 1 --",
+            "--servers --lease --quiet --timeout --auth-file --tls --tls-ca --tls-cert \
+             --tls-key"
+                .into(),
+        ),
+        ("baton query k --l", String::new()),
+        ("baton completions ", "bash zsh".into()),
+        ("baton --lease ", String::new()),
+        ("baton --timeout 1 ac", "acquire".into()),
+        (
+            &format!("baton --auth-file {path_prefix}"),
+            scratch.file("secret"),
+        ),
+    ];
+    let lines: Vec<&str> = cases.iter().map(|(line, _)| *line).collect();
+    let got = complete_in(&["bash", "--noprofile", "--norc"], BASH_DRIVER, &lines);
+    assert_eq!(got.len(), cases.len(), "{got:?}");
+    for ((line, expected), got) in cases.iter().zip(&got) {
+        assert_eq!(got, expected, "{line:?}");
+    }
+}
+
+/// zsh's completion functions replaced by ones that print what they were
+/// given, so the script's choices can be read off.
+const ZSH_DRIVER: &str = r#"
+compdef() { }
+_describe() {
+    [[ $1 == -t ]] && shift 2
+    shift
+    local e
+    local -a names
+    for e in "${(@P)1}"; do names+=("${e%%:*}"); done
+    print -r -- "${names[*]}"
+}
+compadd() { print -r -- "$*"; }
+_files() { print -r -- "(files)"; }
+_message() { print -r -- "(a value)"; }
+_normal() { print -r -- "(normal at $CURRENT: ${words[*]})"; }
+source <("$1" completions zsh) || exit 1
+shift
+for line in "$@"; do
+    words=(${=line})
+    [[ $line == *' ' ]] && words+=("")
+    CURRENT=${#words}
+    _baton
+done
+"#;
+
+/// Whether zsh is installed; CI sets BATON_REQUIRE_ZSH=1 (it installs
+/// zsh), so that a missing zsh fails there instead of skipping.
+fn zsh_present() -> bool {
+    let found = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("zsh").is_file()));
+    if !found {
+        assert!(
+            std::env::var_os("BATON_REQUIRE_ZSH").is_none(),
+            "BATON_REQUIRE_ZSH is set and zsh is not installed"
+        );
+        eprintln!("zsh completion test skipped: no zsh");
+    }
+    found
+}
+
+#[test]
+fn the_zsh_completion_parses_and_offers_commands_the_flags_each_accepts_files_and_shells() {
+    if !zsh_present() {
+        return;
+    }
+    let out = baton("127.0.0.1:1", &["completions", "zsh"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(out.stdout.starts_with("#compdef baton\n"), "{}", out.stdout);
+    let cases = [
+        (
+            "baton ",
+            "acquire release run keep query status completions",
+        ),
+        (
+            "baton -",
+            "--servers -q --quiet --timeout --auth-file --tls --tls-ca --tls-cert --tls-key \
+             -h --help -V --version",
+        ),
+        (
+            "baton run k -",
+            "--servers --lease --wait -n --nonblock -q --quiet --timeout --auth-file --tls \
+             --tls-ca --tls-cert --tls-key",
+        ),
+        (
+            "baton --servers a:1 status -",
+            "--servers -q --quiet --timeout --auth-file --tls --tls-ca --tls-cert --tls-key",
+        ),
+        ("baton completions ", "bash zsh"),
+        ("baton --tls-ca /et", "(files)"),
+        ("baton acquire k --wait ", "(a value)"),
+        ("baton run k -- ls /et", "(normal at 2: ls /et)"),
+    ];
+    let lines: Vec<&str> = cases.iter().map(|(line, _)| *line).collect();
+    let got = complete_in(&["zsh", "-f"], ZSH_DRIVER, &lines);
+    assert_eq!(got.len(), cases.len(), "{got:?}");
+    for ((line, expected), got) in cases.iter().zip(&got) {
+        assert_eq!(got, expected, "{line:?}");
+    }
 }
 
 /// A lease or wait too long for the server is refused by it with the same

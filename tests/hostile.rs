@@ -31,8 +31,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use baton::protocol::{
-    self, Answer, Info, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE, Op, Parsed, Reason,
-    Request, Secret,
+    self, ANSWER_KINDS, Answer, AnswerKind, Info, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE,
+    OPS, Op, Parsed, Reason, Request, Secret,
 };
 use common::rng::Rng;
 use common::{
@@ -544,14 +544,10 @@ fn a_storm_of_random_and_almost_valid_lines_does_not_disturb_a_well_behaved_clie
 /// Random cases per property.
 const CASES: usize = 20_000;
 
-const OPS: [Op; 6] = [
-    Op::Acquire,
-    Op::Release,
-    Op::Keep,
-    Op::Query,
-    Op::Info,
-    Op::Auth,
-];
+/// Any op of the protocol's table.
+fn arbitrary_op(rng: &mut Rng) -> Op {
+    rng.pick(OPS).op
+}
 
 /// A `--max-lease` in milliseconds: the default, tiny ones, random ones and
 /// the largest the parser can take.
@@ -629,7 +625,7 @@ fn arbitrary_wait_ms(rng: &mut Rng, max_ms: u64) -> u64 {
 }
 
 fn arbitrary_request(rng: &mut Rng, max_ms: u64) -> Request {
-    match rng.pick(&OPS) {
+    match arbitrary_op(rng) {
         Op::Acquire => Request::Acquire {
             key: arbitrary_key(rng),
             lease_ms: arbitrary_lease_ms(rng, max_ms),
@@ -679,32 +675,32 @@ fn arbitrary_text(rng: &mut Rng, len: usize, exclude: char) -> String {
 /// An answer as the server may send it (the ambiguous `-` key is only
 /// written for "no key", as protocol.rs documents).
 fn arbitrary_answer(rng: &mut Rng) -> Answer {
-    match rng.below(9) {
-        0 => Answer::Granted {
+    match rng.pick(ANSWER_KINDS).kind {
+        AnswerKind::Granted => Answer::Granted {
             token: arbitrary_token(rng),
             key: arbitrary_key(rng),
             slot: (rng.below(2) == 0).then(|| rng.below(10_000) as u32),
         },
-        1 => Answer::Timeout {
+        AnswerKind::Timeout => Answer::Timeout {
             key: arbitrary_key(rng),
         },
-        2 => Answer::Released {
+        AnswerKind::Released => Answer::Released {
             key: arbitrary_key(rng),
         },
-        3 => Answer::NotHeld {
+        AnswerKind::NotHeld => Answer::NotHeld {
             key: arbitrary_key(rng),
         },
-        4 => Answer::Kept {
+        AnswerKind::Kept => Answer::Kept {
             key: arbitrary_key(rng),
         },
-        5 => Answer::Queried {
+        AnswerKind::Queried => Answer::Queried {
             key: arbitrary_key(rng),
             token: arbitrary_u64(rng),
             ms_left: arbitrary_u64(rng),
             waiting: arbitrary_u64(rng),
         },
-        6 => {
-            let op = *rng.pick(&OPS);
+        AnswerKind::Moved => {
+            let op = arbitrary_op(rng);
             let active = match rng.below(3) {
                 0 => None,
                 1 => Some(format!("127.0.0.1:{}", rng.between(1, 65535))),
@@ -713,14 +709,14 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
                     Some(arbitrary_text(rng, len, ' ')).filter(|host| host != "-")
                 }
             };
-            let key = (op != Op::Info && op != Op::Auth).then(|| arbitrary_key(rng));
+            let key = op.is_keyed().then(|| arbitrary_key(rng));
             Answer::Moved { active, op, key }
         }
-        7 => {
+        AnswerKind::Error => {
             let op = if rng.chance(1, 3) {
                 None
             } else {
-                Some(*rng.pick(&OPS))
+                Some(arbitrary_op(rng))
             };
             // Every reason, `Other` included, equally likely.
             let reason = if rng.chance(1, 16) {
@@ -728,11 +724,11 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
             } else {
                 *rng.pick(&KNOWN_REASONS)
             };
-            let no_key = matches!(op, None | Some(Op::Info | Op::Auth)) || reason == Reason::BadKey;
+            let no_key = !op.is_some_and(Op::is_keyed) || reason == Reason::BadKey;
             let key = (!no_key).then(|| arbitrary_key(rng));
             Answer::Error { op, key, reason }
         }
-        _ => {
+        AnswerKind::Info => {
             let mut pairs = Vec::new();
             for _ in 0..rng.below(13) {
                 let len = rng.between(1, 12) as usize;
@@ -750,6 +746,7 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
             }
             Answer::Info(Info::from_pairs(pairs))
         }
+        AnswerKind::AuthOk => Answer::AuthOk,
     }
 }
 
@@ -894,7 +891,7 @@ fn check_request_result(line: &[u8], result: &Result<Request, LineError>, max_ms
         Err(LineError::Refused { op, key, reason }) => {
             assert!(!reason.closes_connection(), "refused with {reason:?}");
             assert_eq!(line.first(), Some(&(op.as_char() as u8)), "{line:?}");
-            if *reason == Reason::BadKey || *op == Op::Info || *op == Op::Auth {
+            if *reason == Reason::BadKey || !op.is_keyed() {
                 assert_eq!(key, &None, "{reason:?} for {line:?} names no key");
             } else {
                 assert!(key.is_some(), "{reason:?} for {line:?} names its key");

@@ -849,8 +849,8 @@ impl Sim {
             .books
             .get_mut(&conn.0)
             .unwrap_or_else(|| panic!("node {i}: an answer to an unknown connection"));
-        let (op, key) = answered(&answer);
-        let pending = book.pending.entry((op, key.clone())).or_default();
+        let (op, key) = answer.request().expect("the core names the op");
+        let pending = book.pending.entry((op, key.cloned())).or_default();
         assert!(
             *pending > 0,
             "node {i}: connection {} got {answer:?} with no request pending",
@@ -960,20 +960,6 @@ impl Sim {
 
 fn unix_at(now: u64, skew_ms: i64) -> u64 {
     (UNIX_BASE + now).saturating_add_signed(skew_ms)
-}
-
-/// The (op, key) an answer belongs to.
-fn answered(answer: &Answer) -> (Op, Option<Key>) {
-    match answer {
-        Answer::Granted { key, .. } | Answer::Timeout { key } => (Op::Acquire, Some(key.clone())),
-        Answer::Released { key } | Answer::NotHeld { key } => (Op::Release, Some(key.clone())),
-        Answer::Kept { key } => (Op::Keep, Some(key.clone())),
-        Answer::Queried { key, .. } => (Op::Query, Some(key.clone())),
-        Answer::Moved { op, key, .. } => (*op, key.clone()),
-        Answer::Error { op, key, .. } => (op.expect("the core names the op"), key.clone()),
-        Answer::Info(_) => (Op::Info, None),
-        Answer::AuthOk => (Op::Auth, None),
-    }
 }
 
 /// One random run: faults for a while, then everything heals; the cluster

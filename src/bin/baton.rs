@@ -2,7 +2,8 @@
 //!
 //! Owns: the process — arguments (`baton/args.rs`), one command per run,
 //! the exit code, and the one-line messages on stderr (none for a busy key
-//! under `-q`). `run` lives in `baton/run.rs`. Logs of the library are off
+//! under `-q`). `run` lives in `baton/run.rs`, the shell completion
+//! scripts in `baton/complete.rs`. Logs of the library are off
 //! unless `RUST_LOG` asks.
 //!
 //! Never does: print anything but the token on stdout for `acquire`, or
@@ -10,12 +11,14 @@
 
 #[path = "baton/args.rs"]
 mod args;
+#[path = "baton/complete.rs"]
+mod complete;
 #[path = "baton/run.rs"]
 mod run;
 
 use std::process::ExitCode;
 
-use args::{Cli, Command, HELP};
+use args::{Cli, Command};
 use baton::client::{Client, Error, KeyStatus, ReleaseOutcome};
 
 /// Exit code for every failure but a timeout.
@@ -44,7 +47,11 @@ fn main() -> ExitCode {
 fn execute(mut cli: Cli) -> u8 {
     match cli.command {
         Command::Help => {
-            print!("{HELP}");
+            print!("{}", args::help());
+            return 0;
+        }
+        Command::Completions(shell) => {
+            print!("{}", complete::script(shell));
             return 0;
         }
         Command::Version => {
@@ -115,7 +122,7 @@ fn execute(mut cli: Cli) -> u8 {
             },
         ),
         Command::Status => status(&client, &cli.servers),
-        Command::Help | Command::Version => 0,
+        Command::Help | Command::Version | Command::Completions(_) => 0,
     }
 }
 

@@ -76,7 +76,11 @@ pub fn answer_budget(request: &Request, request_timeout: Duration) -> Option<Dur
     match request {
         Request::Acquire { wait_ms: 0, .. } => None,
         Request::Acquire { wait_ms, .. } => Some(Duration::from_millis(*wait_ms) + request_timeout),
-        _ => Some(request_timeout),
+        Request::Release { .. }
+        | Request::Keep { .. }
+        | Request::Query { .. }
+        | Request::Info
+        | Request::Auth { .. } => Some(request_timeout),
     }
 }
 

@@ -129,6 +129,7 @@ impl KeyStatus {
 /// `active`, `token`, `held`, `waiting`, `conns`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeInfo {
+    /// The `name=value` pairs, in the server's order.
     pub pairs: Vec<(String, String)>,
 }
 

@@ -51,18 +51,102 @@
 //! async runtime, or block forever — except an acquire asked to wait
 //! without limit, which waits as long as its connection lives.
 //!
-//! # Example
+//! # Examples
+//!
+//! Each needs a `batond` listening on 127.0.0.1:7373 (`cargo run
+//! --release --bin batond`); whole programs are in the crate's `examples/`
+//! directory.
+//!
+//! A client, built once and shared (clones share its connections):
 //!
 //! ```no_run
 //! use std::time::Duration;
 //! use baton::client::Client;
 //!
 //! # fn main() -> Result<(), baton::client::Error> {
-//! let client = Client::connect(["10.0.0.1:7373", "10.0.0.2:7373"])?;
+//! // Every node of the cluster, in any order: the client finds the active one.
+//! let client = Client::builder(["10.0.0.1:7373", "10.0.0.2:7373"])
+//!     .request_timeout(Duration::from_secs(3))
+//!     .connect()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Acquire and release, handing the fencing token to the resource:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use baton::client::Client;
+//!
+//! # fn main() -> Result<(), baton::client::Error> {
+//! # let client = Client::connect(["127.0.0.1:7373"])?;
 //! // Wait up to 10 s in line; the grant lasts 30 s unless released or kept.
 //! let grant = client.acquire("nightly-report", Duration::from_secs(30), Some(Duration::from_secs(10)))?;
 //! println!("got it, token {}", grant.token());
 //! client.release(&grant)?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A held lock, whose lease a background thread keeps alive until it is
+//! dropped, and which says at once when it is lost:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! # fn main() -> Result<(), baton::client::Error> {
+//! # let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+//! let held = client.hold("reindex", Duration::from_secs(10), None)?;
+//! while !held.is_lost() {
+//!     // ... one step of work, fenced with held.token() ...
+//! #   break;
+//! }
+//! drop(held); // released in the background
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Who holds a key:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), baton::client::Error> {
+//! # let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+//! let status = client.query("reindex")?;
+//! println!("free: {}, {} waiting", status.is_free(), status.waiting);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The same under an async runtime (here tokio):
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use baton::client::Client;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), baton::client::Error> {
+//! let client = Client::connect(["127.0.0.1:7373"])?;
+//! let guard = client.lock_async("invoices", Duration::from_secs(30), None).await?;
+//! println!("token {}", guard.token());
+//! guard.release_async().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A call that no server answers fails within its deadline, with an error
+//! that says so ([`Error::is_unreachable`]: trying again later may
+//! succeed). This one runs: nothing listens on the port it is given.
+//!
+//! ```
+//! use baton::client::{Client, Error};
+//!
+//! # fn main() -> Result<(), Error> {
+//! # let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port");
+//! # let nobody = format!("127.0.0.1:{port}");
+//! let client = Client::connect([nobody.as_str()])?; // connects in the background
+//! match client.query("job") {
+//!     Err(e) if e.is_unreachable() => eprintln!("no server answered: {e}"),
+//!     other => panic!("nothing listens there: {other:?}"),
+//! }
 //! # Ok(())
 //! # }
 //! ```
@@ -182,6 +266,17 @@ impl ClientBuilder {
     /// must be 16 to 128 bytes of printable ASCII without spaces
     /// ([`ClientBuilder::connect`] refuses anything else); it never shows
     /// in `Debug` output or errors.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // The first line of the file the servers' --auth-file lists.
+    /// let secret = std::fs::read_to_string("/etc/baton/client.secret")?;
+    /// let client = baton::client::Client::builder(["127.0.0.1:7373"])
+    ///     .auth(secret.trim())
+    ///     .connect()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn auth(mut self, secret: impl AsRef<[u8]>) -> ClientBuilder {
         self.auth = Some(Secret::new(secret.as_ref()));
         self
@@ -245,7 +340,19 @@ impl ClientBuilder {
 }
 
 /// Check and normalise server addresses: `host:port` (`host` alone gets
-/// port 7373), trimmed, duplicates dropped, at least one.
+/// port 7373), trimmed, duplicates dropped, at least one. [`Client::connect`]
+/// does this; it is public for tools that take an address list from a user
+/// and want to check it early.
+///
+/// ```
+/// use baton::client::parse_servers;
+///
+/// assert_eq!(
+///     parse_servers(&["lock-1", " lock-2:7000", "lock-1:7373", "[::1]"]),
+///     Ok(vec!["lock-1:7373".to_string(), "lock-2:7000".to_string(), "[::1]:7373".to_string()])
+/// );
+/// assert!(parse_servers(&["lock-1:http"]).is_err());
+/// ```
 pub fn parse_servers<S: AsRef<str>>(servers: &[S]) -> Result<Vec<String>, Error> {
     if servers.len() > pool::MAX_SERVERS {
         return Err(Error::InvalidArgument(format!(

@@ -28,25 +28,16 @@ pub enum Route {
     Fatal(Reason),
 }
 
-/// The (op, key) of the request an answer belongs to: `A` and `T` answer an
-/// `A` request, `R` and `N` an `R` request, `M` and `E` name their op, `K`,
-/// `Q`, `I` and `U` answer their own op.
+/// The (op, key) of the request an answer belongs to, as the protocol's
+/// [`Answer::request`] names it (`A` and `T` answer an `A` request, `R`
+/// and `N` an `R` request, `M` and `E` name their op, ...); `E - -` is
+/// about the connection.
 pub fn route(answer: &Answer) -> Route {
-    let keyed = |op, key: &Key| Route::Reply(op, Some(key.clone()));
-    match answer {
-        Answer::Granted { key, .. } | Answer::Timeout { key } => keyed(Op::Acquire, key),
-        Answer::Released { key } | Answer::NotHeld { key } => keyed(Op::Release, key),
-        Answer::Kept { key } => keyed(Op::Keep, key),
-        Answer::Queried { key, .. } => keyed(Op::Query, key),
-        Answer::Info(_) => Route::Reply(Op::Info, None),
-        Answer::AuthOk => Route::Reply(Op::Auth, None),
-        Answer::Moved { op, key, .. } => Route::Reply(*op, key.clone()),
-        Answer::Error {
-            op: Some(op), key, ..
-        } => Route::Reply(*op, key.clone()),
-        Answer::Error {
-            op: None, reason, ..
-        } => Route::Fatal(*reason),
+    match (answer.request(), answer) {
+        (Some((op, key)), _) => Route::Reply(op, key.cloned()),
+        (None, Answer::Error { reason, .. }) => Route::Fatal(*reason),
+        // `Answer::request` names a request for every other answer.
+        (None, _) => Route::Fatal(Reason::Other),
     }
 }
 

@@ -3,9 +3,10 @@
 //!
 //! Owns: [`Clock`], which the lock owner and the replication thread read
 //! once per round and pass, as a [`Now`], into the cores (which never read a
-//! clock themselves), and [`unix_ms`]. The I/O loops and the busy-poll
-//! windows read `Instant::now` directly for their own socket deadlines; no
-//! decision about locks or roles depends on those readings.
+//! clock themselves), and [`unix_ms`]. Each I/O loop keeps a `Clock` of
+//! its own for its connections' deadlines (passed in as a `Now`), and the
+//! busy-poll windows read `Instant::now` directly; no decision about locks
+//! or roles depends on those readings.
 //!
 //! Never does: sleep, or decide anything.
 

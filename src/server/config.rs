@@ -359,10 +359,16 @@ impl Config {
                 again.to_string_lossy()
             ));
         }
-        if !rest.is_empty() {
+        if let Some(word) = rest.first() {
+            let word = word.to_string_lossy();
+            if word.len() > 1 && word.starts_with('-') {
+                return Err(format!(
+                    "unknown flag {word}; accepted: {}, -h/--help, -V/--version",
+                    FLAGS.join(", ")
+                ));
+            }
             return Err(format!(
-                "unexpected argument '{}' (see --help)",
-                rest[0].to_string_lossy()
+                "unexpected argument '{word}': batond takes only flags (see --help)"
             ));
         }
         config.check()?;
@@ -766,7 +772,10 @@ mod tests {
                 &["--cluster-key-file"],
                 "--cluster-key-file: expected a value, got nothing",
             ),
-            (&["--bogus"], "unexpected argument '--bogus' (see --help)"),
+            (
+                &["stray"],
+                "unexpected argument 'stray': batond takes only flags (see --help)",
+            ),
             (&["--peers", "a:1,a:1"], "--peers: 'a:1' is listed twice"),
             (&["--peers", "nope"], "--peers: 'nope' is not host:port"),
         ];
@@ -800,6 +809,19 @@ mod tests {
         let c = config(&["--bind", "127.0.0.1", "--metrics", "127.0.0.2:7373"]);
         assert_eq!(c.metrics, Some("127.0.0.2:7373".parse().expect("addr")));
         assert!(parse(&["--port", "0", "--metrics", "127.0.0.1:0"]).is_ok());
+    }
+
+    #[test]
+    fn an_unknown_flag_is_named_with_every_flag_that_is_accepted() {
+        for unknown in ["--bogus", "-x", "--port=1"] {
+            let err = parse(&["--port", "1", unknown]).expect_err(unknown);
+            let accepted = format!("unknown flag {unknown}; accepted: --bind, --port, --peers, ");
+            assert!(err.starts_with(&accepted), "{err}");
+            assert!(err.ends_with(", --echo, -h/--help, -V/--version"), "{err}");
+            for flag in FLAGS {
+                assert!(err.contains(&format!(" {flag},")), "{flag}: {err}");
+            }
+        }
     }
 
     #[test]

@@ -13,10 +13,8 @@
 
 use std::fmt::Write as _;
 
-use crate::protocol::KNOWN_REASONS;
-use crate::server::core::counters::{
-    ANSWER_KINDS, BUCKETS_US, LatencySnapshot, OPS, REASONS, Snapshot,
-};
+use crate::protocol::{ANSWER_KINDS, AnswerKind, KNOWN_REASONS, OPS};
+use crate::server::core::counters::{BUCKETS_US, LatencySnapshot, REASONS, Snapshot};
 
 /// The longest request head taken (request line and headers).
 pub const MAX_REQUEST_BYTES: usize = 8192;
@@ -298,8 +296,9 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
         "counter",
         "Requests, by op (refused ones included).",
     );
-    for (i, (_, op)) in OPS.iter().enumerate() {
-        sample(o, "baton_requests_total", &[("op", op)], snap.requests[i]);
+    for spec in OPS {
+        let n = snap.requests[spec.op.index()];
+        sample(o, "baton_requests_total", &[("op", spec.label)], n);
     }
     family(
         o,
@@ -308,12 +307,12 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
         "Answers sent, by kind (the I/O loops' own errors included).",
     );
     let io_errors: u64 = io_refusals.iter().fold(0u64, |a, &b| a.saturating_add(b));
-    for (i, kind) in ANSWER_KINDS.iter().enumerate() {
-        let mut n = snap.answers[i];
-        if *kind == "error" {
+    for spec in ANSWER_KINDS {
+        let mut n = snap.answers[spec.kind.index()];
+        if spec.kind == AnswerKind::Error {
             n = n.saturating_add(io_errors);
         }
-        sample(o, "baton_answers_total", &[("kind", kind)], n);
+        sample(o, "baton_answers_total", &[("kind", spec.label)], n);
     }
     family(
         o,

@@ -1,10 +1,15 @@
-//! `baton`'s command line: turning arguments into a [`Cli`], with one clear
-//! message for anything wrong.
+//! `baton`'s command line: the table of its commands and flags, and
+//! turning arguments into a [`Cli`], with one clear message for anything
+//! wrong.
 //!
-//! Owns: flags (pico-args), their defaults — `--servers` from the flag, else
-//! `$BATON_SERVERS`, else `127.0.0.1:7373`; `--lease 30`; `--wait 0` (no
-//! limit); `-n` (the shortest wait the wire allows, 1 ms); `--timeout 5` —
-//! and the help text. Runs once on the main thread. Seconds have no upper
+//! Owns: [`COMMANDS`] and [`FLAGS`], the one description of the command
+//! line — the parser reads exactly the flags of [`FLAGS`], where they say
+//! they are accepted, and `--help` ([`help`]) and the shell completions
+//! (`baton/complete.rs`) are generated from the same two tables, so none
+//! can name a flag the others do not. Also the defaults — `--servers` from
+//! the flag, else `$BATON_SERVERS`, else `127.0.0.1:7373`; `--lease 30`;
+//! `--wait 0` (no limit); `-n` (the shortest wait the wire allows, 1 ms);
+//! `--timeout 5`. Runs once on the main thread. Seconds have no upper
 //! bound here: a well-formed number too large for a u64 of milliseconds is
 //! read as the largest, and the server answers `lease-too-long` or
 //! `wait-too-long` as it does for any lease or wait above its maximum.
@@ -28,89 +33,349 @@ pub const DEFAULT_LEASE_MS: u64 = 30_000;
 /// limit), so a key that is held is answered `T` a millisecond later.
 pub const NONBLOCK_WAIT: Duration = Duration::from_millis(1);
 
-/// The help text of `baton --help`.
-pub const HELP: &str = "\
-baton: the command-line client of the baton lock server
+/// One command of `baton`.
+#[derive(Debug)]
+pub struct Sub {
+    /// The word that names it.
+    pub name: &'static str,
+    /// Its usage line in `--help`, after `baton `.
+    pub usage: &'static str,
+    /// One line, for completion menus.
+    pub summary: &'static str,
+    /// Its text in `--help`, wrapped: continuation lines are indented to
+    /// the text's column when printed.
+    pub help: &'static str,
+}
 
-USAGE:
-  baton [FLAGS] acquire KEY [--lease S] [--wait S | -n]
-  baton [FLAGS] release KEY TOKEN
-  baton [FLAGS] run KEY [--lease S] [--wait S | -n] -- COMMAND [ARGS...]
-  baton [FLAGS] keep KEY TOKEN [--lease S]
-  baton [FLAGS] query KEY
-  baton [FLAGS] status
-  baton --version
+/// What a flag takes after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Takes {
+    /// Nothing: a switch.
+    Nothing,
+    /// A number of seconds (`S`).
+    Seconds,
+    /// A comma-separated list of `host:port` (`LIST`).
+    Servers,
+    /// A file (`PATH`).
+    Path,
+}
 
-COMMANDS:
-  acquire   wait for KEY, print its fencing token; the key stays held until
-            `baton release` or until the lease runs out
-  release   release the grant TOKEN of KEY
-  run       hold KEY while COMMAND runs: COMMAND gets BATON_KEY and
-            BATON_TOKEN, the lease is kept alive (every third of it), the key
-            is released when COMMAND exits, and baton exits with its code;
-            if the key is lost, COMMAND gets SIGTERM (SIGKILL 10 s later)
-  keep      extend the lease of the grant TOKEN of KEY to now + --lease
-  query     print who holds KEY: `held TOKEN SECONDS_LEFT WAITING`, or
-            `free 0 0 WAITING`
-  status    print each server's role, active node and counts
+impl Takes {
+    /// The value's name in `--help`.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Takes::Nothing => None,
+            Takes::Seconds => Some("S"),
+            Takes::Servers => Some("LIST"),
+            Takes::Path => Some("PATH"),
+        }
+    }
+}
 
-FLAGS:
-  --servers LIST  servers, comma-separated (default: $BATON_SERVERS, else
-                  127.0.0.1:7373)
-  --lease S       seconds the grant lasts if not released or kept (default 30;
-                  decimals allowed: 0.5)
-  --wait S        most seconds to wait in line; 0 waits without limit
-                  (default 0)
-  -n, --nonblock  do not wait in line: take the key only if it is free now
-                  (exit 75 when it is not)
-  -q, --quiet     print nothing when the key is busy (the exit code is still
-                  75)
-  --timeout S     seconds each server has to answer a request (default 5)
-  --auth-file PATH
-                  authenticate with the first secret in PATH (the servers'
-                  --auth-file format: one secret per line, blank and '#'
-                  lines ignored) (default: $BATON_AUTH_FILE, else none)
-  --tls           speak TLS, trusting the system's CAs
-  --tls-ca PATH   speak TLS, trusting the CA certificates in this PEM file
-                  (default: $BATON_TLS_CA; either one turns TLS on)
-  --tls-cert PATH, --tls-key PATH
-                  a client certificate and key (PEM) for servers that ask for
-                  one (batond --tls-client-ca); turns TLS on
-  -h, --help      print this help
-  -V, --version   print the version
+/// Where a flag is accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// With every command, before or after it.
+    Global,
+    /// Only with these commands.
+    Only(&'static [&'static str]),
+    /// Alone: it ends the parse at once (`--help`, `--version`).
+    Alone,
+}
 
-EXIT STATUS:
-  0 success; 1 error (unreachable, refused, not held, key lost); 2 bad usage;
-  75 the key was not granted within --wait (or at once with -n). `run` exits with COMMAND's code
-  (128 + N when it is killed by signal N; 126/127 when it cannot start).
-";
+/// One flag of `baton`.
+#[derive(Debug)]
+pub struct Flag {
+    /// `--name`.
+    pub long: &'static str,
+    /// `-x`, if it has one.
+    pub short: Option<&'static str>,
+    /// What follows it.
+    pub takes: Takes,
+    /// Where it is accepted.
+    pub scope: Scope,
+    /// One line, for completion menus.
+    pub summary: &'static str,
+    /// Its text in `--help`, wrapped as [`Sub::help`].
+    pub help: &'static str,
+}
+
+impl Flag {
+    /// Its spellings: the short one first.
+    pub fn spellings(&self) -> impl Iterator<Item = &'static str> {
+        self.short.into_iter().chain([self.long])
+    }
+
+    /// How messages name it: `--lease`, `-n/--nonblock`.
+    pub fn shown(&self) -> String {
+        match self.short {
+            Some(short) => format!("{short}/{}", self.long),
+            None => self.long.to_string(),
+        }
+    }
+
+    /// Whether `command` accepts it.
+    pub fn accepted_by(&self, command: &str) -> bool {
+        match self.scope {
+            Scope::Global | Scope::Alone => true,
+            Scope::Only(commands) => commands.contains(&command),
+        }
+    }
+}
+
+/// The commands, in the order `--help` lists them.
+pub const COMMANDS: [Sub; 7] = [
+    Sub {
+        name: "acquire",
+        usage: "[FLAGS] acquire KEY [--lease S] [--wait S | -n]",
+        summary: "wait for KEY and print its fencing token",
+        help: "wait for KEY, print its fencing token; the key stays held until\n\
+               `baton release` or until the lease runs out",
+    },
+    Sub {
+        name: "release",
+        usage: "[FLAGS] release KEY TOKEN",
+        summary: "release the grant TOKEN of KEY",
+        help: "release the grant TOKEN of KEY",
+    },
+    Sub {
+        name: "run",
+        usage: "[FLAGS] run KEY [--lease S] [--wait S | -n] -- COMMAND [ARGS...]",
+        summary: "hold KEY while a command runs",
+        help: "hold KEY while COMMAND runs: COMMAND gets BATON_KEY and\n\
+               BATON_TOKEN, the lease is kept alive (every third of it), the key\n\
+               is released when COMMAND exits, and baton exits with its code;\n\
+               if the key is lost, COMMAND gets SIGTERM (SIGKILL 10 s later)",
+    },
+    Sub {
+        name: "keep",
+        usage: "[FLAGS] keep KEY TOKEN [--lease S]",
+        summary: "extend the lease of the grant TOKEN of KEY",
+        help: "extend the lease of the grant TOKEN of KEY to now + --lease",
+    },
+    Sub {
+        name: "query",
+        usage: "[FLAGS] query KEY",
+        summary: "print who holds KEY",
+        help: "print who holds KEY: `held TOKEN SECONDS_LEFT WAITING`, or\n\
+               `free 0 0 WAITING`",
+    },
+    Sub {
+        name: "status",
+        usage: "[FLAGS] status",
+        summary: "print each server's role, active node and counts",
+        help: "print each server's role, active node and counts",
+    },
+    Sub {
+        name: "completions",
+        usage: "completions bash|zsh",
+        summary: "print a shell completion script",
+        help: "print a completion script for bash or zsh: load it with\n\
+               `source <(baton completions bash)`, or install it (see the\n\
+               comment at its top)",
+    },
+];
+
+/// The shells `baton completions` writes a script for.
+pub const SHELLS: [&str; 2] = ["bash", "zsh"];
+
+const SERVERS: Flag = Flag {
+    long: "--servers",
+    short: None,
+    takes: Takes::Servers,
+    scope: Scope::Global,
+    summary: "servers, comma-separated host:port",
+    help: "servers, comma-separated (default: $BATON_SERVERS, else\n\
+           127.0.0.1:7373)",
+};
+const LEASE: Flag = Flag {
+    long: "--lease",
+    short: None,
+    takes: Takes::Seconds,
+    scope: Scope::Only(&["acquire", "run", "keep"]),
+    summary: "seconds the grant lasts (default 30)",
+    help: "seconds the grant lasts if not released or kept (default 30;\n\
+           decimals allowed: 0.5)",
+};
+const WAIT: Flag = Flag {
+    long: "--wait",
+    short: None,
+    takes: Takes::Seconds,
+    scope: Scope::Only(&["acquire", "run"]),
+    summary: "most seconds to wait in line (0: no limit)",
+    help: "most seconds to wait in line; 0 waits without limit\n\
+           (default 0)",
+};
+const NONBLOCK: Flag = Flag {
+    long: "--nonblock",
+    short: Some("-n"),
+    takes: Takes::Nothing,
+    scope: Scope::Only(&["acquire", "run"]),
+    summary: "take the key only if it is free now",
+    help: "do not wait in line: take the key only if it is free now\n\
+           (exit 75 when it is not)",
+};
+const QUIET: Flag = Flag {
+    long: "--quiet",
+    short: Some("-q"),
+    takes: Takes::Nothing,
+    scope: Scope::Global,
+    summary: "print nothing when the key is busy",
+    help: "print nothing when the key is busy (the exit code is still\n\
+           75)",
+};
+const TIMEOUT: Flag = Flag {
+    long: "--timeout",
+    short: None,
+    takes: Takes::Seconds,
+    scope: Scope::Global,
+    summary: "seconds each server has to answer (default 5)",
+    help: "seconds each server has to answer a request (default 5)",
+};
+const AUTH_FILE: Flag = Flag {
+    long: "--auth-file",
+    short: None,
+    takes: Takes::Path,
+    scope: Scope::Global,
+    summary: "authenticate with the first secret in this file",
+    help: "authenticate with the first secret in PATH (the servers'\n\
+           --auth-file format: one secret per line, blank and '#'\n\
+           lines ignored) (default: $BATON_AUTH_FILE, else none)",
+};
+const TLS: Flag = Flag {
+    long: "--tls",
+    short: None,
+    takes: Takes::Nothing,
+    scope: Scope::Global,
+    summary: "speak TLS, trusting the system's CAs",
+    help: "speak TLS, trusting the system's CAs",
+};
+const TLS_CA: Flag = Flag {
+    long: "--tls-ca",
+    short: None,
+    takes: Takes::Path,
+    scope: Scope::Global,
+    summary: "speak TLS, trusting the CAs in this PEM file",
+    help: "speak TLS, trusting the CA certificates in this PEM file\n\
+           (default: $BATON_TLS_CA; either one turns TLS on)",
+};
+const TLS_CERT: Flag = Flag {
+    long: "--tls-cert",
+    short: None,
+    takes: Takes::Path,
+    scope: Scope::Global,
+    summary: "a client certificate (PEM), with --tls-key",
+    help: "a client certificate (PEM) for servers that ask for one\n\
+           (batond --tls-client-ca), with --tls-key; turns TLS on",
+};
+const TLS_KEY: Flag = Flag {
+    long: "--tls-key",
+    short: None,
+    takes: Takes::Path,
+    scope: Scope::Global,
+    summary: "the private key (PEM) of --tls-cert",
+    help: "the private key (PEM) of --tls-cert",
+};
+const HELP: Flag = Flag {
+    long: "--help",
+    short: Some("-h"),
+    takes: Takes::Nothing,
+    scope: Scope::Alone,
+    summary: "print the help",
+    help: "print this help",
+};
+const VERSION: Flag = Flag {
+    long: "--version",
+    short: Some("-V"),
+    takes: Takes::Nothing,
+    scope: Scope::Alone,
+    summary: "print the version",
+    help: "print the version",
+};
+
+/// Every flag `baton` reads before `--`, in the order `--help` lists
+/// them. Each may be given once: a second one is an error that names it.
+pub const FLAGS: [&Flag; 13] = [
+    &SERVERS, &LEASE, &WAIT, &NONBLOCK, &QUIET, &TIMEOUT, &AUTH_FILE, &TLS, &TLS_CA, &TLS_CERT,
+    &TLS_KEY, &HELP, &VERSION,
+];
+
+/// The column the text of a command starts at in `--help`.
+const COMMAND_COLUMN: usize = 12;
+/// The column the text of a flag starts at in `--help`.
+const FLAG_COLUMN: usize = 18;
+
+/// The help text of `baton --help`, made from [`COMMANDS`] and [`FLAGS`].
+pub fn help() -> String {
+    let mut out =
+        String::from("baton: the command-line client of the baton lock server\n\nUSAGE:\n");
+    for sub in &COMMANDS {
+        out.push_str(&format!("  baton {}\n", sub.usage));
+    }
+    out.push_str("  baton --version\n\nCOMMANDS:\n");
+    for sub in &COMMANDS {
+        entry(&mut out, sub.name, sub.help, COMMAND_COLUMN);
+    }
+    out.push_str("\nFLAGS:\n");
+    for flag in FLAGS {
+        let mut left = flag.spellings().collect::<Vec<_>>().join(", ");
+        if let Some(value) = flag.takes.name() {
+            left = format!("{left} {value}");
+        }
+        entry(&mut out, &left, flag.help, FLAG_COLUMN);
+    }
+    out.push_str(
+        "\nEXIT STATUS:\n  \
+         0 success; 1 error (unreachable, refused, not held, key lost); 2 bad usage;\n  \
+         75 the key was not granted within --wait (or at once with -n). `run` exits\n  \
+         with COMMAND's code (128 + N when it is killed by signal N; 126/127 when it\n  \
+         cannot start).\n",
+    );
+    out
+}
+
+/// `  left  text`, the text at `column` (on the next line when `left` is
+/// too wide), its continuation lines indented to the same column.
+fn entry(out: &mut String, left: &str, text: &str, column: usize) {
+    let pad = column.saturating_sub(2 + left.len());
+    if pad >= 2 {
+        out.push_str(&format!("  {left}{}", " ".repeat(pad)));
+    } else {
+        out.push_str(&format!("  {left}\n{}", " ".repeat(column)));
+    }
+    let mut lines = text.lines();
+    out.push_str(lines.next().unwrap_or(""));
+    out.push('\n');
+    for line in lines {
+        out.push_str(&format!("{}{}\n", " ".repeat(column), line.trim_start()));
+    }
+}
+
+/// `acquire, release, ... or completions`: the commands, for messages.
+fn command_list() -> String {
+    let names: Vec<&str> = COMMANDS.iter().map(|sub| sub.name).collect();
+    listed(&names, "or")
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn listed(items: &[&str], last: &str) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [init @ .., end] => format!("{} {last} {end}", init.join(", ")),
+    }
+}
+
+/// What `baton` accepts, for the message about a flag it does not know.
+fn accepted_flags() -> String {
+    let shown: Vec<String> = FLAGS.iter().map(|flag| flag.shown()).collect();
+    shown.join(", ")
+}
 
 // What each numeric flag accepts, as its error message says it.
 const EXPECT_LEASE: &str = "seconds above 0, with up to 3 decimals (like 30 or 0.5)";
 const EXPECT_WAIT: &str = "seconds, with up to 3 decimals (like 10 or 0.5; 0 waits without limit)";
 const EXPECT_TIMEOUT: &str = "seconds above 0, with up to 3 decimals (like 5 or 0.5)";
-
-/// Every flag `baton` reads before `--` but `--help` and `--version`
-/// (which end the parse at once), with both spellings of the short ones.
-/// Each may be given once: a second one is an error that names it.
-const FLAGS: [&str; 13] = [
-    "--servers",
-    "--timeout",
-    "-q",
-    "--quiet",
-    "--auth-file",
-    "--tls",
-    "--tls-ca",
-    "--tls-cert",
-    "--tls-key",
-    "--lease",
-    "--wait",
-    "-n",
-    "--nonblock",
-];
-
-/// The commands, for messages.
-const COMMANDS: &str = "acquire, release, run, keep, query or status";
 
 /// What the command line asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,13 +404,27 @@ pub enum Command {
         key: Vec<u8>,
     },
     Status,
+    /// `completions SHELL`: one of [`SHELLS`].
+    Completions(&'static str),
     Help,
     Version,
+}
+
+impl Command {
+    /// Whether it talks to the servers (else `--servers` and
+    /// `$BATON_SERVERS` are not looked at).
+    pub fn needs_servers(&self) -> bool {
+        !matches!(
+            self,
+            Command::Completions(_) | Command::Help | Command::Version
+        )
+    }
 }
 
 /// The parsed command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Cli {
+    /// Empty when the command talks to no server.
     pub servers: Vec<String>,
     /// `--timeout`: the time a server has to answer one request.
     pub timeout: Option<Duration>,
@@ -168,6 +447,85 @@ pub struct TlsFlags {
     pub cert_key: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
+/// The flags given (each read once, by [`FLAGS`]), with their values.
+struct Given {
+    flags: Vec<(&'static str, Option<OsString>)>,
+}
+
+impl Given {
+    /// Take every flag of [`FLAGS`] but `--help` and `--version` out of
+    /// `args`: the first occurrence of each (a second is left in `args`).
+    fn read(args: &mut pico_args::Arguments) -> Result<Given, String> {
+        let mut flags = Vec::new();
+        for flag in FLAGS.iter().filter(|f| f.scope != Scope::Alone) {
+            if flag.takes == Takes::Nothing {
+                if present(args, flag) {
+                    flags.push((flag.long, None));
+                }
+                continue;
+            }
+            let value = match flag.short {
+                Some(short) => args.opt_value_from_os_str([short, flag.long], os_string),
+                None => args.opt_value_from_os_str(flag.long, os_string),
+            };
+            let what = match flag.takes {
+                Takes::Path => "a path",
+                _ => "a value",
+            };
+            match value {
+                Ok(Some(v)) if v.is_empty() && flag.takes == Takes::Path => {
+                    return Err(format!("{}: expected {what}, got ''", flag.long));
+                }
+                Ok(Some(v)) => flags.push((flag.long, Some(v))),
+                Ok(None) => {}
+                Err(_) => return Err(format!("{}: expected {what}, got nothing", flag.long)),
+            }
+        }
+        Ok(Given { flags })
+    }
+
+    fn has(&self, flag: &Flag) -> bool {
+        self.lookup(flag).is_some()
+    }
+
+    /// The value of a flag that takes one, as text.
+    fn text(&self, flag: &Flag) -> Result<Option<String>, String> {
+        match self.lookup(flag).and_then(|(_, v)| v.as_ref()) {
+            None => Ok(None),
+            Some(v) => v.to_str().map(|v| Some(v.to_string())).ok_or_else(|| {
+                format!("{}: not valid UTF-8: '{}'", flag.long, v.to_string_lossy())
+            }),
+        }
+    }
+
+    fn path(&self, flag: &Flag) -> Option<PathBuf> {
+        self.lookup(flag)
+            .and_then(|(_, v)| v.clone())
+            .map(PathBuf::from)
+    }
+
+    fn lookup(&self, flag: &Flag) -> Option<&(&'static str, Option<OsString>)> {
+        debug_assert!(
+            FLAGS.iter().any(|f| f.long == flag.long),
+            "{} is read through FLAGS",
+            flag.long
+        );
+        self.flags.iter().find(|(long, _)| *long == flag.long)
+    }
+}
+
+fn os_string(value: &std::ffi::OsStr) -> Result<OsString, std::convert::Infallible> {
+    Ok(value.to_os_string())
+}
+
+/// Takes `flag` out of `args` if it is there (either spelling).
+fn present(args: &mut pico_args::Arguments, flag: &Flag) -> bool {
+    match flag.short {
+        Some(short) => args.contains([short, flag.long]),
+        None => args.contains(flag.long),
+    }
+}
+
 /// Flags of `acquire`, `run` and `keep`.
 struct Timing {
     lease: Option<String>,
@@ -180,11 +538,8 @@ struct Timing {
 pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, String> {
     let (ours, command) = split_at_dashes(args);
     let mut args = pico_args::Arguments::from_vec(ours);
-    for (flags, command) in [
-        (["-h", "--help"], Command::Help),
-        (["-V", "--version"], Command::Version),
-    ] {
-        if args.contains(flags) {
+    for (flag, command) in [(&HELP, Command::Help), (&VERSION, Command::Version)] {
+        if present(&mut args, flag) {
             return Ok(Cli {
                 servers: Vec::new(),
                 timeout: None,
@@ -195,95 +550,65 @@ pub fn parse(args: Vec<OsString>, env_servers: Option<&str>) -> Result<Cli, Stri
             });
         }
     }
-    let flag = |e: pico_args::Error| match e {
-        pico_args::Error::OptionWithoutAValue(name) => {
-            format!("{name}: expected a value, got nothing")
-        }
-        e => e.to_string(),
-    };
-    let servers: Option<String> = args.opt_value_from_str("--servers").map_err(flag)?;
-    let timeout: Option<String> = args.opt_value_from_str("--timeout").map_err(flag)?;
-    let quiet = args.contains(["-q", "--quiet"]);
-    let auth_file = args
-        .opt_value_from_os_str("--auth-file", |s| {
-            Ok::<_, std::convert::Infallible>(PathBuf::from(s))
-        })
-        .map_err(flag)?;
-    let tls = read_tls_flags(&mut args)?;
-    let timing = Timing {
-        lease: args.opt_value_from_str("--lease").map_err(flag)?,
-        wait: args.opt_value_from_str("--wait").map_err(flag)?,
-        nonblock: args.contains(["-n", "--nonblock"]),
-    };
+    let given = Given::read(&mut args)?;
     // Each flag read took its first occurrence: one still left was given
     // again.
     let words = args.finish();
-    if let Some(again) = words.iter().find(|w| FLAGS.iter().any(|f| *w == *f)) {
+    let spelled = |w: &OsString| FLAGS.iter().flat_map(|f| f.spellings()).any(|s| w == s);
+    if let Some(again) = words.iter().find(|w| spelled(w)) {
         return Err(format!(
             "{}: given more than once; give it once",
             again.to_string_lossy()
         ));
     }
     if let Some(unknown) = words.iter().find(|w| is_flag(w)) {
-        return Err(format!("unknown flag {}", unknown.to_string_lossy()));
+        return Err(format!(
+            "unknown flag {}; accepted: {}",
+            unknown.to_string_lossy(),
+            accepted_flags()
+        ));
     }
-    let tls = tls.check()?;
-    let servers = choose_servers(servers.as_deref(), env_servers)?;
-    let timeout = timeout.as_deref().map(read_timeout).transpose()?;
-    let command = command_from(words, timing, command)?;
+    let tls = TlsFlags::from_given(&given)?;
+    let timeout = given
+        .text(&TIMEOUT)?
+        .as_deref()
+        .map(read_timeout)
+        .transpose()?;
+    let timing = Timing {
+        lease: given.text(&LEASE)?,
+        wait: given.text(&WAIT)?,
+        nonblock: given.has(&NONBLOCK),
+    };
+    let command = command_from(words, &given, timing, command)?;
+    let servers = match command.needs_servers() {
+        true => choose_servers(given.text(&SERVERS)?.as_deref(), env_servers)?,
+        false => Vec::new(),
+    };
     Ok(Cli {
         servers,
         timeout,
-        quiet,
-        auth_file,
+        quiet: given.has(&QUIET),
+        auth_file: given.path(&AUTH_FILE),
         tls,
         command,
     })
 }
 
-/// The TLS flags as given, before they are checked together (after every
-/// flag is read, so that a repeated one is named as such first).
-struct TlsGiven {
-    on: bool,
-    ca: Option<PathBuf>,
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-}
-
-impl TlsGiven {
-    fn check(self) -> Result<TlsFlags, String> {
-        let cert_key = match (self.cert, self.key) {
+impl TlsFlags {
+    /// The TLS flags given, checked together.
+    fn from_given(given: &Given) -> Result<TlsFlags, String> {
+        let ca = given.path(&TLS_CA);
+        let cert_key = match (given.path(&TLS_CERT), given.path(&TLS_KEY)) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,
             _ => return Err("--tls-cert and --tls-key go together".into()),
         };
         Ok(TlsFlags {
-            on: self.on || self.ca.is_some() || cert_key.is_some(),
-            ca: self.ca,
+            on: given.has(&TLS) || ca.is_some() || cert_key.is_some(),
+            ca,
             cert_key,
         })
     }
-}
-
-fn read_tls_flags(args: &mut pico_args::Arguments) -> Result<TlsGiven, String> {
-    let on = args.contains("--tls");
-    let mut path = |name: &'static str| {
-        let value = args
-            .opt_value_from_os_str(name, |v| {
-                Ok::<_, std::convert::Infallible>(v.to_os_string())
-            })
-            .map_err(|_| format!("{name}: expected a path, got nothing"))?;
-        match value {
-            Some(v) if v.is_empty() => Err(format!("{name}: expected a path, got ''")),
-            v => Ok(v.map(PathBuf::from)),
-        }
-    };
-    Ok(TlsGiven {
-        ca: path("--tls-ca")?,
-        cert: path("--tls-cert")?,
-        key: path("--tls-key")?,
-        on,
-    })
 }
 
 fn read_timeout(text: &str) -> Result<Duration, String> {
@@ -326,28 +651,33 @@ fn choose_servers(flag: Option<&str>, env: Option<&str>) -> Result<Vec<String>, 
 
 fn command_from(
     words: Vec<OsString>,
+    given: &Given,
     timing: Timing,
     after_dashes: Option<Vec<OsString>>,
 ) -> Result<Command, String> {
     let mut words = words.into_iter();
     let Some(name) = words.next() else {
-        return Err(format!("no command given: {COMMANDS}"));
+        return Err(format!("no command given: {}", command_list()));
     };
     let name = name.to_string_lossy().into_owned();
+    if !COMMANDS.iter().any(|sub| sub.name == name) {
+        return Err(format!("unknown command `{name}`: {}", command_list()));
+    }
     let rest: Vec<OsString> = words.collect();
     if name != "run" && after_dashes.is_some() {
         return Err(format!("`--` is only for `run`, not `{name}`"));
     }
-    let waits = matches!(name.as_str(), "acquire" | "run");
-    if !waits && (timing.wait.is_some() || timing.nonblock) {
-        return Err(format!(
-            "--wait and -n are for acquire and run, not `{name}`"
-        ));
-    }
-    if !waits && name != "keep" && timing.lease.is_some() {
-        return Err(format!(
-            "--lease is for acquire, run and keep, not `{name}`"
-        ));
+    for flag in FLAGS {
+        if let Scope::Only(commands) = flag.scope
+            && given.has(flag)
+            && !flag.accepted_by(&name)
+        {
+            return Err(format!(
+                "{} is for {}, not `{name}`",
+                flag.shown(),
+                listed(commands, "and")
+            ));
+        }
     }
     if timing.nonblock && timing.wait.is_some() {
         return Err("give either --wait or -n, not both".into());
@@ -389,7 +719,18 @@ fn command_from(
             let [] = positional(rest, [], &name)?;
             Ok(Command::Status)
         }
-        other => Err(format!("unknown command `{other}`: {COMMANDS}")),
+        "completions" => {
+            let [shell] = positional(rest, ["SHELL"], &name)?;
+            let shell = shell.to_string_lossy();
+            match SHELLS.iter().find(|s| **s == shell) {
+                Some(shell) => Ok(Command::Completions(shell)),
+                None => Err(format!(
+                    "no completions for `{shell}`: {}",
+                    listed(&SHELLS, "or")
+                )),
+            }
+        }
+        other => Err(format!("unknown command `{other}`: {}", command_list())),
     }
 }
 
@@ -735,26 +1076,160 @@ mod tests {
         }
     }
 
+    /// A value `flag` accepts.
+    fn value_of(flag: &Flag) -> Option<&'static str> {
+        match flag.takes {
+            Takes::Nothing => None,
+            Takes::Seconds => Some("1"),
+            Takes::Servers => Some("a:1"),
+            Takes::Path => Some("/f"),
+        }
+    }
+
+    /// A valid command line of `command`, with `extra` flags before it.
+    fn line_of<'a>(command: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = extra.to_vec();
+        args.push(command);
+        args.extend(match command {
+            "acquire" | "query" => &["k"][..],
+            "release" | "keep" => &["k", "1"],
+            "run" => &["k", "--", "true"],
+            "completions" => &["bash"],
+            _ => &[],
+        });
+        args
+    }
+
+    #[test]
+    fn every_flag_of_the_table_is_parsed_where_it_says_and_refused_elsewhere() {
+        for flag in FLAGS {
+            for spelling in flag.spellings() {
+                let mut given = vec![spelling];
+                given.extend(value_of(flag));
+                // The two halves of a client certificate go together.
+                match flag.long {
+                    "--tls-cert" => given.extend(["--tls-key", "/k"]),
+                    "--tls-key" => given.extend(["--tls-cert", "/c"]),
+                    _ => {}
+                }
+                for sub in &COMMANDS {
+                    let parsed = parse_with(&line_of(sub.name, &given), None);
+                    match flag.scope {
+                        Scope::Alone => {
+                            let alone = if flag.long == "--help" {
+                                Command::Help
+                            } else {
+                                Command::Version
+                            };
+                            assert_eq!(parsed.map(|cli| cli.command), Ok(alone), "{spelling}");
+                        }
+                        _ if flag.accepted_by(sub.name) => {
+                            assert!(parsed.is_ok(), "{spelling} {}: {parsed:?}", sub.name);
+                        }
+                        Scope::Only(commands) => assert_eq!(
+                            parsed.map(|cli| cli.command),
+                            Err(format!(
+                                "{} is for {}, not `{}`",
+                                flag.shown(),
+                                listed(commands, "and"),
+                                sub.name
+                            )),
+                        ),
+                        Scope::Global => unreachable!("a global flag is accepted everywhere"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn help_lists_every_command_and_every_flag_of_the_tables() {
+        let help = help();
+        for sub in &COMMANDS {
+            assert!(
+                help.contains(&format!("  baton {}\n", sub.usage)),
+                "{}",
+                sub.name
+            );
+            assert!(
+                help.contains(&format!("\n  {}  ", sub.name))
+                    || help.contains(&format!("\n  {}\n", sub.name)),
+                "{}",
+                sub.name
+            );
+        }
+        for flag in FLAGS {
+            for spelling in flag.spellings() {
+                assert!(help.contains(spelling), "--help lists {spelling}");
+            }
+        }
+        // Every line fits 80 columns.
+        for line in help.lines() {
+            assert!(line.len() <= 80, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_flag_is_named_with_every_flag_that_is_accepted() {
+        let err = parse_with(&["acquire", "k", "--leas", "3"], None).expect_err("unknown");
+        assert_eq!(
+            err,
+            "unknown flag --leas; accepted: --servers, --lease, --wait, -n/--nonblock, \
+             -q/--quiet, --timeout, --auth-file, --tls, --tls-ca, --tls-cert, --tls-key, \
+             -h/--help, -V/--version"
+        );
+        for flag in FLAGS {
+            assert!(err.contains(&flag.shown()), "{}", flag.long);
+        }
+    }
+
+    #[test]
+    fn completions_takes_a_shell_and_looks_at_no_server() {
+        for shell in SHELLS {
+            let cli =
+                parse_with(&["completions", shell], Some("not a server list")).expect("valid");
+            assert_eq!(cli.command, Command::Completions(shell));
+            assert!(cli.servers.is_empty());
+        }
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["completions"],
+                "missing SHELL; usage: baton completions SHELL",
+            ),
+            (
+                &["completions", "fish"],
+                "no completions for `fish`: bash or zsh",
+            ),
+            (
+                &["completions", "bash", "zsh"],
+                "unexpected argument \"zsh\"",
+            ),
+            (
+                &["completions", "bash", "--wait", "1"],
+                "--wait is for acquire and run, not `completions`",
+            ),
+        ];
+        for (args, expected) in cases {
+            let err = parse_with(args, None).expect_err("a mistake");
+            assert!(err.starts_with(expected), "{args:?}: {err}");
+        }
+    }
+
     #[test]
     fn a_flag_given_twice_is_an_error_that_names_it() {
-        let value = |flag: &str| match flag {
-            "--servers" => Some("a:1"),
-            "-q" | "--quiet" | "--tls" | "-n" | "--nonblock" => None,
-            f if f.starts_with("--tls") || f == "--auth-file" => Some("/f"),
-            _ => Some("1"),
-        };
-        for flag in FLAGS {
-            let mut args = vec![flag];
-            args.extend(value(flag));
-            let once = args.clone();
-            args.extend(once.iter().copied());
-            args.extend(["acquire", "k"]);
-            assert_eq!(
-                parse_with(&args, None).map(|cli| cli.command),
-                Err(format!("{flag}: given more than once; give it once")),
-                "{args:?}"
-            );
-            assert!(HELP.contains(flag), "--help lists {flag}");
+        for flag in FLAGS.iter().filter(|f| f.scope != Scope::Alone) {
+            for spelling in flag.spellings() {
+                let mut args = vec![spelling];
+                args.extend(value_of(flag));
+                let once = args.clone();
+                args.extend(once.iter().copied());
+                args.extend(["acquire", "k"]);
+                assert_eq!(
+                    parse_with(&args, None).map(|cli| cli.command),
+                    Err(format!("{spelling}: given more than once; give it once")),
+                    "{args:?}"
+                );
+            }
         }
         let err = parse_with(&["acquire", "k", "--wait", "1", "--wait", "2"], None);
         assert_eq!(
@@ -789,8 +1264,22 @@ mod tests {
             (&["release", "k", "0"], "bad token"),
             (&["release", "k"], "missing"),
             (&["release", "k", "1", "--lease", "3"], "--lease is for"),
-            (&["release", "k", "1", "-n"], "--wait and -n"),
-            (&["keep", "k", "1", "--wait", "3"], "--wait and -n"),
+            (
+                &["release", "k", "1", "-n"],
+                "-n/--nonblock is for acquire and run, not `release`",
+            ),
+            (
+                &["keep", "k", "1", "--wait", "3"],
+                "--wait is for acquire and run, not `keep`",
+            ),
+            (
+                &["query", "k", "--lease", "3"],
+                "--lease is for acquire, run and keep, not `query`",
+            ),
+            (
+                &["frobnicate", "--lease", "3"],
+                "unknown command `frobnicate`",
+            ),
             (&["query", "k", "--lease", "3"], "--lease is for"),
             (
                 &["acquire", "k", "-n", "--wait", "1"],

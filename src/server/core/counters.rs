@@ -1,16 +1,17 @@
 //! The figures the deciders keep, as plain values: what the lock table
 //! counts where its events happen ([`TableMetrics`]), the latency
 //! histograms ([`Latency`], exported as [`LatencySnapshot`] in the fixed
-//! Prometheus buckets [`BUCKETS_US`]), the label tables, and the
-//! [`Snapshot`] of every figure that the lock owner publishes for the
+//! Prometheus buckets [`BUCKETS_US`]), and the [`Snapshot`] of every figure that the lock owner publishes for the
 //! metrics thread (`server::stats` holds the thread-side counters and the
-//! slot it is published in).
+//! slot it is published in). Requests are counted by op and answers by
+//! kind in the order of the protocol's op table (`protocol::OPS`,
+//! `protocol::ANSWER_KINDS`), which also names their labels.
 //!
 //! Never does: allocate or lock per request, read a clock, or I/O.
 
 use hdrhistogram::Histogram;
 
-use crate::protocol::{Answer, KNOWN_REASONS, Op, Reason};
+use crate::protocol::{AnswerKind, KNOWN_REASONS, Op, Reason};
 
 /// The largest latency a histogram keeps apart (one hour); longer ones
 /// count as this.
@@ -42,52 +43,8 @@ pub const BUCKETS_US: [(u64, &str); 20] = [
 ];
 pub const BUCKETS: usize = BUCKETS_US.len();
 
-/// Request ops in their order on the wire, with their metric label.
-pub const OPS: [(Op, &str); 6] = [
-    (Op::Acquire, "acquire"),
-    (Op::Release, "release"),
-    (Op::Keep, "keep"),
-    (Op::Query, "query"),
-    (Op::Info, "info"),
-    (Op::Auth, "auth"),
-];
-
-/// Answer kinds, as labelled (index: [`answer_kind`]).
-pub const ANSWER_KINDS: [&str; 10] = [
-    "granted", "timeout", "released", "not_held", "kept", "queried", "moved", "error", "info",
-    "auth_ok",
-];
-
 /// Reasons counted (every reason a server sends).
 pub const REASONS: usize = KNOWN_REASONS.len();
-
-/// The index of `op` in [`OPS`].
-pub fn op_index(op: Op) -> usize {
-    match op {
-        Op::Acquire => 0,
-        Op::Release => 1,
-        Op::Keep => 2,
-        Op::Query => 3,
-        Op::Info => 4,
-        Op::Auth => 5,
-    }
-}
-
-/// The index of `answer`'s kind in [`ANSWER_KINDS`].
-pub fn answer_kind(answer: &Answer) -> usize {
-    match answer {
-        Answer::Granted { .. } => 0,
-        Answer::Timeout { .. } => 1,
-        Answer::Released { .. } => 2,
-        Answer::NotHeld { .. } => 3,
-        Answer::Kept { .. } => 4,
-        Answer::Queried { .. } => 5,
-        Answer::Moved { .. } => 6,
-        Answer::Error { .. } => 7,
-        Answer::Info(_) => 8,
-        Answer::AuthOk => 9,
-    }
-}
 
 /// The index of `reason` in `KNOWN_REASONS` (None for `Other`).
 pub fn reason_index(reason: Reason) -> Option<usize> {
@@ -254,8 +211,10 @@ pub struct Snapshot {
     pub lag_ms: u64,
     /// Live standbys that hold this node's full state.
     pub standbys: u64,
-    pub requests: [u64; OPS.len()],
-    pub answers: [u64; ANSWER_KINDS.len()],
+    /// By op, at [`Op::index`].
+    pub requests: [u64; Op::COUNT],
+    /// By kind, at [`AnswerKind::index`].
+    pub answers: [u64; AnswerKind::COUNT],
     pub refusals: [u64; REASONS],
     pub grants: u64,
     pub handoffs: u64,

@@ -9,7 +9,9 @@
 //! threads or sleeps.
 
 pub mod cluster_core;
+pub mod connection;
 pub mod counters;
+pub mod deadlines;
 pub mod events;
 pub mod lock_table;
 pub mod now;

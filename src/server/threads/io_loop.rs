@@ -1,13 +1,33 @@
 //! An I/O loop: one `mio::Poll` thread owning a share of the client sockets.
 //!
-//! Owns: its connections (in a `Slab`), their read and write buffers, and its
-//! copy of the listening socket. Accepts, reads, parses lines into requests,
-//! forwards them to the lock owner in one batch per round, and writes the
-//! answers the owner sends back, coalesced into one write per connection per
-//! round. There are `--threads` of these. A loop that runs out of work
-//! polls without blocking for a while before it sleeps, when requests have
-//! been coming at short intervals (busy_poll.rs, `--busy-poll-us`): a wake
-//! from `epoll_wait` costs more than the lock server's own work.
+//! Owns: its connections (in a `Slab`), their sockets (plain or TLS), read
+//! and write buffers, and its copy of the listening socket; its clock and
+//! its one queue of connection deadlines (`core/deadlines.rs`). Accepts,
+//! reads, parses lines into requests, forwards them to the lock owner in
+//! one batch per round, and writes the answers the owner sends back,
+//! coalesced into one write per connection per round. There are
+//! `--threads` of these. A loop that runs out of work polls without
+//! blocking for a while before it sleeps, when requests have been coming at
+//! short intervals (busy_poll.rs, `--busy-poll-us`): a wake from
+//! `epoll_wait` costs more than the lock server's own work.
+//!
+//! What becomes of one connection is decided by its state machine,
+//! [`Connection`] (`core/connection.rs`, with time passed in): the
+//! authentication gate (`U <secret>` first, a wrong one answered and
+//! closed `BAD_AUTH_DELAY_MS` later, `AUTH_DEADLINE_MS` to authenticate),
+//! the peer-reserved slot (`PEER_SLOT_MS` to show a peer line), the budget
+//! of answers owed (`MAX_OWED`, `PAUSE_OUTPUT`, `MAX_OUTPUT`), the farewell
+//! line and the lingering close (`LINGER_MS`), and the TLS handshake's
+//! deadline. The loop tells it what happened (a line parsed and of what
+//! kind, what a request costs, an answer written back, the owner's
+//! acknowledgement, what a flush left, the end of input, a deadline come)
+//! and carries out what it answers: forward, write, close, hand the socket
+//! to replication, half-close, free. It keeps to itself what needs the
+//! sockets or the node: the reads and writes, the poll, the slab, the TLS
+//! sessions, the counts of connections and peer slots (`Gauges`), the
+//! metrics counters, the check of a secret against `--auth-file`, what a
+//! request costs (`owed_for`), and the one conversion of a deadline in ms
+//! to an `Instant` (its `Clock`).
 //!
 //! Limits, each with its policy:
 //! - `MAX_LINE` per line (protocol.rs): past it, `E - - line-too-long` and close;
@@ -40,35 +60,34 @@
 //!   owed is written, and its input read and dropped until the client
 //!   closes or this is up (never a reset that loses the client's last
 //!   answers); a stopping loop ends all its connections so, within it;
-//! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake
-//!   (the deadlines are a queue in their order, looked at only when the
-//!   first is due), and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per
-//!   connection;
-//! - `BAD_AUTH_DELAY` before a wrong secret's answer and close: every `U`
-//!   is checked, a right secret always opens the gate, a wrong one is
+//! - under TLS (`--tls-cert`), `tls::HANDSHAKE_MS` to finish the handshake,
+//!   and `tls::TLS_BUFFER_LIMIT` bytes inside rustls per connection;
+//! - `BAD_AUTH_DELAY_MS` before a wrong secret's answer and close: every
+//!   `U` is checked, a right secret always opens the gate, a wrong one is
 //!   always delayed. The delayed closes need no bound of their own: a
-//!   rejected connection reads nothing more, so it has one entry, and
-//!   holds its `--max-conns` slot until its delay is up; so guesses go at
-//!   most `--max-conns` per `BAD_AUTH_DELAY`, and no flood of them can
-//!   keep out a client with the right secret (beyond filling
-//!   `--max-conns`, as any connection flood can);
-//! - `AUTH_DEADLINE`: with `--auth-file`, a connection that has not
+//!   rejected connection reads nothing more and holds its `--max-conns`
+//!   slot until its delay is up; so guesses go at most `--max-conns` per
+//!   `BAD_AUTH_DELAY_MS`, and no flood of them can keep out a client with
+//!   the right secret (beyond filling `--max-conns`, as any connection
+//!   flood can);
+//! - `AUTH_DEADLINE_MS`: with `--auth-file`, a connection that has not
 //!   authenticated by then gets `E - - auth-required` and is closed, so
 //!   clients without a secret cannot hold `--max-conns` slots by saying
 //!   nothing.
 //!
-//! Client authentication (`--auth-file`) is a gate per connection, checked
-//! here and nowhere else (the lock owner never sees `U`): a connection
-//! starts [`Gate::Awaiting`] its `U <secret>`; a right secret opens it
-//! (`U ok`); any other line first gets `E - - auth-required` and the
-//! connection is closed; a wrong secret (or a `U` with extra fields) stops
-//! all reading and, `BAD_AUTH_DELAY` later, by a timer of this loop (it
-//! never sleeps), `E - - bad-auth` and the close. A `U` on an open
-//! connection is checked again the same way (`U ok`, or bad-auth and
-//! close), but one with extra fields there is refused like any request
-//! (`E U - extra-fields`: it offers no secret to check); without
-//! `--auth-file` a `U` gets `E U - auth-disabled`. Peer links
-//! are recognised before the gate: they prove the cluster key instead.
+//! The deadlines are one queue, earliest first, of (ms, connection): a
+//! connection's next deadline is queued whenever it moves earlier, and
+//! when one is due the loop asks the connection what is due. Entries of
+//! connections gone wait for their time and do nothing; the queue is
+//! rebuilt from the live connections when it holds more than twice as
+//! many entries, so churn cannot grow it. A deadline counts from the
+//! rounded-up millisecond and fires at the rounded-down one: never early,
+//! at most a millisecond late.
+//!
+//! Client authentication (`--auth-file`) is checked here and nowhere else
+//! (the lock owner never sees `U`): the loop checks the secret, the
+//! connection's gate decides (see `core/connection.rs`). Peer links are
+//! recognised before the gate: they prove the cluster key instead.
 //!
 //! TLS: a connection is plain or TLS from its accept on ([`Stream`]); the
 //! loop reads and writes plaintext through it either way, and a TLS
@@ -94,7 +113,6 @@
 //!
 //! Never does: block, touch lock state, or panic on anything a client sends.
 
-use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -106,10 +124,15 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
-use crate::protocol::{self, Answer, LineError, Op, Parsed, Reason, Request, Secret};
+use crate::protocol::{self, Answer, LineError, Op, Parsed, Reason, Request};
 use crate::server::busy_poll::IdleStretch;
+use crate::server::clock::{Clock, Now};
+use crate::server::core::connection::{
+    AtEof, BAD_AUTH_DELAY_MS, Connection, Due, Flushed, Input, LINGER_MS, Line, MAX_OUTPUT,
+    Opening, ReadStep, Secret as SecretCheck, Verdict, fatal_answer,
+};
+use crate::server::core::deadlines::Deadlines;
 use crate::server::core::lock_table::ConnId;
-use crate::server::core::peer_msg::is_peer_line;
 use crate::server::messages::{Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room};
 use crate::server::shared::{Gauges, Settings};
 use crate::server::trust::tls::{HANDSHAKE_MS, Stream};
@@ -124,16 +147,6 @@ const ACCEPT_BATCH: usize = 64;
 const READ_BUDGET: usize = 64 * 1024;
 /// Size of the loop's read buffer.
 const READ_CHUNK: usize = 16 * 1024;
-/// Unsent answer bytes past which a connection is not read until it drains.
-const PAUSE_OUTPUT: usize = 256 * 1024;
-/// What one connection may be owed, in bytes, by requests it has sent to
-/// the owner and not had answered yet (its waiters included): past it,
-/// parsing stops (mid-buffer: the rest waits in the connection's partial
-/// buffer) and the connection is not read until half of it is answered.
-/// With the output's own bound this keeps what a client that floods
-/// requests and never reads can cost near `PAUSE_OUTPUT`, whatever its
-/// requests are.
-const MAX_OWED: u32 = 2 * PAUSE_OUTPUT as u32;
 /// What a request is owed beyond its key's bytes: the rest of the longest
 /// answer it may get (`Q`'s three numbers, an `E`'s reason, an `M`'s
 /// address) and its slots on the channels. A request costs its key plus
@@ -142,88 +155,35 @@ const ANSWER_ALLOWANCE: u32 = 64;
 /// What an `I` is owed: the longest answer line there is, whatever its
 /// figures say.
 const INFO_COST: u32 = protocol::MAX_LINE as u32;
-/// Unsent answer bytes past which a connection is cut off.
-const MAX_OUTPUT: usize = 4 * 1024 * 1024;
 /// An idle connection's write buffer is shrunk back to this capacity.
 const IDLE_OUTPUT_CAPACITY: usize = 4 * 1024;
 /// Events handled per `poll` call.
 const EVENTS_CAPACITY: usize = 1024;
 /// Answer batches from the owner taken in per round.
 const MAX_OWNER_BATCHES: usize = 64;
-/// A connection admitted past `--max-conns` into a slot reserved for peers
-/// must show itself as a peer link within this, or it is closed.
-pub const PEER_SLOT_MS: u64 = 1_000;
-/// A wrong secret is answered and its connection closed this long after it
-/// arrived, to slow down guessing.
-pub const BAD_AUTH_DELAY: Duration = Duration::from_millis(100);
-/// With `--auth-file`, a connection must have authenticated this long after
-/// it was accepted, or it is closed.
-pub const AUTH_DEADLINE: Duration = Duration::from_secs(10);
-/// A connection the server ends, its answers all with the kernel, is
-/// half-closed (FIN) and read, its input dropped, until the client closes
-/// too or this long has passed; also the most a stopping loop waits for
-/// its connections to take their last answers. (Closing a socket with
-/// unread input makes the kernel reset the connection, and a reset
-/// discards the answers the client had not yet read.)
-pub const LINGER: Duration = Duration::from_secs(1);
+/// How long a connection the server ends lingers (`LINGER_MS`, see
+/// core/connection.rs); also the most a stopping loop waits for its
+/// connections to take their last answers.
+pub const LINGER: Duration = Duration::from_millis(LINGER_MS);
 /// How often a stopping loop looks for the owner's last answers.
 const STOP_POLL: Duration = Duration::from_millis(5);
 
-/// Where a connection stands with client authentication.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Gate {
-    /// No `--auth-file`, or the connection has authenticated.
-    Open,
-    /// `--auth-file`: the first request must be `U <secret>`.
-    Awaiting,
-    /// A wrong secret: nothing more is read; `E - - bad-auth` and the close
-    /// come when its delay is up.
-    Rejected,
-}
-
+/// A connection: its socket and buffers here, its decisions in `state`.
 struct Conn {
     stream: Stream,
     id: ConnId,
-    /// Bytes of an unfinished line (at most MAX_LINE).
+    /// Bytes of an unfinished line (at most MAX_LINE), or, when parsing
+    /// stopped at the owed bound, the input held back.
     partial: Vec<u8>,
     output: Vec<u8>,
     written: usize,
-    /// No more reading: EOF, error, or a fatal line. The owner has been told.
-    closing: bool,
-    /// The owner has forgotten this connection: free it once flushed.
-    forgotten: bool,
-    /// Cut off for not reading (MAX_OUTPUT) or a failed write: its unsent
-    /// output is dropped, not waited for.
-    cut_off: bool,
-    /// The `E - - <reason>` of a close, to be written once the owner has
-    /// answered everything before it (see `close_with`).
-    farewell: Option<Reason>,
-    /// Closing, everything owed handed to the stream, and under TLS a
-    /// `close_notify` queued after it.
-    said_end: bool,
-    /// Everything is written and the write side shut down: input is read
-    /// and dropped until the client closes or `LINGER` is up.
-    lingering: bool,
     /// Queued for a flush this round.
     dirty: bool,
-    /// Reading is paused by PAUSE_OUTPUT or MAX_OWED.
-    paused: bool,
-    /// Requests sent to the owner and not answered yet.
-    inflight: u32,
-    /// What those requests cost against MAX_OWED (see [`owed_for`]).
-    owed: u32,
-    /// Parsing stopped at MAX_OWED: `partial` may hold complete lines,
-    /// parsed before anything more is read.
-    held_input: bool,
     /// Unread input may remain (budget ran out): read again next round.
     backlogged: bool,
-    /// No line has been read yet (a peer link announces itself on its first line).
-    fresh: bool,
-    /// Admitted past `--max-conns` into a slot reserved for peer links: it
-    /// may only become one (within PEER_SLOT_MS).
-    peer_only: bool,
-    /// Client authentication: checked once per line.
-    gate: Gate,
+    /// The gate, the peer slot, the owed budget, the close and its
+    /// deadlines (core/connection.rs).
+    state: Connection,
 }
 
 impl Conn {
@@ -263,27 +223,14 @@ pub struct IoLoop {
     idle: IdleStretch,
     /// Holds one of the node's polling slots (`Gauges::pollers`).
     polling: bool,
-    /// Connections in peer-reserved slots, with the time they must have
-    /// shown a peer line by.
-    peer_only: Vec<(usize, ConnId, Instant)>,
-    /// Connections rejected for a wrong secret, with the time they get
-    /// their answer and close (in that order: the delay is fixed). One
-    /// entry per rejected connection, which reads nothing more and keeps
-    /// its slot until then: bounded by the connections.
-    delayed_closes: VecDeque<(usize, ConnId, Instant)>,
-    /// TLS connections whose handshake is not done, with its deadline.
-    /// (In that order: the time allowed is fixed. Entries of handshakes
-    /// done or connections gone wait for their deadline, or are pruned in
-    /// `admit`.)
-    handshakes: VecDeque<(usize, ConnId, Instant)>,
-    /// With `--auth-file`: connections with the time they must have
-    /// authenticated by (in that order: the deadline is fixed).
-    auth_deadlines: VecDeque<(usize, ConnId, Instant)>,
-    /// Lingering connections with the time they are dropped by (in that
-    /// order: `LINGER` is fixed). One entry per connection that lingers
-    /// (one whose client had already closed goes at once, with none):
-    /// bounded by the connections ended in `LINGER`.
-    lingers: VecDeque<(usize, ConnId, Instant)>,
+    /// The loop's clock: the one place its deadlines meet `Instant`.
+    clock: Clock,
+    /// When to look at a connection again (its handshake, its gate, its
+    /// peer slot, its linger: see `Connection::next_deadline`). An entry of
+    /// a connection gone, or of a deadline that no longer matters, is
+    /// popped in its time and does nothing; the queue is rebuilt from the
+    /// live connections when it outgrows them (`arm`).
+    deadlines: Deadlines<ConnId>,
     /// The loop is stopping (`end_all`): nothing more is parsed.
     stopping: bool,
 }
@@ -328,11 +275,8 @@ impl IoLoop {
             read_buf: vec![0; READ_CHUNK].into_boxed_slice(),
             idle: IdleStretch::new(busy_poll_max),
             polling: false,
-            peer_only: Vec::new(),
-            delayed_closes: VecDeque::new(),
-            handshakes: VecDeque::new(),
-            auth_deadlines: VecDeque::new(),
-            lingers: VecDeque::new(),
+            clock: Clock::new(),
+            deadlines: Deadlines::default(),
             stopping: false,
         };
         Ok((io_loop, waker, awake))
@@ -362,12 +306,16 @@ impl IoLoop {
         self.take_answers();
         self.end_all(&mut events);
         for (_, conn) in self.conns.iter_mut() {
-            if !conn.said_end {
+            if !conn.state.said_end() {
                 // Best effort: the process is ending.
                 let _ = conn.stream.close_notify();
             }
         }
-        let open = self.conns.iter().filter(|(_, c)| !c.peer_only).count();
+        let open = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.state.peer_only())
+            .count();
         self.gauges.conns.fetch_sub(open, Ordering::Relaxed);
         let reserved = self.conns.len() - open;
         self.gauges
@@ -388,7 +336,7 @@ impl IoLoop {
     /// with `M -`); a connection is half-closed once every answer it is
     /// owed (and its `E`, if it was ending) is written, then lingers.
     fn end_all(&mut self, events: &mut Events) {
-        let deadline = Instant::now() + LINGER;
+        let deadline = self.clock.instant_of(self.clock.now().ms_ceil + LINGER_MS);
         self.stopping = true;
         // No new connections: a client dialing now is refused and tries
         // another node instead of waiting on a node that is going.
@@ -398,7 +346,7 @@ impl IoLoop {
         let slots: Vec<usize> = self.conns.iter().map(|(slot, _)| slot).collect();
         for &slot in &slots {
             let conn = &mut self.conns[slot];
-            conn.closing = true;
+            conn.state.stop();
             conn.partial = Vec::new();
             // Read (and drop) from now on.
             self.schedule_read(slot);
@@ -415,10 +363,14 @@ impl IoLoop {
                     self.read_conn(slot, true);
                 }
             }
-            self.expire_lingers();
+            self.fire_deadlines();
             let now = Instant::now();
             if self.conns.is_empty() || now >= deadline {
-                let unanswered: u64 = self.conns.iter().map(|(_, c)| u64::from(c.inflight)).sum();
+                let unanswered: u64 = self
+                    .conns
+                    .iter()
+                    .map(|(_, c)| u64::from(c.state.inflight()))
+                    .sum();
                 if unanswered > 0 {
                     log::warn!(
                         "I/O loop {}: stopped with {unanswered} requests unanswered",
@@ -428,7 +380,7 @@ impl IoLoop {
                 return;
             }
             let busy = !self.backlog.is_empty() || !self.dirty.is_empty() || self.answers_pending;
-            let owed = self.conns.iter().any(|(_, c)| c.inflight > 0);
+            let owed = self.conns.iter().any(|(_, c)| c.state.inflight() > 0);
             // The owner does not wake a loop that is stopping: while answers
             // are owed, look for them often.
             let wait = if busy {
@@ -461,14 +413,13 @@ impl IoLoop {
         let done: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.forgotten && c.inflight == 0)
+            .filter(|(_, c)| !c.state.is_forgotten() && c.state.inflight() == 0)
             .map(|(slot, _)| slot)
             .collect();
         for slot in done {
-            if let Some(reason) = self.conns[slot].farewell.take() {
-                self.write_answer(slot, &fatal_answer(reason));
+            if let Some(farewell) = self.conns[slot].state.owner_forgot() {
+                self.write_answer(slot, &farewell);
             }
-            self.conns[slot].forgotten = true;
             self.mark_dirty(slot);
         }
     }
@@ -502,27 +453,8 @@ impl IoLoop {
         if self.accept_pending {
             self.accept_some();
         }
-        if !self.peer_only.is_empty() {
-            self.expire_peer_slots();
-        }
-        if !self.delayed_closes.is_empty() {
-            self.answer_delayed_closes();
-        }
-        if self.handshakes.front().is_some() {
-            let now = Instant::now();
-            if self
-                .handshakes
-                .front()
-                .is_some_and(|&(_, _, due)| due <= now)
-            {
-                self.expire_handshakes(now);
-            }
-        }
-        if !self.auth_deadlines.is_empty() {
-            self.expire_auth_deadlines();
-        }
-        if !self.lingers.is_empty() {
-            self.expire_lingers();
+        if !self.deadlines.is_empty() {
+            self.fire_deadlines();
         }
         let backlog = std::mem::take(&mut self.backlog);
         for &slot in &backlog {
@@ -561,61 +493,89 @@ impl IoLoop {
         }
         self.stop_polling();
         let sleep = self.may_sleep();
-        // Wake for the deadline of a connection in a peer-reserved slot, of
-        // the first TLS handshake, the first delayed close, the first
-        // authentication deadline, or the first lingering connection's.
-        let firsts = [
-            self.handshakes.front(),
-            self.delayed_closes.front(),
-            self.auth_deadlines.front(),
-            self.lingers.front(),
-        ];
-        match self
-            .peer_only
-            .iter()
-            .chain(firsts.into_iter().flatten())
-            .map(|(_, _, d)| *d)
-            .min()
-        {
+        // Wake for the first deadline of a connection (see `deadlines`).
+        match self.deadlines.next() {
             Some(deadline) => {
-                let until = deadline.saturating_duration_since(Instant::now());
+                let until = self
+                    .clock
+                    .instant_of(deadline)
+                    .saturating_duration_since(Instant::now());
                 Some(sleep.map_or(until, |s| s.min(until)))
             }
             None => sleep,
         }
     }
 
-    /// Close the connections in peer-reserved slots whose time to show a
-    /// peer line is up.
-    fn expire_peer_slots(&mut self) {
-        let now = Instant::now();
-        let late: Vec<usize> = self
-            .peer_only
-            .iter()
-            .filter(|(slot, id, deadline)| {
-                *deadline <= now || self.conns.get(*slot).is_none_or(|c| c.id != *id)
-            })
-            .map(|(slot, _, _)| *slot)
-            .collect();
-        for slot in late {
-            self.refuse_peer_slot(slot);
+    /// Carry out what is due now on the connections whose deadlines have
+    /// come, if any has.
+    fn fire_deadlines(&mut self) {
+        if self
+            .deadlines
+            .next()
+            .is_some_and(|next| next <= self.clock.now_ms())
+        {
+            self.fire_deadlines_at(self.clock.now());
         }
     }
 
-    /// Take off the handshake deadlines due at `now` (the first ones),
-    /// closing the TLS connections still in their handshake then. The
-    /// owner never heard of these.
-    fn expire_handshakes(&mut self, now: Instant) {
-        while let Some((slot, id)) = pop_due(&mut self.handshakes, now) {
-            let late = self
-                .live_slot(id)
-                .is_some_and(|slot| self.conns[slot].stream.is_handshaking());
-            if late && !self.conns[slot].closing {
-                let conn = self.unlist(slot);
-                log::debug!(
-                    "{}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
-                    who(&conn)
-                );
+    /// Carry out what is due at `now` on the connections whose deadlines
+    /// have come: a peer-reserved slot refused, a wrong secret answered
+    /// and closed, a stalled TLS handshake dropped (the owner never heard
+    /// of it), a connection that did not authenticate in time closed, a
+    /// linger ended.
+    fn fire_deadlines_at(&mut self, now: Now) {
+        while let Some(id) = self.deadlines.pop_due(now.ms) {
+            let Some(slot) = self.live_slot(id) else {
+                continue;
+            };
+            let handshaking = self.conns[slot].stream.is_handshaking();
+            let Some(due) = self.conns[slot].state.tick(now, handshaking) else {
+                self.arm(slot);
+                continue;
+            };
+            match due {
+                Due::RefusePeerSlot => self.refuse_peer_slot(slot),
+                Due::BadAuth => {
+                    self.gauges.io_counters.refused(Reason::BadAuth);
+                    self.close_with(slot, Reason::BadAuth, "wrong secret");
+                }
+                Due::HandshakeLate => {
+                    let conn = self.unlist(slot);
+                    log::debug!(
+                        "{}: closed: no TLS handshake within {HANDSHAKE_MS} ms",
+                        who(&conn)
+                    );
+                }
+                Due::AuthRequired => {
+                    self.gauges.io_counters.refused(Reason::AuthRequired);
+                    self.close_with(slot, Reason::AuthRequired, "no U in time");
+                }
+                Due::LingerOver => self.free(slot),
+            }
+            // Still here: what else it waits for (at once, if that is due
+            // too: it pops in this loop).
+            if self.live_slot(id).is_some() {
+                self.arm(slot);
+            }
+        }
+    }
+
+    /// Queue a connection's next deadline, if it moved earlier than the one
+    /// queued. When the queue holds more entries than twice the
+    /// connections (entries of connections gone, after churn), it is
+    /// rebuilt from the live ones (amortised O(1)).
+    fn arm(&mut self, slot: usize) {
+        let conn = &mut self.conns[slot];
+        let Some(deadline) = conn.state.take_new_deadline() else {
+            return;
+        };
+        self.deadlines.push(deadline, conn.id);
+        if self.deadlines.len() >= 2 * self.conns.len() + 64 {
+            self.deadlines.clear();
+            for (_, conn) in self.conns.iter_mut() {
+                if let Some(deadline) = conn.state.rearm() {
+                    self.deadlines.push(deadline, conn.id);
+                }
             }
         }
     }
@@ -624,11 +584,10 @@ impl IoLoop {
     /// peer link: `E - - too-many-connections` and closed, at once. The
     /// owner never heard of it.
     fn refuse_peer_slot(&mut self, slot: usize) {
-        self.peer_only.retain(|(s, _, _)| *s != slot);
         let Some(conn) = self.conns.get(slot) else {
             return;
         };
-        if !conn.peer_only || conn.closing {
+        if !conn.state.peer_only() || conn.state.is_closing() {
             return;
         }
         let mut conn = self.conns.remove(slot);
@@ -779,66 +738,24 @@ impl IoLoop {
             return;
         }
         log::debug!("{id} ({addr}): connected");
+        let opening = Opening {
+            gated: self.settings.auth.is_some(),
+            echo: self.settings.echo,
+            takes_peers: self.handover.is_some(),
+            peer_only,
+            handshake_ms: self.settings.tls.as_ref().map(|_| HANDSHAKE_MS),
+        };
         entry.insert(Conn {
             stream,
             id,
             partial: Vec::new(),
             output: Vec::new(),
             written: 0,
-            closing: false,
-            forgotten: false,
-            cut_off: false,
-            farewell: None,
-            said_end: false,
-            lingering: false,
             dirty: false,
-            paused: false,
-            inflight: 0,
-            owed: 0,
-            held_input: false,
             backlogged: false,
-            fresh: true,
-            peer_only,
-            gate: if self.settings.auth.is_some() {
-                Gate::Awaiting
-            } else {
-                Gate::Open
-            },
+            state: Connection::new(self.clock.now(), opening),
         });
-        if peer_only {
-            let deadline = Instant::now() + Duration::from_millis(PEER_SLOT_MS);
-            self.peer_only.push((slot, id, deadline));
-        }
-        if self.settings.tls.is_some() {
-            // As for the authentication deadlines below: entries of
-            // handshakes done or connections gone are dropped when they
-            // outnumber the open connections (amortised O(1)).
-            if self.handshakes.len() >= 2 * self.conns.len() + 64 {
-                let conns = &self.conns;
-                self.handshakes.retain(|&(slot, id, _)| {
-                    conns
-                        .get(slot)
-                        .is_some_and(|c| c.id == id && c.stream.is_handshaking())
-                });
-            }
-            let deadline = Instant::now() + Duration::from_millis(HANDSHAKE_MS);
-            self.handshakes.push_back((slot, id, deadline));
-        }
-        if self.settings.auth.is_some() {
-            // Entries of connections gone or through the gate wait for
-            // their deadline; drop them when they outnumber the open
-            // connections, so churn cannot grow the queue (amortised O(1)).
-            if self.auth_deadlines.len() >= 2 * self.conns.len() + 64 {
-                let conns = &self.conns;
-                self.auth_deadlines.retain(|&(slot, id, _)| {
-                    conns
-                        .get(slot)
-                        .is_some_and(|c| c.id == id && c.gate == Gate::Awaiting)
-                });
-            }
-            let deadline = Instant::now() + AUTH_DEADLINE;
-            self.auth_deadlines.push_back((slot, id, deadline));
-        }
+        self.arm(slot);
         // Data may already be waiting; the edge was before registration.
         self.schedule_read(slot);
     }
@@ -853,7 +770,7 @@ impl IoLoop {
 
     /// Read and parse up to READ_BUDGET bytes from one connection.
     fn read_conn(&mut self, slot: usize, until_blocked: bool) {
-        if self.conns[slot].lingering {
+        if self.conns[slot].state.is_lingering() {
             self.drain(slot);
             return;
         }
@@ -867,7 +784,7 @@ impl IoLoop {
         let until_blocked = until_blocked || self.conns[slot].stream.is_tls();
         loop {
             let conn = &mut self.conns[slot];
-            if conn.closing || conn.forgotten || conn.gate == Gate::Rejected {
+            if !conn.state.reads() {
                 return;
             }
             if !self.batch.is_empty() && self.to_owner.is_full() {
@@ -875,18 +792,17 @@ impl IoLoop {
                 self.schedule_read(slot);
                 return;
             }
-            if conn.pending_output() > PAUSE_OUTPUT || conn.owed >= MAX_OWED {
-                conn.paused = true;
-                return;
-            }
-            if conn.held_input {
-                // Lines left over when MAX_OWED stopped the parse go first:
-                // nothing more is read until they are taken.
-                conn.held_input = false;
-                if !self.take_input(slot, 0) {
-                    return;
+            match conn.state.read_step(conn.pending_output()) {
+                ReadStep::Pause => return,
+                ReadStep::Held => {
+                    // Lines left over when MAX_OWED stopped the parse go
+                    // first: nothing more is read until they are taken.
+                    if !self.take_input(slot, 0) {
+                        return;
+                    }
+                    continue;
                 }
-                continue;
+                ReadStep::Read => {}
             }
             if budget == 0 {
                 self.schedule_read(slot);
@@ -939,7 +855,7 @@ impl IoLoop {
         self.read_buf = read_buf;
         match self.conns.get_mut(slot) {
             Some(conn) if used.is_some() => {
-                if !conn.closing {
+                if !conn.state.is_closing() {
                     conn.partial = partial;
                 }
                 true
@@ -949,29 +865,28 @@ impl IoLoop {
     }
 
     /// Parse every complete line of `input`; return the bytes used, or None
-    /// if the connection turned out to be a peer link and was handed over.
+    /// if the connection turned out to be a peer link and was handed over
+    /// (or refused its peer-reserved slot).
     fn parse_lines(&mut self, slot: usize, input: &[u8]) -> Option<usize> {
         let max_lease_ms = self.settings.max_lease_ms;
         let mut used = 0;
-        if self.conns[slot].fresh && self.handover.is_some() && is_peer_line(input) {
-            self.hand_over(slot, input);
-            return None;
-        }
-        if self.conns[slot].peer_only {
-            // Not a peer line (or not yet two bytes of one).
-            if input.len() >= 2 || input.contains(&b'\n') {
+        match self.conns[slot].state.on_input(input) {
+            Input::Lines => {}
+            Input::PeerLink => {
+                self.hand_over(slot, input);
+                return None;
+            }
+            Input::RefusePeerSlot => {
                 self.refuse_peer_slot(slot);
                 return None;
             }
-            return Some(0);
+            Input::Wait => return Some(0),
         }
+        let clock = self.clock;
         while used < input.len() {
-            let conn = &mut self.conns[slot];
-            if conn.owed >= MAX_OWED {
+            if !self.conns[slot].state.may_parse() {
                 // Owed too much: the rest waits (in `partial`, at most one
                 // read's worth) until answers come back.
-                conn.paused = true;
-                conn.held_input = true;
                 break;
             }
             let (n, result) = match protocol::parse_request(&input[used..], max_lease_ms) {
@@ -979,153 +894,103 @@ impl IoLoop {
                 Parsed::Line { used: n, result } => (n, result),
             };
             used += n;
-            self.conns[slot].fresh = false;
-            if self.conns[slot].gate != Gate::Open {
-                if !self.pass_gate(slot, result) {
-                    // Closing, or rejected: the rest of the input is dropped.
+            let line = self.line_of(&result);
+            let id = self.conns[slot].id;
+            match self.conns[slot].state.line(|| clock.now(), line) {
+                Verdict::Skip => {}
+                Verdict::Echo => {
+                    // Benchmark floor: the same read, parse and write path,
+                    // answered with the line itself, without the lock owner.
+                    self.conns[slot]
+                        .output
+                        .extend_from_slice(&input[used - n..used]);
+                    self.mark_dirty(slot);
+                }
+                Verdict::Forward => match result {
+                    Ok(request) => self.batch.push(Inbound::Request(id, request)),
+                    Err(LineError::Refused { op, key, reason }) => {
+                        log::debug!(
+                            "{}: refused {} {}: {}",
+                            who(&self.conns[slot]),
+                            op.as_char(),
+                            key.as_ref().map_or("-".to_string(), |k| k.to_string()),
+                            reason.as_str()
+                        );
+                        // Through the owner like every answer, so it leaves
+                        // in request order.
+                        self.batch.push(Inbound::Refused(id, op, key, reason));
+                    }
+                    // Only requests and refusals are forwarded.
+                    Err(_) => {}
+                },
+                Verdict::LetIn => {
+                    self.gauges.io_counters.auth_request();
+                    self.gauges.io_counters.auth_ok();
+                    self.write_answer(slot, &Answer::AuthOk);
+                }
+                Verdict::AuthDisabled => {
+                    self.gauges.io_counters.auth_request();
+                    self.gauges.io_counters.refused(Reason::AuthDisabled);
+                    let answer = Answer::Error {
+                        op: Some(Op::Auth),
+                        key: None,
+                        reason: Reason::AuthDisabled,
+                    };
+                    self.write_answer(slot, &answer);
+                }
+                Verdict::Rejected => {
+                    self.gauges.io_counters.auth_request();
+                    let conn = &mut self.conns[slot];
+                    log::debug!(
+                        "{}: wrong secret: closing in {BAD_AUTH_DELAY_MS} ms",
+                        who(conn)
+                    );
+                    conn.partial = Vec::new();
+                    self.arm(slot);
+                    // Nothing more is read: the rest of the input is dropped.
                     return Some(input.len());
                 }
-                continue;
-            }
-            if self.settings.echo {
-                // Benchmark floor: the same read, parse and write path,
-                // answered with the line itself, without the lock owner.
-                self.conns[slot]
-                    .output
-                    .extend_from_slice(&input[used - n..used]);
-                self.mark_dirty(slot);
-                continue;
-            }
-            let id = self.conns[slot].id;
-            match result {
-                Ok(Request::Auth { secret }) => {
-                    if !self.handle_auth(slot, &secret) {
-                        return Some(input.len());
-                    }
-                }
-                Ok(request) => {
-                    let conn = &mut self.conns[slot];
-                    conn.inflight += 1;
-                    conn.owed += owed_for(request.op(), request.key());
-                    self.batch.push(Inbound::Request(id, request));
-                }
-                Err(LineError::Blank) => {}
-                Err(LineError::Refused { op, key, reason }) => {
-                    log::debug!(
-                        "{}: refused {} {}: {}",
-                        who(&self.conns[slot]),
-                        op.as_char(),
-                        key.as_ref().map_or("-".to_string(), |k| k.to_string()),
-                        reason.as_str()
-                    );
-                    // Through the owner like every answer, so it leaves in
-                    // request order.
-                    let conn = &mut self.conns[slot];
-                    conn.inflight += 1;
-                    conn.owed += owed_for(op, key.as_ref());
-                    self.batch.push(Inbound::Refused(id, op, key, reason));
-                }
-                Err(LineError::Fatal(reason)) => {
-                    log::debug!(
-                        "{}: line not understood: {}",
-                        who(&self.conns[slot]),
-                        reason.as_str()
-                    );
+                Verdict::End(reason) => {
+                    let why = match result {
+                        Err(LineError::Fatal(_)) => {
+                            log::debug!(
+                                "{}: line not understood: {}",
+                                who(&self.conns[slot]),
+                                reason.as_str()
+                            );
+                            reason.as_str()
+                        }
+                        _ => "a request before U",
+                    };
                     self.gauges.io_counters.refused(reason);
-                    self.close_with(slot, reason, reason.as_str());
-                    break;
+                    self.close_with(slot, reason, why);
+                    // Closing: the rest of the input is dropped.
+                    return Some(input.len());
                 }
             }
         }
         Some(used)
     }
 
-    /// One line of a connection that has not authenticated: `U` with the
-    /// right secret opens the gate; anything else closes the connection
-    /// (at once, or after the delay for a wrong secret). False when nothing
-    /// more is to be parsed.
-    fn pass_gate(&mut self, slot: usize, result: Result<Request, LineError>) -> bool {
+    /// What the connection rules look at in a parsed line: its kind, what
+    /// it costs against the owed budget, and for a `U` whether its secret
+    /// is right.
+    fn line_of(&self, result: &Result<Request, LineError>) -> Line {
         match result {
-            Err(LineError::Blank) => true,
-            Ok(Request::Auth { secret }) => self.handle_auth(slot, &secret),
-            Err(LineError::Refused { op: Op::Auth, .. }) => {
-                // `U` with extra fields: a failed attempt like a wrong secret.
-                self.gauges.io_counters.auth_request();
-                self.reject(slot);
-                false
-            }
-            Ok(_) | Err(_) => {
-                self.gauges.io_counters.refused(Reason::AuthRequired);
-                self.close_with(slot, Reason::AuthRequired, "a request before U");
-                false
-            }
-        }
-    }
-
-    /// `U <secret>`: `U ok`, `E U - auth-disabled` without `--auth-file`, or
-    /// a wrong secret rejected. False when nothing more is to be parsed.
-    fn handle_auth(&mut self, slot: usize, secret: &Secret) -> bool {
-        self.gauges.io_counters.auth_request();
-        let Some(auth) = self.settings.auth.as_ref() else {
-            self.gauges.io_counters.refused(Reason::AuthDisabled);
-            let answer = Answer::Error {
-                op: Some(Op::Auth),
-                key: None,
-                reason: Reason::AuthDisabled,
-            };
-            self.write_answer(slot, &answer);
-            return true;
-        };
-        if auth.accepts(secret.as_bytes()) {
-            self.conns[slot].gate = Gate::Open;
-            self.gauges.io_counters.auth_ok();
-            self.write_answer(slot, &Answer::AuthOk);
-            return true;
-        }
-        self.reject(slot);
-        false
-    }
-
-    /// A failed authentication: read nothing more; answer and close when
-    /// the delay is up.
-    fn reject(&mut self, slot: usize) {
-        let conn = &mut self.conns[slot];
-        log::debug!(
-            "{}: wrong secret: closing in {} ms",
-            who(conn),
-            BAD_AUTH_DELAY.as_millis()
-        );
-        conn.gate = Gate::Rejected;
-        conn.partial = Vec::new();
-        let due = Instant::now() + BAD_AUTH_DELAY;
-        self.delayed_closes.push_back((slot, conn.id, due));
-    }
-
-    /// Answer `E - - bad-auth` and close every rejected connection whose
-    /// delay is up.
-    fn answer_delayed_closes(&mut self) {
-        let now = Instant::now();
-        while let Some((slot, id)) = pop_due(&mut self.delayed_closes, now) {
-            if self.live_slot(id).is_some() {
-                self.gauges.io_counters.refused(Reason::BadAuth);
-                self.close_with(slot, Reason::BadAuth, "wrong secret");
-            }
-        }
-    }
-
-    /// Close, with `E - - auth-required`, every connection whose time to
-    /// authenticate is up and that has not (those that did, were rejected,
-    /// closed or became peer links are just taken off).
-    fn expire_auth_deadlines(&mut self) {
-        let now = Instant::now();
-        while let Some((slot, id)) = pop_due(&mut self.auth_deadlines, now) {
-            let awaiting = self
-                .live_slot(id)
-                .is_some_and(|slot| self.conns[slot].gate == Gate::Awaiting);
-            if awaiting && !self.conns[slot].closing {
-                self.gauges.io_counters.refused(Reason::AuthRequired);
-                self.close_with(slot, Reason::AuthRequired, "no U in time");
-            }
+            Err(LineError::Blank) => Line::Blank,
+            Ok(Request::Auth { secret }) => Line::Auth(match &self.settings.auth {
+                None => SecretCheck::Disabled,
+                Some(auth) if auth.accepts(secret.as_bytes()) => SecretCheck::Right,
+                Some(_) => SecretCheck::Wrong,
+            }),
+            Ok(request) => Line::Request {
+                cost: owed_for(request.op(), request.key()),
+            },
+            Err(LineError::Refused { op, key, .. }) => Line::Refused {
+                cost: owed_for(*op, key.as_ref()),
+                auth: *op == Op::Auth,
+            },
+            Err(LineError::Fatal(reason)) => Line::Fatal(*reason),
         }
     }
 
@@ -1152,23 +1017,28 @@ impl IoLoop {
     /// answered everything sent before it (when it acknowledges the close;
     /// answers come back in order), so no answer follows it.
     fn close_with(&mut self, slot: usize, reason: Reason, why: &str) {
-        if self.conns[slot].inflight == 0 {
-            self.write_answer(slot, &fatal_answer(reason));
-        } else {
-            self.conns[slot].farewell = Some(reason);
+        let ending = self.conns[slot].state.end_with(reason);
+        if let Some(farewell) = ending.say_now {
+            self.write_answer(slot, &farewell);
         }
-        self.start_close(slot, why);
+        if ending.tell_owner {
+            self.told_closing(slot, why);
+        }
     }
 
     /// Stop reading the connection and tell the owner; the slot is freed
     /// when the owner acknowledges and the output is flushed.
     fn start_close(&mut self, slot: usize, why: &str) {
-        let conn = &mut self.conns[slot];
-        if conn.closing {
-            return;
+        if self.conns[slot].state.end() {
+            self.told_closing(slot, why);
         }
+    }
+
+    /// A connection that has just started closing: its unparsed input is
+    /// dropped, and the owner told.
+    fn told_closing(&mut self, slot: usize, why: &str) {
+        let conn = &mut self.conns[slot];
         log::debug!("{}: closing: {why}", who(conn));
-        conn.closing = true;
         conn.partial = Vec::new();
         self.batch.push(Inbound::Closed(conn.id));
     }
@@ -1195,28 +1065,17 @@ impl IoLoop {
     fn apply_owner_batch(&mut self, batch: OwnerBatch) {
         for (id, answer) in &batch.answers {
             if let Some(slot) = self.live_slot(*id) {
-                let conn = &mut self.conns[slot];
-                conn.inflight = conn.inflight.saturating_sub(1);
-                // With nothing left in flight nothing is owed, whatever the
-                // sums say.
-                conn.owed = match conn.inflight {
-                    0 => 0,
-                    _ => conn.owed.saturating_sub(answer_owed(answer)),
-                };
+                self.conns[slot].state.answered(answer_owed(answer));
                 self.write_answer(slot, answer);
             }
         }
         for id in batch.forgotten {
             if let Some(slot) = self.live_slot(id) {
-                if let Some(reason) = self.conns[slot].farewell.take() {
-                    // Every answer owed is written: the last line now.
-                    self.write_answer(slot, &fatal_answer(reason));
-                }
-                let conn = &mut self.conns[slot];
-                conn.forgotten = true;
-                if !conn.closing {
-                    // Cut off by the owner (a limit): nothing more is read.
-                    conn.closing = true;
+                // Acknowledging a close, or cutting the connection off (a
+                // limit): nothing more is read. Every answer owed is
+                // written: the farewell, if one waits, is the last line.
+                if let Some(farewell) = self.conns[slot].state.owner_forgot() {
+                    self.write_answer(slot, &farewell);
                 }
                 self.mark_dirty(slot);
             }
@@ -1281,17 +1140,14 @@ impl IoLoop {
             failed = true;
         }
         let pending = conn.pending_output();
-        if conn.forgotten && pending == 0 && !failed && !conn.cut_off && !conn.said_end {
+        if conn.state.end_to_say(pending, failed) && conn.stream.close_notify().is_err() {
             // Everything owed is in rustls: under TLS the end is said after
             // it, and goes out with it.
-            conn.said_end = true;
-            if conn.stream.close_notify().is_err() {
-                failed = true;
-            }
+            failed = true;
         }
         // Under TLS, what rustls took is written only once it reaches the
-        // socket: a connection is flushed when rustls holds nothing either.
-        let flushed = pending == 0 && !conn.stream.tls_backlog();
+        // socket: a connection is flushed when rustls holds nothing either
+        // (`flushed` below is told both).
         if pending == 0 {
             conn.output.clear();
             conn.written = 0;
@@ -1300,33 +1156,22 @@ impl IoLoop {
                 conn.output.shrink_to(IDLE_OUTPUT_CAPACITY);
             }
         }
-        if conn.lingering {
-            return;
-        }
-        if conn.forgotten && (flushed || failed || conn.cut_off) {
-            if flushed && !failed && !conn.cut_off {
-                self.linger(slot);
-            } else {
-                self.free(slot);
+        match conn
+            .state
+            .flushed(pending, conn.stream.tls_backlog(), failed)
+        {
+            Flushed::Stay => {}
+            Flushed::Linger => self.linger(slot),
+            Flushed::Free => self.free(slot),
+            Flushed::CutOff => {
+                if pending > MAX_OUTPUT {
+                    log::debug!("{}: cut off: {pending} bytes of answers unread", who(conn));
+                }
+                conn.output.clear();
+                conn.written = 0;
+                self.start_close(slot, "write failed or output over limit");
             }
-            return;
-        }
-        if failed || pending > MAX_OUTPUT {
-            let conn = &mut self.conns[slot];
-            if pending > MAX_OUTPUT {
-                log::debug!("{}: cut off: {pending} bytes of answers unread", who(conn));
-            }
-            conn.cut_off = true;
-            conn.output.clear();
-            conn.written = 0;
-            self.start_close(slot, "write failed or output over limit");
-            return;
-        }
-        let conn = &mut self.conns[slot];
-        let caught_up = conn.owed <= MAX_OWED / 2;
-        if conn.paused && pending <= PAUSE_OUTPUT / 2 && caught_up {
-            conn.paused = false;
-            self.schedule_read(slot);
+            Flushed::Resume => self.schedule_read(slot),
         }
     }
 
@@ -1335,8 +1180,7 @@ impl IoLoop {
     fn unlist(&mut self, slot: usize) -> Conn {
         let mut conn = self.conns.remove(slot);
         let _ = self.poll.registry().deregister(&mut conn.stream);
-        if conn.peer_only {
-            self.peer_only.retain(|(s, _, _)| *s != slot);
+        if conn.state.peer_only() {
             self.gauges.peer_slots_used.fetch_sub(1, Ordering::Relaxed);
         } else {
             self.gauges.conns.fetch_sub(1, Ordering::Relaxed);
@@ -1361,23 +1205,22 @@ impl IoLoop {
             self.free(slot);
             return;
         }
-        conn.lingering = true;
-        let id = conn.id;
+        conn.state.linger(self.clock.now());
         // Input may be waiting already (its edge came before), or the
         // client may have closed already: then it goes now.
-        if self.discard_input(slot) {
-            self.free(slot);
-            return;
+        if !self.drain(slot) {
+            self.arm(slot);
         }
-        self.lingers.push_back((slot, id, Instant::now() + LINGER));
     }
 
     /// Read and drop a lingering connection's input; free it once the
-    /// client has closed.
-    fn drain(&mut self, slot: usize) {
-        if self.discard_input(slot) {
+    /// client has closed (then true).
+    fn drain(&mut self, slot: usize) -> bool {
+        if self.discard_input(slot) && self.conns[slot].state.input_ended() == AtEof::Free {
             self.free(slot);
+            return true;
         }
+        false
     }
 
     /// Read and drop what a connection sends, up to READ_BUDGET bytes a
@@ -1402,37 +1245,12 @@ impl IoLoop {
         }
     }
 
-    /// Drop the lingering connections whose time is up (the client has not
-    /// closed its side).
-    fn expire_lingers(&mut self) {
-        let now = Instant::now();
-        while let Some((slot, id)) = pop_due(&mut self.lingers, now) {
-            if self.live_slot(id).is_some() && self.conns[slot].lingering {
-                self.free(slot);
-            }
-        }
-    }
-
     /// Close a connection whose output is flushed (its `close_notify`
     /// included, under TLS), or given up on.
     fn free(&mut self, slot: usize) {
         let conn = self.unlist(slot);
         log::debug!("{}: closed", who(&conn));
     }
-}
-
-/// The first entry of a deadline queue (kept in deadline order), taken
-/// off if it is due at `now`.
-fn pop_due(
-    queue: &mut VecDeque<(usize, ConnId, Instant)>,
-    now: Instant,
-) -> Option<(usize, ConnId)> {
-    let &(slot, id, due) = queue.front()?;
-    if due > now {
-        return None;
-    }
-    queue.pop_front();
-    Some((slot, id))
 }
 
 /// A worklist done with, emptied, holding what was added to `added` while
@@ -1451,27 +1269,19 @@ fn reuse(mut done: Vec<usize>, added: &mut Vec<usize>) -> Vec<usize> {
 fn owed_for(op: Op, key: Option<&protocol::Key>) -> u32 {
     match op {
         Op::Info => INFO_COST,
-        _ => key.map_or(0, |key| key.as_bytes().len() as u32) + ANSWER_ALLOWANCE,
+        Op::Acquire | Op::Release | Op::Keep | Op::Query | Op::Auth => {
+            key.map_or(0, |key| key.as_bytes().len() as u32) + ANSWER_ALLOWANCE
+        }
     }
 }
 
 /// What an answer from the owner pays back: [`owed_for`] the request it
-/// answers (every answer names its request's op and key).
+/// answers ([`Answer::request`] names its op and key). Nothing for
+/// `E - -`, about the connection, not a request (it is being cut off).
+/// (`U ok` never comes from the owner: a `U` is answered here, never owed.)
 #[inline]
 fn answer_owed(answer: &Answer) -> u32 {
-    match answer {
-        Answer::Granted { key, .. } | Answer::Timeout { key } => owed_for(Op::Acquire, Some(key)),
-        Answer::Released { key } | Answer::NotHeld { key } => owed_for(Op::Release, Some(key)),
-        Answer::Kept { key } => owed_for(Op::Keep, Some(key)),
-        Answer::Queried { key, .. } => owed_for(Op::Query, Some(key)),
-        Answer::Info(_) => owed_for(Op::Info, None),
-        Answer::Moved { op, key, .. }
-        | Answer::Error {
-            op: Some(op), key, ..
-        } => owed_for(*op, key.as_ref()),
-        // About the connection, not a request (it is being cut off).
-        Answer::Error { op: None, .. } | Answer::AuthOk => 0,
-    }
+    answer.request().map_or(0, |(op, key)| owed_for(op, key))
 }
 
 /// The line a connection over `--max-conns` gets before it is closed.
@@ -1492,15 +1302,6 @@ fn too_many_connections() -> Vec<u8> {
     line
 }
 
-/// `E - - <reason>`: the answer before a close.
-fn fatal_answer(reason: Reason) -> Answer {
-    Answer::Error {
-        op: None,
-        key: None,
-        reason,
-    }
-}
-
 /// `conn 2-17 (10.0.0.5:41234)`, for a log line: the connection and the
 /// client's address (asked of the socket only when the line is logged).
 fn who(conn: &Conn) -> String {
@@ -1515,6 +1316,16 @@ mod tests {
     use super::*;
 
     use crate::server::Config;
+    use crate::server::core::connection::{AUTH_DEADLINE_MS, Gate, MAX_OWED};
+
+    /// What a deadline may come after its time: it counts from the
+    /// rounded-up millisecond, so that it never fires early.
+    const ROUNDING: Duration = Duration::from_millis(1);
+
+    /// The loop's time `ms` from now (its deadlines take time passed in).
+    fn later(io_loop: &IoLoop, ms: u64) -> Now {
+        Now::at(io_loop.clock.now_ms() + ms, 0)
+    }
 
     /// A loop on a fresh loopback listener, with the owner's ends of its
     /// channels; its first round is done (nothing to accept).
@@ -1603,14 +1414,13 @@ mod tests {
             io_loop.accept_pending = true;
             io_loop.round();
         }
-        assert_eq!(io_loop.handshakes.len(), 1);
+        assert_eq!(io_loop.deadlines.len(), 1);
         assert_eq!(io_loop.gauges.conns.load(Ordering::Relaxed), 1);
         // Before the deadline it stays; after it, it is gone.
-        io_loop.expire_handshakes(admitted);
+        io_loop.fire_deadlines_at(io_loop.clock.now());
         assert_eq!(io_loop.conns.len(), 1);
-        let late = Instant::now() + Duration::from_millis(HANDSHAKE_MS + 1);
-        io_loop.expire_handshakes(late);
-        assert!(io_loop.conns.is_empty() && io_loop.handshakes.is_empty());
+        io_loop.fire_deadlines_at(later(&io_loop, HANDSHAKE_MS + 1));
+        assert!(io_loop.conns.is_empty() && io_loop.deadlines.is_empty());
         assert_eq!(io_loop.gauges.conns.load(Ordering::Relaxed), 0);
         // The owner never heard of it.
         assert!(inbound.try_recv().is_err());
@@ -1712,7 +1522,7 @@ mod tests {
             assert!(start.elapsed() < Duration::from_secs(10), "stuck");
             io_loop.accept_pending = true;
             turn(&mut io_loop);
-            if io_loop.conns.iter().any(|(_, c)| c.forgotten)
+            if io_loop.conns.iter().any(|(_, c)| c.state.is_forgotten())
                 && let Some(go) = go.take()
             {
                 // The close is decided; with this much unread, the node
@@ -1769,27 +1579,25 @@ mod tests {
     }
 
     #[test]
-    fn a_loop_with_a_delayed_close_wakes_for_it_and_not_before() {
-        let (mut io_loop, _inbound, _answers) = idle_loop(0);
-        let due = Instant::now() + BAD_AUTH_DELAY;
-        io_loop
-            .delayed_closes
-            .push_back((0, ConnId::new(0, 0, 1), due));
+    fn a_loop_with_a_wrong_secret_wakes_for_its_delay_then_answers_and_closes() {
+        let (mut io_loop, addr, _inbound) = gated_loop();
+        let mut wrong =
+            connect_and_send(&mut io_loop, addr, "U wrong-secret-0123456789\n", rejected);
         let timeout = io_loop
             .poll_timeout()
             .expect("a timeout, not an endless sleep");
         assert!(
-            timeout > Duration::ZERO && timeout <= BAD_AUTH_DELAY,
+            timeout > Duration::ZERO
+                && timeout <= Duration::from_millis(BAD_AUTH_DELAY_MS) + ROUNDING,
             "{timeout:?}"
         );
-        // Not due yet: the round leaves it; once due (the slot is long
-        // gone here), it is taken off.
+        // Not due yet: nothing happens; once due, the answer and the close.
+        io_loop.fire_deadlines_at(io_loop.clock.now());
+        assert!(!closing(&io_loop));
+        io_loop.fire_deadlines_at(later(&io_loop, BAD_AUTH_DELAY_MS + 1));
+        assert!(closing(&io_loop));
         io_loop.round();
-        assert_eq!(io_loop.delayed_closes.len(), 1);
-        io_loop.delayed_closes[0].2 = Instant::now();
-        io_loop.round();
-        assert!(io_loop.delayed_closes.is_empty());
-        assert_eq!(io_loop.poll_timeout(), None);
+        assert_eq!(read_line(&mut wrong), "E - - bad-auth");
     }
 
     /// A loop whose node wants `SECRET`, and its address.
@@ -1868,7 +1676,7 @@ mod tests {
                 })
                 .expect("the loop's channel");
             let start = Instant::now();
-            while !io_loop.conns.iter().any(|(_, c)| c.lingering) {
+            while !io_loop.conns.iter().any(|(_, c)| c.state.is_lingering()) {
                 assert!(start.elapsed() < Duration::from_secs(10), "no linger");
                 turn(&mut io_loop);
             }
@@ -1887,12 +1695,10 @@ mod tests {
                 turn(&mut io_loop);
                 assert_eq!(io_loop.conns.len(), 1, "lingers while its time runs");
                 let timeout = io_loop.poll_timeout().expect("a wake-up for the linger");
-                assert!(timeout <= LINGER, "{timeout:?}");
-                io_loop.lingers[0].2 = Instant::now();
-                io_loop.round();
+                assert!(timeout <= LINGER + ROUNDING, "{timeout:?}");
+                io_loop.fire_deadlines_at(later(&io_loop, LINGER_MS + 1));
                 assert!(io_loop.conns.is_empty(), "dropped when its time is up");
             }
-            io_loop.lingers.clear();
             assert_eq!(io_loop.gauges.conns.load(Ordering::Relaxed), 0);
         }
     }
@@ -1919,11 +1725,21 @@ mod tests {
     }
 
     fn opened(io_loop: &IoLoop) -> bool {
-        io_loop.conns.iter().any(|(_, c)| c.gate == Gate::Open)
+        io_loop
+            .conns
+            .iter()
+            .any(|(_, c)| c.state.gate() == Gate::Open)
+    }
+
+    fn rejected(io_loop: &IoLoop) -> bool {
+        io_loop
+            .conns
+            .iter()
+            .any(|(_, c)| c.state.gate() == Gate::Rejected)
     }
 
     fn closing(io_loop: &IoLoop) -> bool {
-        io_loop.conns.iter().any(|(_, c)| c.closing)
+        io_loop.conns.iter().any(|(_, c)| c.state.is_closing())
     }
 
     fn read_line(client: &mut std::net::TcpStream) -> String {
@@ -1938,73 +1754,57 @@ mod tests {
     #[test]
     fn a_wrong_secret_waits_for_its_timer_and_a_right_one_is_let_in() {
         let (mut io_loop, addr, _inbound) = gated_loop();
-        let _wrong = connect_and_send(&mut io_loop, addr, "U wrong-secret-0123456789\n", |l| {
-            !l.delayed_closes.is_empty()
-        });
-        assert_eq!(io_loop.delayed_closes.len(), 1);
-        let (slot, _, _) = io_loop.delayed_closes[0];
-        assert_eq!(io_loop.conns[slot].gate, Gate::Rejected);
+        let _wrong = connect_and_send(&mut io_loop, addr, "U wrong-secret-0123456789\n", rejected);
+        assert!(!closing(&io_loop), "answered only when its delay is up");
         let mut right = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
         assert_eq!(read_line(&mut right), "U ok");
-    }
-
-    #[test]
-    fn however_many_wrong_secrets_wait_out_their_delay_a_right_one_is_let_in() {
-        let (mut io_loop, addr, _inbound) = gated_loop();
-        let later = Instant::now() + Duration::from_secs(3600);
-        for serial in 0..10_000u32 {
-            let id = ConnId::new(0, 1 << 20, serial);
-            io_loop.delayed_closes.push_back((1 << 20, id, later));
-        }
-        let mut client = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
-        assert_eq!(read_line(&mut client), "U ok");
-        // And a wrong one still waits its turn, behind the others.
-        let _wrong = connect_and_send(&mut io_loop, addr, "U wrong-secret-0123456789\n", |l| {
-            l.delayed_closes.len() > 10_000
-        });
-        assert!(io_loop.conns.iter().any(|(_, c)| c.gate == Gate::Rejected));
     }
 
     #[test]
     fn a_connection_silent_past_the_auth_deadline_is_closed() {
         let (mut io_loop, addr, _inbound) = gated_loop();
         let mut silent = connect_and_send(&mut io_loop, addr, "", |l| !l.conns.is_empty());
-        assert_eq!(io_loop.auth_deadlines.len(), 1);
+        assert_eq!(io_loop.deadlines.len(), 1);
         let timeout = io_loop.poll_timeout().expect("a wake-up for the deadline");
-        assert!(timeout <= AUTH_DEADLINE, "{timeout:?}");
+        assert!(
+            timeout <= Duration::from_millis(AUTH_DEADLINE_MS) + ROUNDING,
+            "{timeout:?}"
+        );
         // Not due yet: nothing happens.
         io_loop.round();
         assert!(!closing(&io_loop));
         // Due: answered and closed, without a line from the client.
-        io_loop.auth_deadlines[0].2 = Instant::now();
-        io_loop.round();
+        io_loop.fire_deadlines_at(later(&io_loop, AUTH_DEADLINE_MS + 1));
         assert!(closing(&io_loop));
-        assert!(io_loop.auth_deadlines.is_empty());
+        assert!(io_loop.deadlines.is_empty());
+        io_loop.round();
         assert_eq!(read_line(&mut silent), "E - - auth-required");
         // One that authenticated in time is left alone when its deadline
         // comes.
         let (mut io_loop, addr, _inbound) = gated_loop();
         let mut right = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
         assert_eq!(read_line(&mut right), "U ok");
-        io_loop.auth_deadlines[0].2 = Instant::now();
-        io_loop.round();
-        assert!(io_loop.auth_deadlines.is_empty());
+        io_loop.fire_deadlines_at(later(&io_loop, AUTH_DEADLINE_MS + 1));
+        assert!(io_loop.deadlines.is_empty());
         assert!(opened(&io_loop) && !closing(&io_loop));
     }
 
     #[test]
-    fn auth_deadlines_of_gone_connections_do_not_pile_up() {
+    fn deadlines_of_gone_connections_do_not_pile_up_or_keep_anyone_out() {
         let (mut io_loop, addr, _inbound) = gated_loop();
         // Entries of connections long gone (as after a storm of short
-        // connections), all due far off.
-        let later = Instant::now() + Duration::from_secs(3600);
+        // connections, or of wrong secrets), all due far off.
+        let far = io_loop.clock.now_ms() + 3_600_000;
         for serial in 0..10_000u32 {
-            let id = ConnId::new(0, 1 << 20, serial);
-            io_loop.auth_deadlines.push_back((1 << 20, id, later));
+            io_loop.deadlines.push(far, ConnId::new(0, 1 << 20, serial));
         }
-        let _client = connect_and_send(&mut io_loop, addr, "", |l| !l.conns.is_empty());
-        // Only the live, waiting connection's entry is left.
-        assert_eq!(io_loop.auth_deadlines.len(), 1);
+        let mut right = connect_and_send(&mut io_loop, addr, &format!("U {SECRET}\n"), opened);
+        assert_eq!(read_line(&mut right), "U ok");
+        let _wrong = connect_and_send(&mut io_loop, addr, "U wrong-secret-0123456789\n", rejected);
+        // The stale entries are gone: what is left is the live
+        // connections' few (an authentication deadline, a bad-auth delay).
+        assert!(io_loop.deadlines.len() <= 4, "{}", io_loop.deadlines.len());
+        assert!(io_loop.deadlines.next() < Some(far));
     }
 
     /// Run the loop as `run` does (poll, events, round) once.
@@ -2057,8 +1857,12 @@ mod tests {
                 assert!(conn.partial.len() <= READ_CHUNK + protocol::MAX_LINE);
                 if taken - answered == per_turn && taken < SENT {
                     // Stopped mid-buffer, the rest held.
-                    assert!(conn.paused && conn.held_input && !conn.partial.is_empty());
-                    assert_eq!(conn.owed, MAX_OWED);
+                    assert!(
+                        conn.state.is_paused()
+                            && conn.state.holds_input()
+                            && !conn.partial.is_empty()
+                    );
+                    assert_eq!(conn.state.owed(), MAX_OWED);
                     stops += 1;
                 }
             }
@@ -2077,7 +1881,7 @@ mod tests {
         // Every answer paid back what its request cost.
         turn(&mut io_loop);
         let (_, conn) = io_loop.conns.iter().next().expect("still open");
-        assert_eq!((conn.inflight, conn.owed), (0, 0));
+        assert_eq!((conn.state.inflight(), conn.state.owed()), (0, 0));
     }
 
     #[test]
