@@ -166,15 +166,22 @@ impl OwnerRound {
         let effects = self.core.end_round(now);
         let answered = !effects.answers.is_empty();
         let redirected = std::mem::take(&mut effects.redirected);
-        for msg in effects.to_cluster.drain(..) {
-            ports.queue_for_repl(msg);
+        // (Most rounds have no message and no close: no drain for them.)
+        if !effects.to_cluster.is_empty() {
+            for msg in effects.to_cluster.drain(..) {
+                ports.queue_for_repl(msg);
+            }
         }
-        for (conn, answer) in effects.answers.drain(..) {
-            self.stats.count_answer(&answer);
-            ports.answer(conn, answer);
+        if answered {
+            for (conn, answer) in effects.answers.drain(..) {
+                self.stats.count_answer(&answer);
+                ports.answer(conn, answer);
+            }
         }
-        for conn in effects.forgotten.drain(..) {
-            ports.forget(conn);
+        if !effects.forgotten.is_empty() {
+            for conn in effects.forgotten.drain(..) {
+                ports.forget(conn);
+            }
         }
         if answered {
             ports.answered();
