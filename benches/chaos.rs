@@ -84,7 +84,7 @@ fn main() {
         duration.as_secs_f64()
     );
     println!(
-        "{:<8} {:>6} {:>7} {:>6} {:>9} {:>9} {:>8} {:>9} {:>10} {:>9} {:>8}",
+        "{:<8} {:>6} {:>7} {:>6} {:>9} {:>9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>10} {:>10} {:>9} {:>8}",
         "grace",
         "faults",
         "ops",
@@ -93,13 +93,17 @@ fn main() {
         "overlaps",
         "outside",
         "rejected",
+        "sem-ops",
+        "sem-rej",
+        "sem-stale",
+        "sem-crowds",
         "no-active",
         "unsynced",
         "checks"
     );
     for r in &reports {
         println!(
-            "{:<8} {:>6} {:>7} {:>6.0} {:>9} {:>9} {:>8} {:>9} {:>9.3}s {:>9} {:>8}",
+            "{:<8} {:>6} {:>7} {:>6.0} {:>9} {:>9} {:>8} {:>9} {:>7} {:>8} {:>9} {:>10} {:>9.3}s {:>9} {:>8}",
             r.promotion_grace
                 .map_or("off".to_string(), |g| format!("{}s", g.as_secs_f64())),
             r.faults.values().sum::<u64>(),
@@ -109,6 +113,14 @@ fn main() {
             r.overlaps,
             r.overlaps_outside,
             r.writes_rejected,
+            r.sem.cycles,
+            r.sem_rejected,
+            r.sem_stale_accepted,
+            format!(
+                "{}/{}",
+                r.sem_over_limit + r.sem_slot_twice,
+                r.sem_over_limit_outside + r.sem_slot_twice_outside
+            ),
             r.longest_no_active.as_secs_f64(),
             r.unsynced,
             if r.failures.is_empty() {
@@ -120,7 +132,10 @@ fn main() {
     }
     println!(
         "overlaps: critical sections of one key held by two workers at once (outside: not in a \
-         fault window); rejected: fenced writes refused for a stale token; no-active: longest \
+         fault window); rejected: fenced writes refused for a stale token; sem-: the semaphore key (limit 3): \
+         operations, writes refused for a stale token of their slot, stale tokens accepted (must \
+         be 0), moments over the limit or with a slot held twice (in all/outside fault \
+         windows); no-active: longest \
          time no node served; unsynced: episodes after which redundancy did not come back"
     );
     if reports.iter().any(|r| !r.failures.is_empty()) {

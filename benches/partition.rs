@@ -38,6 +38,9 @@ mod cluster_key;
 #[path = "../tests/chaos_harness/schedule.rs"]
 mod schedule;
 #[allow(dead_code)]
+#[path = "../tests/chaos_harness/wire.rs"]
+mod wire;
+#[allow(dead_code)]
 #[path = "../tests/chaos_harness/workers.rs"]
 mod workers;
 
@@ -55,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use schedule::Rng;
-use workers::{Resource, WorkerLog, Workload};
+use workers::{Resource, Resources, SemResource, WorkerLog, Workload};
 
 /// The first three octets of every address of the run.
 const SUBNET: &str = "10.213.0";
@@ -686,13 +689,21 @@ fn run(o: &Options) -> Result<bool, String> {
     }
     let (episodes, logs, resource) = result?;
     let ok = check(
-        o, detect_ms, &episodes, &logs, &resource, samples, started, &mut nodes, &mut out,
+        o,
+        detect_ms,
+        &episodes,
+        &logs,
+        &resource.keys,
+        samples,
+        started,
+        &mut nodes,
+        &mut out,
     );
     let _ = std::fs::write(dir.join("report.txt"), &out);
     Ok(ok)
 }
 
-type Driven = (Vec<Episode>, Vec<WorkerLog>, Arc<Resource>);
+type Driven = (Vec<Episode>, Vec<WorkerLog>, Arc<Resources>);
 
 fn drive(
     o: &Options,
@@ -715,9 +726,15 @@ fn drive(
         wait: Duration::from_millis(500),
         request_timeout: Duration::from_secs(1),
         max_work: Duration::from_millis(10),
+        // Mutex keys only.
+        sem_limit: 3,
+        sem_share: 0.0,
     };
     let slack = slack(o.detect);
-    let resource = Arc::new(Resource::default());
+    let resource = Arc::new(Resources {
+        keys: Resource::default(),
+        sem: SemResource::new(workload.sem_limit),
+    });
     let stop = Arc::new(AtomicBool::new(false));
     let servers: Vec<String> = (0..o.nodes)
         .map(|i| format!("{}:{PORT}", Net::node_ip(i)))

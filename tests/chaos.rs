@@ -1,8 +1,10 @@
 //! The short chaos run, part of `cargo test --release`: a 3-node cluster on
-//! loopback, 16 workers with the official client, SIGKILL, SIGSTOP/SIGCONT
-//! and SIGTERM of nodes on a schedule drawn from a seed, then every check
-//! of `chaos_harness` (fencing, overlaps only in fault windows, no hang,
-//! convergence). About 30 s.
+//! loopback, 16 workers with the official client on mutex keys and, a
+//! quarter of the time, on a semaphore key of limit 3, SIGKILL,
+//! SIGSTOP/SIGCONT and SIGTERM of nodes on a schedule drawn from a seed,
+//! then every check of `chaos_harness` (fencing, per slot for the
+//! semaphore; overlaps, and more holders than the limit, only in fault
+//! windows; no hang; convergence). About 30 s.
 //!
 //! The seed is fixed, or taken from `BATON_CHAOS_SEED`; the promotion grace
 //! is off, or `BATON_CHAOS_GRACE` seconds. Long runs, with the grace off and
@@ -47,6 +49,25 @@ fn a_short_chaos_run_keeps_fencing_and_exclusion_outside_fault_windows_and_conve
         report.failures.join("\n")
     );
     assert!(report.cycles > 0, "no operation completed");
+    // The semaphore's hard invariant, whatever the faults: the resource,
+    // fencing per slot, never let a stale token through (also among the
+    // failures above; asserted on its own so it can never be waived).
+    assert_eq!(
+        report.sem_stale_accepted, 0,
+        "the semaphore's resource accepted stale tokens"
+    );
+    // More holders than the limit, or a slot held twice, only in fault
+    // windows (the failures above list any outside).
+    assert_eq!(
+        (report.sem_over_limit_outside, report.sem_slot_twice_outside),
+        (0, 0),
+        "semaphore over its limit outside fault windows"
+    );
+    assert!(report.sem.cycles > 0, "no semaphore operation completed");
+    assert!(
+        report.sem_most_in_flight > 1,
+        "the semaphore never had two holders at once: its limit went unused"
+    );
     assert!(report.episodes_run > 0, "no fault was injected");
 }
 

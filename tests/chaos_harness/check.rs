@@ -1,6 +1,7 @@
 //! The checks of a chaos run, done after it from what was recorded: the
-//! fenced resource's write log, the workers' critical sections and slow
-//! calls, the fault actions and the monitor's samples.
+//! fenced resources' write logs (the semaphore's with the moments it had
+//! too many writes in flight), the workers' critical sections, grants and
+//! slow calls, the fault actions and the monitor's samples.
 //!
 //! Owns: the fault windows and every verdict. A fault window, precisely:
 //! from the first action of an episode (the SIGKILL, SIGSTOP or SIGTERM) to
@@ -12,12 +13,12 @@
 //!
 //! Pure: no threads, no I/O, no clock — everything is passed in.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::cluster::Event;
 use super::monitor::{Level, Sample};
-use super::workers::{Section, Write};
+use super::workers::{Crowd, Section, SemGrant, SemRecord, SemWrite, Write};
 
 /// Added to the end of every fault window: a critical section that started
 /// just before the cluster converged may still be running, and the worker
@@ -146,8 +147,9 @@ pub struct Fencing {
     pub duplicate_tokens: Vec<u64>,
 }
 
-/// Check the resource's log and the tokens of every section.
-pub fn fencing(log: &[Write], sections: &[Section], windows: &[Window]) -> Fencing {
+/// Check the resource's log, and that no token of `tokens` (every grant's,
+/// of every key) came twice.
+pub fn fencing(log: &[Write], tokens: &[u64], windows: &[Window]) -> Fencing {
     let mut out = Fencing::default();
     let mut last: HashMap<u32, u64> = HashMap::new();
     for w in log {
@@ -166,9 +168,89 @@ pub fn fencing(log: &[Write], sections: &[Section], windows: &[Window]) -> Fenci
         }
     }
     let mut seen = HashSet::new();
-    for s in sections {
-        if !seen.insert(s.token) {
-            out.duplicate_tokens.push(s.token);
+    for &t in tokens {
+        if !seen.insert(t) {
+            out.duplicate_tokens.push(t);
+        }
+    }
+    out
+}
+
+/// The semaphore key's verdicts: fencing per slot (hard: never a stale
+/// token accepted), and the holders the resource had at once (more than the
+/// limit, or a slot twice, only in a fault window).
+#[derive(Debug, Default)]
+pub struct SemCheck {
+    pub accepted: u64,
+    pub rejected: u64,
+    /// Rejected writes by slot.
+    pub rejected_by_slot: BTreeMap<u32, u64>,
+    /// Rejected writes outside every fault window (the slot's tokens out of
+    /// order with no fault to explain it).
+    pub rejected_outside: Vec<SemWrite>,
+    /// Accepted writes whose token was not above the last accepted for the
+    /// slot: a stale token let through. Must never happen.
+    pub accepted_stale: Vec<SemWrite>,
+    /// Rejected writes whose token was above the slot's last: the fence
+    /// refusing a current holder. Must never happen.
+    pub rejected_fresh: Vec<SemWrite>,
+    /// Grants with a slot not below the limit.
+    pub bad_slots: Vec<SemGrant>,
+    /// Moments a write began with more than the limit in flight.
+    pub over_limit: usize,
+    pub over_limit_outside: Vec<Crowd>,
+    /// Moments a write began on a slot already in flight.
+    pub slot_twice: usize,
+    pub slot_twice_outside: Vec<Crowd>,
+    /// The most writes in flight at once.
+    pub most_in_flight: u32,
+}
+
+/// Check the semaphore's resource record and its grants.
+pub fn semaphore(
+    record: &SemRecord,
+    grants: &[SemGrant],
+    limit: u32,
+    windows: &[Window],
+) -> SemCheck {
+    let mut out = SemCheck {
+        most_in_flight: record.most_in_flight,
+        ..SemCheck::default()
+    };
+    let mut last: HashMap<u32, u64> = HashMap::new();
+    for w in &record.log {
+        let prev = last.get(&w.slot).copied().unwrap_or(0);
+        if w.accepted {
+            out.accepted += 1;
+            if w.token <= prev {
+                out.accepted_stale.push(*w);
+            }
+            last.insert(w.slot, w.token.max(prev));
+        } else {
+            out.rejected += 1;
+            *out.rejected_by_slot.entry(w.slot).or_default() += 1;
+            if w.token > prev {
+                out.rejected_fresh.push(*w);
+            }
+            if !in_any(windows, w.at) {
+                out.rejected_outside.push(*w);
+            }
+        }
+    }
+    out.bad_slots = grants.iter().filter(|g| g.slot >= limit).copied().collect();
+    for c in &record.crowds {
+        let outside = !in_any(windows, c.at);
+        if c.holders > limit {
+            out.over_limit += 1;
+            if outside {
+                out.over_limit_outside.push(*c);
+            }
+        }
+        if c.slot_holders > 1 {
+            out.slot_twice += 1;
+            if outside {
+                out.slot_twice_outside.push(*c);
+            }
         }
     }
     out
@@ -267,10 +349,67 @@ mod tests {
             converged: None,
             to: t0 + Duration::from_millis(50),
         }];
-        let f = fencing(&log, &[], &windows);
+        let f = fencing(&log, &[7, 8, 7], &windows);
         assert_eq!((f.accepted, f.rejected), (2, 2));
         assert_eq!(f.rejected_outside.len(), 1);
         assert_eq!(f.rejected_outside[0].token, 3);
         assert!(f.accepted_smaller.is_empty());
+        assert_eq!(f.duplicate_tokens, [7]);
+    }
+
+    #[test]
+    fn the_semaphore_check_fences_per_slot_and_counts_crowds_outside_windows() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let w = |ms: u64, slot: u32, token: u64, accepted: bool| SemWrite {
+            at: at(ms),
+            slot,
+            token,
+            worker: 0,
+            accepted,
+        };
+        let crowd = |ms: u64, holders: u32, slot_holders: u32| Crowd {
+            at: at(ms),
+            slot: 0,
+            token: 1,
+            worker: 0,
+            holders,
+            slot_holders,
+        };
+        let record = SemRecord {
+            log: vec![
+                w(0, 0, 10, true),
+                w(1, 1, 5, true), // below slot 0's last, but another slot
+                w(2, 0, 9, false),
+                w(300, 1, 4, false),  // outside the window
+                w(301, 1, 3, true),   // a stale token let through
+                w(302, 2, 20, false), // a current holder refused
+            ],
+            crowds: vec![crowd(10, 4, 1), crowd(20, 2, 2), crowd(400, 4, 2)],
+            most_in_flight: 4,
+        };
+        let grants = [SemGrant {
+            worker: 0,
+            token: 30,
+            slot: 3,
+            at: at(0),
+        }];
+        let windows = [Window {
+            episode: 0,
+            from: at(0),
+            converged: None,
+            to: at(50),
+        }];
+        let c = semaphore(&record, &grants, 3, &windows);
+        assert_eq!((c.accepted, c.rejected), (3, 3));
+        assert_eq!(c.rejected_by_slot, BTreeMap::from([(0, 1), (1, 1), (2, 1)]));
+        let tokens = |ws: &[SemWrite]| ws.iter().map(|w| w.token).collect::<Vec<_>>();
+        assert_eq!(tokens(&c.rejected_outside), [4, 20]);
+        assert_eq!(tokens(&c.accepted_stale), [3]);
+        assert_eq!(tokens(&c.rejected_fresh), [20]);
+        assert_eq!(c.bad_slots.len(), 1);
+        assert_eq!((c.over_limit, c.over_limit_outside.len()), (2, 1));
+        assert_eq!((c.slot_twice, c.slot_twice_outside.len()), (2, 1));
+        assert_eq!(c.most_in_flight, 4);
     }
 }

@@ -22,7 +22,7 @@ use super::check::{CRASH, SETUP};
 use super::cluster::{Cluster, Event, NODES, Status};
 use super::monitor::{self, Level, Observed, Sample};
 use super::schedule::{self, Episode, Fault, Gap};
-use super::workers::{self, Resource, WorkerLog, Write};
+use super::workers::{self, Resource, Resources, SemRecord, SemResource, WorkerLog, Write};
 use super::{CONVERGE_BOUND, EXIT_BOUND, FINAL_QUIET, Options, SYNC_BOUND, TAIL, secs};
 
 /// Everything a run recorded, for the checks.
@@ -40,6 +40,7 @@ pub struct Recorded {
     pub events: Vec<Event>,
     pub samples: Vec<Sample>,
     pub writes: Vec<Write>,
+    pub sem: SemRecord,
     pub logs: Vec<WorkerLog>,
     pub findings: Findings,
 }
@@ -271,7 +272,10 @@ pub fn drive(o: &Options, schedule: &[Episode], out: &mut String) -> Recorded {
     let mut cluster = Cluster::new(ports, &detect, grace.as_deref(), &o.dir, started);
     let stop = Arc::new(AtomicBool::new(false));
     let observed = Arc::new(Mutex::new(Observed::default()));
-    let resource = Arc::new(Resource::default());
+    let resources = Arc::new(Resources {
+        keys: Resource::default(),
+        sem: SemResource::new(o.workload.sem_limit),
+    });
     let mut findings = Findings::default();
 
     let (logs, played) = std::thread::scope(|scope| {
@@ -293,17 +297,17 @@ pub fn drive(o: &Options, schedule: &[Episode], out: &mut String) -> Recorded {
         let t0 = Instant::now();
         let handles: Vec<_> = (0..o.workload.workers)
             .map(|i| {
-                let (servers, workload, resource, halt) = (
+                let (servers, workload, resources, halt) = (
                     cluster.names.clone(),
                     o.workload.clone(),
-                    resource.clone(),
+                    resources.clone(),
                     stop.clone(),
                 );
                 let (seed, slack) = (o.seed, o.slack);
                 std::thread::Builder::new()
                     .name(format!("chaos-worker-{i}"))
                     .spawn_scoped(scope, move || {
-                        workers::run(i as u16, seed, servers, workload, slack, resource, halt)
+                        workers::run(i as u16, seed, servers, workload, slack, resources, halt)
                     })
                     .expect("spawn a worker")
             })
@@ -336,7 +340,8 @@ pub fn drive(o: &Options, schedule: &[Episode], out: &mut String) -> Recorded {
         final_converged: played.final_converged,
         events,
         samples,
-        writes: resource.take_log(),
+        writes: resources.keys.take_log(),
+        sem: resources.sem.take(),
         logs,
         findings,
     }

@@ -1,6 +1,7 @@
 //! The chaos run of baton: a 3-node cluster on loopback, 16 workers using
-//! the official client on a few hot keys and many cold ones, a fault
-//! schedule drawn from a printed seed, and checks at the end.
+//! the official client on a few hot keys and many cold ones, and a
+//! semaphore key of limit 3 (`wire.rs`), a fault schedule drawn from a
+//! printed seed, and checks at the end.
 //!
 //! Owns: [`run`], the driver — it starts the cluster, the monitor
 //! (`monitor.rs`) and the workers (`workers.rs`), plays the schedule
@@ -14,6 +15,15 @@
 //!   accepted; every write it rejected (a token smaller than one it had
 //!   accepted: tokens not increasing in the order the resource saw them)
 //!   fell in a fault window; no token was granted twice;
+//! - the semaphore's fencing, per (key, slot): the resource never accepted
+//!   a token not above the last it accepted for the slot (a stale token let
+//!   through: the hard invariant, whatever the faults) nor refused one above
+//!   it; every write it rejected fell in a fault window; no grant had a
+//!   slot outside 0..limit;
+//! - the semaphore's exclusion: every moment the resource had more than the
+//!   limit of writes in flight, or one slot's twice, began in a fault
+//!   window (keys of a limit above 1 are not replicated: a new active does
+//!   not know their holders, so they can be granted afresh);
 //! - mutual exclusion: every overlap of two workers' critical sections on
 //!   one key began in a fault window (see `check.rs` for the definition);
 //! - no hang: every acquire returned within wait + request timeout + slack,
@@ -44,6 +54,7 @@ pub mod driver;
 pub mod monitor;
 pub mod report;
 pub mod schedule;
+pub mod wire;
 pub mod workers;
 
 #[path = "../common/cluster_key.rs"]
@@ -94,7 +105,8 @@ pub struct Options {
 
 impl Options {
     /// The standard run: `--detect 0.5`, 16 workers, 3 hot keys and 256
-    /// cold ones, a 6 s lease, a 0.5 s wait, a 1 s request timeout.
+    /// cold ones, a quarter of the operations on a semaphore key of limit
+    /// 3, a 6 s lease, a 0.5 s wait, a 1 s request timeout.
     pub fn new(duration: Duration, seed: u64, promotion_grace: Option<Duration>) -> Options {
         let grace_name =
             promotion_grace.map_or("off".to_string(), |g| format!("{}", g.as_secs_f64()));
@@ -112,6 +124,8 @@ impl Options {
                 wait: Duration::from_millis(500),
                 request_timeout: Duration::from_secs(1),
                 max_work: Duration::from_millis(10),
+                sem_limit: 3,
+                sem_share: 0.25,
             },
             slack: Duration::from_millis(500),
             require_sync: true,
@@ -145,6 +159,22 @@ pub struct Report {
     pub writes_rejected: u64,
     pub overlaps: usize,
     pub overlaps_outside: usize,
+    /// The semaphore key's calls.
+    pub sem: workers::SemTally,
+    pub sem_accepted: u64,
+    pub sem_rejected: u64,
+    /// Rejected semaphore writes by slot.
+    pub sem_rejected_by_slot: BTreeMap<u32, u64>,
+    /// Semaphore writes accepted with a stale token (must be 0).
+    pub sem_stale_accepted: usize,
+    /// Moments more than the limit held the semaphore's resource at once,
+    /// and how many of them were outside fault windows.
+    pub sem_over_limit: usize,
+    pub sem_over_limit_outside: usize,
+    /// Moments one slot was held twice at once, and outside fault windows.
+    pub sem_slot_twice: usize,
+    pub sem_slot_twice_outside: usize,
+    pub sem_most_in_flight: u32,
     pub longest_overlap: Duration,
     pub windows_total: Duration,
     pub longest_acquire: Duration,
@@ -182,12 +212,16 @@ pub fn run(options: &Options) -> Report {
     );
     say!(
         out,
-        "workload: {} workers, {} hot keys ({:.0}% of operations) and {} cold ones, lease {:?}, \
-         wait {:?}, request timeout {:?}, work in a critical section 0..={:?}",
+        "workload: {} workers, {} hot keys ({:.0}% of operations) and {} cold ones, the \
+         semaphore key {} of limit {} ({:.0}%), lease {:?}, wait {:?}, request timeout {:?}, \
+         work in a critical section 0..={:?}",
         w.workers,
         w.hot_keys,
-        w.hot_share * 100.0,
+        (1.0 - w.sem_share) * w.hot_share * 100.0,
         w.cold_keys,
+        workers::SEM_NAME,
+        w.sem_limit,
+        w.sem_share * 100.0,
         w.lease,
         w.wait,
         w.request_timeout,

@@ -11,11 +11,11 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use super::check::{self, Fencing, Overlap, SETUP, Window};
+use super::check::{self, Fencing, Overlap, SETUP, SemCheck, Window};
 use super::driver::{Recorded, episode_name};
 use super::monitor;
 use super::schedule::Episode;
-use super::workers::{self, Section, SlowCall, WorkerLog};
+use super::workers::{self, Crowd, Section, SemGrant, SemWrite, SlowCall, WorkerLog};
 use super::{CONVERGE_BOUND, Options, Report, secs};
 
 /// Violations of one kind listed in full, at most.
@@ -30,7 +30,7 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
         episodes_run: rec.episodes_run,
         ..Report::default()
     };
-    let (sections, slow) = tally(&mut report, rec.logs);
+    let (sections, sem_grants, slow) = tally(&mut report, rec.logs);
     for e in rec.events.iter().filter(|e| e.episode != SETUP) {
         if matches!(e.what, "SIGKILL" | "SIGSTOP" | "SIGTERM") {
             *report.faults.entry(e.what).or_default() += 1;
@@ -55,7 +55,22 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
         (Some(a), Some(c)) => Some(c.saturating_duration_since(a)),
         _ => None,
     };
-    let fencing = check::fencing(&rec.writes, &sections, &windows);
+    let tokens: Vec<u64> = sections
+        .iter()
+        .map(|s| s.token)
+        .chain(sem_grants.iter().map(|g| g.token))
+        .collect();
+    let fencing = check::fencing(&rec.writes, &tokens, &windows);
+    let sem = check::semaphore(&rec.sem, &sem_grants, o.workload.sem_limit, &windows);
+    report.sem_accepted = sem.accepted;
+    report.sem_rejected = sem.rejected;
+    report.sem_rejected_by_slot = sem.rejected_by_slot.clone();
+    report.sem_stale_accepted = sem.accepted_stale.len();
+    report.sem_over_limit = sem.over_limit;
+    report.sem_over_limit_outside = sem.over_limit_outside.len();
+    report.sem_slot_twice = sem.slot_twice;
+    report.sem_slot_twice_outside = sem.slot_twice_outside.len();
+    report.sem_most_in_flight = sem.most_in_flight;
     report.writes_accepted = fencing.accepted;
     report.writes_rejected = fencing.rejected;
     let overlaps = check::overlaps(&sections);
@@ -76,6 +91,7 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
     };
     let mut failures = rec.findings.failures;
     failures.extend(violations(o, &at, &fencing, &outside, &slow));
+    failures.extend(sem_violations(o, &at, &sem));
     print_figures(
         o,
         planned,
@@ -86,6 +102,7 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
         no_active,
         &mut out,
     );
+    print_sem(o, &report, &mut out);
     report.unsynced = rec.findings.unsynced.len();
     if o.require_sync {
         failures.extend(rec.findings.unsynced);
@@ -113,12 +130,19 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
     report
 }
 
-/// Sum the workers' logs into `report`; every section and every slow call.
-fn tally(report: &mut Report, logs: Vec<WorkerLog>) -> (Vec<Section>, Vec<SlowCall>) {
+/// Sum the workers' logs into `report`; every section, every semaphore
+/// grant and every slow call.
+fn tally(
+    report: &mut Report,
+    logs: Vec<WorkerLog>,
+) -> (Vec<Section>, Vec<SemGrant>, Vec<SlowCall>) {
     let mut sections = Vec::new();
+    let mut sem_grants = Vec::new();
     let mut slow = Vec::new();
     for log in logs {
         sections.extend(log.sections);
+        sem_grants.extend(log.sem_grants);
+        report.sem.add(log.sem);
         slow.extend(log.slow);
         report.cycles += log.cycles;
         report.acquire_timeouts += log.acquire_timeouts;
@@ -132,7 +156,7 @@ fn tally(report: &mut Report, logs: Vec<WorkerLog>) -> (Vec<Section>, Vec<SlowCa
         report.longest_acquire = report.longest_acquire.max(log.longest_acquire);
         report.longest_release = report.longest_release.max(log.longest_release);
     }
-    (sections, slow)
+    (sections, sem_grants, slow)
 }
 
 /// The time covered by at least one window.
@@ -281,6 +305,140 @@ fn violations(
         }),
     );
     lines
+}
+
+/// One line per violation of the semaphore's fencing and exclusion checks
+/// (at most [`LISTED`] of each kind, then a count).
+fn sem_violations(o: &Options, at: &Timing, sem: &SemCheck) -> Vec<String> {
+    let name = workers::SEM_NAME;
+    let limit = o.workload.sem_limit;
+    let mut lines = Vec::new();
+    let mut list = |all: usize, what: &str, each: &mut dyn Iterator<Item = String>| {
+        lines.extend(each.take(LISTED));
+        if all > LISTED {
+            lines.push(format!("... {all} {what} in all"));
+        }
+    };
+    let write = |x: &SemWrite| {
+        format!(
+            "worker {} wrote {name} slot {} with token {} at {:.3}s",
+            x.worker,
+            x.slot,
+            x.token,
+            at.s(x.at)
+        )
+    };
+    list(
+        sem.accepted_stale.len(),
+        "stale semaphore writes accepted",
+        &mut sem.accepted_stale.iter().map(|x| {
+            format!(
+                "STALE TOKEN ACCEPTED: {}, not above the last token accepted for the slot",
+                write(x)
+            )
+        }),
+    );
+    list(
+        sem.rejected_fresh.len(),
+        "current semaphore holders refused",
+        &mut sem.rejected_fresh.iter().map(|x| {
+            format!(
+                "{}: refused though above the last token accepted for the slot",
+                write(x)
+            )
+        }),
+    );
+    list(
+        sem.rejected_outside.len(),
+        "semaphore writes rejected outside fault windows",
+        &mut sem.rejected_outside.iter().map(|x| {
+            format!(
+                "{}: below a token already accepted for the slot, outside every fault window ({})",
+                write(x),
+                at.nearest_window(x.at)
+            )
+        }),
+    );
+    list(
+        sem.bad_slots.len(),
+        "semaphore grants with a slot out of range",
+        &mut sem.bad_slots.iter().map(|g| {
+            format!(
+                "worker {} was granted {name} (limit {limit}) in slot {} with token {} at {:.3}s",
+                g.worker,
+                g.slot,
+                g.token,
+                at.s(g.at)
+            )
+        }),
+    );
+    let crowd = |c: &Crowd, what: &str| {
+        format!(
+            "{what} outside every fault window: worker {} began writing {name} slot {} with token              {} at {:.3}s with {} writes in flight (limit {limit}), {} on its slot ({})",
+            c.worker,
+            c.slot,
+            c.token,
+            at.s(c.at),
+            c.holders,
+            c.slot_holders,
+            at.nearest_window(c.at)
+        )
+    };
+    list(
+        sem.over_limit_outside.len(),
+        "over-limit moments outside fault windows",
+        &mut sem
+            .over_limit_outside
+            .iter()
+            .map(|c| crowd(c, "more holders than the limit")),
+    );
+    list(
+        sem.slot_twice_outside.len(),
+        "slots held twice outside fault windows",
+        &mut sem
+            .slot_twice_outside
+            .iter()
+            .map(|c| crowd(c, "a slot held twice")),
+    );
+    lines
+}
+
+/// Print the semaphore key's figures.
+fn print_sem(o: &Options, r: &Report, out: &mut String) {
+    let s = &r.sem;
+    say!(
+        out,
+        "semaphore {} (limit {}): operations {}; acquire timeouts {}; acquire errors {:?}; \
+         releases not held {} (a grant the active did not know: lost in a failover); release \
+         errors {:?}",
+        workers::SEM_NAME,
+        o.workload.sem_limit,
+        s.cycles,
+        s.acquire_timeouts,
+        s.acquire_errors,
+        s.release_not_held,
+        s.release_errors
+    );
+    say!(
+        out,
+        "semaphore fencing per slot: {} writes accepted, {} rejected (stale token for the slot; \
+         by slot {:?}), {} stale tokens accepted",
+        r.sem_accepted,
+        r.sem_rejected,
+        r.sem_rejected_by_slot,
+        r.sem_stale_accepted
+    );
+    say!(
+        out,
+        "semaphore holders (writes in flight at the resource): at most {} at once; {} moments \
+         over the limit ({} outside fault windows), {} moments a slot was held twice ({} \
+         outside fault windows)",
+        r.sem_most_in_flight,
+        r.sem_over_limit,
+        r.sem_over_limit_outside,
+        r.sem_slot_twice,
+        r.sem_slot_twice_outside
+    );
 }
 
 /// Print the figures of the run.
