@@ -1,7 +1,8 @@
 //! The verdicts and the report of a chaos run, from what the driver
 //! recorded: every check of `check.rs` applied, the figures summed, the
-//! report printed and saved with the fault log, the fault windows and a
-//! timeline of the cluster in the run's directory.
+//! report printed and saved with the fault log, the fault windows, every
+//! overlap, every crowd at the semaphore's resource and a timeline of the
+//! cluster in the run's directory.
 //!
 //! Owns: turning a [`Recorded`] into a [`Report`]. Runs on the caller's
 //! thread after every process and thread of the run is gone.
@@ -125,6 +126,7 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
     let _ = writeln!(out, "seed {} reproduces this schedule", o.seed);
     save_files(o, &rec.events, &rec.samples, &at, &out);
     save_overlaps(o, schedule, &overlaps, &at);
+    save_crowds(o, schedule, &rec.sem.crowds, &at);
     report.failures = failures;
     report.text = out;
     report
@@ -600,6 +602,51 @@ fn save_files(
     let _ = std::fs::write(o.dir.join("timeline.log"), text);
 }
 
+/// The fault windows `t` falls in, as `#k (fault)`, or `NO fault window`.
+fn windows_at(schedule: &[Episode], at: &Timing, t: Instant) -> String {
+    let inside: Vec<String> = at
+        .windows
+        .iter()
+        .filter(|w| w.contains(t))
+        .map(|w| {
+            let fault = schedule
+                .get(w.episode)
+                .map_or(String::new(), |e| e.fault.to_string());
+            format!("#{} ({fault})", w.episode)
+        })
+        .collect();
+    if inside.is_empty() {
+        "NO fault window".to_string()
+    } else {
+        inside.join(", ")
+    }
+}
+
+/// Save every moment the semaphore's resource had more writes in flight
+/// than the limit, or a slot's twice, with the fault windows it began in,
+/// as `sem-crowds.log` in the run's directory.
+fn save_crowds(o: &Options, schedule: &[Episode], crowds: &[Crowd], at: &Timing) {
+    let mut text = format!(
+        "# seconds, the write that began (worker, slot, token), the writes then in flight \
+         (limit {}) and on its slot, then the fault windows it began in\n",
+        o.workload.sem_limit
+    );
+    for c in crowds {
+        let _ = writeln!(
+            text,
+            "{:.3}: worker {} slot {} token {}: {} in flight, {} on the slot; in {}",
+            at.s(c.at),
+            c.worker,
+            c.slot,
+            c.token,
+            c.holders,
+            c.slot_holders,
+            windows_at(schedule, at, c.at)
+        );
+    }
+    let _ = std::fs::write(o.dir.join("sem-crowds.log"), text);
+}
+
 /// Save every overlap, with the fault windows it began in, as
 /// `overlaps.log` in the run's directory.
 fn save_overlaps(o: &Options, schedule: &[Episode], overlaps: &[Overlap], at: &Timing) {
@@ -608,17 +655,6 @@ fn save_overlaps(o: &Options, schedule: &[Episode], overlaps: &[Overlap], at: &T
          the fault windows the overlap began in\n",
     );
     for ov in overlaps {
-        let inside: Vec<String> = at
-            .windows
-            .iter()
-            .filter(|w| w.contains(ov.start()))
-            .map(|w| {
-                let fault = schedule
-                    .get(w.episode)
-                    .map_or(String::new(), |e| e.fault.to_string());
-                format!("#{} ({fault})", w.episode)
-            })
-            .collect();
         let _ = writeln!(
             text,
             "{}: worker {} token {} [{:.3}, {:.3}], worker {} token {} [{:.3}, {:.3}]; in {}",
@@ -631,11 +667,7 @@ fn save_overlaps(o: &Options, schedule: &[Episode], overlaps: &[Overlap], at: &T
             ov.second.token,
             at.s(ov.second.start),
             at.s(ov.second.end),
-            if inside.is_empty() {
-                "NO fault window".to_string()
-            } else {
-                inside.join(", ")
-            }
+            windows_at(schedule, at, ov.start())
         );
     }
     let _ = std::fs::write(o.dir.join("overlaps.log"), text);
