@@ -66,7 +66,7 @@ fn wait_for_conns(probe: &mut LineClient, n: usize) {
 fn an_unknown_op_is_refused_and_the_connection_closed() {
     let node = start_node();
     let mut healthy = node.client();
-    for line in ["X k\n", "AA k 30 0\n", "E A k bad-key\n", "- k\n"] {
+    for line in ["Z k\n", "AA k 30 0\n", "E A k bad-key\n", "- k\n"] {
         assert_refused_and_closed(&node, line.as_bytes(), "E - - unknown-op");
     }
     assert_still_served(&node, &mut healthy);
