@@ -99,7 +99,7 @@ impl OwnerStats {
         let op = match inbound {
             Inbound::Request(_, request) => request.op(),
             Inbound::Refused(_, op, _, _) => *op,
-            Inbound::Closed(_) => return,
+            Inbound::Closed(_) | Inbound::Watching { .. } => return,
         };
         self.requests[op.index()] += 1;
     }

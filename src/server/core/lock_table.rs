@@ -34,9 +34,10 @@ use hashbrown::HashTable;
 
 use slab::Slab;
 
-use crate::protocol::{Answer, Key, Op, Reason};
+use crate::protocol::{Answer, Key, Op, Reason, WatchState};
 use crate::server::core::counters::TableMetrics;
 use crate::server::core::tokens::TokenSource;
+use crate::server::core::watchers::Watchers;
 use crate::server::core::wheel::{TimerId, TimingWheel};
 
 /// A client connection, named by the I/O loop that owns it: loop index in the
@@ -45,10 +46,24 @@ use crate::server::core::wheel::{TimerId, TimingWheel};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u64);
 
+/// The slab slot no connection has: [`ConnId::watchers`] names it.
+const WATCHERS_SLOT: usize = (1 << 24) - 1;
+
 impl ConnId {
     pub fn new(worker: usize, slot: usize, serial: u32) -> ConnId {
-        debug_assert!(worker < 256 && slot < (1 << 24));
+        debug_assert!(worker < 256 && slot < WATCHERS_SLOT);
         ConnId(((worker as u64) << 56) | ((slot as u64) << 32) | serial as u64)
+    }
+    /// Not a connection: the watchers of I/O loop `worker`. An answer
+    /// addressed so is a change line for every connection of that loop
+    /// that watches its key (`core/watchers.rs`), kept in order with the
+    /// loop's answers.
+    pub fn watchers(worker: usize) -> ConnId {
+        ConnId(((worker as u64) << 56) | ((WATCHERS_SLOT as u64) << 32))
+    }
+    /// This names a loop's watchers ([`ConnId::watchers`]), no connection.
+    pub fn is_watchers(self) -> bool {
+        self.slot() == WATCHERS_SLOT
     }
     pub fn worker(self) -> usize {
         (self.0 >> 56) as usize
@@ -351,6 +366,8 @@ pub struct LockTable {
     ceilings: usize,
     /// The spare buffer `take_deltas` swaps with `changes`.
     kept: Vec<Change>,
+    /// Which I/O loops watch which keys (`core/watchers.rs`).
+    watchers: Watchers,
 }
 
 impl LockTable {
@@ -375,7 +392,68 @@ impl LockTable {
             urgent: 0,
             ceilings: 0,
             kept: Vec::new(),
+            watchers: Watchers::default(),
         }
+    }
+
+    /// Which I/O loops watch which keys.
+    pub fn watchers(&self) -> &Watchers {
+        &self.watchers
+    }
+
+    /// Which I/O loops watch which keys, to change.
+    pub fn watchers_mut(&mut self) -> &mut Watchers {
+        &mut self.watchers
+    }
+
+    /// What a `W` line shows of `key` now: its holder's token (0 when
+    /// free), holders, waiting and value.
+    pub fn watch_state(&self, key: &Key) -> WatchState {
+        match self.index.get(&self.keys, key) {
+            Some(idx) => {
+                let state = &self.keys[idx as usize];
+                // A promotion-grace placeholder (token 0) holds nothing.
+                WatchState {
+                    token: state.token,
+                    holders: u64::from(state.token != 0),
+                    waiting: u64::from(state.queue_len),
+                    value: None,
+                }
+            }
+            None => WatchState::default(),
+        }
+    }
+
+    /// The hook of every change of a key's set of holders (a grant, at
+    /// once or to a waiter; a release; an expiry; a handoff is one): if an
+    /// I/O loop watches the key, its state now goes to each such loop, as
+    /// an entry of the ordered answers. Nothing watched: one check.
+    #[inline]
+    fn holders_changed(&self, key: &Key, out: &mut Outbox) {
+        if self.watchers.is_empty() {
+            return;
+        }
+        let Some(loops) = self.watchers.loops(key) else {
+            return;
+        };
+        let state = self.watch_state(key);
+        for worker in loops.iter() {
+            out.answer(
+                ConnId::watchers(worker),
+                Answer::Watched {
+                    key: key.clone(),
+                    state: state.clone(),
+                },
+            );
+        }
+    }
+
+    /// `W key`: the key's state now (a lease run out is reclaimed first,
+    /// and that change goes before this answer).
+    pub fn handle_watch(&mut self, now_ms: u64, conn: ConnId, key: Key, out: &mut Outbox) {
+        let _ = self.lookup_live(now_ms, &key, out);
+        let state = self.watch_state(&key);
+        out.answer(conn, Answer::Watched { key, state });
     }
 
     /// Record changes for the standbys from now on (an active cluster
@@ -849,6 +927,7 @@ impl LockTable {
         let idx = self.insert_key(key.clone(), hash, token, expiry_ms);
         self.metrics.granted(0);
         self.note_held(idx, Some(now_ms));
+        self.holders_changed(&key, out);
         out.answer(conn, Answer::Granted { token, key });
     }
 
@@ -955,6 +1034,9 @@ impl LockTable {
         if head == NIL {
             let state = self.keys.remove(idx as usize);
             self.index.remove(&state.key, idx);
+            if state.token != 0 {
+                self.holders_changed(&state.key, out);
+            }
             self.note_freed(state.key, state.token, state.pending);
             return;
         }
@@ -973,6 +1055,7 @@ impl LockTable {
         state.lease_timer = lease_timer;
         let key = state.key.clone();
         self.note_held(idx, None);
+        self.holders_changed(&key, out);
         out.answer(
             waiter.conn,
             Answer::Granted {

@@ -1269,8 +1269,14 @@ fn reuse(mut done: Vec<usize>, added: &mut Vec<usize>) -> Vec<usize> {
 fn owed_for(op: Op, key: Option<&protocol::Key>) -> u32 {
     match op {
         Op::Info => INFO_COST,
-        Op::Acquire | Op::Release | Op::Keep | Op::Query | Op::Auth => {
+        Op::Acquire | Op::Release | Op::Keep | Op::Query | Op::Auth | Op::Unwatch => {
             key.map_or(0, |key| key.as_bytes().len() as u32) + ANSWER_ALLOWANCE
+        }
+        // Its `W` line may carry a holder's value besides the numbers.
+        Op::Watch => {
+            key.map_or(0, |key| key.as_bytes().len() as u32)
+                + ANSWER_ALLOWANCE
+                + protocol::MAX_VALUE as u32
         }
     }
 }

@@ -214,7 +214,11 @@ impl Owner {
             queue_for_repl(&mut self.to_repl, &mut self.to_repl_deltas, msg);
         }
         for (conn, answer) in effects.answers.drain(..) {
-            self.stats.count_answer(&answer);
+            // A loop's watchers' entry (change lines, the end of the
+            // watches) answers no request: the loop counts its lines.
+            if !conn.is_watchers() {
+                self.stats.count_answer(&answer);
+            }
             if let Some(round) = self.rounds.get_mut(conn.worker()) {
                 round.answers.push((conn, answer));
             }
