@@ -583,7 +583,7 @@ mod tests {
         q.answered_watch(&k);
         q.watch(&j, 8);
         assert_eq!(q.change(&k, &state(1), false), Delivery::Kept);
-        assert_eq!(q.end_live(), [k.clone()]);
+        assert_eq!(q.end_live(), std::slice::from_ref(&k));
         assert!(!q.has_pending());
         assert_eq!(q.watching(), 1);
         assert!(q.moved_watch(&j));
