@@ -29,8 +29,9 @@
 //!    `Fatal(MissingFields)`.
 //! 3. The key (second field) is 1 to [`MAX_KEY`] bytes, each `>= 0x21` and not
 //!    `0x7F`, else `Refused { key: None, reason: BadKey }`.
-//! 4. More fields than the op takes: `Refused { reason: ExtraFields }` (with the
-//!    key; `None` for `I`, which has no key).
+//! 4. More fields than the op takes (`A` takes up to two more, a limit and
+//!    a value): `Refused { reason: ExtraFields }` (with the key; `None` for
+//!    `I`, which has no key).
 //! 5. The numbers, left to right: a lease is [`parse_seconds`], above 0
 //!    (`BadLease`) and at most the maximum (`LeaseTooLong`); a wait is
 //!    [`parse_seconds`] (`BadWait`), 0 or at most the same maximum
@@ -39,7 +40,9 @@
 //!    wait that follows the grammar is too long, never bad, however many
 //!    digits it has: one too large for a u64 of milliseconds counts as above
 //!    any maximum ([`parse_seconds_saturating`]), so `bad-lease` and
-//!    `bad-wait` mean text that is not a number of seconds.
+//!    `bad-wait` mean text that is not a number of seconds. Then `A`'s
+//!    optional limit: decimal digits, 1 to [`MAX_LIMIT`] (`BadLimit`), and
+//!    its optional value: 1 to [`MAX_VALUE`] key bytes (`BadValue`).
 //!
 //! `U <secret>` (client authentication) has no key: its second field is
 //! taken as the secret whatever its bytes, and more fields are
@@ -80,8 +83,11 @@ use std::sync::Arc;
 pub const MAX_LINE: usize = 1024;
 /// A key is 1 to this many bytes.
 pub const MAX_KEY: usize = 250;
-/// A holder's value is 1 to this many bytes, the bytes a key may have.
+/// A holder's value (`A <key> <lease> <wait> <limit> <value>`) is 1 to
+/// this many bytes, the bytes a key may have.
 pub const MAX_VALUE: usize = 250;
+/// A key's limit (the grants that may hold it at once) is 1 to this.
+pub const MAX_LIMIT: u32 = 10_000;
 /// A client secret (`U <secret>`, `--auth-file`) is at least this many bytes.
 pub const MIN_SECRET: usize = 16;
 /// A client secret is at most this many bytes.
@@ -138,12 +144,12 @@ impl Ord for Key {
 pub struct Value(Box<[u8]>);
 
 impl Value {
-    /// Validates: 1..=MAX_VALUE bytes, each a key byte. Err(Other) otherwise.
+    /// Validates: 1..=MAX_VALUE bytes, each a key byte. Err(BadValue) otherwise.
     pub fn new(bytes: &[u8]) -> Result<Value, Reason> {
         if bytes.len() <= MAX_VALUE && is_printable_field(bytes) {
             Ok(Value(Box::from(bytes)))
         } else {
-            Err(Reason::Other)
+            Err(Reason::BadValue)
         }
     }
 
@@ -173,6 +179,7 @@ macro_rules! protocol_tables {
                 $op:ident {
                     letter: $letter:literal,
                     fields: $fields:literal,
+                    optional: $optional:literal,
                     keyed: $keyed:literal,
                     label: $op_label:literal,
                     answers: [$($answer:ident),* $(,)?] $(,)?
@@ -200,6 +207,7 @@ macro_rules! protocol_tables {
                     op: Op::$op,
                     letter: $letter,
                     fields: $fields,
+                    optional: $optional,
                     keyed: $keyed,
                     label: $op_label,
                     answers: &[$(AnswerKind::$answer),*],
@@ -279,7 +287,8 @@ protocol_tables! {
     /// read it; nothing else lists the ops or the answer kinds.
     ///
     /// An op's row: its letter on the wire; how many fields its request line
-    /// has, the letter included; whether its second field is a key (for a
+    /// has, the letter included, and how many optional ones may follow
+    /// them; whether its second field is a key (for a
     /// keyless op, `-` in the key field of an `M` or `E` about it means "no
     /// key"); its `op` label in `baton_requests_total`; and the kinds of answer
     /// that belong to a request of this op (besides `M` and `E`, which can
@@ -332,22 +341,23 @@ protocol_tables! {
     /// and the tests alike, and the metrics take their arrays and labels
     /// from these rows.
     ops {
-        /// `A <key> <lease> <wait>`: take the key, waiting up to `<wait>`.
-        Acquire { letter: b'A', fields: 4, keyed: true, label: "acquire", answers: [Granted, Timeout] },
+        /// `A <key> <lease> <wait> [<limit> [<value>]]`: take the key (one
+        /// of its `<limit>` slots), waiting up to `<wait>`.
+        Acquire { letter: b'A', fields: 4, optional: 2, keyed: true, label: "acquire", answers: [Granted, Timeout] },
         /// `R <key> <token>`: give the key back.
-        Release { letter: b'R', fields: 3, keyed: true, label: "release", answers: [Released, NotHeld] },
+        Release { letter: b'R', fields: 3, optional: 0, keyed: true, label: "release", answers: [Released, NotHeld] },
         /// `K <key> <token> <lease>`: extend a lease.
-        Keep { letter: b'K', fields: 4, keyed: true, label: "keep", answers: [Kept] },
+        Keep { letter: b'K', fields: 4, optional: 0, keyed: true, label: "keep", answers: [Kept] },
         /// `Q <key>`: who holds the key, for how long, how many wait.
-        Query { letter: b'Q', fields: 2, keyed: true, label: "query", answers: [Queried] },
+        Query { letter: b'Q', fields: 2, optional: 0, keyed: true, label: "query", answers: [Queried] },
         /// `I`: the node's figures.
-        Info { letter: b'I', fields: 1, keyed: false, label: "info", answers: [Info] },
+        Info { letter: b'I', fields: 1, optional: 0, keyed: false, label: "info", answers: [Info] },
         /// `U <secret>`: client authentication, answered by the I/O loop itself.
-        Auth { letter: b'U', fields: 2, keyed: false, label: "auth", answers: [AuthOk] },
+        Auth { letter: b'U', fields: 2, optional: 0, keyed: false, label: "auth", answers: [AuthOk] },
         /// `W <key>`: the key's holders now, then after every change.
-        Watch { letter: b'W', fields: 2, keyed: true, label: "watch", answers: [Watched] },
+        Watch { letter: b'W', fields: 2, optional: 0, keyed: true, label: "watch", answers: [Watched] },
         /// `X <key>`: no more `W` lines for the key.
-        Unwatch { letter: b'X', fields: 2, keyed: true, label: "unwatch", answers: [Unwatched] },
+        Unwatch { letter: b'X', fields: 2, optional: 0, keyed: true, label: "unwatch", answers: [Unwatched] },
     }
     answers_naming_their_op: [Moved, Error];
     answers {
@@ -387,6 +397,8 @@ pub struct OpSpec {
     pub letter: u8,
     /// How many fields its request line has, the letter included.
     pub fields: usize,
+    /// How many more fields it may have after those (`A`'s limit and value).
+    pub optional: usize,
     /// Whether the request's second field is a key.
     pub keyed: bool,
     /// Its `op` label in the metrics.
@@ -452,7 +464,10 @@ pub fn is_valid_secret(bytes: &[u8]) -> bool {
 /// A request, client to server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    /// `A <key> <lease> <wait>`; `wait_ms == 0` waits without limit.
+    /// `A <key> <lease> <wait> [<limit> [<value>]]`; `wait_ms == 0` waits
+    /// without limit. `limit` None: the line named none (limit 1, and the
+    /// grant is answered without its slot). A `value` is written after a
+    /// limit, `1` when `limit` is None.
     Acquire {
         /// The key asked for.
         key: Key,
@@ -460,6 +475,10 @@ pub enum Request {
         lease_ms: u64,
         /// How long to wait in line, in ms (0: without limit).
         wait_ms: u64,
+        /// The limit named (1 to [`MAX_LIMIT`]); None: none named.
+        limit: Option<u32>,
+        /// The value the grant is to carry.
+        value: Option<Value>,
     },
     /// `R <key> <token>`
     Release {
@@ -543,6 +562,12 @@ pub enum Reason {
     AuthRequired,
     /// `U` to a server without `--auth-file`.
     AuthDisabled,
+    /// The limit of `A` is not a decimal from 1 to [`MAX_LIMIT`].
+    BadLimit,
+    /// The value of `A` is not 1 to [`MAX_VALUE`] key bytes.
+    BadValue,
+    /// `A` names another limit than the one the key is held or awaited with.
+    LimitMismatch,
     /// The connection watches as many keys as it may (`--max-watches`).
     TooManyWatches,
     /// A reason this version does not know (only produced when parsing answers).
@@ -552,12 +577,15 @@ pub enum Reason {
 /// An answer, server to client.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
-    /// `A <token> <key>`
+    /// `A <token> <key>`, or `A <token> <key> <slot>` when the acquire
+    /// named a limit (`slot` is Some exactly then).
     Granted {
         /// The fencing token of the new grant.
         token: u64,
         /// The key granted.
         key: Key,
+        /// The grant's slot, when the acquire named a limit.
+        slot: Option<u32>,
     },
     /// `T <key>`
     Timeout {
@@ -843,6 +871,12 @@ impl Op {
     fn field_count(self) -> usize {
         self.spec().fields
     }
+
+    /// How many fields a request line of this op may have, optional ones
+    /// included (`A` may add a limit and a value).
+    fn most_fields(self) -> usize {
+        self.spec().fields + self.spec().optional
+    }
 }
 
 impl AnswerKind {
@@ -877,7 +911,7 @@ impl fmt::Display for Op {
 }
 
 /// Every reason with a wire text of its own (all but `Other`).
-pub const KNOWN_REASONS: [Reason; 19] = [
+pub const KNOWN_REASONS: [Reason; 22] = [
     Reason::BadKey,
     Reason::BadLease,
     Reason::LeaseTooLong,
@@ -896,6 +930,9 @@ pub const KNOWN_REASONS: [Reason; 19] = [
     Reason::BadAuth,
     Reason::AuthRequired,
     Reason::AuthDisabled,
+    Reason::BadLimit,
+    Reason::BadValue,
+    Reason::LimitMismatch,
     Reason::TooManyWatches,
 ];
 
@@ -921,6 +958,9 @@ impl Reason {
             Reason::BadAuth => "bad-auth",
             Reason::AuthRequired => "auth-required",
             Reason::AuthDisabled => "auth-disabled",
+            Reason::BadLimit => "bad-limit",
+            Reason::BadValue => "bad-value",
+            Reason::LimitMismatch => "limit-mismatch",
             Reason::TooManyWatches => "too-many-watches",
             Reason::Other => "other",
         }
@@ -1207,6 +1247,15 @@ fn past_u64(field: &[u8]) -> bool {
     parse_seconds_saturating(field).is_some()
 }
 
+/// An acquire's limit: decimal digits (leading zeros accepted), 1 to
+/// [`MAX_LIMIT`], else `BadLimit`.
+fn parse_limit(field: &[u8]) -> Result<u32, Reason> {
+    match parse_u64(field) {
+        Some(n) if (1..=u64::from(MAX_LIMIT)).contains(&n) => Ok(n as u32),
+        _ => Err(Reason::BadLimit),
+    }
+}
+
 fn parse_token(field: &[u8]) -> Result<u64, Reason> {
     match parse_u64(field) {
         None | Some(0) => Err(Reason::BadToken),
@@ -1228,13 +1277,13 @@ pub fn parse_request(buf: &[u8], max_lease_ms: u64) -> Parsed<Request> {
 /// The first fields of a request line (enough for any op) and how many
 /// fields the line has in all.
 struct RequestFields<'a> {
-    first: [&'a [u8]; 4],
+    first: [&'a [u8]; 6],
     count: usize,
 }
 
 impl<'a> RequestFields<'a> {
     fn split(line: &'a [u8]) -> Self {
-        let mut first: [&[u8]; 4] = [DASH; 4];
+        let mut first: [&[u8]; 6] = [DASH; 6];
         let mut count = 0;
         let mut rest = line;
         // The same fields as `fields(line)`, found a word at a time.
@@ -1279,7 +1328,7 @@ fn request_from_line(line: &[u8], max_ms: u64) -> Result<Request, LineError> {
         };
     }
     let key = Key::new(f.first[1]).map_err(|reason| refused(op, None, reason))?;
-    if f.count > need {
+    if f.count > op.most_fields() {
         return Err(refused(op, Some(key), Reason::ExtraFields));
     }
     keyed_request(op, key, &f, max_ms)
@@ -1299,17 +1348,35 @@ fn common_request(line: &[u8], max_ms: u64) -> Option<Request> {
     match op {
         b'A' => {
             let lease_end = find_byte(rest, b' ')?;
-            // A space left in the wait field fails its digits: None.
             let lease_ms = parse_seconds(&rest[..lease_end])?;
-            let wait_ms = parse_seconds(&rest[lease_end + 1..])?;
+            let rest = &rest[lease_end + 1..];
+            let (wait, more) = match find_byte(rest, b' ') {
+                Some(at) => (&rest[..at], Some(&rest[at + 1..])),
+                None => (rest, None),
+            };
+            let wait_ms = parse_seconds(wait)?;
             if lease_ms == 0 || lease_ms > max_ms || wait_ms > max_ms {
                 return None;
             }
+            // A limit, and a value after it: a space left in the value
+            // fails it (extra fields): None.
+            let (limit, value) = match more {
+                None => (None, None),
+                Some(more) => match find_byte(more, b' ') {
+                    None => (Some(parse_limit(more).ok()?), None),
+                    Some(at) => (
+                        Some(parse_limit(&more[..at]).ok()?),
+                        Some(Value::new(&more[at + 1..]).ok()?),
+                    ),
+                },
+            };
             let key = Key::new(key).ok()?;
             Some(Request::Acquire {
                 key,
                 lease_ms,
                 wait_ms,
+                limit,
+                value,
             })
         }
         b'R' => {
@@ -1328,18 +1395,27 @@ fn keyed_request(
     f: &RequestFields<'_>,
     max_ms: u64,
 ) -> Result<Request, LineError> {
-    let [_, _, third, fourth] = f.first;
+    let [_, _, third, fourth, fifth, sixth] = f.first;
     match op {
         Op::Acquire => {
-            let numbers = parse_lease(third, max_ms)
-                .and_then(|lease_ms| Ok((lease_ms, parse_wait(fourth, max_ms)?)));
-            finish(op, key, numbers, |key, (lease_ms, wait_ms)| {
-                Request::Acquire {
+            let numbers = parse_lease(third, max_ms).and_then(|lease_ms| {
+                let wait_ms = parse_wait(fourth, max_ms)?;
+                let limit = (f.count > 4).then(|| parse_limit(fifth)).transpose()?;
+                let value = (f.count > 5).then(|| Value::new(sixth)).transpose()?;
+                Ok((lease_ms, wait_ms, limit, value))
+            });
+            finish(
+                op,
+                key,
+                numbers,
+                |key, (lease_ms, wait_ms, limit, value)| Request::Acquire {
                     key,
                     lease_ms,
                     wait_ms,
-                }
-            })
+                    limit,
+                    value,
+                },
+            )
         }
         Op::Release => finish(op, key, parse_token(third), |key, token| Request::Release {
             key,
@@ -1388,10 +1464,18 @@ impl Request {
                 key,
                 lease_ms,
                 wait_ms,
+                limit,
+                value,
             } => {
                 push_field(out, key.as_bytes());
                 push_seconds(out, *lease_ms);
                 push_seconds(out, *wait_ms);
+                if limit.is_some() || value.is_some() {
+                    push_u64(out, u64::from(limit.unwrap_or(1)));
+                }
+                if let Some(value) = value {
+                    push_field(out, value.as_bytes());
+                }
             }
             Request::Release { key, token } => {
                 push_field(out, key.as_bytes());
@@ -1518,10 +1602,18 @@ fn single_key(rest: &[u8]) -> Option<Key> {
 }
 
 fn granted_answer(rest: &[u8]) -> Option<Answer> {
-    let [token, key] = exact(rest)?;
+    let (token, key, slot) = match exact(rest) {
+        Some([token, key]) => (token, key, None),
+        None => {
+            let [token, key, slot] = exact(rest)?;
+            let slot = parse_u64(slot).and_then(|s| u32::try_from(s).ok())?;
+            (token, key, Some(slot))
+        }
+    };
     Some(Answer::Granted {
         token: parse_token(token).ok()?,
         key: Key::new(key).ok()?,
+        slot,
     })
 }
 
@@ -1608,9 +1700,12 @@ impl Answer {
     pub fn write_to(&self, out: &mut Vec<u8>) {
         out.push(self.kind().tag());
         match self {
-            Answer::Granted { token, key } => {
+            Answer::Granted { token, key, slot } => {
                 push_u64(out, *token);
                 push_field(out, key.as_bytes());
+                if let Some(slot) = slot {
+                    push_u64(out, u64::from(*slot));
+                }
             }
             Answer::Timeout { key }
             | Answer::Released { key }
@@ -1762,6 +1857,8 @@ mod tests {
             key: key(key_text),
             lease_ms,
             wait_ms,
+            limit: None,
+            value: None,
         })
     }
 
@@ -1797,9 +1894,11 @@ mod tests {
                     "{op:?}"
                 );
             }
+            let most = spec.fields + spec.optional;
+            assert_eq!(req(&line_of(op, most)).map(|r| r.op()), Ok(op), "{op:?}");
             let extra = spec.keyed.then_some("1");
             assert_eq!(
-                req(&line_of(op, spec.fields + 1)),
+                req(&line_of(op, most + 1)),
                 refused_with(op, extra, Reason::ExtraFields),
                 "{op:?}"
             );
@@ -2283,6 +2382,8 @@ mod tests {
             key: key("a"),
             lease_ms: 1,
             wait_ms: 0,
+            limit: None,
+            value: None,
         };
         assert_eq!(acquire.op(), Op::Acquire);
         assert_eq!(acquire.key(), Some(&key("a")));
@@ -2468,7 +2569,7 @@ mod tests {
     #[test]
     fn extra_fields_are_refused_with_the_key() {
         let cases = [
-            ("A job 30 0 x\n", Op::Acquire),
+            ("A job 30 0 1 v x\n", Op::Acquire),
             ("R job 5 x\n", Op::Release),
             ("K job 5 30 x\n", Op::Keep),
             ("Q job x\n", Op::Query),
@@ -2489,7 +2590,7 @@ mod tests {
     #[test]
     fn trailing_space_is_extra_fields() {
         assert_eq!(
-            req("A job 30 0 \n"),
+            req("A job 30 0 2 v \n"),
             refused_with(Op::Acquire, Some("job"), Reason::ExtraFields)
         );
         assert_eq!(
@@ -2513,7 +2614,7 @@ mod tests {
     #[test]
     fn extra_fields_come_before_numbers() {
         assert_eq!(
-            req("A job x y z\n"),
+            req("A job x y z u v\n"),
             refused_with(Op::Acquire, Some("job"), Reason::ExtraFields)
         );
     }
@@ -2851,6 +2952,8 @@ mod tests {
                     key: key("job"),
                     lease_ms: 30_000,
                     wait_ms: 0,
+                    limit: None,
+                    value: None,
                 },
                 "A job 30 0\n",
             ),
@@ -2859,6 +2962,8 @@ mod tests {
                     key: key("job"),
                     lease_ms: 2_125,
                     wait_ms: 500,
+                    limit: None,
+                    value: None,
                 },
                 "A job 2.125 0.5\n",
             ),
@@ -2906,6 +3011,8 @@ mod tests {
                     key: k.clone(),
                     lease_ms: a,
                     wait_ms: if i % 3 == 0 { 0 } else { b },
+                    limit: None,
+                    value: None,
                 });
                 requests.push(Request::Release {
                     key: k.clone(),
@@ -2933,6 +3040,7 @@ mod tests {
                 Answer::Granted {
                     token: 42,
                     key: key("job"),
+                    slot: None,
                 },
                 "A 42 job\n",
             ),
@@ -3301,6 +3409,7 @@ mod tests {
                 answers.push(Answer::Granted {
                     token: n.max(1),
                     key: k.clone(),
+                    slot: None,
                 });
             }
             for (i, op) in ops.into_iter().enumerate() {
@@ -3348,7 +3457,15 @@ mod tests {
             .map(|_| char::from(b'!' + rng.below(94) as u8))
             .collect();
         let line = if rng.below(2) == 0 {
-            format!("A {key} {} {}", number(rng), number(rng))
+            let mut line = format!("A {key} {} {}", number(rng), number(rng));
+            // Now and then a limit, and a value after it.
+            if rng.below(4) == 0 {
+                line.push_str(&format!(" {}", number(rng)));
+                if rng.below(2) == 0 {
+                    line.push_str(&format!(" {key}"));
+                }
+            }
+            line
         } else {
             format!("R {key} {}", number(rng))
         };
@@ -3382,7 +3499,7 @@ mod tests {
                 return request_from_line(line, max_ms);
             }
             let key = Key::new(f.first[1]).map_err(|reason| refused(op, None, reason))?;
-            if f.count > op.field_count() {
+            if f.count > op.most_fields() {
                 return Err(refused(op, Some(key), Reason::ExtraFields));
             }
             keyed_request(op, key, &f, max_ms)
@@ -3410,6 +3527,12 @@ mod tests {
             "A\tk 1 0",
             "R k",
             "A k 1 0\r",
+            "A k 1 0 3",
+            "A k 1 0 10000 v",
+            "A k 1 0 10001",
+            "A k 1 0 0",
+            "A k 1 0 3 ",
+            "A k 1 0 3 v w",
             "A k 18446744073709551 0",
             "A k 18446744073709552 0",
             "A k 1 18446744073709552",
@@ -3739,5 +3862,165 @@ mod tests {
         );
         assert_ne!(short, long);
         assert_eq!(std::mem::size_of::<Key>(), 24);
+    }
+
+    // ---- limits and values -------------------------------------------------
+
+    fn acquire_with(limit: Option<u32>, value: Option<&str>) -> Result<Request, LineError> {
+        Ok(Request::Acquire {
+            key: key("job"),
+            lease_ms: 30_000,
+            wait_ms: 0,
+            limit,
+            value: value.map(|v| Value::new(v.as_bytes()).expect("a valid value")),
+        })
+    }
+
+    #[test]
+    fn an_acquire_may_name_a_limit_and_then_a_value() {
+        assert_eq!(req("A job 30 0\n"), acquire_with(None, None));
+        assert_eq!(req("A job 30 0 3\n"), acquire_with(Some(3), None));
+        assert_eq!(req("A job 30 0 1\n"), acquire_with(Some(1), None));
+        assert_eq!(req("A job 30 0 0003\r\n"), acquire_with(Some(3), None));
+        assert_eq!(req("A job 30 0 10000\n"), acquire_with(Some(10_000), None));
+        assert_eq!(
+            req("A job 30 0 1 10.0.0.7:8080\n"),
+            acquire_with(Some(1), Some("10.0.0.7:8080"))
+        );
+        // The fast path reads them the same way.
+        for line in ["A job 30 0 3", "A job 30 0 1 10.0.0.7:8080"] {
+            assert_eq!(
+                common_request(line.as_bytes(), MAX).map(Ok),
+                Some(req(&format!("{line}\n")))
+            );
+        }
+    }
+
+    #[test]
+    fn a_limit_outside_1_to_10000_is_bad_limit() {
+        for limit in [
+            "0",
+            "10001",
+            "x",
+            "",
+            "-1",
+            "1.5",
+            "+3",
+            "99999999999999999999999",
+        ] {
+            assert_eq!(
+                req(&format!("A job 30 0 {limit}\n")),
+                refused_with(Op::Acquire, Some("job"), Reason::BadLimit),
+                "{limit:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_value_is_1_to_250_key_bytes_else_bad_value() {
+        let longest = "v".repeat(MAX_VALUE);
+        assert_eq!(
+            req(&format!("A job 30 0 2 {longest}\n")),
+            acquire_with(Some(2), Some(&longest))
+        );
+        let too_long = format!("A job 30 0 2 {longest}v\n");
+        assert_eq!(
+            req(&too_long),
+            refused_with(Op::Acquire, Some("job"), Reason::BadValue)
+        );
+        for value in [&b""[..], b"a\x01b", b"\x7f", b"\x1f"] {
+            let mut line = b"A job 30 0 2 ".to_vec();
+            line.extend_from_slice(value);
+            line.push(b'\n');
+            assert_eq!(
+                req_bytes(&line),
+                refused_with(Op::Acquire, Some("job"), Reason::BadValue),
+                "{value:?}"
+            );
+        }
+        assert_eq!(
+            req("A job 30 0 2 h\u{e9}te\n"),
+            acquire_with(Some(2), Some("h\u{e9}te")),
+            "UTF-8 is fine"
+        );
+        assert_eq!(Value::new(b"a b"), Err(Reason::BadValue));
+    }
+
+    #[test]
+    fn the_lease_and_wait_are_checked_before_the_limit_and_the_limit_before_the_value() {
+        assert_eq!(
+            req("A job x 0 0 \x01\n"),
+            refused_with(Op::Acquire, Some("job"), Reason::BadLease)
+        );
+        assert_eq!(
+            req("A job 30 x 0 \x01\n"),
+            refused_with(Op::Acquire, Some("job"), Reason::BadWait)
+        );
+        assert_eq!(
+            req("A job 30 0 0 \x01\n"),
+            refused_with(Op::Acquire, Some("job"), Reason::BadLimit)
+        );
+        assert_eq!(
+            req("A job 30 0 1 v x\n"),
+            refused_with(Op::Acquire, Some("job"), Reason::ExtraFields),
+            "extra fields first of all"
+        );
+    }
+
+    #[test]
+    fn a_request_with_a_limit_and_a_value_is_written_as_it_is_read() {
+        for (request, text) in [
+            (acquire_with(Some(3), None), "A job 30 0 3\n"),
+            (acquire_with(Some(1), Some("me")), "A job 30 0 1 me\n"),
+            // A value needs a limit before it on the wire: 1, the default.
+            (acquire_with(None, Some("me")), "A job 30 0 1 me\n"),
+        ] {
+            let request = request.expect("a request");
+            assert_eq!(request_text(&request), text.as_bytes());
+        }
+        let named = acquire_with(Some(7), Some("x")).expect("a request");
+        assert_eq!(req_bytes(&request_text(&named)), Ok(named));
+    }
+
+    #[test]
+    fn a_grant_carries_its_slot_when_the_acquire_named_a_limit() {
+        let with_slot = Answer::Granted {
+            token: 42,
+            key: key("job"),
+            slot: Some(3),
+        };
+        assert_eq!(answer_text(&with_slot), b"A 42 job 3\n");
+        assert_eq!(ans("A 42 job 3\n"), Ok(with_slot));
+        assert_eq!(
+            ans("A 42 job\n"),
+            Ok(Answer::Granted {
+                token: 42,
+                key: key("job"),
+                slot: None
+            })
+        );
+        for bad in [
+            "A 42 job x\n",
+            "A 42 job -1\n",
+            "A 42 job 3 4\n",
+            "A 42 job 4294967296\n",
+        ] {
+            assert_eq!(ans(bad), fatal(Reason::Other), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_semaphore_and_watch_reasons_have_their_wire_text() {
+        for (reason, text) in [
+            (Reason::BadLimit, "bad-limit"),
+            (Reason::BadValue, "bad-value"),
+            (Reason::LimitMismatch, "limit-mismatch"),
+            (Reason::TooManyWatches, "too-many-watches"),
+        ] {
+            assert_eq!(reason.as_str(), text);
+            assert_eq!(Reason::from_bytes(text.as_bytes()), reason);
+            assert!(KNOWN_REASONS.contains(&reason));
+            assert!(!reason.closes_connection());
+        }
     }
 }

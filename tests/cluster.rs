@@ -203,7 +203,8 @@ fn malformed_input_gets_an_error_from_a_standby_too() {
     cluster.wait_standby_of(1, 0);
     let mut standby = cluster.client(1);
     assert_eq!(standby.ask("A job 0 0"), "E A job bad-lease");
-    assert_eq!(standby.ask("A job 30 0 extra"), "E A job extra-fields");
+    assert_eq!(standby.ask("A job 30 0 1 v extra"), "E A job extra-fields");
+    assert_eq!(standby.ask("A job 30 0 extra"), "E A job bad-limit");
     assert_eq!(standby.ask("R job 0"), "E R job bad-token");
     assert_eq!(standby.ask("K job 5 x"), "E K job bad-lease");
     // The connection lives on after a refused request.

@@ -630,6 +630,8 @@ fn arbitrary_request(rng: &mut Rng, max_ms: u64) -> Request {
             key: arbitrary_key(rng),
             lease_ms: arbitrary_lease_ms(rng, max_ms),
             wait_ms: arbitrary_wait_ms(rng, max_ms),
+            limit: None,
+            value: None,
         },
         Op::Release => Request::Release {
             key: arbitrary_key(rng),
@@ -683,6 +685,7 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
         AnswerKind::Granted => Answer::Granted {
             token: arbitrary_token(rng),
             key: arbitrary_key(rng),
+            slot: (rng.below(2) == 0).then(|| rng.below(10_000) as u32),
         },
         AnswerKind::Timeout => Answer::Timeout {
             key: arbitrary_key(rng),

@@ -359,6 +359,33 @@ fn a_scrape_counts_grants_handoffs_expiries_timeouts_and_refusals() {
     assert_eq!(after.get("baton_standbys"), 0.0);
 }
 
+#[test]
+fn a_scrape_counts_semaphore_holders_and_the_semaphore_refusals() {
+    let (node, metrics) = metrics_node(&["--threads", "1"]);
+    let before = scrape(metrics);
+    let mut a = node.client();
+    assert!(a.ask("A sem 30 0 3").starts_with("A "));
+    assert!(a.ask("A sem 30 0 3 me").starts_with("A "));
+    a.acquire_now("mutex", "30");
+    assert_eq!(a.ask("A sem 30 0 2"), "E A sem limit-mismatch");
+    assert_eq!(a.ask("A other 30 0 0"), "E A other bad-limit");
+    assert_eq!(a.ask("A other 30 0 1 a\x7fb"), "E A other bad-value");
+    let after = scrape(metrics);
+    let moved = |name: &str| after.get(name) - before.get(name);
+    assert_eq!(after.get("baton_held_keys"), 2.0, "two keys");
+    assert_eq!(after.get("baton_holders"), 3.0, "three grants");
+    assert_eq!(
+        moved("baton_refusals_total{reason=\"limit-mismatch\"}"),
+        1.0
+    );
+    assert_eq!(moved("baton_refusals_total{reason=\"bad-limit\"}"), 1.0);
+    assert_eq!(moved("baton_refusals_total{reason=\"bad-value\"}"), 1.0);
+    assert_eq!(
+        moved("baton_refusals_total{reason=\"too-many-watches\"}"),
+        0.0
+    );
+}
+
 /// Read until the server closes the connection (EOF or reset), failing
 /// the test if it does not within the deadline; what it sent.
 fn status_then_close(stream: &mut TcpStream) -> String {

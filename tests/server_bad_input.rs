@@ -219,9 +219,12 @@ fn a_client_still_sending_after_a_fatal_line_gets_every_answer_and_an_orderly_en
 fn extra_fields_are_refused_and_the_connection_stays_open() {
     let node = start_node();
     let mut healthy = node.client();
-    let cases: [(&str, &str); 6] = [
-        ("A k 30 0 extra", "E A k extra-fields"),
-        ("A k 30 0 ", "E A k extra-fields"),
+    let cases: [(&str, &str); 8] = [
+        // A takes a limit and a value after its wait; a field past them is extra.
+        ("A k 30 0 1 v extra", "E A k extra-fields"),
+        ("A k 30 0 1 v ", "E A k extra-fields"),
+        ("A k 30 0 extra", "E A k bad-limit"),
+        ("A k 30 0 ", "E A k bad-limit"),
         ("R k 5 6", "E R k extra-fields"),
         ("K k 5 30 x", "E K k extra-fields"),
         ("Q k k", "E Q k extra-fields"),

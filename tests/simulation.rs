@@ -1,11 +1,18 @@
 //! Deterministic simulation of a baton cluster that runs the node's REAL
-//! cores: for every simulated node, the lock owner's core (`TableCore`) and
-//! the cluster core (`ClusterCore`) that the server's threads run, joined
-//! the way the threads join them (queues of `ClusterToTable` and
-//! `TableToCluster` messages), with no decision copied into this file.
-//! What is simulated is only what the shells do with I/O: a millisecond
-//! clock per node (skewed wall clocks, monotonic clocks that start at boot),
-//! client connections, and a network of TCP links between the nodes.
+//! cores and REAL rounds: for every simulated node, the lock owner's core
+//! (`TableCore`) and the cluster core (`ClusterCore`) that the server's
+//! threads run, fed in the order the threads feed them by the very
+//! functions the threads call (`server::rounds`: the owner's round, the
+//! replication thread's inbox, tick and effects), joined as the threads
+//! join them (one input queue for the owner that client batches and
+//! cluster messages share in arrival order, the replication thread's inbox,
+//! the token and role figures through the shared `Gauges` atomics), with no
+//! decision and no round order copied into this file. What is simulated is
+//! only what the shells do with I/O: a millisecond clock per node (skewed
+//! wall clocks, monotonic clocks that start at boot), client connections
+//! and where their I/O loop's batch lands among replication's messages (the
+//! threads race: either way, at random each step), and a network of TCP
+//! links between the nodes.
 //!
 //! The network: each link is one TCP connection from one node to another
 //! (as the real nodes use them: one direction each), FIFO with a random
@@ -43,15 +50,18 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use baton::protocol::{Answer, Key, Op, Reason, Request};
 use baton::server::core::cluster_core::{
-    ClusterCore, ClusterEffect, ClusterParams, HANDSHAKE_MS, LinkId, MAX_PENDING_IN, OutDown,
+    ClusterCore, ClusterParams, HANDSHAKE_MS, LinkId, MAX_PENDING_IN, OutDown,
 };
 use baton::server::core::lock_table::{ConnId, LockTable, TableLimits};
 use baton::server::core::now::Now;
 use baton::server::core::peer_msg::PeerMsg;
 use baton::server::core::roles::RoleName;
-use baton::server::core::table_core::{GaugeReadings, TableCore};
+use baton::server::core::table_core::TableCore;
 use baton::server::core::tokens::{self, TokenSource};
-use baton::server::messages::{ClusterToTable, Inbound, TableToCluster};
+use baton::server::messages::{ClusterToTable, Inbound, TableToCluster, ToOwner, ToRepl};
+use baton::server::rounds::{self, Gone, OwnerPorts, OwnerRound, ReplShell};
+use baton::server::shared::Gauges;
+use baton::server::trust::tls::Stream;
 use rng::Rng;
 
 const DETECT_MS: u64 = 400;
@@ -131,24 +141,69 @@ struct ConnBook {
     pending: HashMap<(Op, Option<Key>), u32>,
 }
 
+/// The requests of a node's open connections still unanswered, acquires
+/// apart (the sums over its books, kept as they change: the check after
+/// every step reads them instead of walking every book).
+#[derive(Default)]
+struct Owed {
+    acquires: u64,
+    others: u64,
+}
+
+impl Owed {
+    fn count(&mut self, op: Op) -> &mut u64 {
+        if op == Op::Acquire {
+            &mut self.acquires
+        } else {
+            &mut self.others
+        }
+    }
+}
+
 struct Node {
     up: bool,
     paused_until: Option<u64>,
     down_since: u64,
     boot_ms: u64,
     skew_ms: i64,
-    table: TableCore,
+    /// The lock owner's round: its core, what it has taken in, its counts.
+    owner: OwnerRound,
     cluster: ClusterCore,
+    /// The atomics the node's threads share (rounds.rs reads and writes
+    /// them: the tokens, the synced standbys, the connections).
+    gauges: Gauges,
+    /// Socket events for the replication thread.
     inbox: VecDeque<NetEvent>,
-    to_table: VecDeque<ClusterToTable>,
-    to_cluster: VecDeque<TableToCluster>,
+    /// The replication thread's channel (the owner's messages).
+    repl_inbox: VecDeque<ToRepl>,
+    /// What replication queued for the owner and has not sent yet.
+    owner_backlog: VecDeque<ClusterToTable>,
+    /// The owner's channel: client batches and cluster messages, in the
+    /// order they arrived.
+    owner_in: VecDeque<ToOwner>,
+    /// What the I/O loop has read from the clients since its last batch.
     client_in: Vec<Inbound>,
+    /// The answers of the owner's round (reused).
+    answers: Vec<(ConnId, Answer)>,
+    /// Every answer, by connection, when a scenario keeps them.
+    answer_log: Option<Vec<(u64, Answer)>>,
     /// Open client connections.
     conns: Vec<u64>,
     books: BTreeMap<u64, ConnBook>,
+    owed: Owed,
     forgotten: HashSet<u64>,
     last_granted: u64,
     exited: bool,
+}
+
+impl Node {
+    /// Connection `conn` sent a request for (`op`, `key`): one answer is
+    /// owed it.
+    fn expect(&mut self, conn: u64, op: Op, key: Option<Key>) {
+        let book = self.books.get_mut(&conn).expect("book");
+        *book.pending.entry((op, key)).or_default() += 1;
+        *self.owed.count(op) += 1;
+    }
 }
 
 struct Faults {
@@ -176,6 +231,16 @@ struct Sim {
     /// Recent grants: (node, key, token), for clients to release or keep.
     held: VecDeque<(usize, Key, u64)>,
     faults: Faults,
+    /// Whether a node's I/O-loop batch reaches the owner's channel before
+    /// or after what replication sends it in the same step (the threads
+    /// race): drawn from here each step, its own stream so that the
+    /// network's draws do not depend on it.
+    order_rng: Rng,
+    /// A scenario's fixed order instead (true: the clients' batch first).
+    io_first: Option<bool>,
+    /// Every peer message sent (from, to, message), when a scenario keeps
+    /// them.
+    send_log: Option<Vec<(usize, usize, PeerMsg)>>,
 }
 
 impl Sim {
@@ -198,6 +263,9 @@ impl Sim {
                 reset_ppm: 0,
                 duplicate_ppm: 0,
             },
+            order_rng: Rng::new(seed ^ 0x0de5),
+            io_first: None,
+            send_log: None,
         };
         let skews: Vec<i64> = (0..n)
             .map(|_| sim.rng.between(0, 2 * MAX_SKEW_MS) as i64 - MAX_SKEW_MS as i64)
@@ -226,7 +294,7 @@ impl Sim {
             down_since: 0,
             boot_ms: self.now,
             skew_ms,
-            table: TableCore::new(table, true, self.names[me].clone(), 0),
+            owner: OwnerRound::new(TableCore::new(table, true, self.names[me].clone(), 0)),
             cluster: ClusterCore::new(
                 me,
                 self.names.clone(),
@@ -236,12 +304,17 @@ impl Sim {
                 },
                 now,
             ),
+            gauges: Gauges::with_pollers(1),
             inbox: VecDeque::new(),
-            to_table: VecDeque::new(),
-            to_cluster: VecDeque::new(),
+            repl_inbox: VecDeque::new(),
+            owner_backlog: VecDeque::new(),
+            owner_in: VecDeque::new(),
             client_in: Vec::new(),
+            answers: Vec::new(),
+            answer_log: None,
             conns: Vec::new(),
             books: BTreeMap::new(),
+            owed: Owed::default(),
             forgotten: HashSet::new(),
             last_granted: 0,
             exited: false,
@@ -279,9 +352,19 @@ impl Sim {
         }
     }
 
+    /// One step of node `i`'s threads: its I/O loop's batch, the
+    /// replication thread (socket events, then its inbox and its tick, as
+    /// rounds.rs orders them), the I/O loop's batch if it lost the race,
+    /// then one round of the lock owner (rounds.rs).
     fn node_step(&mut self, i: usize) {
         let now = self.now_of(i);
-        // The replication thread: socket events, a tick, the owner's messages.
+        let io_first = match self.io_first {
+            Some(first) => first,
+            None => self.order_rng.chance(1, 2),
+        };
+        if io_first {
+            self.io_loop_sends(i);
+        }
         while let Some(event) = self.nodes[i].inbox.pop_front() {
             let cluster = &mut self.nodes[i].cluster;
             match event {
@@ -303,80 +386,74 @@ impl Sim {
                 return;
             }
         }
-        let (last_issued, ceiling) = (
-            self.nodes[i].table.last_issued(),
-            self.nodes[i].table.ceiling(),
-        );
-        self.nodes[i].cluster.set_tokens(last_issued, ceiling);
-        self.nodes[i].cluster.handle_tick(now);
-        self.carry_out(i);
-        while let Some(msg) = self.nodes[i].to_cluster.pop_front() {
-            self.nodes[i].cluster.handle_table(now, msg);
-            self.carry_out(i);
-        }
+        rounds::take_inbox(&mut self.repl(i));
         if !self.nodes[i].up {
             return;
         }
-        // The lock owner: one round.
-        let node = &mut self.nodes[i];
-        let gauges = GaugeReadings {
-            conns: node.conns.len(),
-            heard_active_ms: node.cluster.heard_active_ms(),
-            synced_standbys: node.cluster.synced_standbys(now),
-        };
-        node.table.begin_round(now, gauges);
-        while let Some(msg) = node.to_table.pop_front() {
-            node.table.handle_cluster(now, msg);
+        rounds::tick(&mut self.repl(i));
+        if !self.nodes[i].up {
+            return;
         }
-        for inbound in std::mem::take(&mut node.client_in) {
-            node.table.handle_inbound(now, inbound);
+        if !io_first {
+            self.io_loop_sends(i);
         }
-        let effects = std::mem::take(node.table.end_round(now));
-        node.to_cluster.extend(effects.to_cluster);
-        for (conn, answer) in effects.answers {
-            self.check_answer(i, conn, answer);
-        }
-        let node = &mut self.nodes[i];
-        for conn in effects.forgotten {
-            node.books.remove(&conn.0);
-            node.forgotten.insert(conn.0);
-        }
-        if effects.redirected {
-            node.to_cluster.push_back(TableToCluster::Redirected);
-        }
+        self.owner_round(i, now);
         self.check_node(i);
     }
 
-    /// Carry out node `i`'s cluster effects as replication.rs does.
-    fn carry_out(&mut self, i: usize) {
-        loop {
-            let effects: Vec<ClusterEffect> = self.nodes[i].cluster.poll_effects().collect();
-            if effects.is_empty() {
-                return;
+    /// Node `i`'s I/O loop: its count of connections, and one batch of
+    /// what its clients sent, into the owner's channel.
+    fn io_loop_sends(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        node.gauges
+            .conns
+            .store(node.conns.len(), std::sync::atomic::Ordering::Relaxed);
+        if !node.client_in.is_empty() {
+            let batch = std::mem::take(&mut node.client_in);
+            node.owner_in.push_back(ToOwner::Clients(batch));
+        }
+    }
+
+    /// One round of node `i`'s lock owner, as its thread runs it: what has
+    /// arrived taken in (up to the round's limits), then the round.
+    fn owner_round(&mut self, i: usize, now: Now) {
+        let node = &mut self.nodes[i];
+        let mut answers = std::mem::take(&mut node.answers);
+        let mut forgotten = Vec::new();
+        let mut ports = SimOwner {
+            input: &mut node.owner_in,
+            to_repl: &mut node.repl_inbox,
+            answers: &mut answers,
+            forgotten: &mut forgotten,
+        };
+        node.owner.take_more(&mut ports);
+        node.owner.round(now, &node.gauges, &mut ports);
+        for (conn, answer) in answers.drain(..) {
+            if let Some(log) = &mut self.nodes[i].answer_log {
+                log.push((conn.0, answer.clone()));
             }
-            for effect in effects {
-                match effect {
-                    ClusterEffect::Dial { peer } => self.dial(i, peer),
-                    ClusterEffect::Send { peer, msg } => self.send(i, peer, msg),
-                    ClusterEffect::DropOut { peer } => self.close_out(i, peer),
-                    ClusterEffect::DropIn { link } => self.drop_in(link),
-                    ClusterEffect::ToTable(msg) => {
-                        if trace() {
-                            eprintln!("{:>6} node {i}: to table {msg:?}", self.now);
-                        }
-                        self.nodes[i].to_table.push_back(msg)
-                    }
-                    ClusterEffect::Exit => {
-                        if trace() {
-                            eprintln!("{:>6} node {i}: exits", self.now);
-                        }
-                        self.nodes[i].exited = true;
-                        self.crash(i);
-                        return;
-                    }
+            self.check_answer(i, conn, answer);
+        }
+        let node = &mut self.nodes[i];
+        node.answers = answers;
+        for conn in forgotten {
+            if let Some(book) = node.books.remove(&conn.0) {
+                for ((op, _), count) in book.pending {
+                    *node.owed.count(op) -= u64::from(count);
                 }
             }
+            node.forgotten.insert(conn.0);
         }
+    }
+
+    /// Node `i`'s replication thread, as rounds.rs sees it.
+    fn repl(&mut self, i: usize) -> SimRepl<'_> {
+        SimRepl { sim: self, i }
+    }
+
+    /// Carry out node `i`'s cluster effects (rounds.rs, as replication.rs).
+    fn carry_out(&mut self, i: usize) {
+        rounds::carry_out(&mut self.repl(i));
     }
 
     // ----- the network -----
@@ -409,6 +486,9 @@ impl Sim {
     }
 
     fn send(&mut self, a: usize, b: usize, msg: PeerMsg) {
+        if let Some(log) = &mut self.send_log {
+            log.push((a, b, msg.clone()));
+        }
         let Some(&id) = self.out_of.get(&(a, b)) else {
             // The link is gone; the sender's core hears of it next.
             return;
@@ -483,11 +563,11 @@ impl Sim {
     }
 
     fn net_step(&mut self) {
-        let ids: Vec<LinkId> = self.links.keys().copied().collect();
-        for id in ids {
-            let Some(link) = self.links.get(&id) else {
-                continue;
-            };
+        // Every link in id order (none is added on the way), without
+        // copying the ids out each millisecond.
+        let mut next: LinkId = 0;
+        while let Some((&id, link)) = self.links.range(next..).next() {
+            next = id + 1;
             let (a, b) = (link.from, link.to);
             match link.state {
                 LinkState::Connecting { since, ready_at } => {
@@ -740,11 +820,17 @@ impl Sim {
 
     /// One client event on a random running node (active or not).
     fn client_op(&mut self) {
-        let running: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.runs(i)).collect();
-        if running.is_empty() {
+        // A running node at random (without collecting them: this runs
+        // every few milliseconds of every seed).
+        let count = (0..self.nodes.len()).filter(|&i| self.runs(i)).count();
+        if count == 0 {
             return;
         }
-        let i = *self.rng.pick(&running);
+        let pick = self.rng.index(count);
+        let i = (0..self.nodes.len())
+            .filter(|&i| self.runs(i))
+            .nth(pick)
+            .expect("a running node");
         if self.nodes[i].conns.len() < 6 {
             let id = self.next_conn;
             self.next_conn += 1;
@@ -759,6 +845,8 @@ impl Sim {
                 key,
                 lease_ms: self.rng.between(20, 320),
                 wait_ms: self.rng.below(200),
+                limit: None,
+                value: None,
             },
             7..=10 => match self.pick_held(i) {
                 Some((key, token)) => Request::Release { key, token },
@@ -774,11 +862,7 @@ impl Sim {
             },
             12 => Request::Query { key },
             13 => {
-                let book = self.nodes[i].books.get_mut(&conn).expect("book");
-                *book
-                    .pending
-                    .entry((Op::Acquire, Some(key.clone())))
-                    .or_default() += 1;
+                self.nodes[i].expect(conn, Op::Acquire, Some(key.clone()));
                 self.nodes[i].client_in.push(Inbound::Refused(
                     ConnId(conn),
                     Op::Acquire,
@@ -794,11 +878,7 @@ impl Sim {
                 return;
             }
         };
-        let book = self.nodes[i].books.get_mut(&conn).expect("book");
-        *book
-            .pending
-            .entry((request.op(), request.key().cloned()))
-            .or_default() += 1;
+        self.nodes[i].expect(conn, request.op(), request.key().cloned());
         self.nodes[i]
             .client_in
             .push(Inbound::Request(ConnId(conn), request));
@@ -819,15 +899,16 @@ impl Sim {
         let conn = self.next_conn;
         self.next_conn += 1;
         self.nodes[i].conns.push(conn);
-        let mut book = ConnBook::default();
-        book.pending.insert((Op::Acquire, Some(key.clone())), 1);
-        self.nodes[i].books.insert(conn, book);
+        self.nodes[i].books.insert(conn, ConnBook::default());
+        self.nodes[i].expect(conn, Op::Acquire, Some(key.clone()));
         self.nodes[i].client_in.push(Inbound::Request(
             ConnId(conn),
             Request::Acquire {
                 key,
                 lease_ms: 5_000,
                 wait_ms: 0,
+                limit: None,
+                value: None,
             },
         ));
     }
@@ -853,7 +934,8 @@ impl Sim {
             conn.0
         );
         *pending -= 1;
-        if let Answer::Granted { token, key } = answer {
+        *node.owed.count(op) -= 1;
+        if let Answer::Granted { token, key, .. } = answer {
             assert!(
                 token > node.last_granted,
                 "node {i}: token {token} not above its previous {}",
@@ -874,24 +956,28 @@ impl Sim {
     /// to nobody (requests held back during a role transfer excepted).
     fn check_node(&self, i: usize) {
         let node = &self.nodes[i];
-        node.table.table().check_invariants();
-        if node.table.is_transferring() || !node.client_in.is_empty() {
+        node.owner.core.table().check_invariants();
+        let clients = |m: &ToOwner| matches!(m, ToOwner::Clients(_));
+        if node.owner.core.is_transferring()
+            || !node.client_in.is_empty()
+            || node.owner_in.iter().any(clients)
+            || node.owner.queue.iter().any(clients)
+        {
             return;
         }
-        let mut acquires = 0u64;
-        for (conn, book) in &node.books {
-            for ((op, key), count) in &book.pending {
-                if *op == Op::Acquire {
-                    acquires += u64::from(*count);
-                } else {
-                    assert_eq!(
-                        *count, 0,
+        if node.owed.others > 0 {
+            for (conn, book) in &node.books {
+                for ((op, key), count) in &book.pending {
+                    assert!(
+                        *op == Op::Acquire || *count == 0,
                         "node {i}: connection {conn} never got its {op:?} {key:?} answered"
                     );
                 }
             }
+            unreachable!("node {i}: the owed count is off");
         }
-        let waiting = node.table.table().stats().waiting as u64;
+        let acquires = node.owed.acquires;
+        let waiting = node.owner.core.table().stats().waiting as u64;
         assert!(
             acquires >= waiting && (waiting > 0 || acquires == 0),
             "node {i}: {acquires} acquires unanswered, {waiting} waiting in the table"
@@ -905,9 +991,11 @@ impl Sim {
     }
 
     fn converged_on(&self, want: usize) -> bool {
-        self.actives() == vec![want]
-            && (0..self.nodes.len())
-                .all(|i| self.nodes[i].up && self.nodes[i].cluster.roles().active() == Some(want))
+        // Every node up and following `want`, which alone is active.
+        self.nodes.iter().enumerate().all(|(i, n)| {
+            n.up && n.cluster.roles().active() == Some(want)
+                && n.cluster.roles().role_name().is_active() == (i == want)
+        })
     }
 
     fn roles(&self) -> Vec<&'static str> {
@@ -951,6 +1039,151 @@ impl Sim {
         let after = self.nodes[i].last_granted;
         assert!(after > before, "node {i} granted nothing");
         after
+    }
+}
+
+/// The lock owner's ports in the simulation: its channel, the replication
+/// thread's inbox, and this round's answers (checked once it ends).
+struct SimOwner<'a> {
+    input: &'a mut VecDeque<ToOwner>,
+    to_repl: &'a mut VecDeque<ToRepl>,
+    answers: &'a mut Vec<(ConnId, Answer)>,
+    forgotten: &'a mut Vec<ConnId>,
+}
+
+impl OwnerPorts for SimOwner<'_> {
+    fn try_recv(&mut self) -> Result<Option<ToOwner>, Gone> {
+        Ok(self.input.pop_front())
+    }
+
+    fn queue_for_repl(&mut self, msg: TableToCluster) {
+        self.to_repl.push_back(ToRepl::Table(msg));
+    }
+
+    fn answer(&mut self, conn: ConnId, answer: Answer) {
+        self.answers.push((conn, answer));
+    }
+
+    fn forget(&mut self, conn: ConnId) {
+        self.forgotten.push(conn);
+    }
+
+    fn retiring(&mut self, done: crossbeam_channel::Sender<()>) {
+        // Only a single node retires; the simulated nodes are a cluster's.
+        let _ = done.send(());
+    }
+
+    // The in-memory queues are never full: queued is sent.
+    fn send_to_repl(&mut self) {}
+
+    fn send_answers(&mut self) {}
+}
+
+/// Node `i`'s replication thread in the simulation: its core, its inbox,
+/// the simulated network for its links, the owner's channel.
+struct SimRepl<'a> {
+    sim: &'a mut Sim,
+    i: usize,
+}
+
+impl SimRepl<'_> {
+    fn node(&mut self) -> &mut Node {
+        &mut self.sim.nodes[self.i]
+    }
+
+    /// A node that exited or crashed carries out nothing more.
+    fn up(&self) -> bool {
+        self.sim.nodes[self.i].up
+    }
+}
+
+impl ReplShell for SimRepl<'_> {
+    fn now(&self) -> Now {
+        self.sim.now_of(self.i)
+    }
+
+    fn core(&mut self) -> &mut ClusterCore {
+        &mut self.node().cluster
+    }
+
+    fn gauges(&self) -> &Gauges {
+        &self.sim.nodes[self.i].gauges
+    }
+
+    fn next_inbox(&mut self) -> Result<Option<ToRepl>, Gone> {
+        Ok(self.node().repl_inbox.pop_front())
+    }
+
+    fn stop(&mut self) {
+        // The thread is gone, so is the node.
+        if self.up() {
+            self.sim.crash(self.i);
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        !self.up()
+    }
+
+    fn adopt(&mut self, _: Stream, _: Vec<u8>) {
+        unreachable!("the simulated network hands over no sockets");
+    }
+
+    fn dial(&mut self, peer: usize) {
+        if self.up() {
+            self.sim.dial(self.i, peer);
+        }
+    }
+
+    fn send(&mut self, peer: usize, msg: PeerMsg) {
+        if self.up() {
+            self.sim.send(self.i, peer, msg);
+        }
+    }
+
+    fn drop_out(&mut self, peer: usize) {
+        if self.up() {
+            self.sim.close_out(self.i, peer);
+        }
+    }
+
+    fn drop_in(&mut self, link: LinkId) {
+        if self.up() {
+            self.sim.drop_in(link);
+        }
+    }
+
+    fn to_owner(&mut self, msg: ClusterToTable) {
+        if !self.up() {
+            return;
+        }
+        if trace() {
+            eprintln!("{:>6} node {}: to table {msg:?}", self.sim.now, self.i);
+        }
+        let node = self.node();
+        node.gauges.cluster_queued.add(msg.weight());
+        node.owner_backlog.push_back(msg);
+    }
+
+    fn send_to_owner(&mut self) {
+        let node = self.node();
+        while let Some(msg) = node.owner_backlog.pop_front() {
+            node.owner_in.push_back(ToOwner::Cluster(msg));
+        }
+    }
+
+    // Sends went onto the simulated links as they were made.
+    fn flush_peers(&mut self) {}
+
+    fn exit(&mut self) {
+        if !self.up() {
+            return;
+        }
+        if trace() {
+            eprintln!("{:>6} node {}: exits", self.sim.now, self.i);
+        }
+        self.node().exited = true;
+        self.sim.crash(self.i);
     }
 }
 
@@ -1073,6 +1306,127 @@ fn a_fresh_cluster_settles_on_the_first_node_with_every_standby_synced() {
     assert_eq!(t % tokens::MAX_NODES as u64, 0, "node 0's token");
 }
 
+/// Guards the order in which the lock owner drains its input. The
+/// simulation once fed every cluster message of a step before the clients'
+/// requests, whatever their order; the node's owner has one channel for
+/// both and handles them as they arrived (rounds.rs). Here a request and
+/// the standby's promotion (`BecomeActive`) reach the owner in the same
+/// round, in both orders: the request that came first is redirected (the
+/// node is not serving yet), the one that came after the promotion is
+/// granted. Cluster messages first would grant both; clients first would
+/// redirect both.
+#[test]
+fn a_request_that_reaches_the_owner_before_the_promotion_is_redirected_and_one_after_granted() {
+    for io_first in [true, false] {
+        let mut sim = settled(2);
+        sim.fresh_token(0);
+        sim.steps(20);
+        sim.crash(0);
+        sim.io_first = Some(io_first);
+        sim.nodes[1].answer_log = Some(Vec::new());
+        // A new connection's acquire of a free key every step, until node
+        // 1 serves: the last one reached its owner with the promotion.
+        let bound = sim.now + 2 * DETECT_MS;
+        let last = loop {
+            assert!(sim.now < bound, "node 1 promotes");
+            let conn = sim.next_conn;
+            sim.next_conn += 1;
+            let key = Key::new(format!("promo-{conn}").as_bytes()).expect("key");
+            let node = &mut sim.nodes[1];
+            node.conns.push(conn);
+            node.books.insert(conn, ConnBook::default());
+            node.expect(conn, Op::Acquire, Some(key.clone()));
+            node.client_in.push(Inbound::Request(
+                ConnId(conn),
+                Request::Acquire {
+                    key,
+                    lease_ms: 1_000,
+                    wait_ms: 0,
+                    limit: None,
+                    value: None,
+                },
+            ));
+            sim.step();
+            if sim.nodes[1].owner.core.is_serving() {
+                break conn;
+            }
+        };
+        let log = sim.nodes[1].answer_log.take().expect("the answers");
+        let answers: Vec<&Answer> = log
+            .iter()
+            .filter(|(c, _)| *c == last)
+            .map(|(_, a)| a)
+            .collect();
+        match (io_first, answers.as_slice()) {
+            (true, [Answer::Moved { .. }]) | (false, [Answer::Granted { .. }]) => {}
+            (_, other) => panic!("clients' batch first {io_first}: answered {other:?}"),
+        }
+    }
+}
+
+/// Guards the merging of consecutive deltas (the simulation once handed
+/// the cluster core each of the owner's messages on its own, the node's
+/// replication thread hands it every delta of consecutive messages as one
+/// batch, rounds.rs): two messages of deltas waiting together in the
+/// active's inbox reach each standby back to back, the first standby's
+/// link getting both before the second standby's gets any.
+#[test]
+fn consecutive_delta_messages_reach_the_standbys_as_one_batch() {
+    use baton::server::core::lock_table::Delta;
+    let mut sim = settled(3);
+    sim.fresh_token(0);
+    let ceiling = sim.nodes[0].owner.core.ceiling();
+    let (one, two) = (Delta::Ceiling(ceiling), Delta::Ceiling(ceiling + 16));
+    for delta in [&one, &two] {
+        let msg = TableToCluster::Deltas(vec![delta.clone()]);
+        sim.nodes[0].repl_inbox.push_back(ToRepl::Table(msg));
+    }
+    sim.send_log = Some(Vec::new());
+    sim.step();
+    let sent: Vec<(usize, Delta)> = (sim.send_log.take().expect("the sends"))
+        .into_iter()
+        .filter_map(|(from, to, msg)| match msg {
+            PeerMsg::Delta(d) if from == 0 && (d == one || d == two) => Some((to, d)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [(1, one.clone()), (1, two.clone()), (2, one), (2, two)],
+        "each standby's deltas back to back"
+    );
+    assert!(sim.converged_on(0));
+}
+
+/// Guards the path of the tokens from the lock owner to the heartbeats
+/// (the simulation once handed the replication core the table's figures by
+/// direct call; the node's owner stores them in the shared `Gauges` each
+/// round and the replication thread reads them there, rounds.rs). A node
+/// whose clock is a second ahead serves its side of a partition; after the
+/// heal only its heartbeats tell the first node how far its tokens went
+/// (it sends no state to the node it steps back for), so the first node's
+/// next token is above them only if they went through the gauges.
+#[test]
+fn after_a_split_brain_the_heartbeats_carry_the_other_sides_tokens() {
+    let mut sim = Sim::new(11, 2);
+    sim.boot(&[0, 1_000]);
+    sim.run_until(5 * DETECT_MS, "settles on node 0", |s| s.converged_on(0));
+    sim.partition(0, 1, true, false);
+    sim.run_until(3 * DETECT_MS, "node 1 serves its side", |s| {
+        s.actives().len() == 2
+    });
+    let ahead = sim.fresh_token(1);
+    assert!(
+        ahead > tokens::clock_floor(sim.now_of(0).unix_ms + 500),
+        "node 1's token is ahead of node 0's clock"
+    );
+    sim.heal();
+    sim.run_until(4 * DETECT_MS, "one active again", |s| s.converged_on(0));
+    sim.steps(DETECT_MS / 2);
+    let next = sim.fresh_token(0);
+    assert!(next > ahead, "{next} above node 1's {ahead}");
+}
+
 #[test]
 fn standby_promotes_when_active_is_killed_and_its_tokens_go_above() {
     let mut sim = settled(2);
@@ -1097,7 +1451,7 @@ fn a_restarted_first_node_takes_the_role_back_by_an_orderly_transfer() {
     sim.restart(0);
     sim.run_until(5 * DETECT_MS, "node 0 takes over", |s| s.converged_on(0));
     // The grant made on node 1 came over with the state.
-    assert_eq!(sim.nodes[0].table.table().stats().held, 2);
+    assert_eq!(sim.nodes[0].owner.core.table().stats().held, 2);
     assert!(sim.fresh_token(0) > held);
 }
 
@@ -1290,33 +1644,27 @@ fn graceful_shutdown_transfers_the_role_to_the_synced_standby_before_exit() {
     sim.nodes[0].books.insert(conn, ConnBook::default());
     let key = Key::new(b"busy").expect("key");
     for _ in 0..2 {
-        sim.nodes[0]
-            .books
-            .get_mut(&conn)
-            .expect("book")
-            .pending
-            .entry((Op::Acquire, Some(key.clone())))
-            .and_modify(|c| *c += 1)
-            .or_insert(1);
+        sim.nodes[0].expect(conn, Op::Acquire, Some(key.clone()));
         sim.nodes[0].client_in.push(Inbound::Request(
             ConnId(conn),
             Request::Acquire {
                 key: key.clone(),
                 lease_ms: 10_000,
                 wait_ms: 0,
+                limit: None,
+                value: None,
             },
         ));
         sim.step();
     }
-    assert_eq!(sim.nodes[0].table.table().stats().waiting, 1);
-    let now = sim.now_of(0);
-    sim.nodes[0].cluster.handle_shutdown(now);
-    sim.carry_out(0);
+    assert_eq!(sim.nodes[0].owner.core.table().stats().waiting, 1);
+    // SIGTERM: the node's stop sequence tells the replication thread.
+    sim.nodes[0].repl_inbox.push_back(ToRepl::Shutdown);
     sim.run_until(2 * DETECT_MS, "node 0 exits after the transfer", |s| {
         s.nodes[0].exited
     });
     assert_eq!(sim.actives(), vec![1]);
-    assert_eq!(sim.nodes[1].table.table().stats().held, 2);
+    assert_eq!(sim.nodes[1].owner.core.table().stats().held, 2);
 }
 
 #[test]
@@ -1425,7 +1773,7 @@ fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_or_has_them_left_
     for (attack, dropped, synced) in attacks {
         let mut sim = settled(2);
         let before = sim.fresh_token(0);
-        let held = sim.nodes[0].table.table().stats().held;
+        let held = sim.nodes[0].owner.core.table().stats().held;
         // The active's real link to the standby carries the bad message (a
         // buggy or compromised peer that holds the key).
         let link = *sim.out_of.get(&(0, 1)).expect("the active's link");
@@ -1453,7 +1801,7 @@ fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_or_has_them_left_
         sim.crash(0);
         sim.run_until(2 * DETECT_MS, "node 1 promotes", |s| s.actives() == vec![1]);
         assert_eq!(
-            sim.nodes[1].table.table().stats().held,
+            sim.nodes[1].owner.core.table().stats().held,
             held,
             "{attack:?}: the real keys, nothing planted"
         );
@@ -1520,7 +1868,7 @@ const FAR_BEHIND_MS: i64 = 600_000;
 
 /// Node `i`'s token counter has taken nothing beyond its window.
 fn assert_within_window(sim: &Sim, i: usize) {
-    let last = sim.nodes[i].table.table().stats().last_token;
+    let last = sim.nodes[i].owner.core.table().stats().last_token;
     let bound = ClusterCore::token_bound(sim.now_of(i));
     assert!(
         last <= bound,

@@ -237,3 +237,22 @@ fn one_change_reaches_ten_thousand_watchers() {
         start.elapsed()
     );
 }
+
+#[test]
+fn a_semaphores_watch_shows_its_newest_grant_its_value_and_every_holder() {
+    let node = Node::start(&[]);
+    let mut watcher = node.client();
+    assert_eq!(watcher.ask("W sem"), "W sem 0 0 0 -");
+    let mut a = node.client();
+    let first = a.ask("A sem 30 0 2 10.0.0.1:80");
+    let t1 = token_of(&first);
+    assert_eq!(watcher.recv(), format!("W sem {t1} 1 0 10.0.0.1:80"));
+    let t2 = token_of(&a.ask("A sem 30 0 2 10.0.0.2:80"));
+    assert_eq!(watcher.recv(), format!("W sem {t2} 2 0 10.0.0.2:80"));
+    // The newest leaves: the largest token holding is the older grant.
+    assert_eq!(a.ask(&format!("R sem {t2}")), "R sem");
+    assert_eq!(watcher.recv(), format!("W sem {t1} 1 0 10.0.0.1:80"));
+    // A grant without a value shows `-`.
+    let t3 = token_of(&a.ask("A sem 30 0 2"));
+    assert_eq!(watcher.recv(), format!("W sem {t3} 2 0 -"));
+}

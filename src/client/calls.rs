@@ -466,12 +466,14 @@ fn acquire_request(key: &Key, lease_ms: u64, wait_end: Option<Instant>) -> Resul
         key: key.clone(),
         lease_ms,
         wait_ms: wait_left,
+        limit: None,
+        value: None,
     })
 }
 
 fn acquire_answer(done: Exchanged, lease_ms: u64) -> Result<Grant, Error> {
     match done.answer {
-        Answer::Granted { token, key } => Ok(Grant::new(key, token, lease_ms, done.sent_at)),
+        Answer::Granted { token, key, .. } => Ok(Grant::new(key, token, lease_ms, done.sent_at)),
         Answer::Timeout { .. } => Err(Error::Timeout),
         Answer::Error { reason, .. } => Err(Error::Refused(reason)),
         other => Err(unexpected(&other)),
@@ -747,12 +749,16 @@ mod tests {
             key: key(),
             lease_ms: 1000,
             wait_ms: 0,
+            limit: None,
+            value: None,
         };
         assert_eq!(answer_budget(&forever, rt), None);
         let bounded = Request::Acquire {
             key: key(),
             lease_ms: 1000,
             wait_ms: 2000,
+            limit: None,
+            value: None,
         };
         assert_eq!(answer_budget(&bounded, rt), Some(Duration::from_secs(7)));
         assert_eq!(answer_budget(&Request::Info, rt), Some(rt));

@@ -470,7 +470,7 @@ fn send_locked(st: &mut State, request: &Request, slot: Slot) -> bool {
 /// A grant arrived for a caller that had given up: release it at once, so
 /// that the key does not stay blocked until its lease runs out.
 fn release_orphan(st: &mut State, answer: Answer, addr: &str) {
-    if let Answer::Granted { token, key } = answer {
+    if let Answer::Granted { token, key, .. } = answer {
         log::info!("{addr}: releasing {key} (token {token}): its caller gave up");
         let release = Request::Release { key, token };
         send_locked(st, &release, None);

@@ -111,6 +111,7 @@ mod tests {
         let a = Answer::Granted {
             token: 7,
             key: k.clone(),
+            slot: None,
         };
         assert_eq!(route(&a), Route::Reply(Op::Acquire, Some(k.clone())));
         let t = Answer::Timeout { key: k.clone() };

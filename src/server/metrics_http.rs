@@ -248,6 +248,12 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
     gauge(o, "baton_held_keys", "Keys held now.", snap.held);
     gauge(
         o,
+        "baton_holders",
+        "Grants held now (every holder of a semaphore counts).",
+        snap.holders,
+    );
+    gauge(
+        o,
         "baton_waiting_requests",
         "Acquires waiting in line now.",
         snap.waiting,
@@ -629,6 +635,7 @@ mod tests {
         let mut snap = Snapshot {
             active: true,
             held: 3,
+            holders: 5,
             lag_ms: 1_234,
             ..Snapshot::default()
         };
@@ -665,6 +672,7 @@ mod tests {
         assert!(text.contains("baton_role{role=\"active\"} 1\n"));
         assert!(text.contains("baton_role{role=\"standby\"} 0\n"));
         assert!(text.contains("baton_held_keys 3\n"));
+        assert!(text.contains("baton_holders 5\n"));
         assert!(text.contains("baton_connections 7\n"));
         assert!(text.contains("baton_replication_lag_seconds 1.234000\n"));
         assert!(text.contains("baton_refusals_total{reason=\"bad-key\"} 5\n"));

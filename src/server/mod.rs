@@ -16,7 +16,9 @@
 //!   threads, through [`supervise`], which ends the process if one of them
 //!   ends; [`shared`] holds the
 //!   settings every thread reads and the few gauges that cross threads;
-//!   [`messages`] the channel messages; [`config`] the flags; [`stats`] and
+//!   [`messages`] the channel messages; [`rounds`] the order of the lock
+//!   owner's round and of replication's work (the threads and the
+//!   simulation run the same functions); [`config`] the flags; [`stats`] and
 //!   [`metrics_http`] the figures; [`clock`] the real clocks; [`peer_wire`]
 //!   the framing of a peer link; [`busy_poll`] and [`sched`] CPU policy.
 //!
@@ -30,6 +32,7 @@ pub mod messages;
 pub mod metrics_http;
 pub mod node;
 pub mod peer_wire;
+pub mod rounds;
 pub mod sched;
 pub mod shared;
 pub mod stats;

@@ -101,11 +101,17 @@ pub struct Gauges {
 impl Gauges {
     /// Every gauge at zero, with one busy-poll slot per core.
     pub fn new() -> Gauges {
+        Gauges::with_pollers(std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// Every gauge at zero, with `pollers` busy-poll slots (the simulation
+    /// makes thousands of nodes, and asks the system for no core count).
+    pub fn with_pollers(pollers: usize) -> Gauges {
         Gauges {
             conns: AtomicUsize::new(0),
             peer_slots_used: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
-            pollers: PollerSlots::new(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            pollers: PollerSlots::new(pollers),
             last_issued: AtomicU64::new(0),
             ceiling: AtomicU64::new(0),
             heard_active_ms: AtomicU64::new(0),

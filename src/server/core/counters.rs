@@ -200,7 +200,10 @@ pub struct Snapshot {
     pub active: bool,
     /// Handing the active role over to another node.
     pub handing_off: bool,
+    /// Keys held now.
     pub held: u64,
+    /// Grants held now (every holder of a semaphore counts).
+    pub holders: u64,
     pub waiting: u64,
     pub last_token: u64,
     pub ceiling: u64,

@@ -1,8 +1,8 @@
 //! The messages between the deciders: what an I/O loop's connection tells
 //! the table core ([`Inbound`]), and what the table core and the cluster
 //! core tell each other ([`TableToCluster`], [`ClusterToTable`]). The
-//! threads carry them over channels (`server::messages`); the simulation
-//! hands them over directly.
+//! threads carry them over channels (`server::messages`), the simulation
+//! over in-memory queues, both through the same rounds (`server::rounds`).
 //!
 //! Never does: anything but describe; these are plain values.
 

@@ -10,14 +10,31 @@
 //! caller sends them. [`LockTable::next_wake_ms`] tells when timers need
 //! [`LockTable::poll_timers`] next. Tests drive it with a fake clock.
 //!
+//! Every key is a semaphore: up to its `limit` grants hold it at once, each
+//! with its own token, lease and slot (the lowest of `0..limit` no other
+//! live grant of the key holds) and an optional value. A plain mutex is
+//! limit 1. The key's limit is set by the acquire that registers it and holds
+//! while the key is in the table; an acquire naming another is refused
+//! `limit-mismatch`.
+//!
+//! Layout (memory per held key is what a lock server is judged by): a
+//! key's first grant lives in its [`KeyState`] (token, expiry, lease timer);
+//! a key that is more than a plain mutex without a value (limit above 1, or
+//! a value given) has a [`Sem`] in a side slab holding its limit, the first
+//! grant's slot and value, its other grants and which slots are taken. A
+//! plain mutex key pays 4 bytes for the link to it.
+//!
 //! Invariants (checked by [`LockTable::check_invariants`] in tests and asserted
 //! where cheap):
-//! - a key in the table always has exactly one holder, whose lease timer is
-//!   pending with the holder's expiry as deadline; a key with no holder and no
-//!   waiter is removed from the table;
+//! - a key in the table always has 1 to `limit` holders, in distinct slots
+//!   below `limit`, each with its lease timer pending with the holder's
+//!   expiry as deadline; a key with no holder and no waiter is removed from
+//!   the table;
+//! - a key has waiters only while all its slots are taken (no barging), or
+//!   behind a promotion-grace placeholder (token 0);
 //! - every waiter is in exactly one key queue, in its connection's list, and
 //!   has a wait timer iff its wait is bounded;
-//! - tokens strictly increase across all keys;
+//! - tokens strictly increase across all keys: no two grants share one;
 //! - answers to one connection for the same (op, key) leave in arrival order:
 //!   a waiter that times out (or is refused) while an earlier waiter of the
 //!   same connection waits for the same key has its answer deferred until the
@@ -34,7 +51,7 @@ use hashbrown::HashTable;
 
 use slab::Slab;
 
-use crate::protocol::{Answer, Key, Op, Reason, WatchState};
+use crate::protocol::{Answer, Key, Op, Reason, Value, WatchState};
 use crate::server::core::counters::TableMetrics;
 use crate::server::core::tokens::TokenSource;
 use crate::server::core::watchers::Watchers;
@@ -99,6 +116,79 @@ impl Default for TableLimits {
             max_waiting_per_conn: 4096,
             max_keys: 10_000_000,
         }
+    }
+}
+
+/// What an acquire asks beyond its lease and wait.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ask {
+    /// The limit the request named; None: a plain `A` (limit 1, answered
+    /// without a slot).
+    pub limit: Option<u32>,
+    /// The value the grant carries.
+    pub value: Option<Value>,
+}
+
+impl Ask {
+    /// A plain `A` (limit 1, no value).
+    pub fn plain() -> Ask {
+        Ask::default()
+    }
+}
+
+/// One live grant of a key, as [`LockTable::key_view`] shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HolderView<'a> {
+    pub token: u64,
+    pub slot: u32,
+    /// When its lease runs out (the table's clock).
+    pub expiry_ms: u64,
+    pub value: Option<&'a Value>,
+}
+
+/// A key's state now, for watches and replication: its limit, how many
+/// wait, and its holders.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyView<'a> {
+    state: &'a KeyState,
+    sem: Option<&'a Sem>,
+}
+
+impl<'a> KeyView<'a> {
+    /// The key's limit (1 for a plain mutex).
+    pub fn limit(&self) -> u32 {
+        self.sem.map_or(1, |sem| sem.limit)
+    }
+
+    /// Requests in line for the key.
+    pub fn waiting(&self) -> u32 {
+        self.state.queue_len
+    }
+
+    /// The key's live grants, in no particular order (a promotion-grace
+    /// placeholder, token 0, is not a grant and is left out).
+    pub fn holders(&self) -> impl Iterator<Item = HolderView<'a>> + 'a {
+        let state = self.state;
+        let first = HolderView {
+            token: state.token,
+            slot: self.sem.map_or(0, |sem| sem.first_slot),
+            expiry_ms: state.expiry_ms,
+            value: self.sem.and_then(|sem| sem.first_value.as_ref()),
+        };
+        let more = self.sem.into_iter().flat_map(|sem| {
+            sem.more.iter().map(|g| HolderView {
+                token: g.token,
+                slot: g.slot,
+                expiry_ms: g.expiry_ms,
+                value: g.value.as_ref(),
+            })
+        });
+        std::iter::once(first).chain(more).filter(|h| h.token != 0)
+    }
+
+    /// The newest live grant (the largest token), if any.
+    pub fn newest(&self) -> Option<HolderView<'a>> {
+        self.holders().max_by_key(|h| h.token)
     }
 }
 
@@ -273,7 +363,14 @@ impl KeyIndex {
 /// Counters for `I`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TableStats {
+    /// Keys held (each key once, whatever its number of holders).
     pub held: usize,
+    /// Grants held (every holder of a semaphore counts; what `--max-keys`
+    /// bounds).
+    pub holders: usize,
+    /// Changes of some key's set of holders so far (a grant, a release, an
+    /// expiry): what a watch would be told of.
+    pub holder_changes: u64,
     pub waiting: usize,
     pub last_token: u64,
     /// The largest token this node issued itself.
@@ -286,6 +383,7 @@ pub struct TableStats {
 #[derive(Debug)]
 struct KeyState {
     key: Key,
+    // The key's first grant (a key in the table always has one).
     token: u64,
     expiry_ms: u64,
     lease_timer: TimerId,
@@ -295,6 +393,87 @@ struct KeyState {
     /// This key's entry in the batch of unsent changes, or NIL. (It fits in
     /// what was padding: a held key costs no more memory for it.)
     pending: u32,
+    /// The key's [`Sem`] in `LockTable::sems`, or NIL: limit 1, and the
+    /// grant has no value.
+    sem: u32,
+}
+
+/// A grant of a key other than its first (which lives in [`KeyState`]).
+#[derive(Debug)]
+struct Grant {
+    token: u64,
+    expiry_ms: u64,
+    lease_timer: TimerId,
+    slot: u32,
+    value: Option<Value>,
+}
+
+/// What a key that is more than a plain mutex without a value has.
+#[derive(Debug)]
+struct Sem {
+    limit: u32,
+    /// The slot and value of the key's first grant.
+    first_slot: u32,
+    first_value: Option<Value>,
+    /// The key's other grants, in no order.
+    more: Vec<Grant>,
+    /// The slots taken, a bit each (empty for limit 1: its slot is 0).
+    taken: Vec<u64>,
+}
+
+impl Sem {
+    /// A key's Sem when it needs one: a limit above 1, or a value.
+    fn new(limit: u32, value: Option<Value>) -> Option<Sem> {
+        if limit <= 1 && value.is_none() {
+            return None;
+        }
+        let mut sem = Sem {
+            limit,
+            first_slot: 0,
+            first_value: value,
+            more: Vec::new(),
+            taken: if limit > 1 {
+                vec![0; (limit as usize).div_ceil(64)]
+            } else {
+                Vec::new()
+            },
+        };
+        sem.take_slot(0);
+        Some(sem)
+    }
+
+    fn take_slot(&mut self, slot: u32) {
+        if let Some(word) = self.taken.get_mut(slot as usize / 64) {
+            debug_assert_eq!(*word & (1 << (slot % 64)), 0, "a slot is taken once");
+            *word |= 1 << (slot % 64);
+        }
+    }
+
+    fn free_slot(&mut self, slot: u32) {
+        if let Some(word) = self.taken.get_mut(slot as usize / 64) {
+            *word &= !(1 << (slot % 64));
+        }
+    }
+
+    /// The lowest slot no grant holds (there must be one).
+    fn lowest_free(&self) -> u32 {
+        let (i, word) = self
+            .taken
+            .iter()
+            .enumerate()
+            .find(|(_, w)| **w != u64::MAX)
+            .expect("a free slot");
+        let slot = i as u32 * 64 + word.trailing_ones();
+        debug_assert!(slot < self.limit);
+        slot
+    }
+}
+
+/// Where a grant of a key is: its first, or one of its Sem's others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    First,
+    More(usize),
 }
 
 /// An answer owed to a connection after an earlier waiter's answer.
@@ -312,6 +491,9 @@ struct Waiter {
     /// When the request arrived (for the grant-wait histogram).
     since_ms: u64,
     wait_timer: Option<TimerId>,
+    /// The request named a limit (its grant is answered with its slot).
+    named_limit: bool,
+    value: Option<Value>,
     // The key's FIFO queue.
     prev: u32,
     next: u32,
@@ -342,6 +524,11 @@ pub struct LockTable {
     limits: TableLimits,
     index: KeyIndex,
     keys: Slab<KeyState>,
+    /// The Sems of keys that have one (see [`KeyState::sem`]).
+    sems: Slab<Sem>,
+    /// Grants held, every holder of every key (what `max_keys` bounds).
+    grants: usize,
+    holder_changes: u64,
     waiters: Slab<Waiter>,
     conns: HashMap<ConnId, ConnWaiting>,
     chain_tails: HashMap<(ConnId, u32), u32>,
@@ -368,6 +555,9 @@ pub struct LockTable {
     kept: Vec<Change>,
     /// Which I/O loops watch which keys (`core/watchers.rs`).
     watchers: Watchers,
+    /// Watched keys whose holders changed, not yet told
+    /// ([`LockTable::take_watch_lines`]).
+    watch_changed: Vec<Key>,
 }
 
 impl LockTable {
@@ -377,6 +567,9 @@ impl LockTable {
             limits,
             index: KeyIndex::default(),
             keys: Slab::new(),
+            sems: Slab::new(),
+            grants: 0,
+            holder_changes: 0,
             waiters: Slab::new(),
             conns: HashMap::new(),
             chain_tails: HashMap::new(),
@@ -393,6 +586,7 @@ impl LockTable {
             ceilings: 0,
             kept: Vec::new(),
             watchers: Watchers::default(),
+            watch_changed: Vec::new(),
         }
     }
 
@@ -406,52 +600,59 @@ impl LockTable {
         &mut self.watchers
     }
 
-    /// What a `W` line shows of `key` now: its holder's token (0 when
-    /// free), holders, waiting and value.
+    /// What a `W` line shows of `key` now: the largest token holding it
+    /// (0 when none), its live grants, the requests in line, and the value
+    /// of the grant with the largest token.
     pub fn watch_state(&self, key: &Key) -> WatchState {
-        match self.index.get(&self.keys, key) {
-            Some(idx) => {
-                let state = &self.keys[idx as usize];
-                // A promotion-grace placeholder (token 0) holds nothing.
-                WatchState {
-                    token: state.token,
-                    holders: u64::from(state.token != 0),
-                    waiting: u64::from(state.queue_len),
-                    value: None,
-                }
-            }
-            None => WatchState::default(),
+        let Some(view) = self.key_view(key) else {
+            return WatchState::default();
+        };
+        let newest = view.newest();
+        WatchState {
+            token: newest.as_ref().map_or(0, |h| h.token),
+            holders: view.holders().count() as u64,
+            waiting: u64::from(view.waiting()),
+            value: newest.and_then(|h| h.value.cloned()),
         }
     }
 
-    /// The hook of every change of a key's set of holders (a grant, at
-    /// once or to a waiter; a release; an expiry; a handoff is one): if an
-    /// I/O loop watches the key, its state now goes to each such loop, as
-    /// an entry of the ordered answers. Nothing watched: one check.
-    #[inline]
-    fn holders_changed(&self, key: &Key, out: &mut Outbox) {
-        if self.watchers.is_empty() {
+    /// The watched keys whose holders changed since the last call, each
+    /// once with its state now, as entries for each watching loop's
+    /// watchers (`ConnId::watchers`) in the ordered answers. The table
+    /// core calls it after every step that may change holders, so the
+    /// lines follow the answers of the step that made the change.
+    pub fn take_watch_lines(&mut self, out: &mut Outbox) {
+        if self.watch_changed.is_empty() {
             return;
         }
-        let Some(loops) = self.watchers.loops(key) else {
-            return;
-        };
-        let state = self.watch_state(key);
-        for worker in loops.iter() {
-            out.answer(
-                ConnId::watchers(worker),
-                Answer::Watched {
-                    key: key.clone(),
-                    state: state.clone(),
-                },
-            );
+        let mut changed = std::mem::take(&mut self.watch_changed);
+        for (i, key) in changed.iter().enumerate() {
+            if changed[..i].contains(key) {
+                continue;
+            }
+            let Some(loops) = self.watchers.loops(key) else {
+                continue;
+            };
+            let state = self.watch_state(key);
+            for worker in loops.iter() {
+                out.answer(
+                    ConnId::watchers(worker),
+                    Answer::Watched {
+                        key: key.clone(),
+                        state: state.clone(),
+                    },
+                );
+            }
         }
+        changed.clear();
+        self.watch_changed = changed;
     }
 
     /// `W key`: the key's state now (a lease run out is reclaimed first,
-    /// and that change goes before this answer).
+    /// and that change's line goes before this answer).
     pub fn handle_watch(&mut self, now_ms: u64, conn: ConnId, key: Key, out: &mut Outbox) {
         let _ = self.lookup_live(now_ms, &key, out);
+        self.take_watch_lines(out);
         let state = self.watch_state(&key);
         out.answer(conn, Answer::Watched { key, state });
     }
@@ -557,7 +758,10 @@ impl LockTable {
     /// batch says it is held (`new_at`: the key was not in the table before
     /// and came in at that time).
     fn note_held(&mut self, idx: u32, new_at: Option<u64>) {
-        if !self.replicate {
+        // TODO(replication of semaphores): a key of limit above 1 is not
+        // replicated (a delta carries one grant per key), and a value is
+        // not either (the standbys hold the grant without it).
+        if !self.replicate || self.limit(idx) != 1 {
             return;
         }
         let state = &mut self.keys[idx as usize];
@@ -623,6 +827,8 @@ impl LockTable {
     pub fn stats(&self) -> TableStats {
         TableStats {
             held: self.keys.len(),
+            holders: self.grants,
+            holder_changes: self.holder_changes,
             waiting: self.waiters.len(),
             last_token: self.tokens.last(),
             last_issued: self.tokens.last_issued(),
@@ -645,7 +851,8 @@ impl LockTable {
         self.wheel.next_wake()
     }
 
-    /// `A key lease wait`.
+    /// `A key lease wait [limit [value]]`.
+    #[allow(clippy::too_many_arguments)]
     pub fn handle_acquire(
         &mut self,
         now_ms: u64,
@@ -653,8 +860,10 @@ impl LockTable {
         key: Key,
         lease_ms: u64,
         wait_ms: u64,
+        ask: Ask,
         out: &mut Outbox,
     ) {
+        let limit = ask.limit.unwrap_or(1);
         let idx = match self.lookup_live(now_ms, &key, out) {
             Ok(idx) => idx,
             Err(hash) if now_ms < self.grace_until_ms => {
@@ -665,21 +874,38 @@ impl LockTable {
                 if self.is_full(conn, &key, out) {
                     return;
                 }
-                self.insert_key(key.clone(), hash, 0, self.grace_until_ms)
+                self.insert_key(key.clone(), hash, 0, self.grace_until_ms, limit, None)
             }
             Err(hash) => {
                 if !self.is_full(conn, &key, out) {
-                    self.grant_new(now_ms, conn, key, hash, lease_ms, out);
+                    self.grant_new(now_ms, conn, key, hash, lease_ms, ask, out);
                 }
                 return;
             }
         };
+        if self.limit(idx) != limit {
+            self.refuse_acquire(conn, Some(idx), key, Reason::LimitMismatch, out);
+            return;
+        }
+        let placeholder = self.keys[idx as usize].token == 0;
+        if !placeholder && self.holder_count(idx) < limit as usize {
+            // A free slot: nobody waits (a key has waiters only while every
+            // slot is taken), so it is granted at once.
+            debug_assert_eq!(self.keys[idx as usize].queue_head, NIL);
+            if !self.is_full(conn, &key, out) {
+                let (token, slot) = self.add_grant(now_ms, idx, lease_ms, ask.value);
+                self.metrics.granted(0);
+                let slot = ask.limit.map(|_| slot);
+                out.answer(conn, Answer::Granted { token, key, slot });
+            }
+            return;
+        }
         let state = self.conns.get(&conn);
         if state.is_some_and(|c| c.waiting >= self.limits.max_waiting_per_conn) {
             self.refuse_acquire(conn, Some(idx), key, Reason::TooManyWaiting, out);
             return;
         }
-        self.enqueue(now_ms, conn, idx, lease_ms, wait_ms);
+        self.enqueue(now_ms, conn, idx, lease_ms, wait_ms, ask);
     }
 
     /// `R key token`.
@@ -691,9 +917,13 @@ impl LockTable {
         token: u64,
         out: &mut Outbox,
     ) {
-        match self.lookup_live(now_ms, &key, out) {
-            Ok(idx) if self.keys[idx as usize].token == token => {
-                let timer = self.keys[idx as usize].lease_timer;
+        let found = self
+            .lookup_live(now_ms, &key, out)
+            .ok()
+            .and_then(|idx| Some((idx, self.find_grant(idx, token)?)));
+        match found {
+            Some((idx, at)) => {
+                let timer = self.grant_timer(idx, at);
                 let cancelled = self.wheel.cancel(timer);
                 debug_assert!(cancelled.is_some(), "a holder always has a lease timer");
                 let head = self.keys[idx as usize].queue_head;
@@ -702,14 +932,14 @@ impl LockTable {
                     // it goes first in the outbox, so that when both
                     // connections are on one I/O loop (and the releaser's
                     // has no earlier answer this round) it is written first.
-                    self.hand_off(now_ms, idx, None, out);
+                    self.hand_off(now_ms, idx, at, None, out);
                     out.answer(conn, Answer::Released { key });
                 } else {
                     out.answer(conn, Answer::Released { key });
-                    self.hand_off(now_ms, idx, None, out);
+                    self.hand_off(now_ms, idx, at, None, out);
                 }
             }
-            _ => out.answer(conn, Answer::NotHeld { key }),
+            None => out.answer(conn, Answer::NotHeld { key }),
         }
     }
 
@@ -723,17 +953,31 @@ impl LockTable {
         lease_ms: u64,
         out: &mut Outbox,
     ) {
-        match self.lookup_live(now_ms, &key, out) {
-            Ok(idx) if self.keys[idx as usize].token == token => {
+        let found = self
+            .lookup_live(now_ms, &key, out)
+            .ok()
+            .and_then(|idx| Some((idx, self.find_grant(idx, token)?)));
+        match found {
+            Some((idx, at)) => {
                 let expiry_ms = now_ms.saturating_add(lease_ms);
+                self.wheel.cancel(self.grant_timer(idx, at));
+                let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
                 let state = &mut self.keys[idx as usize];
-                self.wheel.cancel(state.lease_timer);
-                state.expiry_ms = expiry_ms;
-                state.lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
+                match at {
+                    At::First => {
+                        state.expiry_ms = expiry_ms;
+                        state.lease_timer = lease_timer;
+                    }
+                    At::More(i) => {
+                        let grant = &mut self.sems[state.sem as usize].more[i];
+                        grant.expiry_ms = expiry_ms;
+                        grant.lease_timer = lease_timer;
+                    }
+                }
                 self.note_held(idx, None);
                 out.answer(conn, Answer::Kept { key });
             }
-            _ => out.answer(
+            None => out.answer(
                 conn,
                 Answer::Error {
                     op: Some(Op::Keep),
@@ -744,14 +988,22 @@ impl LockTable {
         }
     }
 
-    /// `Q key`.
+    /// `Q key`: the newest grant (the largest token) and how many wait.
     pub fn handle_query(&mut self, now_ms: u64, conn: ConnId, key: Key, out: &mut Outbox) {
         let answer = match self.lookup_live(now_ms, &key, out) {
             Ok(idx) => {
                 let state = &self.keys[idx as usize];
+                let (token, expiry_ms) = match self.sem(idx) {
+                    Some(sem) => sem
+                        .more
+                        .iter()
+                        .map(|g| (g.token, g.expiry_ms))
+                        .fold((state.token, state.expiry_ms), |a, b| a.max(b)),
+                    None => (state.token, state.expiry_ms),
+                };
                 Answer::Queried {
-                    token: state.token,
-                    ms_left: state.expiry_ms.saturating_sub(now_ms),
+                    token,
+                    ms_left: expiry_ms.saturating_sub(now_ms),
                     waiting: u64::from(state.queue_len),
                     key,
                 }
@@ -766,6 +1018,100 @@ impl LockTable {
         out.answer(conn, answer);
     }
 
+    /// The key's state now (None: not in the table), for watches and
+    /// replication.
+    pub fn key_view(&self, key: &Key) -> Option<KeyView<'_>> {
+        let idx = self.index.get(&self.keys, key)?;
+        Some(KeyView {
+            state: &self.keys[idx as usize],
+            sem: self.sem(idx),
+        })
+    }
+
+    /// Key `idx`'s Sem, if it has one.
+    fn sem(&self, idx: u32) -> Option<&Sem> {
+        let sem = self.keys[idx as usize].sem;
+        (sem != NIL).then(|| &self.sems[sem as usize])
+    }
+
+    /// Key `idx`'s limit (1 for a plain mutex).
+    fn limit(&self, idx: u32) -> u32 {
+        self.sem(idx).map_or(1, |sem| sem.limit)
+    }
+
+    /// Key `idx`'s holders (a placeholder counts).
+    fn holder_count(&self, idx: u32) -> usize {
+        1 + self.sem(idx).map_or(0, |sem| sem.more.len())
+    }
+
+    /// The grant of key `idx` that `token` names.
+    fn find_grant(&self, idx: u32, token: u64) -> Option<At> {
+        if self.keys[idx as usize].token == token {
+            return Some(At::First);
+        }
+        let sem = self.sem(idx)?;
+        sem.more.iter().position(|g| g.token == token).map(At::More)
+    }
+
+    fn grant_timer(&self, idx: u32, at: At) -> TimerId {
+        match at {
+            At::First => self.keys[idx as usize].lease_timer,
+            At::More(i) => self.sem(idx).expect("a key's other grant").more[i].lease_timer,
+        }
+    }
+
+    fn grant_token_expiry(&self, idx: u32, at: At) -> (u64, u64) {
+        match at {
+            At::First => {
+                let state = &self.keys[idx as usize];
+                (state.token, state.expiry_ms)
+            }
+            At::More(i) => {
+                let g = &self.sem(idx).expect("a key's other grant").more[i];
+                (g.token, g.expiry_ms)
+            }
+        }
+    }
+
+    /// The grant of key `idx` whose lease timer is `id`.
+    fn find_timer(&self, idx: u32, id: TimerId) -> Option<At> {
+        if self.keys[idx as usize].lease_timer == id {
+            return Some(At::First);
+        }
+        let sem = self.sem(idx)?;
+        sem.more
+            .iter()
+            .position(|g| g.lease_timer == id)
+            .map(At::More)
+    }
+
+    /// A grant of key `idx` whose lease ran out by `now_ms`.
+    fn first_lapsed(&self, idx: u32, now_ms: u64) -> Option<At> {
+        if self.keys[idx as usize].expiry_ms <= now_ms {
+            return Some(At::First);
+        }
+        let sem = self.sem(idx)?;
+        sem.more
+            .iter()
+            .position(|g| g.expiry_ms <= now_ms)
+            .map(At::More)
+    }
+
+    /// Some key's set of holders changed (a grant, a release, an expiry):
+    /// the point where watches of the key are to be told. Called while key
+    /// `idx` is still in the table. If an I/O loop watches the key, it is
+    /// noted for [`LockTable::take_watch_lines`]; nothing watched costs one
+    /// check.
+    fn holders_changed(&mut self, idx: u32) {
+        self.holder_changes += 1;
+        if self.watchers.is_empty() {
+            return;
+        }
+        let key = &self.keys[idx as usize].key;
+        if self.watchers.loops(key).is_some() {
+            self.watch_changed.push(key.clone());
+        }
+    }
     /// A request the parser refused, routed here so that its `E` keeps its
     /// place among the connection's answers for the same (op, key).
     pub fn handle_refused(
@@ -823,10 +1169,10 @@ impl LockTable {
                     let current = self
                         .keys
                         .get(idx as usize)
-                        .is_some_and(|k| k.lease_timer == id);
-                    if current {
-                        let deadline = self.expire(idx, now_ms);
-                        self.hand_off(now_ms, idx, deadline, out);
+                        .and_then(|_| self.find_timer(idx, id));
+                    if let Some(at) = current {
+                        let deadline = self.expire(idx, at, now_ms);
+                        self.hand_off(now_ms, idx, at, deadline, out);
                     }
                 }
                 Timer::Wait(w) => {
@@ -845,35 +1191,37 @@ impl LockTable {
     }
 
     /// The key's slot if it is held by a live lease. A lease that ran out but
-    /// whose timer has not fired yet is expired here first, so the answer is
-    /// the same whenever the timer happens to run.
+    /// whose timer has not fired yet is expired here first (every such
+    /// grant of the key), so the answer is the same whenever the timer
+    /// happens to run.
     fn lookup_live(&mut self, now_ms: u64, key: &Key, out: &mut Outbox) -> Result<u32, u64> {
         let idx = self.index.find(&self.keys, key)?;
-        let state = &self.keys[idx as usize];
-        if state.expiry_ms > now_ms {
-            return Ok(idx);
+        while let Some(at) = self.first_lapsed(idx, now_ms) {
+            self.wheel.cancel(self.grant_timer(idx, at));
+            let deadline = self.expire(idx, at, now_ms);
+            self.hand_off(now_ms, idx, at, deadline, out);
+            if !self.keys.contains(idx as usize) {
+                // Freed (hand_off never adds a key): find gives the hash.
+                return self.index.find(&self.keys, key);
+            }
         }
-        let timer = state.lease_timer;
-        self.wheel.cancel(timer);
-        let deadline = self.expire(idx, now_ms);
-        self.hand_off(now_ms, idx, deadline, out);
-        self.index.find(&self.keys, key)
+        Ok(idx)
     }
 
-    /// Key `idx`'s lease ran out and is reclaimed at `now_ms`: counted
+    /// A grant of key `idx` ran out and is reclaimed at `now_ms`: counted
     /// (unless it was a promotion-grace placeholder); its deadline.
-    fn expire(&mut self, idx: u32, now_ms: u64) -> Option<u64> {
-        let state = &self.keys[idx as usize];
-        if state.token == 0 {
+    fn expire(&mut self, idx: u32, at: At, now_ms: u64) -> Option<u64> {
+        let (token, expiry_ms) = self.grant_token_expiry(idx, at);
+        if token == 0 {
             return None;
         }
-        self.metrics.expired(state.expiry_ms, now_ms);
-        Some(state.expiry_ms)
+        self.metrics.expired(expiry_ms, now_ms);
+        Some(expiry_ms)
     }
 
-    /// The table cannot take a new key: answer `too-many-keys`.
+    /// The table cannot take a new grant: answer `too-many-keys`.
     fn is_full(&self, conn: ConnId, key: &Key, out: &mut Outbox) -> bool {
-        if self.keys.len() < self.limits.max_keys {
+        if self.grants < self.limits.max_keys {
             return false;
         }
         out.answer(
@@ -888,8 +1236,21 @@ impl LockTable {
     }
 
     /// A new key in the table (whose hash is `hash`: from the lookup that
-    /// missed it), held by `token` until `expiry_ms`.
-    fn insert_key(&mut self, key: Key, hash: u64, token: u64, expiry_ms: u64) -> u32 {
+    /// missed it), of `limit`, held by `token` (in slot 0, carrying
+    /// `value`) until `expiry_ms`.
+    fn insert_key(
+        &mut self,
+        key: Key,
+        hash: u64,
+        token: u64,
+        expiry_ms: u64,
+        limit: u32,
+        value: Option<Value>,
+    ) -> u32 {
+        let sem = match Sem::new(limit, value) {
+            Some(sem) => self.sems.insert(sem) as u32,
+            None => NIL,
+        };
         let entry = self.keys.vacant_entry();
         let idx = entry.key() as u32;
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
@@ -902,9 +1263,97 @@ impl LockTable {
             queue_tail: NIL,
             queue_len: 0,
             pending: NIL,
+            sem,
         });
         self.index.insert(&self.keys, idx, hash);
+        self.grants += 1;
+        if token != 0 {
+            self.holders_changed(idx);
+        }
         idx
+    }
+
+    /// Take key `idx` out of the table with all its grants (their timers
+    /// cancelled) and its Sem; the caller records what replication needs.
+    fn drop_key(&mut self, idx: u32) -> KeyState {
+        let state = self.keys.remove(idx as usize);
+        self.index.remove(&state.key, idx);
+        self.wheel.cancel(state.lease_timer);
+        self.grants -= 1;
+        if state.sem != NIL {
+            let sem = self.sems.remove(state.sem as usize);
+            for grant in sem.more {
+                self.wheel.cancel(grant.lease_timer);
+                self.grants -= 1;
+            }
+        }
+        state
+    }
+
+    /// A grant of key `idx` (which has a free slot) in the lowest free
+    /// slot: its token and slot.
+    fn add_grant(
+        &mut self,
+        now_ms: u64,
+        idx: u32,
+        lease_ms: u64,
+        value: Option<Value>,
+    ) -> (u64, u32) {
+        let token = self.tokens.issue();
+        let expiry_ms = now_ms.saturating_add(lease_ms);
+        let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
+        let sem = self.keys[idx as usize].sem;
+        let sem = &mut self.sems[sem as usize];
+        let slot = sem.lowest_free();
+        sem.take_slot(slot);
+        sem.more.push(Grant {
+            token,
+            expiry_ms,
+            lease_timer,
+            slot,
+            value,
+        });
+        self.grants += 1;
+        self.holders_changed(idx);
+        (token, slot)
+    }
+
+    /// The grant of key `idx` at `at` is done (its timer gone) and nobody
+    /// waits: it leaves, and the key with it if it was the last.
+    fn remove_grant(&mut self, idx: u32, at: At) {
+        let sem_idx = self.keys[idx as usize].sem;
+        let others = self.sem(idx).map_or(0, |sem| sem.more.len());
+        if others == 0 {
+            debug_assert_eq!(at, At::First);
+            let replicated = self.limit(idx) == 1;
+            // While the key is still there to be named.
+            self.holders_changed(idx);
+            let state = self.drop_key(idx);
+            if replicated {
+                self.note_freed(state.key, state.token, state.pending);
+            }
+            return;
+        }
+        let sem = &mut self.sems[sem_idx as usize];
+        match at {
+            At::More(i) => {
+                let grant = sem.more.swap_remove(i);
+                sem.free_slot(grant.slot);
+            }
+            At::First => {
+                // Another grant of the key becomes its first.
+                let grant = sem.more.pop().expect("another grant");
+                sem.free_slot(sem.first_slot);
+                sem.first_slot = grant.slot;
+                sem.first_value = grant.value;
+                let state = &mut self.keys[idx as usize];
+                state.token = grant.token;
+                state.expiry_ms = grant.expiry_ms;
+                state.lease_timer = grant.lease_timer;
+            }
+        }
+        self.grants -= 1;
+        self.holders_changed(idx);
     }
 
     /// Grants of keys not known as held wait until `until_ms` (the
@@ -913,6 +1362,7 @@ impl LockTable {
         self.grace_until_ms = until_ms;
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn grant_new(
         &mut self,
         now_ms: u64,
@@ -920,18 +1370,28 @@ impl LockTable {
         key: Key,
         hash: u64,
         lease_ms: u64,
+        ask: Ask,
         out: &mut Outbox,
     ) {
         let token = self.tokens.issue();
         let expiry_ms = now_ms.saturating_add(lease_ms);
-        let idx = self.insert_key(key.clone(), hash, token, expiry_ms);
+        let limit = ask.limit.unwrap_or(1);
+        let idx = self.insert_key(key.clone(), hash, token, expiry_ms, limit, ask.value);
         self.metrics.granted(0);
         self.note_held(idx, Some(now_ms));
-        self.holders_changed(&key, out);
-        out.answer(conn, Answer::Granted { token, key });
+        let slot = ask.limit.map(|_| 0);
+        out.answer(conn, Answer::Granted { token, key, slot });
     }
 
-    fn enqueue(&mut self, now_ms: u64, conn: ConnId, idx: u32, lease_ms: u64, wait_ms: u64) {
+    fn enqueue(
+        &mut self,
+        now_ms: u64,
+        conn: ConnId,
+        idx: u32,
+        lease_ms: u64,
+        wait_ms: u64,
+        ask: Ask,
+    ) {
         let entry = self.waiters.vacant_entry();
         let w = entry.key() as u32;
         let wait_timer = (wait_ms > 0).then(|| {
@@ -960,6 +1420,8 @@ impl LockTable {
             lease_ms,
             since_ms: now_ms,
             wait_timer,
+            named_limit: ask.limit.is_some(),
+            value: ask.value,
             prev,
             next: NIL,
             conn_prev: NIL,
@@ -1025,45 +1487,105 @@ impl LockTable {
         }
     }
 
-    /// The holder of key `idx` is done (released, or its lease ran out at
-    /// `expired_at_ms`; its timer already gone): the key goes to the front
-    /// of its queue with a new token and a fresh lease, or leaves the table
-    /// if nobody waits.
-    fn hand_off(&mut self, now_ms: u64, idx: u32, expired_at_ms: Option<u64>, out: &mut Outbox) {
+    /// The grant of key `idx` at `at` is done (released, or its lease ran
+    /// out at `expired_at_ms`; its timer already gone): its slot goes to
+    /// the front of the key's queue with a new token and a fresh lease, or
+    /// the grant leaves (and the key, if it was the last) if nobody waits.
+    fn hand_off(
+        &mut self,
+        now_ms: u64,
+        idx: u32,
+        at: At,
+        expired_at_ms: Option<u64>,
+        out: &mut Outbox,
+    ) {
         let head = self.keys[idx as usize].queue_head;
         if head == NIL {
-            let state = self.keys.remove(idx as usize);
-            self.index.remove(&state.key, idx);
-            if state.token != 0 {
-                self.holders_changed(&state.key, out);
-            }
-            self.note_freed(state.key, state.token, state.pending);
+            self.remove_grant(idx, at);
             return;
         }
         let waiter = self.remove_waiter(head);
         self.metrics.granted(now_ms.saturating_sub(waiter.since_ms));
-        if self.keys[idx as usize].token != 0 {
+        let (old_token, _) = self.grant_token_expiry(idx, at);
+        if old_token != 0 {
             self.metrics.handed_off(expired_at_ms);
         }
         let token = self.tokens.issue();
+        debug_assert!(token > old_token, "tokens never decrease");
         let expiry_ms = now_ms.saturating_add(waiter.lease_ms);
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
         let state = &mut self.keys[idx as usize];
-        debug_assert!(token > state.token, "tokens never decrease");
-        state.token = token;
-        state.expiry_ms = expiry_ms;
-        state.lease_timer = lease_timer;
-        let key = state.key.clone();
+        let sem_idx = state.sem;
+        let slot = match at {
+            At::First => {
+                state.token = token;
+                state.expiry_ms = expiry_ms;
+                state.lease_timer = lease_timer;
+                match self.sems.get_mut(sem_idx as usize) {
+                    Some(sem) if sem_idx != NIL => {
+                        sem.first_value = waiter.value;
+                        let slot = sem.first_slot;
+                        if sem.limit == 1 && sem.first_value.is_none() {
+                            // A plain mutex again: no Sem needed.
+                            self.sems.remove(sem_idx as usize);
+                            self.keys[idx as usize].sem = NIL;
+                        }
+                        slot
+                    }
+                    _ => {
+                        if waiter.value.is_some() {
+                            let sem = Sem::new(1, waiter.value).expect("a value needs a Sem");
+                            self.keys[idx as usize].sem = self.sems.insert(sem) as u32;
+                        }
+                        0
+                    }
+                }
+            }
+            At::More(i) => {
+                let grant = &mut self.sems[sem_idx as usize].more[i];
+                grant.token = token;
+                grant.expiry_ms = expiry_ms;
+                grant.lease_timer = lease_timer;
+                grant.value = waiter.value;
+                grant.slot
+            }
+        };
+        let key = self.keys[idx as usize].key.clone();
         self.note_held(idx, None);
-        self.holders_changed(&key, out);
+        self.holders_changed(idx);
         out.answer(
             waiter.conn,
             Answer::Granted {
                 token,
                 key: key.clone(),
+                slot: waiter.named_limit.then_some(slot),
             },
         );
         self.emit_deferred(waiter.conn, &key, &waiter.deferred, out);
+        self.fill(now_ms, idx, out);
+    }
+
+    /// Key `idx`'s free slots go to the front of its queue (there are free
+    /// slots and waiters at once only when a promotion-grace placeholder of
+    /// a semaphore has just run out).
+    fn fill(&mut self, now_ms: u64, idx: u32, out: &mut Outbox) {
+        while self.keys[idx as usize].queue_head != NIL
+            && self.holder_count(idx) < self.limit(idx) as usize
+        {
+            let waiter = self.remove_waiter(self.keys[idx as usize].queue_head);
+            self.metrics.granted(now_ms.saturating_sub(waiter.since_ms));
+            let (token, slot) = self.add_grant(now_ms, idx, waiter.lease_ms, waiter.value);
+            let key = self.keys[idx as usize].key.clone();
+            out.answer(
+                waiter.conn,
+                Answer::Granted {
+                    token,
+                    key: key.clone(),
+                    slot: waiter.named_limit.then_some(slot),
+                },
+            );
+            self.emit_deferred(waiter.conn, &key, &waiter.deferred, out);
+        }
     }
 
     /// Waiter `w` ran out of wait: it leaves the queue and gets `T`, unless
@@ -1175,11 +1697,15 @@ impl LockTable {
         }
     }
 
-    /// Every held key as a `Delta::Grant`, for a standby's snapshot.
+    /// Every held key of limit 1 as a `Delta::Grant`, for a standby's
+    /// snapshot (TODO(replication of semaphores): keys of a higher limit
+    /// and values are left out).
     pub fn snapshot(&self, now_ms: u64) -> Vec<Delta> {
         self.keys
             .iter()
-            .filter(|(_, state)| state.expiry_ms > now_ms && state.token != 0)
+            .filter(|(idx, state)| {
+                state.expiry_ms > now_ms && state.token != 0 && self.limit(*idx as u32) == 1
+            })
             .map(|(_, state)| Delta::Grant {
                 key: state.key.clone(),
                 token: state.token,
@@ -1201,7 +1727,16 @@ impl LockTable {
                 ms_left,
             } => {
                 let expiry_ms = now_ms.saturating_add(ms_left);
-                match self.index.find(&self.keys, &key) {
+                let found = match self.index.find(&self.keys, &key) {
+                    // A key held here as a semaphore (this node was active
+                    // before): the active's mutex replaces it.
+                    Ok(idx) if self.limit(idx) != 1 => {
+                        self.drop_key(idx);
+                        self.index.find(&self.keys, &key)
+                    }
+                    found => found,
+                };
+                match found {
                     Ok(idx) => {
                         let state = &mut self.keys[idx as usize];
                         if token < state.token {
@@ -1212,13 +1747,14 @@ impl LockTable {
                         state.token = token;
                         state.expiry_ms = expiry_ms;
                         state.lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
+                        self.holders_changed(idx);
                     }
                     Err(hash) => {
-                        if self.keys.len() >= self.limits.max_keys {
+                        if self.grants >= self.limits.max_keys {
                             return Err("a grant past --max-keys");
                         }
                         self.tokens.observe_granted(token);
-                        self.insert_key(key, hash, token, expiry_ms);
+                        self.insert_key(key, hash, token, expiry_ms, 1, None);
                     }
                 }
             }
@@ -1232,9 +1768,8 @@ impl LockTable {
                 // so a handover's grant can be left out before its free.
                 let state = &self.keys[idx as usize];
                 if state.token <= token && state.queue_len == 0 {
-                    let state = self.keys.remove(idx as usize);
-                    self.wheel.cancel(state.lease_timer);
-                    self.index.remove(&state.key, idx);
+                    self.holders_changed(idx);
+                    self.drop_key(idx);
                 }
             }
             Delta::Ceiling(ceiling) => self.tokens.observe(ceiling),
@@ -1259,6 +1794,12 @@ impl LockTable {
         for state in self.keys.drain() {
             self.wheel.cancel(state.lease_timer);
         }
+        for sem in self.sems.drain() {
+            for grant in sem.more {
+                self.wheel.cancel(grant.lease_timer);
+            }
+        }
+        self.grants = 0;
         self.index.clear();
         let mut refused = (0, "");
         for entry in entries {
@@ -1370,14 +1911,74 @@ impl LockTable {
             }
         }
         let mut queued = 0usize;
+        let mut grants = 0usize;
+        let mut sems = 0usize;
         for (idx, state) in &self.keys {
             assert_eq!(self.index.get(&self.keys, &state.key), Some(idx as u32));
-            assert_eq!(
-                self.wheel.deadline(state.lease_timer),
-                Some(state.expiry_ms),
-                "holder has its lease timer"
+            let limit = self.limit(idx as u32);
+            assert!((1..=crate::protocol::MAX_LIMIT).contains(&limit));
+            let sem = self.sem(idx as u32);
+            if let Some(sem) = sem {
+                sems += 1;
+                assert!(
+                    sem.limit > 1 || sem.first_value.is_some(),
+                    "a plain mutex without a value has no Sem"
+                );
+            }
+            let mut holders = vec![(
+                state.token,
+                state.expiry_ms,
+                state.lease_timer,
+                sem.map_or(0, |s| s.first_slot),
+            )];
+            if let Some(sem) = sem {
+                holders.extend(
+                    sem.more
+                        .iter()
+                        .map(|g| (g.token, g.expiry_ms, g.lease_timer, g.slot)),
+                );
+            }
+            assert!(holders.len() <= limit as usize, "holders <= limit");
+            let mut slots: Vec<u32> = holders.iter().map(|h| h.3).collect();
+            slots.sort_unstable();
+            slots.dedup();
+            assert_eq!(slots.len(), holders.len(), "slots are distinct");
+            assert!(
+                slots.iter().all(|&s| s < limit),
+                "slots are below the limit"
             );
-            assert!(state.token <= self.tokens.last());
+            if let Some(sem) = sem.filter(|s| s.limit > 1) {
+                for slot in 0..limit {
+                    let taken = sem.taken[slot as usize / 64] & (1 << (slot % 64)) != 0;
+                    assert_eq!(taken, slots.contains(&slot), "the slot map is exact");
+                }
+            }
+            // Tokens are unique within a key (and across keys as the token
+            // source issues them; a standby holds what it is told).
+            let mut tokens: Vec<u64> = holders.iter().map(|h| h.0).collect();
+            tokens.sort_unstable();
+            tokens.dedup();
+            assert_eq!(tokens.len(), holders.len(), "a key's tokens are unique");
+            for &(token, expiry_ms, timer, _) in &holders {
+                assert_eq!(
+                    self.wheel.deadline(timer),
+                    Some(expiry_ms),
+                    "holder has its lease timer"
+                );
+                assert!(token <= self.tokens.last());
+                assert!(
+                    token != 0 || holders.len() == 1,
+                    "a placeholder is its key's only holder"
+                );
+            }
+            if state.queue_head != NIL && state.token != 0 {
+                assert_eq!(
+                    holders.len(),
+                    limit as usize,
+                    "no barging: a key has waiters only while every slot is taken"
+                );
+            }
+            grants += holders.len();
             let mut w = state.queue_head;
             let mut prev = NIL;
             let mut len = 0;
@@ -1398,6 +1999,8 @@ impl LockTable {
             self.waiters.len(),
             "every waiter is in exactly one queue"
         );
+        assert_eq!(grants, self.grants, "grants are counted");
+        assert_eq!(sems, self.sems.len(), "every Sem belongs to a key");
         let mut in_conns = 0usize;
         for (conn, state) in &self.conns {
             let mut w = state.head;
@@ -1428,7 +2031,7 @@ impl LockTable {
             assert_eq!((waiter.conn, waiter.key_idx), (conn, idx));
             assert_eq!(waiter.chain_next, NIL, "a chain tail is last");
         }
-        let timers = self.keys.len()
+        let timers = self.grants
             + self
                 .waiters
                 .iter()
@@ -1486,7 +2089,7 @@ mod tests {
             lease: u64,
             wait: u64,
         ) -> Vec<(ConnId, Answer)> {
-            self.step(|t, o| t.handle_acquire(now, conn, key(k), lease, wait, o))
+            self.step(|t, o| t.handle_acquire(now, conn, key(k), lease, wait, Ask::plain(), o))
         }
         fn release(
             &mut self,
@@ -1516,9 +2119,16 @@ mod tests {
         /// Acquire that must be granted at once; returns the token.
         fn grant(&mut self, now: u64, conn: ConnId, k: &str, lease: u64) -> u64 {
             match self.acquire(now, conn, k, lease, 0).as_slice() {
-                [(c, Answer::Granted { token, key: got })] if *c == conn && *got == key(k) => {
-                    *token
-                }
+                [
+                    (
+                        c,
+                        Answer::Granted {
+                            token,
+                            key: got,
+                            slot: None,
+                        },
+                    ),
+                ] if *c == conn && *got == key(k) => *token,
                 other => panic!("expected an immediate grant, got {other:?}"),
             }
         }
@@ -2234,7 +2844,10 @@ mod tests {
                         },
                     };
                     for (_, answer) in answers {
-                        if let Answer::Granted { token, key: got } = answer {
+                        if let Answer::Granted {
+                            token, key: got, ..
+                        } = answer
+                        {
                             let k = keys.iter().position(|k| key(k) == got).expect("a test key");
                             held.retain(|(hk, _)| *hk != k);
                             held.push((k, token));
@@ -2242,7 +2855,10 @@ mod tests {
                     }
                 }
                 for (_, answer) in active.tick(now) {
-                    if let Answer::Granted { token, key: got } = answer {
+                    if let Answer::Granted {
+                        token, key: got, ..
+                    } = answer
+                    {
                         let k = keys.iter().position(|k| key(k) == got).expect("a test key");
                         held.retain(|(hk, _)| *hk != k);
                         held.push((k, token));
@@ -2424,7 +3040,7 @@ mod tests {
                 _ => h.tick(now),
             };
             for (_, answer) in answers {
-                if let Answer::Granted { token, key } = answer {
+                if let Answer::Granted { token, key, .. } = answer {
                     assert!(token > *seen.last().unwrap_or(&0));
                     seen.push(token);
                     held.push((key.to_string(), token));
@@ -2432,5 +3048,535 @@ mod tests {
             }
         }
         assert!(seen.len() > 100, "the run granted enough to mean something");
+    }
+
+    // ---- semaphores ------------------------------------------------------
+
+    fn value(v: &str) -> Value {
+        Value::new(v.as_bytes()).expect("test values are valid")
+    }
+
+    fn ask(limit: u32) -> Ask {
+        Ask {
+            limit: Some(limit),
+            value: None,
+        }
+    }
+
+    impl Harness {
+        fn acquire_with(
+            &mut self,
+            now: u64,
+            conn: ConnId,
+            k: &str,
+            lease: u64,
+            wait: u64,
+            ask: Ask,
+        ) -> Vec<(ConnId, Answer)> {
+            self.step(|t, o| t.handle_acquire(now, conn, key(k), lease, wait, ask, o))
+        }
+        /// Acquire naming `limit` that must be granted at once: (token, slot).
+        fn grant_slot(&mut self, now: u64, conn: ConnId, k: &str, limit: u32) -> (u64, u32) {
+            match self
+                .acquire_with(now, conn, k, 1000, 0, ask(limit))
+                .as_slice()
+            {
+                [
+                    (
+                        c,
+                        Answer::Granted {
+                            token,
+                            key: got,
+                            slot: Some(slot),
+                        },
+                    ),
+                ] if *c == conn && *got == key(k) => (*token, *slot),
+                other => panic!("expected an immediate grant with a slot, got {other:?}"),
+            }
+        }
+        /// The key's live holders as (token, slot, value), by slot.
+        fn holders(&self, k: &str) -> Vec<(u64, u32, Option<String>)> {
+            let Some(view) = self.table.key_view(&key(k)) else {
+                return Vec::new();
+            };
+            let mut holders: Vec<_> = view
+                .holders()
+                .map(|h| {
+                    let v = h
+                        .value
+                        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+                    (h.token, h.slot, v)
+                })
+                .collect();
+            holders.sort_by_key(|h| h.1);
+            holders
+        }
+    }
+
+    fn refused_reason(answers: &[(ConnId, Answer)]) -> Option<Reason> {
+        match answers {
+            [(_, Answer::Error { reason, .. })] => Some(*reason),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_key_state_stays_small_for_a_plain_mutex() {
+        // A plain mutex pays only the link to a Sem: 4 bytes, in what
+        // rounds up to one more word.
+        assert!(std::mem::size_of::<KeyState>() <= 72);
+    }
+
+    #[test]
+    fn a_limit_of_three_grants_three_at_once_in_slots_0_1_2_with_increasing_tokens() {
+        let mut h = Harness::new();
+        let (t0, s0) = h.grant_slot(0, C1, "s", 3);
+        let (t1, s1) = h.grant_slot(1, C2, "s", 3);
+        let (t2, s2) = h.grant_slot(2, C3, "s", 3);
+        assert_eq!((s0, s1, s2), (0, 1, 2));
+        assert!(t0 < t1 && t1 < t2);
+        assert!(
+            h.acquire_with(3, C1, "s", 1000, 0, ask(3)).is_empty(),
+            "a fourth waits"
+        );
+        assert_eq!(h.table.stats().held, 1, "one key");
+        assert_eq!(h.table.stats().holders, 3, "three grants");
+        assert_eq!(h.table.stats().waiting, 1);
+    }
+
+    #[test]
+    fn a_freed_slot_goes_to_the_head_of_the_line_with_a_new_token() {
+        let mut h = Harness::new();
+        let (_, _) = h.grant_slot(0, C1, "s", 2);
+        let (t1, s1) = h.grant_slot(0, C1, "s", 2);
+        assert!(h.acquire_with(1, C2, "s", 500, 0, ask(2)).is_empty());
+        assert!(h.acquire_with(2, C3, "s", 500, 0, ask(2)).is_empty());
+        let answers = h.release(10, C1, "s", t1);
+        match answers.as_slice() {
+            [
+                (
+                    C2,
+                    Answer::Granted {
+                        token,
+                        slot: Some(slot),
+                        ..
+                    },
+                ),
+                (C1, Answer::Released { .. }),
+            ] => {
+                assert!(*token > t1, "a new token, above every earlier one");
+                assert_eq!(*slot, s1, "the slot just freed");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The new holder's lease is fresh from the handover.
+        let newest = h
+            .table
+            .key_view(&key("s"))
+            .expect("held")
+            .newest()
+            .expect("a holder");
+        assert_eq!(newest.expiry_ms, 510);
+        assert_eq!(h.table.stats().waiting, 1, "C3 still waits: no barging");
+        assert_eq!(
+            refused_reason(&h.acquire_with(11, C1, "s", 500, 0, ask(2))),
+            None,
+            "a newcomer queues behind C3"
+        );
+        assert_eq!(h.table.stats().waiting, 2);
+    }
+
+    #[test]
+    fn an_acquire_naming_another_limit_is_refused_and_changes_nothing() {
+        let mut h = Harness::new();
+        let (t0, _) = h.grant_slot(0, C1, "s", 3);
+        let before = (h.holders("s"), h.table.stats());
+        assert_eq!(
+            refused_reason(&h.acquire_with(1, C2, "s", 1000, 0, ask(2))),
+            Some(Reason::LimitMismatch)
+        );
+        assert_eq!(
+            refused_reason(&h.acquire(1, C2, "s", 1000, 0)),
+            Some(Reason::LimitMismatch),
+            "a plain A names limit 1"
+        );
+        assert_eq!((h.holders("s"), h.table.stats()), before, "nothing changed");
+        // A mutex refuses a limit too.
+        h.grant(2, C1, "m", 1000);
+        assert_eq!(
+            refused_reason(&h.acquire_with(3, C2, "m", 1000, 0, ask(4))),
+            Some(Reason::LimitMismatch)
+        );
+        // Once the key has neither holder nor waiter, any limit registers it.
+        assert_eq!(h.release(4, C1, "s", t0).len(), 1);
+        let (first, _) = h.grant_slot(5, C2, "s", 2);
+        h.grant_slot(6, C2, "s", 2);
+        // A refusal keeps its place behind the connection's earlier waiter
+        // for the key: C3 hears of the mismatch after its grant.
+        assert!(h.acquire_with(7, C3, "s", 1000, 0, ask(2)).is_empty());
+        assert!(h.acquire_with(8, C3, "s", 1000, 0, ask(3)).is_empty());
+        match h.release(9, C2, "s", first).as_slice() {
+            [
+                (C3, Answer::Granted { slot: Some(0), .. }),
+                (
+                    C3,
+                    Answer::Error {
+                        reason: Reason::LimitMismatch,
+                        ..
+                    },
+                ),
+                (C2, Answer::Released { .. }),
+            ] => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_lowest_free_slot_is_taken() {
+        let mut h = Harness::new();
+        let grants: Vec<(u64, u32)> = (0..4).map(|i| h.grant_slot(i, C1, "s", 4)).collect();
+        assert_eq!(grants.iter().map(|g| g.1).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        h.release(10, C1, "s", grants[2].0);
+        h.release(11, C1, "s", grants[0].0);
+        assert_eq!(h.grant_slot(12, C2, "s", 4).1, 0, "the lowest of 0 and 2");
+        assert_eq!(h.grant_slot(13, C2, "s", 4).1, 2);
+        let slots: Vec<u32> = h.holders("s").iter().map(|h| h.1).collect();
+        assert_eq!(slots, [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn max_keys_counts_every_holder() {
+        let mut h = Harness::with_limits(TableLimits {
+            max_waiting_per_conn: 10,
+            max_keys: 3,
+        });
+        h.grant_slot(0, C1, "s", 5);
+        h.grant_slot(0, C1, "s", 5);
+        h.grant(0, C1, "m", 1000);
+        assert_eq!(h.table.stats().holders, 3);
+        assert_eq!(
+            refused_reason(&h.acquire_with(1, C2, "s", 1000, 0, ask(5))),
+            Some(Reason::TooManyKeys),
+            "a free slot, but the table holds max-keys grants"
+        );
+        assert_eq!(
+            refused_reason(&h.acquire(1, C2, "other", 1000, 0)),
+            Some(Reason::TooManyKeys)
+        );
+        assert!(
+            h.acquire(1, C2, "m", 1000, 0).is_empty(),
+            "a held mutex still queues"
+        );
+    }
+
+    #[test]
+    fn an_expired_holder_frees_its_slot_on_time_for_the_next_waiter() {
+        let mut h = Harness::new();
+        let (_, _) = h.grant_slot(0, C1, "s", 2);
+        let short = match h.acquire_with(0, C1, "s", 100, 0, ask(2)).as_slice() {
+            [
+                (
+                    _,
+                    Answer::Granted {
+                        token,
+                        slot: Some(1),
+                        ..
+                    },
+                ),
+            ] => *token,
+            other => panic!("{other:?}"),
+        };
+        assert!(h.acquire_with(5, C2, "s", 300, 0, ask(2)).is_empty());
+        assert!(h.tick(99).is_empty(), "not before its lease runs out");
+        match h.tick(100).as_slice() {
+            [
+                (
+                    C2,
+                    Answer::Granted {
+                        token,
+                        slot: Some(1),
+                        ..
+                    },
+                ),
+            ] => assert!(*token > short),
+            other => panic!("expected C2 granted slot 1 at 100 ms, got {other:?}"),
+        }
+        assert_eq!(h.table.metrics().expiries, 1);
+        // The expired holder's token no longer holds the key.
+        assert_eq!(
+            h.release(101, C1, "s", short),
+            vec![(C1, Answer::NotHeld { key: key("s") })]
+        );
+    }
+
+    #[test]
+    fn a_plain_acquire_is_answered_without_a_slot_and_one_naming_a_limit_with_it() {
+        let mut h = Harness::new();
+        assert!(matches!(
+            h.acquire(0, C1, "a", 1000, 0).as_slice(),
+            [(_, Answer::Granted { slot: None, .. })]
+        ));
+        assert_eq!(h.grant_slot(0, C1, "b", 1).1, 0, "limit 1 names slot 0");
+        // A waiter is answered the way it asked, whatever the holder did.
+        assert!(h.acquire(1, C2, "b", 1000, 0).is_empty());
+        let token = h.holders("b")[0].0;
+        assert!(matches!(
+            h.release(2, C1, "b", token).as_slice(),
+            [(C2, Answer::Granted { slot: None, .. }), _]
+        ));
+    }
+
+    #[test]
+    fn a_value_is_kept_with_its_grant_and_handed_on_only_with_the_next_holders_own() {
+        let mut h = Harness::new();
+        let with_value = |limit, v: &str| Ask {
+            limit: Some(limit),
+            value: Some(value(v)),
+        };
+        let answers = h.acquire_with(0, C1, "lead", 1000, 0, with_value(1, "10.0.0.1:80"));
+        let Some((_, Answer::Granted { token, .. })) = answers.first() else {
+            panic!("{answers:?}")
+        };
+        assert_eq!(h.holders("lead"), [(*token, 0, Some("10.0.0.1:80".into()))]);
+        // A waiter without a value: the next holder has none.
+        assert!(h.acquire_with(1, C2, "lead", 1000, 0, ask(1)).is_empty());
+        let next = granted(&h.release(2, C1, "lead", *token))[0].1;
+        assert_eq!(h.holders("lead"), [(next, 0, None)]);
+        // ... and one with a value: its own.
+        assert!(
+            h.acquire_with(3, C3, "lead", 1000, 0, with_value(1, "b"))
+                .is_empty()
+        );
+        let third = granted(&h.release(4, C2, "lead", next))[0].1;
+        assert_eq!(h.holders("lead"), [(third, 0, Some("b".into()))]);
+        // Semaphore holders each carry their own.
+        let t = granted(&h.acquire_with(5, C1, "s", 1000, 0, with_value(3, "x")))[0].1;
+        let u = granted(&h.acquire_with(5, C2, "s", 1000, 0, with_value(3, "y")))[0].1;
+        assert_eq!(
+            h.holders("s"),
+            [(t, 0, Some("x".into())), (u, 1, Some("y".into()))]
+        );
+        // The first grant leaving moves another into its place: values stay
+        // with their grants.
+        h.release(6, C1, "s", t);
+        assert_eq!(h.holders("s"), [(u, 1, Some("y".into()))]);
+    }
+
+    #[test]
+    fn query_shows_the_newest_grant_of_a_semaphore() {
+        let mut h = Harness::new();
+        h.acquire_with(0, C1, "s", 5000, 0, ask(3));
+        h.acquire_with(10, C1, "s", 300, 0, ask(3));
+        let newest = granted(&h.acquire_with(20, C2, "s", 1000, 0, ask(3)))[0].1;
+        assert!(h.acquire_with(30, C3, "s", 1000, 0, ask(3)).is_empty());
+        match h.query(40, C1, "s").as_slice() {
+            [
+                (
+                    _,
+                    Answer::Queried {
+                        token,
+                        ms_left,
+                        waiting,
+                        ..
+                    },
+                ),
+            ] => {
+                assert_eq!(*token, newest, "the largest token");
+                assert_eq!(*ms_left, 980, "the newest grant's lease left");
+                assert_eq!(*waiting, 1);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn release_and_keep_name_any_holder_by_its_token() {
+        let mut h = Harness::new();
+        let grants: Vec<(u64, u32)> = (0..3).map(|_| h.grant_slot(0, C1, "s", 3)).collect();
+        assert_eq!(
+            h.keep(10, C2, "s", grants[1].0, 5000),
+            vec![(C2, Answer::Kept { key: key("s") })]
+        );
+        assert_eq!(h.keep(10, C2, "s", 12345, 5000).len(), 1);
+        assert!(matches!(
+            h.keep(10, C2, "s", 12345, 5000).as_slice(),
+            [(
+                _,
+                Answer::Error {
+                    reason: Reason::NotHeld,
+                    ..
+                }
+            )]
+        ));
+        // Only the kept grant survives the others' leases.
+        assert!(h.tick(1000).is_empty());
+        assert_eq!(h.holders("s"), [(grants[1].0, 1, None)]);
+        assert_eq!(
+            h.release(1001, C3, "s", grants[1].0),
+            vec![(C3, Answer::Released { key: key("s") })]
+        );
+        assert!(
+            h.table.key_view(&key("s")).is_none(),
+            "a key with no holder is gone"
+        );
+    }
+
+    #[test]
+    fn a_semaphore_is_left_to_a_later_replication_and_a_mutex_still_replicates() {
+        let mut h = Harness::replicating();
+        h.grant_slot(0, C1, "s", 3);
+        h.grant_slot(0, C1, "s", 3);
+        let t = h.grant_slot(0, C1, "m", 1).0;
+        let deltas = h.table.take_deltas(10, 0);
+        assert_eq!(
+            deltas,
+            [Delta::Grant {
+                key: key("m"),
+                token: t,
+                ms_left: 990
+            }]
+        );
+        assert_eq!(h.table.snapshot(10).len(), 1, "the mutex only");
+    }
+
+    #[test]
+    fn a_promotion_grace_placeholder_of_a_semaphore_lets_every_slot_go_when_it_ends() {
+        let mut h = Harness::new();
+        h.table.set_grace_until(1000);
+        for conn in [C1, C2, C3] {
+            assert!(h.acquire_with(10, conn, "s", 500, 0, ask(2)).is_empty());
+        }
+        let answers = h.tick(1000);
+        let slots: Vec<(ConnId, Option<u32>)> = answers
+            .iter()
+            .map(|(c, a)| match a {
+                Answer::Granted { slot, .. } => (*c, *slot),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            slots,
+            [(C1, Some(0)), (C2, Some(1))],
+            "both slots, in line order"
+        );
+        assert_eq!(h.table.stats().waiting, 1);
+    }
+
+    #[test]
+    fn every_change_of_a_keys_holders_is_a_notification_point() {
+        let mut h = Harness::new();
+        let changes = |h: &Harness| h.table.stats().holder_changes;
+        let (t, _) = h.grant_slot(0, C1, "s", 2);
+        assert_eq!(changes(&h), 1, "a grant");
+        h.acquire_with(0, C1, "s", 100, 0, ask(2));
+        assert_eq!(changes(&h), 2, "a second grant");
+        h.acquire_with(0, C2, "s", 100, 0, ask(2));
+        assert_eq!(changes(&h), 2, "a waiter changes no holder");
+        h.release(1, C1, "s", t);
+        assert_eq!(changes(&h), 3, "a handover");
+        h.keep(2, C1, "s", 12345, 10);
+        h.query(2, C1, "s");
+        assert_eq!(changes(&h), 3, "a refused keep and a query change nothing");
+        h.tick(101);
+        assert_eq!(changes(&h), 5, "two expiries");
+    }
+
+    /// Acquires, releases (right and wrong tokens), keeps, expiries, wait
+    /// timeouts, limit mismatches and disconnects on a few keys of limits
+    /// 1 to 4, with every invariant checked after every step (the
+    /// harness), and what the answers say checked against the table.
+    #[test]
+    fn random_semaphore_traffic_keeps_every_invariant() {
+        let base = std::env::var("BATON_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::UNIX_EPOCH
+                    .elapsed()
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+        println!("random_semaphore_traffic_keeps_every_invariant: BATON_TEST_SEED={base}");
+        for round in 0..20u64 {
+            let seed = base.wrapping_add(round);
+            let mut rng = TestRng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let mut h = Harness::with_limits(TableLimits {
+                max_waiting_per_conn: 6,
+                max_keys: 9,
+            });
+            let keys = ["a", "b", "c"];
+            let limits: Vec<u32> = keys.iter().map(|_| 1 + rng.below(4) as u32).collect();
+            let conns = [C1, C2, C3, ConnId(4)];
+            let mut issued: Vec<(usize, u64)> = Vec::new();
+            let mut last_token = 0;
+            let mut grants = 0;
+            let mut now = 0;
+            for _ in 0..3000 {
+                now += rng.below(8);
+                let k = rng.below(keys.len() as u64) as usize;
+                let conn = conns[rng.below(conns.len() as u64) as usize];
+                let answers = match rng.below(10) {
+                    0..=3 => {
+                        let limit = if rng.below(12) == 0 {
+                            1 + rng.below(4) as u32
+                        } else {
+                            limits[k]
+                        };
+                        let ask = Ask {
+                            limit: (limit > 1 || rng.below(2) == 0).then_some(limit),
+                            value: (rng.below(3) == 0).then(|| value("v")),
+                        };
+                        h.acquire_with(now, conn, keys[k], 1 + rng.below(60), rng.below(40), ask)
+                    }
+                    4 | 5 => {
+                        let token = match issued.iter().rfind(|g| g.0 == k) {
+                            Some(g) if rng.below(5) > 0 => g.1,
+                            _ => 1 + rng.below(last_token.max(1)),
+                        };
+                        h.release(now, conn, keys[k], token)
+                    }
+                    6 => {
+                        let token = issued.get(rng.below(issued.len().max(1) as u64) as usize);
+                        let token = token.map_or(7, |g| g.1);
+                        h.keep(now, conn, keys[k], token, 1 + rng.below(60))
+                    }
+                    7 => h.query(now, conn, keys[k]),
+                    8 => h.step(|t, _| t.handle_disconnect(conn)),
+                    _ => h.tick(now),
+                };
+                for (_, answer) in &answers {
+                    if let Answer::Granted {
+                        token,
+                        key: got,
+                        slot,
+                    } = answer
+                    {
+                        grants += 1;
+                        assert!(*token > last_token, "seed {seed}: tokens increase");
+                        last_token = *token;
+                        let k = keys
+                            .iter()
+                            .position(|k| key(k) == *got)
+                            .expect("a test key");
+                        let view = h.table.key_view(got).expect("a granted key is held");
+                        let mine = view
+                            .holders()
+                            .find(|h| h.token == *token)
+                            .expect("seed {seed}: the grant holds the key");
+                        assert!(mine.slot < view.limit(), "seed {seed}");
+                        if let Some(slot) = slot {
+                            assert_eq!(*slot, mine.slot, "seed {seed}: the slot answered");
+                        }
+                        issued.push((k, *token));
+                    }
+                }
+                if issued.len() > 64 {
+                    issued.drain(..32);
+                }
+            }
+            assert!(
+                grants > 200,
+                "seed {seed}: the run granted enough to mean something"
+            );
+        }
     }
 }

@@ -32,7 +32,7 @@ use crate::protocol::{Answer, Info, Request};
 use crate::server::core::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
 use crate::server::core::counters::Snapshot;
 use crate::server::core::events::{ClusterToTable, Inbound, TableToCluster};
-use crate::server::core::lock_table::{ConnId, LockTable, Outbox};
+use crate::server::core::lock_table::{Ask, ConnId, LockTable, Outbox};
 use crate::server::core::now::Now;
 use crate::server::core::tokens;
 
@@ -277,6 +277,7 @@ impl TableCore {
         // its timeout), or never here when it succeeds.
         if !self.is_transferring() {
             self.table.poll_timers(now.ms, &mut self.outbox);
+            self.table.take_watch_lines(&mut self.outbox);
         }
     }
 
@@ -326,6 +327,8 @@ impl TableCore {
                 _ => self.serve(now, conn, request),
             },
         }
+        // The change lines of what it changed, after its answers.
+        self.table.take_watch_lines(&mut self.outbox);
     }
 
     fn serve(&mut self, now: Now, conn: crate::server::core::lock_table::ConnId, request: Request) {
@@ -336,9 +339,17 @@ impl TableCore {
                 key,
                 lease_ms,
                 wait_ms,
-            } => self
-                .table
-                .handle_acquire(now_ms, conn, key, lease_ms, wait_ms, out),
+                limit,
+                value,
+            } => self.table.handle_acquire(
+                now_ms,
+                conn,
+                key,
+                lease_ms,
+                wait_ms,
+                Ask { limit, value },
+                out,
+            ),
             Request::Release { key, token } => {
                 self.table.handle_release(now_ms, conn, key, token, out)
             }
@@ -484,6 +495,9 @@ impl TableCore {
     /// their batch is due (`REPL_BATCH_MS`); then hand the round's effects
     /// to the shell.
     pub fn end_round(&mut self, now: Now) -> &mut TableEffects {
+        // Changes made outside a client's request (replicated state on a
+        // standby, a role change) are told, or forgotten, by now.
+        self.table.take_watch_lines(&mut self.outbox);
         self.raise_ceiling();
         if self.deltas_due_ms().is_some_and(|due| now.ms >= due) {
             self.send_deltas(now, REPL_YOUNG_MS);
@@ -621,6 +635,7 @@ impl TableCore {
         snap.active = !matches!(self.mode, Mode::Standby { .. });
         snap.handing_off = self.is_transferring();
         snap.held = stats.held as u64;
+        snap.holders = stats.holders as u64;
         snap.waiting = stats.waiting as u64;
         snap.last_token = stats.last_token;
         snap.ceiling = self.ceiling.max(stats.last_token);
@@ -722,6 +737,8 @@ mod tests {
             key: key(k),
             lease_ms: 1000,
             wait_ms,
+            limit: None,
+            value: None,
         }
     }
 
@@ -923,8 +940,8 @@ mod tests {
         let out = round(&mut core, at(2), vec![Inbound::Request(C, acquire("k", 0))]);
         let token = match &out.answers[..] {
             [
-                (_, Answer::Watched { .. }),
                 (_, Answer::Granted { token, .. }),
+                (_, Answer::Watched { .. }),
             ] => *token,
             other => panic!("{other:?}"),
         };
@@ -1125,7 +1142,7 @@ mod tests {
             }
             let out = round(&mut core, at(ms), inbound);
             for (conn, answer) in &out.answers {
-                if let (true, Answer::Granted { token, key }) = (*conn == D, answer) {
+                if let (true, Answer::Granted { token, key, .. }) = (*conn == D, answer) {
                     last_shorts.push((key.clone(), *token));
                 }
             }
@@ -1307,6 +1324,8 @@ mod tests {
             key: key("k"),
             lease_ms: 10,
             wait_ms: 0,
+            limit: None,
+            value: None,
         };
         round(&mut core, at(2), vec![Inbound::Request(C, short)]);
         let out = round(

@@ -27,7 +27,14 @@
 //!   and `X` with `X <key>`. The change lines for a loop are entries of the
 //!   same ordered answer list as the answers (addressed to
 //!   [`ConnId::watchers`] of that loop), so a `W` answer and the changes
-//!   after it keep their order.
+//!   after it keep their order. The lock table notes each watched key
+//!   whose holders change (its one hook, `holders_changed`) and the table
+//!   core takes the lines after every step (a request, a round's timers):
+//!   one line per changed key with its state then, after that step's
+//!   answers. A key changed twice in one step (a lease found run out by
+//!   the acquire that then takes the key) is told once, in its newest
+//!   state. The state is the largest token holding the key, its value,
+//!   the live grants and the requests in line.
 //! - **What a connection gets** is decided by its [`WatchQueue`]: a watch
 //!   is *live* (change lines are copied to it) from its `W` answer on,
 //!   until its `X` is parsed (nothing follows `X <key>`). Before its first

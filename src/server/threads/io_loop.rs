@@ -2136,6 +2136,7 @@ mod tests {
                 Answer::Granted {
                     token: 9,
                     key: key.clone(),
+                    slot: None,
                 },
             ),
             (format!("A {k} 30 1"), Answer::Timeout { key: key.clone() }),

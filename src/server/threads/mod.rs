@@ -5,7 +5,9 @@
 //!
 //! Rule: a thread file never imports another thread file (checked by
 //! `tests/layers.rs`); what two threads share lives in the plumbing beside
-//! this folder (`messages`, `shared`, `stats`, `busy_poll`, `clock`).
+//! this folder (`messages`, `shared`, `stats`, `busy_poll`, `clock`, and `rounds`, the
+//! order of the owner's round and of replication's, shared with the
+//! simulation).
 
 pub mod io_loop;
 pub mod metrics;

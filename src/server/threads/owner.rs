@@ -5,8 +5,11 @@
 //! channel; each I/O loop gets one batch of answers per round (one send,
 //! one wake); the core's messages for the cluster go to the replication
 //! thread. Every decision (serving mode, held-back requests, timers, token
-//! floor and ceiling, the `I` answer) is [`TableCore`]'s: this file reads the
-//! clock once per round, feeds the core, and carries out its effects.
+//! floor and ceiling, the `I` answer) is [`TableCore`]'s, and the order of a
+//! round (what is fed to the core in which order, where its effects go) is
+//! `rounds::OwnerRound`'s, which the simulation runs too: this file reads
+//! the clock once per round, waits for input, and implements the round's
+//! ports (`rounds::OwnerPorts`) with channels and wakers.
 //!
 //! Sleeps only until the next timer is due (or input arrives), after
 //! polling its input for an adaptive window as the I/O loops do
@@ -46,37 +49,42 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
+use crate::protocol::Answer;
 use crate::server::busy_poll::IdleStretch;
 use crate::server::clock::Clock;
 use crate::server::shared::{Gauges, Settings};
 
 use crate::server::core::counters::Snapshot;
-use crate::server::core::table_core::{GaugeReadings, TableCore};
+use crate::server::core::lock_table::ConnId;
+use crate::server::core::table_core::TableCore;
 use crate::server::messages::{
     IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl, capacity, next_room,
 };
-use crate::server::stats::{MetricsSlot, OwnerStats};
+use crate::server::rounds::{Gone, OwnerPorts, OwnerRound};
+use crate::server::stats::MetricsSlot;
 
-/// Most inbound messages drained per round before answers go out, so a
-/// flood from the I/O loops cannot delay every answer indefinitely.
-const MAX_MESSAGES_PER_ROUND: usize = 64;
-/// Most client events (requests, refusals, closes; a cluster message
-/// counts one) handled per round, whatever the batches they came in: a
-/// batch is split if need be and its rest handled first next round. So the
-/// answers decided so far go out after at most this much work, however
-/// many requests a flood has queued.
-const MAX_REQUESTS_PER_ROUND: usize = 4096;
 /// How soon the owner retries a send into a full channel.
 const RETRY_FULL: Duration = Duration::from_millis(1);
 
 /// The lock-owner thread's state.
 pub struct Owner {
-    core: TableCore,
+    /// The core, what waits to be handled, the counts (rounds.rs runs the
+    /// round on them).
+    round: OwnerRound,
+    links: Links,
     clock: Clock,
+    gauges: Arc<Gauges>,
+    /// Where snapshots go for `--metrics` (None without it).
+    metrics: Option<Arc<MetricsSlot>>,
+    /// When the round started (for handoff times).
+    round_start: Instant,
+}
+
+/// The owner's channels, as the round sees them ([`OwnerPorts`]).
+struct Links {
     inbound: Receiver<ToOwner>,
     io_loops: Vec<IoLoopLink>,
     repl: Option<ReplLink>,
-    gauges: Arc<Gauges>,
     /// Answers per I/O loop not sent yet (the loop's channel was full).
     rounds: Vec<OwnerBatch>,
     /// Room each loop's next batch is made with (`messages::next_room`).
@@ -88,14 +96,6 @@ pub struct Owner {
     /// Since when no message has come and no client was answered, and the
     /// polling window.
     idle: IdleStretch,
-    stats: OwnerStats,
-    /// Where snapshots go for `--metrics` (None without it).
-    metrics: Option<Arc<MetricsSlot>>,
-    /// When the round started (for handoff times).
-    round_start: Instant,
-    /// Messages taken in and not handled yet, in arrival order (the rest
-    /// of a round past `MAX_REQUESTS_PER_ROUND` waits here).
-    queue: VecDeque<ToOwner>,
     /// Whom to tell once the answers of a `ToOwner::Retire` have all gone
     /// to the I/O loops.
     retired: Vec<crossbeam_channel::Sender<()>>,
@@ -113,24 +113,23 @@ impl Owner {
     ) -> Owner {
         let rounds: Vec<_> = io_loops.iter().map(|_| OwnerBatch::default()).collect();
         let busy_poll_max = settings.busy_poll;
-        let stats = OwnerStats::new(core.is_serving());
         Owner {
-            core,
+            round: OwnerRound::new(core),
+            links: Links {
+                inbound,
+                io_loops,
+                repl,
+                rooms: vec![0; rounds.len()],
+                rounds,
+                to_repl: VecDeque::new(),
+                to_repl_deltas: 0,
+                idle: IdleStretch::new(busy_poll_max),
+                retired: Vec::new(),
+            },
             clock,
-            inbound,
-            io_loops,
-            repl,
             gauges,
-            rooms: vec![0; rounds.len()],
-            rounds,
-            to_repl: VecDeque::new(),
-            to_repl_deltas: 0,
-            idle: IdleStretch::new(busy_poll_max),
-            stats,
             metrics: None,
             round_start: Instant::now(),
-            queue: VecDeque::new(),
-            retired: Vec::new(),
         }
     }
 
@@ -148,54 +147,13 @@ impl Owner {
             }
             let now = self.clock.now();
             self.round_start = Instant::now();
-            let gauges = GaugeReadings {
-                conns: self.gauges.conns.load(Ordering::Relaxed),
-                heard_active_ms: self.gauges.heard_active_ms.load(Ordering::Relaxed),
-                synced_standbys: self.gauges.synced_standbys.load(Ordering::Relaxed),
-            };
-            self.core.begin_round(now, gauges);
-            let mut budget = MAX_REQUESTS_PER_ROUND;
-            while budget > 0
-                && let Some(message) = self.queue.pop_front()
-            {
-                match message {
-                    ToOwner::Clients(mut batch) => {
-                        if batch.len() > budget {
-                            // The rest goes first next round, in order.
-                            let rest = batch.split_off(budget);
-                            self.queue.push_front(ToOwner::Clients(rest));
-                        }
-                        budget -= batch.len();
-                        for inbound in batch {
-                            self.stats.count_inbound(&inbound);
-                            self.core.handle_inbound(now, inbound);
-                        }
-                    }
-                    ToOwner::Cluster(msg) => {
-                        budget -= 1;
-                        let weight = msg.weight();
-                        self.core.handle_cluster(now, msg);
-                        // The replication thread may read its peers for
-                        // that much more (messages::capacity).
-                        self.gauges.cluster_queued.applied(weight);
-                    }
-                    ToOwner::Scrape => {
-                        budget -= 1;
-                        self.stats.scrape_wanted = true;
-                    }
-                    ToOwner::Retire(done) => {
-                        budget -= 1;
-                        self.core.retire(now);
-                        self.retired.push(done);
-                    }
-                }
-            }
-            self.end_round(now);
-            if !self.retired.is_empty() && self.rounds.iter().all(OwnerBatch::is_empty) {
+            self.round.round(now, &self.gauges, &mut self.links);
+            let links = &mut self.links;
+            if !links.retired.is_empty() && links.rounds.iter().all(OwnerBatch::is_empty) {
                 // The redirects are in the I/O loops' channels now (a full
                 // channel keeps them here; the next round, within
                 // `RETRY_FULL`, tries again).
-                for done in self.retired.drain(..) {
+                for done in links.retired.drain(..) {
                     let _ = done.send(());
                 }
             }
@@ -204,99 +162,51 @@ impl Owner {
         log::info!("lock owner: every sender is gone, stopping");
     }
 
-    /// Carry out the round's effects: messages for replication, then the
-    /// answers, then (after a role transfer) `Redirected`.
-    fn end_round(&mut self, now: crate::server::clock::Now) {
-        let effects = self.core.end_round(now);
-        let answered = !effects.answers.is_empty();
-        let redirected = std::mem::take(&mut effects.redirected);
-        for msg in effects.to_cluster.drain(..) {
-            queue_for_repl(&mut self.to_repl, &mut self.to_repl_deltas, msg);
-        }
-        for (conn, answer) in effects.answers.drain(..) {
-            // A loop's watchers' entry (change lines, the end of the
-            // watches) answers no request: the loop counts its lines.
-            if !conn.is_watchers() {
-                self.stats.count_answer(&answer);
-            }
-            if let Some(round) = self.rounds.get_mut(conn.worker()) {
-                round.answers.push((conn, answer));
-            }
-        }
-        for conn in effects.forgotten.drain(..) {
-            if let Some(round) = self.rounds.get_mut(conn.worker()) {
-                round.forgotten.push(conn);
-            }
-        }
-        if answered {
-            // Clients were answered (by a timer's grant, say): a request
-            // often follows, so a new idle stretch starts now.
-            self.idle.restart();
-        }
-        self.gauges
-            .last_issued
-            .store(self.core.last_issued(), Ordering::Relaxed);
-        self.gauges
-            .ceiling
-            .store(self.core.ceiling(), Ordering::Relaxed);
-        self.send_to_repl();
-        self.send_round();
-        if redirected {
-            let msg = TableToCluster::Redirected;
-            queue_for_repl(&mut self.to_repl, &mut self.to_repl_deltas, msg);
-            self.send_to_repl();
-        }
-    }
-
     /// After the round's answers left: count its handoffs and role, and
     /// publish a snapshot if one was asked for.
     fn end_round_metrics(&mut self, now: crate::server::clock::Now) {
         let done = Instant::now();
         let round_us = done.duration_since(self.round_start).as_micros() as u64;
         let clock = self.clock;
-        self.stats.end_round(
-            !self.core.is_standby(),
-            self.core.table().metrics(),
+        let OwnerRound { core, stats, .. } = &mut self.round;
+        stats.end_round(
+            !core.is_standby(),
+            core.table().metrics(),
             round_us,
             |deadline_ms| {
                 done.duration_since(clock.instant_of(deadline_ms))
                     .as_micros() as u64
             },
         );
-        if !self.stats.scrape_wanted {
+        if !stats.scrape_wanted {
             return;
         }
         let Some(slot) = &self.metrics else {
-            self.stats.scrape_wanted = false;
+            stats.scrape_wanted = false;
             return;
         };
         let mut snap = Snapshot::default();
-        self.core.fill_snapshot(now, &mut snap);
-        self.stats.fill(self.core.table().metrics(), &mut snap);
+        core.fill_snapshot(now, &mut snap);
+        stats.fill(core.table().metrics(), &mut snap);
         if slot.try_publish(&snap) {
-            self.stats.scrape_wanted = false;
+            stats.scrape_wanted = false;
         }
-    }
-
-    /// Something is waiting for room in a full channel.
-    fn backed_up(&self) -> bool {
-        !self.to_repl.is_empty() || self.rounds.iter().any(|r| !r.is_empty())
     }
 
     /// Unless messages wait from the last round, block until input
     /// arrives or the next timer is due; collect what has arrived. False
     /// when every sender is gone.
     fn wait_for_input(&mut self) -> bool {
-        if self.queue.is_empty() {
+        if self.round.queue.is_empty() {
             let Ok(first) = self.wait_first() else {
                 return false;
             };
-            self.queue.extend(first);
+            self.round.queue.extend(first);
         }
-        let more = self.take_more();
-        if !self.queue.is_empty() {
+        let more = self.round.take_more(&mut self.links);
+        if !self.round.queue.is_empty() {
             // Also when the wait timed out and messages came just after.
-            self.idle.end();
+            self.links.idle.end();
         }
         more
     }
@@ -307,22 +217,23 @@ impl Owner {
     /// rounds between: so after the last request the owner polls one
     /// window in all, however many leases run out after it.
     fn wait_first(&mut self) -> Result<Option<ToOwner>, ()> {
+        let core = &self.round.core;
         // Only while serving: a standby's input is replication batches.
-        let window_closes = self.idle.poll_until_if(self.core.is_serving());
-        let mut wake_at = self.core.next_wake_ms().map(|ms| self.clock.instant_of(ms));
-        if self.backed_up() {
+        let window_closes = self.links.idle.poll_until_if(core.is_serving());
+        let mut wake_at = core.next_wake_ms().map(|ms| self.clock.instant_of(ms));
+        if self.links.backed_up() {
             let retry = Instant::now() + RETRY_FULL;
             wake_at = Some(wake_at.map_or(retry, |at| at.min(retry)));
         }
         let message = match self.poll_first(window_closes, wake_at)? {
             Some(message) => Some(message),
             None => match wake_at {
-                Some(at) => match self.inbound.recv_deadline(at) {
+                Some(at) => match self.links.inbound.recv_deadline(at) {
                     Ok(message) => Some(message),
                     Err(RecvTimeoutError::Timeout) => None,
                     Err(RecvTimeoutError::Disconnected) => return Err(()),
                 },
-                None => Some(self.inbound.recv().map_err(|_| ())?),
+                None => Some(self.links.inbound.recv().map_err(|_| ())?),
             },
         };
         Ok(message)
@@ -344,7 +255,7 @@ impl Owner {
             return Ok(None);
         }
         let polled = loop {
-            match self.inbound.try_recv() {
+            match self.links.inbound.try_recv() {
                 Ok(message) => break Ok(Some(message)),
                 Err(TryRecvError::Disconnected) => break Err(()),
                 Err(TryRecvError::Empty) if Instant::now() >= until => break Ok(None),
@@ -354,22 +265,48 @@ impl Owner {
         self.gauges.pollers.give_back();
         polled
     }
+}
 
-    /// Add what else has arrived, up to the round's limits (of messages,
-    /// and of client events).
-    fn take_more(&mut self) -> bool {
-        let mut events: usize = self.queue.iter().map(events_in).sum();
-        while self.queue.len() < MAX_MESSAGES_PER_ROUND && events < MAX_REQUESTS_PER_ROUND {
-            match self.inbound.try_recv() {
-                Ok(message) => {
-                    events += events_in(&message);
-                    self.queue.push_back(message);
-                }
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return !self.queue.is_empty(),
-            }
+impl Links {
+    /// Something is waiting for room in a full channel.
+    fn backed_up(&self) -> bool {
+        !self.to_repl.is_empty() || self.rounds.iter().any(|r| !r.is_empty())
+    }
+}
+
+impl OwnerPorts for Links {
+    fn try_recv(&mut self) -> Result<Option<ToOwner>, Gone> {
+        match self.inbound.try_recv() {
+            Ok(message) => Ok(Some(message)),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(Gone),
         }
-        true
+    }
+
+    fn queue_for_repl(&mut self, msg: TableToCluster) {
+        queue_for_repl(&mut self.to_repl, &mut self.to_repl_deltas, msg);
+    }
+
+    fn answer(&mut self, conn: ConnId, answer: Answer) {
+        if let Some(round) = self.rounds.get_mut(conn.worker()) {
+            round.answers.push((conn, answer));
+        }
+    }
+
+    fn forget(&mut self, conn: ConnId) {
+        if let Some(round) = self.rounds.get_mut(conn.worker()) {
+            round.forgotten.push(conn);
+        }
+    }
+
+    fn answered(&mut self) {
+        // Clients were answered (by a timer's grant, say): a request often
+        // follows, so a new idle stretch starts now.
+        self.idle.restart();
+    }
+
+    fn retiring(&mut self, done: crossbeam_channel::Sender<()>) {
+        self.retired.push(done);
     }
 
     /// Send what is queued for replication, in order, as far as its channel
@@ -410,7 +347,7 @@ impl Owner {
     /// Deal this round's answers out to their I/O loops: one send and one
     /// wake per loop that has anything. A loop whose channel is full keeps
     /// its batch here (later answers join it, in order) until the next round.
-    fn send_round(&mut self) {
+    fn send_answers(&mut self) {
         let rooms = self.rooms.iter_mut();
         for ((round, link), room) in self.rounds.iter_mut().zip(&self.io_loops).zip(rooms) {
             if round.is_empty() {
@@ -497,22 +434,15 @@ fn deltas_in(msg: &TableToCluster) -> usize {
     }
 }
 
-/// What a message counts against `MAX_REQUESTS_PER_ROUND`.
-fn events_in(message: &ToOwner) -> usize {
-    match message {
-        ToOwner::Clients(batch) => batch.len(),
-        ToOwner::Cluster(_) | ToOwner::Scrape | ToOwner::Retire(_) => 1,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{Answer, Key, Request};
+    use crate::protocol::{Key, Request};
     use crate::server::Config;
-    use crate::server::core::lock_table::{ConnId, Delta, LockTable, TableLimits};
+    use crate::server::core::lock_table::{Delta, LockTable, TableLimits};
     use crate::server::core::tokens::TokenSource;
     use crate::server::messages::Inbound;
+    use crate::server::rounds::MAX_REQUESTS_PER_ROUND;
 
     /// An owner's clock, core (in a cluster or not) and shared state.
     fn parts(clustered: bool) -> (Clock, TableCore, Arc<Settings>) {
@@ -604,28 +534,40 @@ mod tests {
         let step = capacity::OWNER_DELTAS / 2;
         for _ in 0..3 {
             let msg = grants(step);
-            queue_for_repl(&mut owner.to_repl, &mut owner.to_repl_deltas, msg);
-            owner.send_to_repl();
+            queue_for_repl(
+                &mut owner.links.to_repl,
+                &mut owner.links.to_repl_deltas,
+                msg,
+            );
+            owner.links.send_to_repl();
         }
-        assert_eq!(owner.to_repl.len(), 2, "one sent, two kept: at the bound");
-        let msg = grants(1);
-        queue_for_repl(&mut owner.to_repl, &mut owner.to_repl_deltas, msg);
-        owner.send_to_repl();
         assert_eq!(
-            owner.to_repl.iter().cloned().collect::<Vec<_>>(),
+            owner.links.to_repl.len(),
+            2,
+            "one sent, two kept: at the bound"
+        );
+        let msg = grants(1);
+        queue_for_repl(
+            &mut owner.links.to_repl,
+            &mut owner.links.to_repl_deltas,
+            msg,
+        );
+        owner.links.send_to_repl();
+        assert_eq!(
+            owner.links.to_repl.iter().cloned().collect::<Vec<_>>(),
             [TableToCluster::DeltasLost]
         );
-        assert_eq!(owner.to_repl_deltas, 0);
+        assert_eq!(owner.links.to_repl_deltas, 0);
         // Once replication takes again, the marker follows what it had.
         assert!(
             matches!(full.try_recv(), Ok(ToRepl::Table(TableToCluster::Deltas(d))) if d.len() == step)
         );
-        owner.send_to_repl();
+        owner.links.send_to_repl();
         assert!(matches!(
             full.try_recv(),
             Ok(ToRepl::Table(TableToCluster::DeltasLost))
         ));
-        assert!(owner.to_repl.is_empty());
+        assert!(owner.links.to_repl.is_empty());
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //! (peer_auth.rs, with the cluster key and fresh random nonces), and the
 //! thread's channels. Every decision (roles, heartbeats, snapshots, which
 //! link to open or drop, handshake deadlines, the exit sequence, whether a
-//! peer message is acceptable) is [`ClusterCore`]'s: this file reads the
-//! clock, moves bytes, runs the handshake's crypto, feeds the core, and
-//! carries out its effects. No incoming link gets more than
+//! peer message is acceptable) is [`ClusterCore`]'s, and the order in which
+//! the inbox and the tick feed it and its effects are carried out is
+//! rounds.rs's (`take_inbox`, `tick`, `carry_out`, which the simulation runs
+//! too): this file reads the clock, moves bytes, runs the handshake's
+//! crypto, feeds the core socket events, and implements `rounds::ReplShell`. No incoming link gets more than
 //! [`READ_BUDGET`] bytes read per round, so a flood on one link never
 //! starves the heartbeats. What waits for the lock owner is bounded
 //! ([`OwnerQueue`], `messages::capacity::CLUSTER_ENTRIES`): at the bound no
@@ -37,7 +39,6 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
@@ -50,14 +51,13 @@ use crate::server::shared::{Gauges, Settings};
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::server::core::cluster_core::{
-    ClusterCore, ClusterEffect, ClusterParams, LinkId, OutDown, RateLimit, WARN_EVERY_MS,
+    ClusterCore, ClusterParams, LinkId, OutDown, RateLimit, WARN_EVERY_MS,
 };
-use crate::server::core::lock_table::Delta;
-use crate::server::core::peer_msg::{PeerParsed, parse_peer};
-use crate::server::messages::{
-    ClusterQueued, ClusterToTable, TableToCluster, ToOwner, ToRepl, capacity,
-};
+use crate::server::core::now::Now;
+use crate::server::core::peer_msg::{PeerMsg, PeerParsed, parse_peer};
+use crate::server::messages::{ClusterQueued, ClusterToTable, ToOwner, ToRepl, capacity};
 use crate::server::peer_wire::{PeerReader, PeerWriter};
+use crate::server::rounds::{self, Gone, ReplShell};
 use crate::server::trust::peer_auth::{
     Acceptor, ClusterKey, Dialer, LinkIds, NONCE_LEN, Opener, peers_fingerprint,
 };
@@ -320,76 +320,18 @@ impl Replication {
                     Token(p) => self.handle_out_event(p, event),
                 }
             }
-            self.take_inbox();
-            self.round();
+            // The lock owner's messages and the other threads', then the
+            // time-driven work (rounds.rs).
+            rounds::take_inbox(&mut self);
+            rounds::tick(&mut self);
         }
         log::info!("replication: stopped");
     }
 
-    /// Time-driven work after the events, then everything flushed.
-    fn round(&mut self) {
-        let now = self.clock.now();
-        self.gauges
-            .synced_standbys
-            .store(self.core.synced_standbys(now), Ordering::Relaxed);
-        self.core.set_tokens(
-            self.gauges.last_issued.load(Ordering::Relaxed),
-            self.gauges.ceiling.load(Ordering::Relaxed),
-        );
-        self.core.handle_tick(now);
-        self.carry_out();
-        self.gauges
-            .heard_active_ms
-            .store(self.core.heard_active_ms(), Ordering::Relaxed);
-        self.send_to_owner();
-        for p in 0..self.outs.len() {
-            self.flush_out(p);
-        }
-    }
-
-    /// Carry out the core's effects, including those that carrying them out
-    /// causes (a dial refused at once, say).
+    /// Carry out the core's effects (rounds.rs), including those that
+    /// carrying them out causes (a dial refused at once, say).
     fn carry_out(&mut self) {
-        loop {
-            let effects: Vec<ClusterEffect> = self.core.poll_effects().collect();
-            if effects.is_empty() {
-                return;
-            }
-            for effect in effects {
-                match effect {
-                    ClusterEffect::Dial { peer } => self.dial(peer),
-                    ClusterEffect::Send { peer, msg } => {
-                        let Some(out) = self.outs.get_mut(peer) else {
-                            continue;
-                        };
-                        out.writer.push(&msg);
-                        if out.writer.pending().len() > MAX_PEER_OUTPUT {
-                            log::warn!(
-                                "replication: {} is too far behind; dropping its link",
-                                self.peers[peer]
-                            );
-                            self.out_failed(peer, &io::Error::other("output over limit"));
-                        }
-                    }
-                    ClusterEffect::DropOut { peer } => self.close_out(peer),
-                    ClusterEffect::DropIn { link } => {
-                        if self.ins.contains(link) {
-                            let mut link = self.ins.remove(link);
-                            let _ = self.poll.registry().deregister(&mut link.stream);
-                        }
-                    }
-                    ClusterEffect::ToTable(msg) => self.owner_backlog.push(msg),
-                    ClusterEffect::Exit => {
-                        self.send_to_owner();
-                        for p in 0..self.outs.len() {
-                            self.flush_out(p);
-                        }
-                        let _ = self.exit.try_send(());
-                        self.done = true;
-                    }
-                }
-            }
-        }
+        rounds::carry_out(self);
     }
 
     /// Send what is queued for the lock owner, in order, as far as its
@@ -398,65 +340,13 @@ impl Replication {
         self.owner_backlog.send(&self.to_owner);
     }
 
+    fn flush_outs(&mut self) {
+        for p in 0..self.outs.len() {
+            self.flush_out(p);
+        }
+    }
+
     // ----- the inbox: owner, I/O loops, shutdown -----
-
-    /// Take everything in the inbox. Deltas of consecutive messages go to
-    /// the core as one batch (each message is already one batch of the
-    /// lock owner's, with each key's last change: `LockTable::take_deltas`).
-    fn take_inbox(&mut self) {
-        let mut deltas: Vec<Delta> = Vec::new();
-        loop {
-            match self.inbox.try_recv() {
-                Ok(ToRepl::Table(TableToCluster::Deltas(more))) => {
-                    if deltas.is_empty() {
-                        deltas = more;
-                    } else {
-                        deltas.extend(more);
-                    }
-                }
-                Ok(other) => {
-                    // In order: the deltas before it go first.
-                    self.hand_deltas(&mut deltas);
-                    self.take_one(other);
-                    if self.done {
-                        return;
-                    }
-                }
-                Err(TryRecvError::Disconnected) => {
-                    self.hand_deltas(&mut deltas);
-                    self.done = true;
-                    return;
-                }
-                Err(TryRecvError::Empty) => return self.hand_deltas(&mut deltas),
-            }
-        }
-    }
-
-    /// The deltas gathered so far, to the core, before anything else.
-    fn hand_deltas(&mut self, deltas: &mut Vec<Delta>) {
-        if deltas.is_empty() {
-            return;
-        }
-        let batch = std::mem::take(deltas);
-        self.core
-            .handle_table(self.clock.now(), TableToCluster::Deltas(batch));
-        self.carry_out();
-    }
-
-    /// One message other than deltas.
-    fn take_one(&mut self, msg: ToRepl) {
-        let now = self.clock.now();
-        match msg {
-            ToRepl::Table(msg) => self.core.handle_table(now, msg),
-            ToRepl::AdoptPeerLink(stream, bytes) => self.adopt_incoming(stream, bytes),
-            ToRepl::Shutdown => self.core.handle_shutdown(now),
-            ToRepl::Stop => {
-                self.done = true;
-                return;
-            }
-        }
-        self.carry_out();
-    }
 
     // ----- outgoing links -----
 
@@ -906,6 +796,88 @@ impl Replication {
     }
 }
 
+/// The replication thread as rounds.rs sees it: its clock, its channels
+/// and the sockets the core's effects go to.
+impl ReplShell for Replication {
+    fn now(&self) -> Now {
+        self.clock.now()
+    }
+
+    fn core(&mut self) -> &mut ClusterCore {
+        &mut self.core
+    }
+
+    fn gauges(&self) -> &Gauges {
+        &self.gauges
+    }
+
+    fn next_inbox(&mut self) -> Result<Option<ToRepl>, Gone> {
+        match self.inbox.try_recv() {
+            Ok(msg) => Ok(Some(msg)),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(Gone),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.done = true;
+    }
+
+    fn stopped(&self) -> bool {
+        self.done
+    }
+
+    fn adopt(&mut self, stream: Stream, bytes: Vec<u8>) {
+        self.adopt_incoming(stream, bytes);
+    }
+
+    fn dial(&mut self, peer: usize) {
+        Replication::dial(self, peer);
+    }
+
+    fn send(&mut self, peer: usize, msg: PeerMsg) {
+        let Some(out) = self.outs.get_mut(peer) else {
+            return;
+        };
+        out.writer.push(&msg);
+        if out.writer.pending().len() > MAX_PEER_OUTPUT {
+            log::warn!(
+                "replication: {} is too far behind; dropping its link",
+                self.peers[peer]
+            );
+            self.out_failed(peer, &io::Error::other("output over limit"));
+        }
+    }
+
+    fn drop_out(&mut self, peer: usize) {
+        self.close_out(peer);
+    }
+
+    fn drop_in(&mut self, link: LinkId) {
+        if self.ins.contains(link) {
+            let mut link = self.ins.remove(link);
+            let _ = self.poll.registry().deregister(&mut link.stream);
+        }
+    }
+
+    fn to_owner(&mut self, msg: ClusterToTable) {
+        self.owner_backlog.push(msg);
+    }
+
+    fn send_to_owner(&mut self) {
+        Replication::send_to_owner(self);
+    }
+
+    fn flush_peers(&mut self) {
+        self.flush_outs();
+    }
+
+    fn exit(&mut self) {
+        let _ = self.exit.try_send(());
+        self.done = true;
+    }
+}
+
 fn resolve(peer: &str) -> Option<SocketAddr> {
     peer.to_socket_addrs().ok()?.next()
 }
@@ -913,6 +885,7 @@ fn resolve(peer: &str) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::core::lock_table::Delta;
     use crossbeam_channel::bounded;
 
     fn deltas(n: u64) -> ClusterToTable {
