@@ -13,7 +13,9 @@ connection, sends ``W``, waits until that watch ends, and on the end
 decides: the connection ended, or the node answered ``M <addr>`` (it is
 not, or no longer, the active one): watch again, on the node named (or,
 with ``M -`` or one that cannot be reached, after 100 ms); ``E`` (say
-``too-many-watches``): end the iterators with ``Refused``. State lines are
+``too-many-watches``), or a connection closed by ``E - - unknown-op``
+before the first state (a server older than watches): end the iterators
+with ``Refused``. State lines are
 handed to the iterators by the connection threads themselves; an iterator
 blocks its caller's thread (``Watch``) or wakes its task through
 ``loop.call_soon_threadsafe`` (``AsyncWatch``).
@@ -47,6 +49,8 @@ MAX_BACKLOG = 1024
 RETRY = 0.1
 #: The longest a watch waits for a connection before looking again.
 PICK_WAIT = 0.5
+#: How a connection ends when its server does not know ``W``.
+OLD_SERVER = "refused by the server: unknown-op"
 
 
 class WatchState(NamedTuple):
@@ -305,6 +309,11 @@ class _Sub:
             if sink.got_state:
                 hops = 0
             answer = sink.end_answer
+            if answer is None and not sink.got_state and sink.why == OLD_SERVER:
+                # A server older than watches: asking again cannot help.
+                self.hub._drop(self)
+                self.stop(Refused("unknown-op", "W"))
+                return
             if answer is None:
                 log.info("watch of %r: %s: %s; watching again", display(self.key), conn.addr, sink.why)
                 continue

@@ -296,6 +296,15 @@ def test_too_many_watches_is_raised_from_the_iterator(fake, closing):
         c.leader("k")
 
 
+def test_a_server_that_does_not_know_w_is_refused_not_asked_forever(fake, closing):
+    server = fake(lambda index, line: b"E - - unknown-op")
+    c = closing(baton_locks.Client(server.addr))
+    with pytest.raises(baton_locks.Refused) as e:
+        c.leader("k")
+    assert e.value.reason == "unknown-op"
+    assert len(server.sent(b"W k")) == 1
+
+
 def test_closing_the_client_ends_its_watches(fake):
     server = watch_server(fake)
     c = baton_locks.Client(server.addr)
