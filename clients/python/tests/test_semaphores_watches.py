@@ -52,8 +52,11 @@ def test_a_semaphore_of_two_grants_two_and_queues_the_third(node, closing):
     third = in_thread(lambda: c.acquire("sem", lease=30, wait=DEADLINE, limit=2))
     wait_for("the third in line", lambda: c.query("sem").waiting == 1)
     assert not third.done()
+    # Another client: on the third's connection, an answer for the same
+    # (op, key) would come after the third's.
+    other = closing(client_of(node))
     try:
-        c.acquire("sem", lease=30, wait=0, limit=3)
+        other.acquire("sem", lease=30, wait=0, limit=3)
     except baton_locks.Refused as e:
         assert e.reason == "limit-mismatch"
     else:
