@@ -33,6 +33,7 @@ import collections
 import logging
 import threading
 import time
+import weakref
 from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from . import _wire
@@ -393,6 +394,8 @@ class _WatchBase:
         self._hub = hub
         self._sub, self._reader = hub.open(key, distinct)
         self.key = display(self._sub.key)
+        # A watch dropped without close() is closed when collected.
+        self._finalizer = weakref.finalize(self, hub.leave, self._sub, self._reader)
 
     @property
     def closed(self) -> bool:
@@ -403,7 +406,7 @@ class _WatchBase:
     def close(self) -> None:
         """Stop watching (``X <key>`` goes out when no other watch of this
         client watches the key). States already queued are dropped."""
-        self._hub.leave(self._sub, self._reader)
+        self._finalizer()
 
     def __repr__(self) -> str:
         return "%s(key=%r%s)" % (type(self).__name__, self.key, ", closed" if self.closed else "")

@@ -258,6 +258,15 @@ def test_two_watches_of_one_key_share_one_w(fake, closing):
     assert len(server.sent(b"W k")) == 2
 
 
+def test_a_watch_dropped_without_closing_is_unwatched(fake, closing):
+    server = watch_server(fake)
+    c = closing(baton_locks.Client(server.addr))
+    w = c.watch("k")
+    assert next(w).free
+    del w
+    wait_for("X k", lambda: server.sent(b"X k"))
+
+
 def test_observe_skips_states_of_the_same_token(fake, closing):
     answers = iter([b"W k 5 1 0 a", b"W k 5 1 2 a"])
     server = fake(lambda index, line: next(answers, b"W k 0 0 0 -") if line == b"W k" else b"X k")
