@@ -9,7 +9,10 @@
 //! episode's last action (its restart or SIGCONT), plus [`WINDOW_MARGIN`];
 //! a chained episode's window therefore runs to the convergence after the
 //! chain. An episode whose cluster never converged keeps its window open to
-//! the end of the run (and fails the convergence check).
+//! the end of the run (and fails the convergence check). A window is
+//! *lossy* when its episode SIGKILLed or SIGSTOPped a node: replication is
+//! asynchronous, so such an episode may lose the latest grants; an episode
+//! of SIGTERMs only (graceful handoffs) loses nothing that is replicated.
 //!
 //! Pure: no threads, no I/O, no clock — everything is passed in.
 
@@ -18,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use super::cluster::Event;
 use super::monitor::{Level, Sample};
-use super::workers::{Crowd, Section, SemGrant, SemRecord, SemWrite, Write};
+use super::workers::{Crowd, LostGrant, Section, SemGrant, SemRecord, SemWrite, Write};
 
 /// Added to the end of every fault window: a critical section that started
 /// just before the cluster converged may still be running, and the worker
@@ -35,6 +38,8 @@ pub struct Window {
     /// The converged round's end, without the margin; None if never.
     pub converged: Option<Instant>,
     pub to: Instant,
+    /// The episode SIGKILLed or SIGSTOPped a node.
+    pub lossy: bool,
 }
 
 impl Window {
@@ -45,25 +50,30 @@ impl Window {
 
 /// Windows of every episode that ran, from its actions and the samples.
 pub fn windows(events: &[Event], samples: &[Sample], run_end: Instant) -> Vec<Window> {
-    let mut by_episode: Vec<(usize, Instant, u64)> = Vec::new();
+    let mut by_episode: Vec<(usize, Instant, u64, bool)> = Vec::new();
     for event in events
         .iter()
         .filter(|e| e.episode != SETUP && e.episode != CRASH)
     {
+        let lossy = matches!(event.what, "SIGKILL" | "SIGSTOP");
         match by_episode.last_mut() {
-            Some(last) if last.0 == event.episode => last.2 = event.epoch,
-            _ => by_episode.push((event.episode, event.at, event.epoch)),
+            Some(last) if last.0 == event.episode => {
+                last.2 = event.epoch;
+                last.3 |= lossy;
+            }
+            _ => by_episode.push((event.episode, event.at, event.epoch, lossy)),
         }
     }
     by_episode
         .into_iter()
-        .map(|(episode, from, last_epoch)| {
+        .map(|(episode, from, last_epoch, lossy)| {
             let converged = first_converged_after(samples, last_epoch);
             Window {
                 episode,
                 from,
                 converged,
                 to: converged.map_or(run_end, |t| t + WINDOW_MARGIN),
+                lossy,
             }
         })
         .collect()
@@ -84,6 +94,22 @@ pub fn first_converged_after(samples: &[Sample], epoch: u64) -> Option<Instant> 
 
 fn in_any(windows: &[Window], t: Instant) -> bool {
     windows.iter().any(|w| w.contains(t))
+}
+
+fn in_lossy(windows: &[Window], t: Instant) -> bool {
+    windows.iter().any(|w| w.lossy && w.contains(t))
+}
+
+/// Some lossy window meets `[from, to]`.
+fn meets_lossy(windows: &[Window], from: Instant, to: Instant) -> bool {
+    windows
+        .iter()
+        .any(|w| w.lossy && w.from <= to && from <= w.to)
+}
+
+/// Some window meets `[from, to]`.
+fn meets_any(windows: &[Window], from: Instant, to: Instant) -> bool {
+    windows.iter().any(|w| w.from <= to && from <= w.to)
 }
 
 /// Two workers in one key's critical section at once.
@@ -204,12 +230,26 @@ pub struct SemCheck {
     pub slot_twice_outside: Vec<Crowd>,
     /// The most writes in flight at once.
     pub most_in_flight: u32,
+    /// Crowds (over the limit, or a slot twice) that began in a fault
+    /// window, but in no lossy one: with a semaphore's holders replicated, a
+    /// graceful handoff keeps them, and these must not happen.
+    pub crowds_graceful: Vec<Crowd>,
+    /// Releases answered "not held": the active did not know the grant.
+    pub lost: usize,
+    /// Of them, those whose grant-to-release span met no fault window: a
+    /// holder lost with no fault at all.
+    pub lost_outside: Vec<LostGrant>,
+    /// Those whose span met a fault window but no lossy one: lost in a
+    /// graceful handoff, which keeps replicated holders.
+    pub lost_graceful: Vec<LostGrant>,
 }
 
-/// Check the semaphore's resource record and its grants.
+/// Check the semaphore's resource record, its grants, and the grants its
+/// releases found lost.
 pub fn semaphore(
     record: &SemRecord,
     grants: &[SemGrant],
+    lost: &[LostGrant],
     limit: u32,
     windows: &[Window],
 ) -> SemCheck {
@@ -238,8 +278,19 @@ pub fn semaphore(
         }
     }
     out.bad_slots = grants.iter().filter(|g| g.slot >= limit).copied().collect();
+    out.lost = lost.len();
+    for g in lost {
+        if !meets_any(windows, g.granted, g.released) {
+            out.lost_outside.push(*g);
+        } else if !meets_lossy(windows, g.granted, g.released) {
+            out.lost_graceful.push(*g);
+        }
+    }
     for c in &record.crowds {
         let outside = !in_any(windows, c.at);
+        if !outside && !in_lossy(windows, c.at) {
+            out.crowds_graceful.push(*c);
+        }
         if c.holders > limit {
             out.over_limit += 1;
             if outside {
@@ -348,6 +399,7 @@ mod tests {
             from: t0 + Duration::from_millis(5),
             converged: None,
             to: t0 + Duration::from_millis(50),
+            lossy: true,
         }];
         let f = fencing(&log, &[7, 8, 7], &windows);
         assert_eq!((f.accepted, f.rejected), (2, 2));
@@ -385,7 +437,12 @@ mod tests {
                 w(301, 1, 3, true),   // a stale token let through
                 w(302, 2, 20, false), // a current holder refused
             ],
-            crowds: vec![crowd(10, 4, 1), crowd(20, 2, 2), crowd(400, 4, 2)],
+            crowds: vec![
+                crowd(10, 4, 1),
+                crowd(20, 2, 2),
+                crowd(400, 4, 2),
+                crowd(1010, 4, 1), // in the graceful window
+            ],
             most_in_flight: 4,
         };
         let grants = [SemGrant {
@@ -394,13 +451,36 @@ mod tests {
             slot: 3,
             at: at(0),
         }];
-        let windows = [Window {
-            episode: 0,
-            from: at(0),
-            converged: None,
-            to: at(50),
-        }];
-        let c = semaphore(&record, &grants, 3, &windows);
+        let windows = [
+            Window {
+                episode: 0,
+                from: at(0),
+                converged: None,
+                to: at(50),
+                lossy: true,
+            },
+            Window {
+                episode: 1,
+                from: at(1000),
+                converged: None,
+                to: at(1100),
+                lossy: false,
+            },
+        ];
+        let lost = |from: u64, to: u64| LostGrant {
+            worker: 0,
+            token: 1,
+            slot: 0,
+            granted: at(from),
+            released: at(to),
+        };
+        let lost = [
+            lost(40, 60),     // meets the lossy window
+            lost(500, 510),   // no window
+            lost(990, 1001),  // the graceful window only
+            lost(1200, 1300), // no window
+        ];
+        let c = semaphore(&record, &grants, &lost, 3, &windows);
         assert_eq!((c.accepted, c.rejected), (3, 3));
         assert_eq!(c.rejected_by_slot, BTreeMap::from([(0, 1), (1, 1), (2, 1)]));
         let tokens = |ws: &[SemWrite]| ws.iter().map(|w| w.token).collect::<Vec<_>>();
@@ -408,8 +488,14 @@ mod tests {
         assert_eq!(tokens(&c.accepted_stale), [3]);
         assert_eq!(tokens(&c.rejected_fresh), [20]);
         assert_eq!(c.bad_slots.len(), 1);
-        assert_eq!((c.over_limit, c.over_limit_outside.len()), (2, 1));
+        assert_eq!((c.over_limit, c.over_limit_outside.len()), (3, 1));
         assert_eq!((c.slot_twice, c.slot_twice_outside.len()), (2, 1));
+        assert_eq!(c.crowds_graceful.len(), 1);
+        assert_eq!(c.crowds_graceful[0].at, at(1010));
+        assert_eq!(c.lost, 4);
+        let granted = |gs: &[LostGrant]| gs.iter().map(|g| g.granted).collect::<Vec<_>>();
+        assert_eq!(granted(&c.lost_outside), [at(500), at(1200)]);
+        assert_eq!(granted(&c.lost_graceful), [at(990)]);
         assert_eq!(c.most_in_flight, 4);
     }
 }

@@ -101,6 +101,11 @@ pub struct Options {
     /// when off, such episodes are printed, and counted in
     /// [`Report::unsynced`], but not failed.
     pub require_sync: bool,
+    /// Keys of a limit above 1 are replicated: fail the run when a
+    /// semaphore grant is lost, or the semaphore is crowded, in a window of
+    /// graceful handoffs only (no SIGKILL or SIGSTOP). When off, such
+    /// moments are reported, not failed.
+    pub sem_replicated: bool,
 }
 
 impl Options {
@@ -129,6 +134,7 @@ impl Options {
             },
             slack: Duration::from_millis(500),
             require_sync: true,
+            sem_replicated: false,
             dir: PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
                 .join("chaos")
                 .join(format!("seed-{seed}-grace-{grace_name}")),
@@ -175,6 +181,12 @@ pub struct Report {
     pub sem_slot_twice: usize,
     pub sem_slot_twice_outside: usize,
     pub sem_most_in_flight: u32,
+    /// Crowds (over the limit or a slot twice) in graceful windows only.
+    pub sem_crowds_graceful: usize,
+    /// Semaphore grants lost (release answered not held) with no fault
+    /// window from grant to release, and in graceful windows only.
+    pub sem_lost_outside: usize,
+    pub sem_lost_graceful: usize,
     pub longest_overlap: Duration,
     pub windows_total: Duration,
     pub longest_acquire: Duration,

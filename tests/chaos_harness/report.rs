@@ -16,7 +16,7 @@ use super::check::{self, Fencing, Overlap, SETUP, SemCheck, Window};
 use super::driver::{Recorded, episode_name};
 use super::monitor;
 use super::schedule::Episode;
-use super::workers::{self, Crowd, Section, SemGrant, SemWrite, SlowCall, WorkerLog};
+use super::workers::{self, Crowd, LostGrant, Section, SemGrant, SemWrite, SlowCall, WorkerLog};
 use super::{CONVERGE_BOUND, Options, Report, secs};
 
 /// Violations of one kind listed in full, at most.
@@ -31,7 +31,7 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
         episodes_run: rec.episodes_run,
         ..Report::default()
     };
-    let (sections, sem_grants, slow) = tally(&mut report, rec.logs);
+    let (sections, sem_grants, sem_lost, slow) = tally(&mut report, rec.logs);
     for e in rec.events.iter().filter(|e| e.episode != SETUP) {
         if matches!(e.what, "SIGKILL" | "SIGSTOP" | "SIGTERM") {
             *report.faults.entry(e.what).or_default() += 1;
@@ -62,7 +62,13 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
         .chain(sem_grants.iter().map(|g| g.token))
         .collect();
     let fencing = check::fencing(&rec.writes, &tokens, &windows);
-    let sem = check::semaphore(&rec.sem, &sem_grants, o.workload.sem_limit, &windows);
+    let sem = check::semaphore(
+        &rec.sem,
+        &sem_grants,
+        &sem_lost,
+        o.workload.sem_limit,
+        &windows,
+    );
     report.sem_accepted = sem.accepted;
     report.sem_rejected = sem.rejected;
     report.sem_rejected_by_slot = sem.rejected_by_slot.clone();
@@ -72,6 +78,9 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
     report.sem_slot_twice = sem.slot_twice;
     report.sem_slot_twice_outside = sem.slot_twice_outside.len();
     report.sem_most_in_flight = sem.most_in_flight;
+    report.sem_crowds_graceful = sem.crowds_graceful.len();
+    report.sem_lost_outside = sem.lost_outside.len();
+    report.sem_lost_graceful = sem.lost_graceful.len();
     report.writes_accepted = fencing.accepted;
     report.writes_rejected = fencing.rejected;
     let overlaps = check::overlaps(&sections);
@@ -134,16 +143,15 @@ pub fn analyse(o: &Options, schedule: &[Episode], rec: Recorded, mut out: String
 
 /// Sum the workers' logs into `report`; every section, every semaphore
 /// grant and every slow call.
-fn tally(
-    report: &mut Report,
-    logs: Vec<WorkerLog>,
-) -> (Vec<Section>, Vec<SemGrant>, Vec<SlowCall>) {
+fn tally(report: &mut Report, logs: Vec<WorkerLog>) -> Tallied {
     let mut sections = Vec::new();
     let mut sem_grants = Vec::new();
+    let mut sem_lost = Vec::new();
     let mut slow = Vec::new();
     for log in logs {
         sections.extend(log.sections);
         sem_grants.extend(log.sem_grants);
+        sem_lost.extend(log.sem_lost);
         report.sem.add(log.sem);
         slow.extend(log.slow);
         report.cycles += log.cycles;
@@ -158,8 +166,11 @@ fn tally(
         report.longest_acquire = report.longest_acquire.max(log.longest_acquire);
         report.longest_release = report.longest_release.max(log.longest_release);
     }
-    (sections, sem_grants, slow)
+    (sections, sem_grants, sem_lost, slow)
 }
+
+/// Every section, semaphore grant, lost semaphore grant and slow call.
+type Tallied = (Vec<Section>, Vec<SemGrant>, Vec<LostGrant>, Vec<SlowCall>);
 
 /// The time covered by at least one window.
 fn merged_length(windows: &[Window]) -> Duration {
@@ -386,6 +397,56 @@ fn sem_violations(o: &Options, at: &Timing, sem: &SemCheck) -> Vec<String> {
             at.nearest_window(c.at)
         )
     };
+    let lost = |g: &LostGrant, what: &str| {
+        format!(
+            "semaphore grant lost {what}: worker {} held {name} slot {} with token {} from \
+             {:.3}s; its release at {:.3}s was answered not held ({})",
+            g.worker,
+            g.slot,
+            g.token,
+            at.s(g.granted),
+            at.s(g.released),
+            at.nearest_window(g.granted)
+        )
+    };
+    list(
+        sem.lost_outside.len(),
+        "semaphore grants lost outside fault windows",
+        &mut sem
+            .lost_outside
+            .iter()
+            .map(|g| lost(g, "with no fault window from its grant to its release")),
+    );
+    if o.sem_replicated {
+        list(
+            sem.lost_graceful.len(),
+            "semaphore grants lost in graceful handoffs",
+            &mut sem.lost_graceful.iter().map(|g| {
+                lost(
+                    g,
+                    "in graceful handoffs only (SIGTERM, no SIGKILL or SIGSTOP from its grant to \
+                     its release)",
+                )
+            }),
+        );
+        list(
+            sem.crowds_graceful.len(),
+            "semaphore crowds in graceful handoffs",
+            &mut sem.crowds_graceful.iter().map(|c| {
+                format!(
+                    "in graceful handoffs only (SIGTERM, no SIGKILL or SIGSTOP): worker {} began \
+                     writing {name} slot {} with token {} at {:.3}s with {} writes in flight \
+                     (limit {limit}), {} on its slot",
+                    c.worker,
+                    c.slot,
+                    c.token,
+                    at.s(c.at),
+                    c.holders,
+                    c.slot_holders
+                )
+            }),
+        );
+    }
     list(
         sem.over_limit_outside.len(),
         "over-limit moments outside fault windows",
@@ -440,6 +501,21 @@ fn print_sem(o: &Options, r: &Report, out: &mut String) {
         r.sem_over_limit_outside,
         r.sem_slot_twice,
         r.sem_slot_twice_outside
+    );
+    say!(
+        out,
+        "semaphore holders across handoffs (semaphores {}): {} grants lost (release answered \
+         not held), {} with no fault window from grant to release, {} in graceful handoffs \
+         only (SIGTERM, no SIGKILL or SIGSTOP); {} crowds in graceful handoffs only",
+        if o.sem_replicated {
+            "replicated: a graceful handoff must keep every holder"
+        } else {
+            "not replicated: reported, not failed, but for losses with no fault"
+        },
+        s.release_not_held,
+        r.sem_lost_outside,
+        r.sem_lost_graceful,
+        r.sem_crowds_graceful
     );
 }
 

@@ -235,6 +235,19 @@ pub struct SemGrant {
     pub at: Instant,
 }
 
+/// A grant of the semaphore key whose release was answered "not held":
+/// the active did not know it.
+#[derive(Clone, Copy, Debug)]
+pub struct LostGrant {
+    pub worker: u16,
+    pub token: u64,
+    pub slot: u32,
+    /// When the acquire returned it.
+    pub granted: Instant,
+    /// When the release was answered.
+    pub released: Instant,
+}
+
 /// The semaphore key's calls of one worker (or of all).
 #[derive(Debug, Default)]
 pub struct SemTally {
@@ -295,6 +308,7 @@ pub struct WorkerLog {
     pub longest_release: Duration,
     pub slow: Vec<SlowCall>,
     pub sem_grants: Vec<SemGrant>,
+    pub sem_lost: Vec<LostGrant>,
     pub sem: SemTally,
 }
 
@@ -470,7 +484,16 @@ impl Worker {
         self.timed("release", SEM_KEY, end, || format!("{released:?}"));
         match released {
             Ok(Released::Released) => {}
-            Ok(Released::NotHeld) => self.log.sem.release_not_held += 1,
+            Ok(Released::NotHeld) => {
+                self.log.sem.release_not_held += 1;
+                self.log.sem_lost.push(LostGrant {
+                    worker: self.index,
+                    token,
+                    slot,
+                    granted: at,
+                    released: Instant::now(),
+                });
+            }
             Err(e) => *self.log.sem.release_errors.entry(e.kind()).or_default() += 1,
         }
         self.log.sem.cycles += 1;
