@@ -86,6 +86,17 @@ enum RowKind {
     Pipelined,
 }
 
+impl RowKind {
+    fn label(self, depth: usize) -> String {
+        match self {
+            RowKind::Contended { hold_us } => {
+                format!("C={CLIENTS} one key hold={hold_us}µs")
+            }
+            RowKind::Pipelined => format!("C={PIPELINED_CONNS} depth={depth}"),
+        }
+    }
+}
+
 /// Run the semaphore rows; their Markdown section. `script_load` loads a
 /// Lua script into a Redis and gives its SHA1.
 pub fn run(
@@ -150,7 +161,12 @@ pub fn run(
                     Sys::LimitField => Some(1),
                     _ => None,
                 };
-                eprintln!("round {} semaphore {row:?}: {}", round + 1, sys.name());
+                eprintln!(
+                    "round {} semaphore {}: {}",
+                    round + 1,
+                    row.label(depth),
+                    sys.name()
+                );
                 let spec = RunSpec {
                     addr,
                     proto,
@@ -171,7 +187,7 @@ pub fn run(
                     changes: None,
                 };
                 let outcome = engine::run(&spec)
-                    .map_err(|e| format!("semaphore {row:?} {}: {e}", sys.name()))?;
+                    .map_err(|e| format!("semaphore {} {}: {e}", row.label(depth), sys.name()))?;
                 match outcomes.get_mut(&(*row, sys)) {
                     Some(so_far) => so_far.merge(&outcome, false),
                     None => {
