@@ -1737,20 +1737,12 @@ fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_or_has_them_left_
     let attacks = [
         // Malformed: refused, the link dropped.
         (
-            PeerMsg::Delta(Delta::Grant {
-                key: key.clone(),
-                token: 16,
-                ms_left: u64::MAX / 2,
-            }),
+            PeerMsg::Delta(Delta::grant(key.clone(), 16, u64::MAX / 2)),
             true,
             false,
         ),
         (
-            PeerMsg::Delta(Delta::Grant {
-                key: key.clone(),
-                token: 0,
-                ms_left: 1_000,
-            }),
+            PeerMsg::Delta(Delta::grant(key.clone(), 0, 1_000)),
             true,
             false,
         ),
@@ -1759,11 +1751,7 @@ fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_or_has_them_left_
         // state until the next snapshot.
         (PeerMsg::Delta(Delta::Ceiling(far)), false, false),
         (
-            PeerMsg::Delta(Delta::Grant {
-                key: key.clone(),
-                token: far,
-                ms_left: 1_000,
-            }),
+            PeerMsg::Delta(Delta::grant(key.clone(), far, 1_000)),
             false,
             false,
         ),

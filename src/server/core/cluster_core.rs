@@ -1795,11 +1795,7 @@ mod tests {
         let core = linked_with(0, params);
         let now = at(2);
         let grant = |token: u64, ms_left: u64| {
-            PeerMsg::Delta(Delta::Grant {
-                key: Key::new(b"k").expect("key"),
-                token,
-                ms_left,
-            })
+            PeerMsg::Delta(Delta::grant(Key::new(b"k").expect("key"), token, ms_left))
         };
         let check = |msg: &PeerMsg| core.check_peer_msg(now, 7, msg);
         let bound = ClusterCore::token_bound(now);
@@ -1817,10 +1813,7 @@ mod tests {
             check(&grant(16, 60_001)),
             Verdict::Refuse("a lease above --max-lease")
         );
-        let free0 = PeerMsg::Delta(Delta::Free {
-            key: Key::new(b"k").expect("key"),
-            token: 0,
-        });
+        let free0 = PeerMsg::Delta(Delta::free(Key::new(b"k").expect("key"), 0));
         assert_eq!(check(&free0), Verdict::Refuse("token 0"));
         assert_eq!(
             check(&PeerMsg::Delta(Delta::Ceiling(0))),
@@ -1873,11 +1866,11 @@ mod tests {
             core.handle_peer_msg(
                 at(3),
                 7,
-                PeerMsg::Delta(Delta::Grant {
-                    key: Key::new(format!("k{i}").as_bytes()).expect("key"),
-                    token: 16 * (i + 1),
-                    ms_left: 1000,
-                }),
+                PeerMsg::Delta(Delta::grant(
+                    Key::new(format!("k{i}").as_bytes()).expect("key"),
+                    16 * (i + 1),
+                    1000,
+                )),
             );
         }
         core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
@@ -2076,11 +2069,7 @@ mod tests {
                 ..ClusterParams::with_detect(detect)
             };
             let mut core = linked_with(1, params);
-            let bad = PeerMsg::Delta(Delta::Grant {
-                key: key("k"),
-                token: 16,
-                ms_left: 60_001,
-            });
+            let bad = PeerMsg::Delta(Delta::grant(key("k"), 16, 60_001));
             let mut now = 2;
             let mut link = 7;
             let mut waits = Vec::new();
@@ -2108,11 +2097,7 @@ mod tests {
             ..ClusterParams::with_detect(DETECT)
         };
         let mut core = linked_with(1, params);
-        let bad = PeerMsg::Delta(Delta::Grant {
-            key: key("k"),
-            token: 16,
-            ms_left: 60_001,
-        });
+        let bad = PeerMsg::Delta(Delta::grant(key("k"), 16, 60_001));
         let mut now = 3 * DETECT;
         let mut link = 7;
         let mut waits = Vec::new();
@@ -2427,13 +2412,7 @@ mod tests {
             ..ClusterParams::with_detect(DETECT)
         };
         // Endless ceilings, or any free, inside a snapshot: refused.
-        for flood in [
-            Delta::Ceiling(16),
-            Delta::Free {
-                key: key("k"),
-                token: 16,
-            },
-        ] {
+        for flood in [Delta::Ceiling(16), Delta::free(key("k"), 16)] {
             let mut core = linked_with(1, params);
             core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
             core.handle_tick(at(2));
@@ -2456,11 +2435,7 @@ mod tests {
         effects(&mut core);
         core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
         for k in ["a", "b", "c"] {
-            let grant = Delta::Grant {
-                key: key(k),
-                token: 16,
-                ms_left: 1000,
-            };
+            let grant = Delta::grant(key(k), 16, 1000);
             core.handle_peer_msg(at(3), 7, PeerMsg::Delta(grant));
         }
         core.handle_peer_msg(at(3), 7, PeerMsg::Delta(Delta::Ceiling(32)));
@@ -2611,11 +2586,7 @@ mod tests {
         let mut core = linked(1);
         core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
         effects(&mut core);
-        let grant = Delta::Grant {
-            key: Key::new(b"k").expect("key"),
-            token: 33,
-            ms_left: 100,
-        };
+        let grant = Delta::grant(Key::new(b"k").expect("key"), 33, 100);
         core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
         core.handle_peer_msg(at(3), 7, PeerMsg::Delta(grant.clone()));
         core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
@@ -2893,18 +2864,10 @@ mod tests {
         }
         // Its snapshot: what is beyond the window is left out, what is
         // within is applied, and this node does not say it holds the state.
-        let near = Delta::Grant {
-            key: key("near"),
-            token: tokens::start_floor(at(t).unix_ms),
-            ms_left: 1000,
-        };
+        let near = Delta::grant(key("near"), tokens::start_floor(at(t).unix_ms), 1000);
         core.handle_peer_msg(at(t), 7, PeerMsg::SnapshotBegin);
         core.handle_peer_msg(at(t), 7, PeerMsg::Delta(near.clone()));
-        let far = Delta::Grant {
-            key: key("far"),
-            token: token_from_ahead(t),
-            ms_left: 1000,
-        };
+        let far = Delta::grant(key("far"), token_from_ahead(t), 1000);
         core.handle_peer_msg(at(t), 7, PeerMsg::Delta(far));
         let far_ceiling = Delta::Ceiling(token_from_ahead(t) + 1);
         core.handle_peer_msg(at(t), 7, PeerMsg::Delta(far_ceiling.clone()));
@@ -2940,10 +2903,7 @@ mod tests {
         core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
         assert!(core.roles().beat().synced);
         effects(&mut core);
-        let far = Delta::Free {
-            key: key("k"),
-            token: token_from_ahead(4),
-        };
+        let far = Delta::free(key("k"), token_from_ahead(4));
         core.handle_peer_msg(at(4), 7, PeerMsg::Delta(far));
         core.handle_tick(at(4 + APPLY_BATCH_MS));
         let out = effects(&mut core);
