@@ -1762,6 +1762,9 @@ impl LockTable {
                             }
                             Some(_) if whole => return Err("two grants in one slot in a snapshot"),
                             Some(at) => Some(at),
+                            None if whole && self.holder_count(idx) >= limit as usize => {
+                                return Err("more holders than the key's limit in a snapshot");
+                            }
                             None => match self.grant_in_slot(idx, slot) {
                                 Some(_) if whole => {
                                     return Err("two grants in one slot in a snapshot");
@@ -3807,6 +3810,13 @@ mod tests {
                     sem_grant("s", 32, 10, 3, 1, None),
                 ],
                 "two limits for one key in a snapshot",
+            ),
+            (
+                vec![
+                    sem_grant("s", 16, 10, 1, 0, None),
+                    sem_grant("s", 32, 10, 1, 0, None),
+                ],
+                "more holders than the key's limit in a snapshot",
             ),
             (
                 vec![
