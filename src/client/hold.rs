@@ -38,6 +38,7 @@ pub struct Held {
     client: Client,
     key: Key,
     token: u64,
+    slot: u32,
     watch: Arc<Watch>,
 }
 
@@ -96,6 +97,7 @@ impl Held {
             client,
             key: grant.key().clone(),
             token: grant.token(),
+            slot: grant.slot(),
             watch,
         })
     }
@@ -108,6 +110,11 @@ impl Held {
     /// The fencing token, to hand to the protected resource.
     pub fn token(&self) -> u64 {
         self.token
+    }
+
+    /// The grant's slot (see [`Grant::slot`]): 0 without a limit.
+    pub fn slot(&self) -> u32 {
+        self.slot
     }
 
     /// When the lease runs out by the client's clock, as last renewed.
@@ -194,6 +201,7 @@ impl fmt::Debug for Held {
         f.debug_struct("Held")
             .field("key", &self.key)
             .field("token", &self.token)
+            .field("slot", &self.slot)
             .field("lost", &self.watch.state.lock().lost)
             .finish()
     }

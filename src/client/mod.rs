@@ -161,6 +161,7 @@ mod grant;
 mod hold;
 mod limits;
 mod oneshot;
+mod options;
 mod pending;
 mod pool;
 mod timer;
@@ -178,6 +179,7 @@ pub use conn::RECONNECT_INTERVAL;
 pub use error::Error;
 pub use grant::{ConnectionStatus, Grant, KeyStatus, LockGuard, NodeInfo, ReleaseOutcome};
 pub use hold::{Held, KEEP_RETRY, Lost};
+pub use options::AcquireOptions;
 #[cfg(feature = "tls")]
 pub use tls::TlsConfig;
 
@@ -499,10 +501,46 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> Result<Grant, Error> {
+        self.acquire_with(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// Acquire like [`Client::acquire`], with a limit (the key is a
+    /// semaphore: up to that many grants hold it at once) and a value (who
+    /// holds it: watchers see it); see [`AcquireOptions`]. The grant's
+    /// [`Grant::slot`] says which of the limit's slots it took.
+    ///
+    /// Errors as [`Client::acquire`], and [`Error::InvalidArgument`] for a
+    /// limit or value out of range (before anything is sent);
+    /// [`Error::Refused`] with
+    /// [`Reason::LimitMismatch`](crate::protocol::Reason::LimitMismatch)
+    /// when the key is held or awaited with another limit.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::{AcquireOptions, Client};
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = Client::connect(["127.0.0.1:7373"])?;
+    /// // At most 4 encoders at once; this one says who it is.
+    /// let options = AcquireOptions::new().limit(4).value("encoder-7");
+    /// let grant = client.acquire_with("encoders", Duration::from_secs(30), None, &options)?;
+    /// // Fence per (key, slot): the resource keeps the last token per slot.
+    /// println!("slot {} token {}", grant.slot(), grant.token());
+    /// client.release(&grant)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> Result<Grant, Error> {
         let key = check_key(key.as_ref())?;
         let lease_ms = check_lease(lease)?;
+        let ask = options.check()?;
         let wait_ms = wait.map(|w| calls::millis_ceil(w).max(1));
-        calls::acquire(self.pool(), key, lease_ms, wait_ms)
+        calls::acquire(self.pool(), key, lease_ms, wait_ms, &ask)
     }
 
     /// Acquire like [`Client::acquire`], as a guard that releases the key
@@ -529,7 +567,30 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> Result<LockGuard, Error> {
-        let grant = self.acquire(key, lease, wait)?;
+        self.lock_with(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::lock`] with a limit and a value (see
+    /// [`Client::acquire_with`]).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let guard = client.lock_with("pool", Duration::from_secs(10), None, &AcquireOptions::new().limit(2))?;
+    /// println!("slot {}", guard.slot());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let grant = self.acquire_with(key, lease, wait, options)?;
         Ok(LockGuard::new(self.clone(), grant))
     }
 
@@ -663,12 +724,38 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> impl Future<Output = Result<Grant, Error>> + Send + 'static + use<K> {
-        let checked = check_key(key.as_ref()).and_then(|key| Ok((key, check_lease(lease)?)));
+        self.acquire_with_async(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::acquire_with`] as a `Send` future (the options are
+    /// checked and copied when it is made).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let options = AcquireOptions::new().limit(8);
+    /// let grant = client.acquire_with_async("uploads", Duration::from_secs(30), None, &options).await?;
+    /// println!("slot {}", grant.slot());
+    /// client.release_async(&grant).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_with_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> impl Future<Output = Result<Grant, Error>> + Send + 'static + use<K> {
+        let checked = check_key(key.as_ref())
+            .and_then(|key| Ok((key, check_lease(lease)?, options.check()?)));
         let wait_ms = wait.map(|w| calls::millis_ceil(w).max(1));
         let client = self.clone();
         async move {
-            let (key, lease_ms) = checked?;
-            calls::acquire_async(client.pool(), key, lease_ms, wait_ms).await
+            let (key, lease_ms, ask) = checked?;
+            calls::acquire_async(client.pool(), key, lease_ms, wait_ms, &ask).await
         }
     }
 
@@ -693,7 +780,30 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static + use<K> {
-        let acquire = self.acquire_async(key, lease, wait);
+        self.lock_with_async(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::lock_with`] as a `Send` future.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let options = AcquireOptions::new().limit(2).value("worker-1");
+    /// let guard = client.lock_with_async("pool", Duration::from_secs(10), None, &options).await?;
+    /// guard.release_async().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_with_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static + use<K> {
+        let acquire = self.acquire_with_async(key, lease, wait, options);
         let client = self.clone();
         async move { Ok(LockGuard::new_async(client, acquire.await?)) }
     }
@@ -792,7 +902,30 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> Result<Held, Error> {
-        let grant = self.acquire(key, lease, wait)?;
+        self.hold_with(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::hold`] with a limit and a value (see
+    /// [`Client::acquire_with`]): a held slot of a semaphore.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let held = client.hold_with("crawlers", Duration::from_secs(10), None, &AcquireOptions::new().limit(3))?;
+    /// println!("crawler slot {} (token {})", held.slot(), held.token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> Result<Held, Error> {
+        let grant = self.acquire_with(key, lease, wait, options)?;
         Held::start(self.clone(), grant, lease)
     }
 
@@ -819,7 +952,30 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> impl Future<Output = Result<Held, Error>> + Send + 'static + use<K> {
-        let acquire = self.acquire_async(key, lease, wait);
+        self.hold_with_async(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::hold_with`] as a `Send` future.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let options = AcquireOptions::new().limit(3);
+    /// let held = client.hold_with_async("crawlers", Duration::from_secs(10), None, &options).await?;
+    /// held.release_async().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_with_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> impl Future<Output = Result<Held, Error>> + Send + 'static + use<K> {
+        let acquire = self.acquire_with_async(key, lease, wait, options);
         let client = self.clone();
         async move { Held::start(client, acquire.await?, lease) }
     }
