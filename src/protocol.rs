@@ -23,9 +23,9 @@
 //!
 //! # Requests: the order of checks
 //!
-//! 1. The first field is exactly one of `A R K Q I U` (case-sensitive), else
+//! 1. The first field is exactly one of `A R K Q I U W X` (case-sensitive), else
 //!    `Fatal(UnknownOp)`.
-//! 2. Fewer fields than the op takes (A 4, R 3, K 4, Q 2, I 1, U 2):
+//! 2. Fewer fields than the op takes (A 4, R 3, K 4, Q 2, I 1, U 2, W 2, X 2):
 //!    `Fatal(MissingFields)`.
 //! 3. The key (second field) is 1 to [`MAX_KEY`] bytes, each `>= 0x21` and not
 //!    `0x7F`, else `Refused { key: None, reason: BadKey }`.
@@ -68,6 +68,11 @@
 //!   `Arc`, so that a server renders it once for many answers and a flood
 //!   of `I` costs no allocation per answer.
 //! - The token of `A` is never 0; the token of `Q` is 0 when the key is free.
+//! - `W <key> <token> <holders> <waiting> <value>`: three decimal numbers
+//!   (the token 0 when nobody holds the key) and a value, `-` for none
+//!   ([`WatchState`]). `W` lines come in answer to a `W` request and,
+//!   unasked, after every change of a watched key's holders; `X <key>`
+//!   answers `X`.
 //! - An unknown reason text in `E` parses as [`Reason::Other`].
 //! - `U ok` is the only `U` answer.
 
@@ -349,6 +354,10 @@ protocol_tables! {
         Info { letter: b'I', fields: 1, optional: 0, keyed: false, label: "info", answers: [Info] },
         /// `U <secret>`: client authentication, answered by the I/O loop itself.
         Auth { letter: b'U', fields: 2, optional: 0, keyed: false, label: "auth", answers: [AuthOk] },
+        /// `W <key>`: the key's holders now, then after every change.
+        Watch { letter: b'W', fields: 2, optional: 0, keyed: true, label: "watch", answers: [Watched] },
+        /// `X <key>`: no more `W` lines for the key.
+        Unwatch { letter: b'X', fields: 2, optional: 0, keyed: true, label: "unwatch", answers: [Unwatched] },
     }
     answers_naming_their_op: [Moved, Error];
     answers {
@@ -372,6 +381,10 @@ protocol_tables! {
         Info { tag: b'I', label: "info" },
         /// `U ok`
         AuthOk { tag: b'U', label: "auth_ok" },
+        /// `W <key> <token> <holders> <waiting> <value>`
+        Watched { tag: b'W', label: "watched" },
+        /// `X <key>`
+        Unwatched { tag: b'X', label: "unwatched" },
     }
 }
 
@@ -494,6 +507,16 @@ pub enum Request {
     Auth {
         /// The secret offered.
         secret: Secret,
+    },
+    /// `W <key>`
+    Watch {
+        /// The key to watch.
+        key: Key,
+    },
+    /// `X <key>`
+    Unwatch {
+        /// The key to stop watching.
+        key: Key,
     },
 }
 
@@ -618,6 +641,35 @@ pub enum Answer {
     Info(Info),
     /// `U ok`: the secret was accepted.
     AuthOk,
+    /// `W <key> <token> <holders> <waiting> <value>`: a watched key's
+    /// holders, in answer to `W` and after every change of them.
+    Watched {
+        /// The key watched.
+        key: Key,
+        /// Its state.
+        state: WatchState,
+    },
+    /// `X <key>`: no more `W` lines for the key follow.
+    Unwatched {
+        /// The key no longer watched.
+        key: Key,
+    },
+}
+
+/// What a `W` line tells of a key: the largest token holding it (0 when
+/// none), its live grants, the requests in line, and the value of the
+/// grant with the largest token (None when none, or it has no value:
+/// `-` on the wire).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchState {
+    /// The largest token holding the key; 0 when nobody holds it.
+    pub token: u64,
+    /// Live grants of the key.
+    pub holders: u64,
+    /// Requests waiting in line for the key.
+    pub waiting: u64,
+    /// The value of the grant with the largest token.
+    pub value: Option<Value>,
 }
 
 /// The pairs of an `I` answer, held as the text that follows the `I` on
@@ -1016,7 +1068,7 @@ fn exact<const N: usize>(line: &[u8]) -> Option<[&[u8]; N]> {
     parts.next().is_none().then_some(out)
 }
 
-/// An op field: exactly one of the letters A R K Q I U.
+/// An op field: exactly one of the letters of [`OPS`].
 fn op_field(field: &[u8]) -> Option<Op> {
     match field {
         [b] => Op::from_byte(*b),
@@ -1379,6 +1431,8 @@ fn keyed_request(
             })
         }
         Op::Query => Ok(Request::Query { key }),
+        Op::Watch => Ok(Request::Watch { key }),
+        Op::Unwatch => Ok(Request::Unwatch { key }),
         // Keyless ops are finished by the caller; never reached.
         Op::Info | Op::Auth => Ok(Request::Info),
     }
@@ -1436,7 +1490,9 @@ impl Request {
                 push_u64(out, *token);
                 push_seconds(out, *lease_ms);
             }
-            Request::Query { key } => push_field(out, key.as_bytes()),
+            Request::Query { key } | Request::Watch { key } | Request::Unwatch { key } => {
+                push_field(out, key.as_bytes())
+            }
             Request::Info => {}
             Request::Auth { secret } => push_field(out, secret.as_bytes()),
         }
@@ -1449,7 +1505,9 @@ impl Request {
             Request::Acquire { key, .. }
             | Request::Release { key, .. }
             | Request::Keep { key, .. }
-            | Request::Query { key } => Some(key),
+            | Request::Query { key }
+            | Request::Watch { key }
+            | Request::Unwatch { key } => Some(key),
             Request::Info | Request::Auth { .. } => None,
         }
     }
@@ -1514,7 +1572,28 @@ fn answer_from_line(line: &[u8]) -> Option<Answer> {
         AnswerKind::Moved => moved_answer(rest?),
         AnswerKind::Error => error_answer(rest?),
         AnswerKind::AuthOk => (rest? == b"ok").then_some(Answer::AuthOk),
+        AnswerKind::Watched => watched_answer(rest?),
+        AnswerKind::Unwatched => Some(Answer::Unwatched {
+            key: single_key(rest?)?,
+        }),
     }
+}
+
+fn watched_answer(rest: &[u8]) -> Option<Answer> {
+    let [key, token, holders, waiting, value] = exact(rest)?;
+    let value = match value {
+        DASH => None,
+        value => Some(Value::new(value).ok()?),
+    };
+    Some(Answer::Watched {
+        key: Key::new(key).ok()?,
+        state: WatchState {
+            token: parse_u64(token)?,
+            holders: parse_u64(holders)?,
+            waiting: parse_u64(waiting)?,
+            value,
+        },
+    })
 }
 
 fn single_key(rest: &[u8]) -> Option<Key> {
@@ -1631,7 +1710,15 @@ impl Answer {
             Answer::Timeout { key }
             | Answer::Released { key }
             | Answer::NotHeld { key }
-            | Answer::Kept { key } => push_field(out, key.as_bytes()),
+            | Answer::Kept { key }
+            | Answer::Unwatched { key } => push_field(out, key.as_bytes()),
+            Answer::Watched { key, state } => {
+                push_field(out, key.as_bytes());
+                push_u64(out, state.token);
+                push_u64(out, state.holders);
+                push_u64(out, state.waiting);
+                push_field(out, state.value.as_ref().map_or(DASH, Value::as_bytes));
+            }
             Answer::Queried {
                 key,
                 token,
@@ -1674,7 +1761,9 @@ impl Answer {
             | Answer::Released { key }
             | Answer::NotHeld { key }
             | Answer::Kept { key }
-            | Answer::Queried { key, .. } => Some(key),
+            | Answer::Queried { key, .. }
+            | Answer::Watched { key, .. }
+            | Answer::Unwatched { key } => Some(key),
             Answer::Info(_) | Answer::AuthOk => None,
             Answer::Moved { op, key, .. } => return Some((*op, key.as_ref())),
             Answer::Error { op, key, .. } => return op.map(|op| (op, key.as_ref())),
@@ -2000,6 +2089,76 @@ mod tests {
         assert_eq!(invalid.as_bytes(), b"a\xffb");
     }
 
+    // --- watches -----------------------------------------------------------
+
+    #[test]
+    fn watch_and_unwatch_take_a_key_and_nothing_more() {
+        assert_eq!(req("W job\n"), Ok(Request::Watch { key: key("job") }));
+        assert_eq!(req("X job\n"), Ok(Request::Unwatch { key: key("job") }));
+        assert_eq!(
+            req("W job 1\n"),
+            refused_with(Op::Watch, Some("job"), Reason::ExtraFields)
+        );
+        assert_eq!(
+            req("X job x\n"),
+            refused_with(Op::Unwatch, Some("job"), Reason::ExtraFields)
+        );
+        assert_eq!(
+            req("W a\tb\n"),
+            refused_with(Op::Watch, None, Reason::BadKey)
+        );
+        assert_eq!(req("W\n"), Err(LineError::Fatal(Reason::MissingFields)));
+        assert_eq!(req("X\n"), Err(LineError::Fatal(Reason::MissingFields)));
+        for request in [
+            Request::Watch { key: key("k") },
+            Request::Unwatch { key: key("k") },
+        ] {
+            let mut line = Vec::new();
+            request.write_to(&mut line);
+            assert_eq!(req_bytes(&line), Ok(request));
+        }
+    }
+
+    #[test]
+    fn a_watch_line_has_three_numbers_and_a_value_or_a_dash() {
+        for bad in [
+            "W job 1 1 0\n",
+            "W job 1 1 0 v extra\n",
+            "W job x 1 0 -\n",
+            "W job 1 -1 0 -\n",
+            "W job 1 1 0 \n",
+            "W  1 1 0 -\n",
+            "X\n",
+            "X a b\n",
+        ] {
+            assert_eq!(
+                parse_answer(bad.as_bytes()),
+                Parsed::Line {
+                    used: bad.len(),
+                    result: Err(LineError::Fatal(Reason::Other))
+                },
+                "{bad:?}"
+            );
+        }
+        let long = format!("W k 1 1 0 {}\n", "v".repeat(MAX_VALUE + 1));
+        assert!(matches!(
+            parse_answer(long.as_bytes()),
+            Parsed::Line { result: Err(_), .. }
+        ));
+        assert_eq!(
+            Answer::Watched {
+                key: key("k"),
+                state: WatchState::default()
+            }
+            .request(),
+            Some((Op::Watch, Some(&key("k"))))
+        );
+        assert_eq!(
+            Reason::from_bytes(b"too-many-watches"),
+            Reason::TooManyWatches
+        );
+    }
+
     // --- ops and reasons ---------------------------------------------------
 
     #[test]
@@ -2011,8 +2170,10 @@ mod tests {
             Op::Query,
             Op::Info,
             Op::Auth,
+            Op::Watch,
+            Op::Unwatch,
         ];
-        let letters = ['A', 'R', 'K', 'Q', 'I', 'U'];
+        let letters = ['A', 'R', 'K', 'Q', 'I', 'U', 'W', 'X'];
         for (op, letter) in ops.into_iter().zip(letters) {
             assert_eq!(op.as_char(), letter);
             assert_eq!(op.to_string(), letter.to_string());
@@ -2044,6 +2205,7 @@ mod tests {
             (Reason::BadAuth, "bad-auth"),
             (Reason::AuthRequired, "auth-required"),
             (Reason::AuthDisabled, "auth-disabled"),
+            (Reason::TooManyWatches, "too-many-watches"),
             (Reason::Other, "other"),
         ];
         for (reason, text) in expected {
@@ -2359,7 +2521,7 @@ mod tests {
 
     #[test]
     fn unknown_op_is_fatal() {
-        for line in ["X job\n", "E - - bad-key\n", "AA job 30 0\n", " Q job\n"] {
+        for line in ["Z job\n", "E - - bad-key\n", "AA job 30 0\n", " Q job\n"] {
             assert_eq!(req(line), fatal(Reason::UnknownOp), "{line:?}");
         }
     }
@@ -2887,6 +3049,42 @@ mod tests {
             (Answer::NotHeld { key: key("job") }, "N job\n"),
             (Answer::Kept { key: key("job") }, "K job\n"),
             (
+                Answer::Watched {
+                    key: key("job"),
+                    state: WatchState {
+                        token: 42,
+                        holders: 2,
+                        waiting: 3,
+                        value: Some(Value::new(b"10.0.0.7:80").expect("a value")),
+                    },
+                },
+                "W job 42 2 3 10.0.0.7:80\n",
+            ),
+            (
+                Answer::Watched {
+                    key: key("job"),
+                    state: WatchState::default(),
+                },
+                "W job 0 0 0 -\n",
+            ),
+            (Answer::Unwatched { key: key("job") }, "X job\n"),
+            (
+                Answer::Error {
+                    op: Some(Op::Watch),
+                    key: Some(key("job")),
+                    reason: Reason::TooManyWatches,
+                },
+                "E W job too-many-watches\n",
+            ),
+            (
+                Answer::Moved {
+                    active: Some("h:1".to_owned()),
+                    op: Op::Watch,
+                    key: Some(key("job")),
+                },
+                "M h:1 W job\n",
+            ),
+            (
                 Answer::Queried {
                     key: key("job"),
                     token: 42,
@@ -3109,7 +3307,7 @@ mod tests {
     #[test]
     fn malformed_answers_are_fatal_other() {
         let lines: [&[u8]; 33] = [
-            b"X job\n",
+            b"Z job\n",
             b"a 1 job\n",
             b"A\n",
             b"A 1\n",
@@ -3128,13 +3326,13 @@ mod tests {
             b"Q job -1 2 3\n",
             b"Q job 1 2.5 3\n",
             b"M h:1 A\n",
-            b"M h:1 X job\n",
+            b"M h:1 Z job\n",
             b"M  A job\n",
             b"M h\x01:1 A job\n",
             b"M h:1 A -x -\n",
             b"E A job\n",
             b"E A job \n",
-            b"E X job bad-key\n",
+            b"E Z job bad-key\n",
             b"E - - bad-key extra\n",
             b"I role\n",
             b"I role=active  node=x\n",

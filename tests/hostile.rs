@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use baton::protocol::{
     self, ANSWER_KINDS, Answer, AnswerKind, Info, KNOWN_REASONS, Key, LineError, MAX_KEY, MAX_LINE,
-    OPS, Op, Parsed, Reason, Request, Secret,
+    OPS, Op, Parsed, Reason, Request, Secret, Value, WatchState,
 };
 use common::rng::Rng;
 use common::{
@@ -646,6 +646,12 @@ fn arbitrary_request(rng: &mut Rng, max_ms: u64) -> Request {
             key: arbitrary_key(rng),
         },
         Op::Info => Request::Info,
+        Op::Watch => Request::Watch {
+            key: arbitrary_key(rng),
+        },
+        Op::Unwatch => Request::Unwatch {
+            key: arbitrary_key(rng),
+        },
         Op::Auth => {
             let len = rng.between(1, 128) as usize;
             Request::Auth {
@@ -747,6 +753,25 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
             Answer::Info(Info::from_pairs(pairs))
         }
         AnswerKind::AuthOk => Answer::AuthOk,
+        AnswerKind::Watched => {
+            // A value of `-` is written for none (protocol.rs).
+            let len = rng.between(1, 250) as usize;
+            let value = Some(arbitrary_text(rng, len, ' '))
+                .filter(|value| value != "-" && value.len() <= 250 && rng.chance(1, 2))
+                .map(|value| Value::new(value.as_bytes()).expect("a value's bytes"));
+            Answer::Watched {
+                key: arbitrary_key(rng),
+                state: WatchState {
+                    token: arbitrary_u64(rng),
+                    holders: arbitrary_u64(rng),
+                    waiting: arbitrary_u64(rng),
+                    value,
+                },
+            }
+        }
+        AnswerKind::Unwatched => Answer::Unwatched {
+            key: arbitrary_key(rng),
+        },
     }
 }
 

@@ -683,3 +683,34 @@ fn refusals_past_max_conns_on_a_cluster_node_are_counted() {
     assert!(first.info().contains("role=active"));
     assert!(second.info().contains("role=active"));
 }
+
+#[test]
+fn watches_are_counted_with_their_lines_and_refusals() {
+    let (node, metrics) = metrics_node(&["--max-watches", "1"]);
+    let before = scrape(metrics);
+    assert_eq!(before.get("baton_watches"), 0.0);
+    let mut w = node.client();
+    assert_eq!(w.ask("W k"), "W k 0 0 0 -");
+    assert_eq!(w.ask("W j"), "E W j too-many-watches");
+    let token = node.client().acquire_now("k", "30");
+    assert_eq!(w.recv(), format!("W k {token} 1 0 -"));
+    let after = scrape(metrics);
+    let moved = |name: &str| after.get(name) - before.get(name);
+    assert_eq!(after.get("baton_watches"), 1.0);
+    assert_eq!(
+        moved("baton_watch_lines_total"),
+        2.0,
+        "an answer and a change"
+    );
+    assert_eq!(moved("baton_watch_lines_skipped_total"), 0.0);
+    assert_eq!(moved("baton_requests_total{op=\"watch\"}"), 2.0);
+    assert_eq!(moved("baton_answers_total{kind=\"watched\"}"), 1.0);
+    assert_eq!(
+        moved("baton_refusals_total{reason=\"too-many-watches\"}"),
+        1.0
+    );
+    assert_eq!(w.ask("X k"), "X k");
+    wait_for("the watch to go", DEADLINE, || {
+        (scrape(metrics).get("baton_watches") == 0.0).then_some(())
+    });
+}

@@ -66,7 +66,7 @@ fn wait_for_conns(probe: &mut LineClient, n: usize) {
 fn an_unknown_op_is_refused_and_the_connection_closed() {
     let node = start_node();
     let mut healthy = node.client();
-    for line in ["X k\n", "AA k 30 0\n", "E A k bad-key\n", "- k\n"] {
+    for line in ["Z k\n", "AA k 30 0\n", "E A k bad-key\n", "- k\n"] {
         assert_refused_and_closed(&node, line.as_bytes(), "E - - unknown-op");
     }
     assert_still_served(&node, &mut healthy);
@@ -165,14 +165,14 @@ fn requests_before_a_fatal_line_are_answered_before_its_error_which_is_the_last_
     let node = start_node();
     let mut healthy = node.client();
     let mut c = node.client();
-    c.send_raw(b"Q before\nX\nQ after\n");
+    c.send_raw(b"Q before\nZ\nQ after\n");
     assert_eq!(c.recv(), "Q before 0 0 0");
     assert_eq!(c.recv(), "E - - unknown-op");
     assert!(c.closed_within(DEADLINE));
     // Many in flight when the fatal line comes: every answer, then the E.
     let mut c = node.client();
     let mut burst = "Q before\n".repeat(3000);
-    burst.push_str("X\n");
+    burst.push_str("Z\n");
     c.send_raw(burst.as_bytes());
     for i in 0..3000 {
         assert_eq!(c.recv(), "Q before 0 0 0", "answer {i}");
@@ -194,7 +194,7 @@ fn a_client_still_sending_after_a_fatal_line_gets_every_answer_and_an_orderly_en
     let mut healthy = node.client();
     let mut c = node.client();
     let mut burst = "Q before\n".repeat(20_000);
-    burst.push_str("X\n");
+    burst.push_str("Z\n");
     burst.push_str(&"Q after\n".repeat(100_000));
     let mut writer = c.stream.try_clone().expect("clone");
     let sending = std::thread::spawn(move || {

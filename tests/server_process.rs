@@ -455,7 +455,7 @@ fn debug_logs_name_the_connection_its_address_and_the_key_in_words() {
     let mut client = node.client();
     let local = client.stream.local_addr().expect("local address");
     assert_eq!(client.ask("A reports 0 0"), "E A reports bad-lease");
-    client.send("X");
+    client.send("Z");
     assert_eq!(client.recv(), "E - - unknown-op");
     drop(client);
     let log = common::wait_for("the close to be logged", DEADLINE, || {

@@ -81,7 +81,9 @@ pub fn answer_budget(request: &Request, request_timeout: Duration) -> Option<Dur
         | Request::Keep { .. }
         | Request::Query { .. }
         | Request::Info
-        | Request::Auth { .. } => Some(request_timeout),
+        | Request::Auth { .. }
+        | Request::Watch { .. }
+        | Request::Unwatch { .. } => Some(request_timeout),
     }
 }
 

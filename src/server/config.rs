@@ -24,6 +24,10 @@ pub const DEFAULT_MAX_LEASE_SECS: u64 = 86_400;
 pub const DEFAULT_MAX_CONNS: usize = 10_000;
 /// Default maximum number of requests one connection may have waiting.
 pub const DEFAULT_MAX_WAITING: u32 = 4096;
+/// `--max-watches` by default: keys one connection may watch at once.
+pub const DEFAULT_MAX_WATCHES: usize = 1024;
+/// The most `--max-watches` allows.
+pub const MAX_WATCHES: usize = 1 << 20;
 /// Default maximum number of keys held at once.
 pub const DEFAULT_MAX_KEYS: usize = 10_000_000;
 /// Default failure-detection time of a cluster, in milliseconds.
@@ -50,6 +54,7 @@ const EXPECT_MAX_LEASE: &str =
     "seconds above 0 and at most 31536000, with up to 3 decimals (like 86400 or 0.5)";
 const EXPECT_MAX_CONNS: &str = "a whole number of connections, 1 or more";
 const EXPECT_MAX_WAITING: &str = "a whole number of requests 1-4294967295";
+const EXPECT_MAX_WATCHES: &str = "a whole number of keys 1-1048576";
 const EXPECT_MAX_KEYS: &str = "a whole number of keys, 1 or more";
 const EXPECT_DETECT: &str = "seconds 0.02-3600, with up to 3 decimals (like 1 or 0.25)";
 const EXPECT_PROMOTION_GRACE: &str =
@@ -60,7 +65,7 @@ const EXPECT_METRICS: &str = "an address and port to serve metrics on, like 127.
 /// Every flag `batond` reads but `--help` and `--version` (which end the
 /// parse at once). Each may be given once: a second one is an error that
 /// names it.
-pub const FLAGS: [&str; 21] = [
+pub const FLAGS: [&str; 22] = [
     "--bind",
     "--port",
     "--peers",
@@ -70,6 +75,7 @@ pub const FLAGS: [&str; 21] = [
     "--max-conns",
     "--max-waiting",
     "--max-keys",
+    "--max-watches",
     "--detect",
     "--promotion-grace",
     "--busy-poll-us",
@@ -91,7 +97,7 @@ batond: the baton lock server
 USAGE:
   batond [--bind ADDR] [--port PORT] [--peers H:P,H:P,...] [--advertise H:P]
          [--threads N] [--max-lease SECS] [--max-conns N]
-         [--max-waiting N] [--max-keys N] [--detect SECS]
+         [--max-waiting N] [--max-keys N] [--max-watches N] [--detect SECS]
          [--promotion-grace SECS] [--busy-poll-us N]
          [--cluster-key-file PATH | --insecure-peers] [--auth-file PATH]
          [--tls-cert PATH --tls-key PATH [--tls-client-ca PATH] [--tls-ca PATH]]
@@ -138,6 +144,8 @@ FLAGS:
   --max-waiting N    requests one connection may have waiting in line
                      (default 4096)
   --max-keys N       keys held at once (default 10000000)
+  --max-watches N    keys one connection may watch at once (W; default
+                     1024)
   --detect SECS      cluster failure detection: a peer silent this long
                      after its next heartbeat was due (plus one heartbeat
                      period: 1.25 x SECS of silence in all) is dead
@@ -178,6 +186,8 @@ pub struct Config {
     pub max_conns: usize,
     pub max_waiting: u32,
     pub max_keys: usize,
+    /// `--max-watches`: keys one connection may watch at once.
+    pub max_watches: usize,
     pub detect_ms: u64,
     /// Benchmark floor: echo every line instead of serving locks.
     pub echo: bool,
@@ -232,6 +242,7 @@ impl Default for Config {
             max_conns: DEFAULT_MAX_CONNS,
             max_waiting: DEFAULT_MAX_WAITING,
             max_keys: DEFAULT_MAX_KEYS,
+            max_watches: DEFAULT_MAX_WATCHES,
             detect_ms: DEFAULT_DETECT_MS,
             echo: false,
             promotion_grace_ms: 0,
@@ -314,6 +325,11 @@ impl Config {
             v.parse().ok().filter(|&n| n >= 1)
         })? {
             config.max_keys = n;
+        }
+        if let Some(n) = flag(a, "--max-watches", EXPECT_MAX_WATCHES, |v| {
+            v.parse().ok().filter(|&n| (1..=MAX_WATCHES).contains(&n))
+        })? {
+            config.max_watches = n;
         }
         if let Some(ms) = flag(a, "--detect", EXPECT_DETECT, |v| {
             seconds(v).filter(|ms| (MIN_DETECT_MS..=MAX_DETECT_SECS * 1000).contains(ms))

@@ -261,6 +261,24 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
     gauge(o, "baton_connections", "Open client connections.", conns);
     gauge(
         o,
+        "baton_watches",
+        "Watched (connection, key) pairs now (W).",
+        snap.watches,
+    );
+    counter(
+        o,
+        "baton_watch_lines_total",
+        "W lines written: answers to W and changes of watched keys.",
+        snap.watch_lines,
+    );
+    counter(
+        o,
+        "baton_watch_lines_skipped_total",
+        "Change lines a slow watcher never got: a newer state replaced them before they were written.",
+        snap.watch_lines_skipped,
+    );
+    gauge(
+        o,
         "baton_last_token",
         "The largest fencing token this node knows of.",
         snap.last_token,

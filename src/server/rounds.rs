@@ -174,7 +174,11 @@ impl OwnerRound {
         }
         if answered {
             for (conn, answer) in effects.answers.drain(..) {
-                self.stats.count_answer(&answer);
+                // A loop's watchers' entry (change lines, the end of the
+                // watches) answers no request: the loop counts its lines.
+                if !conn.is_watchers() {
+                    self.stats.count_answer(&answer);
+                }
                 ports.answer(conn, answer);
             }
         }

@@ -30,6 +30,8 @@ pub struct Settings {
     pub node: String,
     pub max_conns: usize,
     pub max_lease_ms: u64,
+    /// `--max-watches`: keys one connection may watch at once.
+    pub max_watches: usize,
     /// Benchmark floor mode (`--echo`): every line is echoed back.
     pub echo: bool,
     /// `--promotion-grace`, in ms.
@@ -52,6 +54,7 @@ impl Settings {
             node,
             max_conns: config.max_conns,
             max_lease_ms: config.max_lease_ms,
+            max_watches: config.max_watches,
             echo: config.echo,
             promotion_grace_ms: config.promotion_grace_ms,
             busy_poll: Duration::from_micros(config.busy_poll_us),
@@ -90,6 +93,9 @@ pub struct Gauges {
     pub cluster_queued: Arc<ClusterQueued>,
     /// What the I/O loops count for `--metrics`.
     pub io_counters: IoCounters,
+    /// Watched (connection, key) pairs now, over all I/O loops (by the
+    /// I/O loops).
+    pub watches: AtomicUsize,
 }
 
 impl Gauges {
@@ -112,6 +118,7 @@ impl Gauges {
             synced_standbys: AtomicUsize::new(0),
             cluster_queued: Arc::default(),
             io_counters: IoCounters::default(),
+            watches: AtomicUsize::new(0),
         }
     }
 }

@@ -31,6 +31,8 @@ pub struct IoCounters {
     refusals: [AtomicU64; REASONS],
     auth_requests: AtomicU64,
     auth_oks: AtomicU64,
+    watch_lines: AtomicU64,
+    watch_lines_skipped: AtomicU64,
 }
 
 impl IoCounters {
@@ -54,6 +56,22 @@ impl IoCounters {
     /// A `U ok` an I/O loop answered.
     pub fn auth_ok(&self) {
         self.auth_oks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` `W` lines written (answers and changes).
+    pub fn watch_lines(&self, n: u64) {
+        self.watch_lines.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A change line for a slow watcher replaced by a newer one unwritten.
+    pub fn watch_line_skipped(&self) {
+        self.watch_lines_skipped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Add the `W` lines counted here to the owner's snapshot.
+    pub fn add_watch_lines_to(&self, snap: &mut Snapshot) {
+        snap.watch_lines = self.watch_lines.load(Ordering::Relaxed);
+        snap.watch_lines_skipped = self.watch_lines_skipped.load(Ordering::Relaxed);
     }
 
     /// Add the `U` requests and `U ok` answers counted here to the owner's
@@ -99,7 +117,7 @@ impl OwnerStats {
         let op = match inbound {
             Inbound::Request(_, request) => request.op(),
             Inbound::Refused(_, op, _, _) => *op,
-            Inbound::Closed(_) => return,
+            Inbound::Closed(_) | Inbound::Watching { .. } => return,
         };
         self.requests[op.index()] += 1;
     }

@@ -221,6 +221,12 @@ pub struct Snapshot {
     pub expiries: u64,
     pub timeouts: u64,
     pub role_changes: u64,
+    /// Watched (connection, key) pairs now (the I/O loops' gauge).
+    pub watches: u64,
+    /// `W` lines written (answers and changes), and change lines skipped
+    /// for slow watchers (replaced by a newer state before written).
+    pub watch_lines: u64,
+    pub watch_lines_skipped: u64,
     pub grant_wait: LatencySnapshot,
     pub handoff: LatencySnapshot,
     pub expiry_lateness: LatencySnapshot,

@@ -20,6 +20,10 @@ pub enum Inbound {
     /// The connection is closing: drop its waiters and acknowledge, after
     /// which no more answers for it will come.
     Closed(ConnId),
+    /// I/O loop `worker` has a first watcher of `key` (`on`: told before
+    /// that connection's `W`), or no longer any (told after the `X`, the
+    /// close or the `M` that ended the last). See `core/watchers.rs`.
+    Watching { worker: usize, key: Key, on: bool },
 }
 
 /// What the lock owner's core tells the cluster core.

@@ -51,9 +51,10 @@ use hashbrown::HashTable;
 
 use slab::Slab;
 
-use crate::protocol::{Answer, Key, Op, Reason, Value};
+use crate::protocol::{Answer, Key, Op, Reason, Value, WatchState};
 use crate::server::core::counters::TableMetrics;
 use crate::server::core::tokens::TokenSource;
+use crate::server::core::watchers::Watchers;
 use crate::server::core::wheel::{TimerId, TimingWheel};
 
 /// A client connection, named by the I/O loop that owns it: loop index in the
@@ -62,10 +63,24 @@ use crate::server::core::wheel::{TimerId, TimingWheel};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId(pub u64);
 
+/// The slab slot no connection has: [`ConnId::watchers`] names it.
+const WATCHERS_SLOT: usize = (1 << 24) - 1;
+
 impl ConnId {
     pub fn new(worker: usize, slot: usize, serial: u32) -> ConnId {
-        debug_assert!(worker < 256 && slot < (1 << 24));
+        debug_assert!(worker < 256 && slot < WATCHERS_SLOT);
         ConnId(((worker as u64) << 56) | ((slot as u64) << 32) | serial as u64)
+    }
+    /// Not a connection: the watchers of I/O loop `worker`. An answer
+    /// addressed so is a change line for every connection of that loop
+    /// that watches its key (`core/watchers.rs`), kept in order with the
+    /// loop's answers.
+    pub fn watchers(worker: usize) -> ConnId {
+        ConnId(((worker as u64) << 56) | ((WATCHERS_SLOT as u64) << 32))
+    }
+    /// This names a loop's watchers ([`ConnId::watchers`]), no connection.
+    pub fn is_watchers(self) -> bool {
+        self.slot() == WATCHERS_SLOT
     }
     pub fn worker(self) -> usize {
         (self.0 >> 56) as usize
@@ -538,6 +553,11 @@ pub struct LockTable {
     ceilings: usize,
     /// The spare buffer `take_deltas` swaps with `changes`.
     kept: Vec<Change>,
+    /// Which I/O loops watch which keys (`core/watchers.rs`).
+    watchers: Watchers,
+    /// Watched keys whose holders changed, not yet told
+    /// ([`LockTable::take_watch_lines`]).
+    watch_changed: Vec<Key>,
 }
 
 impl LockTable {
@@ -565,7 +585,76 @@ impl LockTable {
             urgent: 0,
             ceilings: 0,
             kept: Vec::new(),
+            watchers: Watchers::default(),
+            watch_changed: Vec::new(),
         }
+    }
+
+    /// Which I/O loops watch which keys.
+    pub fn watchers(&self) -> &Watchers {
+        &self.watchers
+    }
+
+    /// Which I/O loops watch which keys, to change.
+    pub fn watchers_mut(&mut self) -> &mut Watchers {
+        &mut self.watchers
+    }
+
+    /// What a `W` line shows of `key` now: the largest token holding it
+    /// (0 when none), its live grants, the requests in line, and the value
+    /// of the grant with the largest token.
+    pub fn watch_state(&self, key: &Key) -> WatchState {
+        let Some(view) = self.key_view(key) else {
+            return WatchState::default();
+        };
+        let newest = view.newest();
+        WatchState {
+            token: newest.as_ref().map_or(0, |h| h.token),
+            holders: view.holders().count() as u64,
+            waiting: u64::from(view.waiting()),
+            value: newest.and_then(|h| h.value.cloned()),
+        }
+    }
+
+    /// The watched keys whose holders changed since the last call, each
+    /// once with its state now, as entries for each watching loop's
+    /// watchers (`ConnId::watchers`) in the ordered answers. The table
+    /// core calls it after every step that may change holders, so the
+    /// lines follow the answers of the step that made the change.
+    pub fn take_watch_lines(&mut self, out: &mut Outbox) {
+        if self.watch_changed.is_empty() {
+            return;
+        }
+        let mut changed = std::mem::take(&mut self.watch_changed);
+        for (i, key) in changed.iter().enumerate() {
+            if changed[..i].contains(key) {
+                continue;
+            }
+            let Some(loops) = self.watchers.loops(key) else {
+                continue;
+            };
+            let state = self.watch_state(key);
+            for worker in loops.iter() {
+                out.answer(
+                    ConnId::watchers(worker),
+                    Answer::Watched {
+                        key: key.clone(),
+                        state: state.clone(),
+                    },
+                );
+            }
+        }
+        changed.clear();
+        self.watch_changed = changed;
+    }
+
+    /// `W key`: the key's state now (a lease run out is reclaimed first,
+    /// and that change's line goes before this answer).
+    pub fn handle_watch(&mut self, now_ms: u64, conn: ConnId, key: Key, out: &mut Outbox) {
+        let _ = self.lookup_live(now_ms, &key, out);
+        self.take_watch_lines(out);
+        let state = self.watch_state(&key);
+        out.answer(conn, Answer::Watched { key, state });
     }
 
     /// Record changes for the standbys from now on (an active cluster
@@ -1009,9 +1098,19 @@ impl LockTable {
     }
 
     /// Some key's set of holders changed (a grant, a release, an expiry):
-    /// the point where watches of the key are to be told.
-    fn holders_changed(&mut self, _idx: u32) {
+    /// the point where watches of the key are to be told. Called while key
+    /// `idx` is still in the table. If an I/O loop watches the key, it is
+    /// noted for [`LockTable::take_watch_lines`]; nothing watched costs one
+    /// check.
+    fn holders_changed(&mut self, idx: u32) {
         self.holder_changes += 1;
+        if self.watchers.is_empty() {
+            return;
+        }
+        let key = &self.keys[idx as usize].key;
+        if self.watchers.loops(key).is_some() {
+            self.watch_changed.push(key.clone());
+        }
     }
     /// A request the parser refused, routed here so that its `E` keeps its
     /// place among the connection's answers for the same (op, key).
@@ -1227,11 +1326,12 @@ impl LockTable {
         if others == 0 {
             debug_assert_eq!(at, At::First);
             let replicated = self.limit(idx) == 1;
+            // While the key is still there to be named.
+            self.holders_changed(idx);
             let state = self.drop_key(idx);
             if replicated {
                 self.note_freed(state.key, state.token, state.pending);
             }
-            self.holders_changed(idx);
             return;
         }
         let sem = &mut self.sems[sem_idx as usize];
@@ -1668,8 +1768,8 @@ impl LockTable {
                 // so a handover's grant can be left out before its free.
                 let state = &self.keys[idx as usize];
                 if state.token <= token && state.queue_len == 0 {
-                    self.drop_key(idx);
                     self.holders_changed(idx);
+                    self.drop_key(idx);
                 }
             }
             Delta::Ceiling(ceiling) => self.tokens.observe(ceiling),

@@ -19,4 +19,5 @@ pub mod peer_msg;
 pub mod roles;
 pub mod table_core;
 pub mod tokens;
+pub mod watchers;
 pub mod wheel;

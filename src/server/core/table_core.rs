@@ -32,7 +32,7 @@ use crate::protocol::{Answer, Info, Request};
 use crate::server::core::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
 use crate::server::core::counters::Snapshot;
 use crate::server::core::events::{ClusterToTable, Inbound, TableToCluster};
-use crate::server::core::lock_table::{Ask, LockTable, Outbox};
+use crate::server::core::lock_table::{Ask, ConnId, LockTable, Outbox};
 use crate::server::core::now::Now;
 use crate::server::core::tokens;
 
@@ -277,6 +277,7 @@ impl TableCore {
         // its timeout), or never here when it succeeds.
         if !self.is_transferring() {
             self.table.poll_timers(now.ms, &mut self.outbox);
+            self.table.take_watch_lines(&mut self.outbox);
         }
     }
 
@@ -286,6 +287,11 @@ impl TableCore {
             (_, Inbound::Request(conn, Request::Info)) => {
                 let info = self.info(now);
                 self.outbox.answers.push((conn, info));
+            }
+            // Bookkeeping of the loops' watchers, in every mode: it mirrors
+            // what the loops hold (core/watchers.rs).
+            (_, Inbound::Watching { worker, key, on }) => {
+                self.table.watchers_mut().set(worker, key, on);
             }
             (Mode::Transferring { held }, inbound) => {
                 if held.len() < MAX_HELD_BACK || matches!(inbound, Inbound::Closed(_)) {
@@ -310,6 +316,9 @@ impl TableCore {
                 self.table.handle_disconnect(conn);
                 self.outbox.closes.push(conn);
             }
+            Inbound::Watching { worker, key, on } => {
+                self.table.watchers_mut().set(worker, key, on);
+            }
             Inbound::Request(conn, request) => match &self.mode {
                 Mode::Standby { active } => {
                     let answer = moved(active.clone(), &request);
@@ -318,6 +327,8 @@ impl TableCore {
                 _ => self.serve(now, conn, request),
             },
         }
+        // The change lines of what it changed, after its answers.
+        self.table.take_watch_lines(&mut self.outbox);
     }
 
     fn serve(&mut self, now: Now, conn: crate::server::core::lock_table::ConnId, request: Request) {
@@ -350,6 +361,8 @@ impl TableCore {
                 .table
                 .handle_keep(now_ms, conn, key, token, lease_ms, out),
             Request::Query { key } => self.table.handle_query(now_ms, conn, key, out),
+            Request::Watch { key } => self.table.handle_watch(now_ms, conn, key, out),
+            Request::Unwatch { key } => out.answers.push((conn, Answer::Unwatched { key })),
             Request::Info => {}
             // The I/O loop answers `U` itself and never forwards it.
             Request::Auth { .. } => log::error!("lock owner: a U request reached the owner"),
@@ -482,6 +495,9 @@ impl TableCore {
     /// their batch is due (`REPL_BATCH_MS`); then hand the round's effects
     /// to the shell.
     pub fn end_round(&mut self, now: Now) -> &mut TableEffects {
+        // Changes made outside a client's request (replicated state on a
+        // standby, a role change) are told, or forgotten, by now.
+        self.table.take_watch_lines(&mut self.outbox);
         self.raise_ceiling();
         if self.deltas_due_ms().is_some_and(|due| now.ms >= due) {
             self.send_deltas(now, REPL_YOUNG_MS);
@@ -529,6 +545,7 @@ impl TableCore {
                 active: active.clone(),
             },
         );
+        let was_serving = !matches!(previous, Mode::Standby { .. });
         if let Mode::Transferring { held } = previous {
             for inbound in held {
                 self.handle_now(now, inbound);
@@ -537,6 +554,27 @@ impl TableCore {
         self.table
             .redirect_waiters(active.as_deref(), &mut self.outbox);
         self.table.set_replicating(false);
+        if was_serving {
+            self.end_watches(active);
+        }
+    }
+
+    /// The node stopped being active: each I/O loop that has watches is
+    /// told once (`M <active> W -` to its watchers), and ends every live
+    /// watch with `M <active> W <key>` on its connection. The loops then
+    /// tell which keys they no longer watch, as always.
+    fn end_watches(&mut self, active: Option<String>) {
+        let loops: Vec<usize> = self.table.watchers().loops_watching().collect();
+        for worker in loops {
+            self.outbox.answers.push((
+                ConnId::watchers(worker),
+                Answer::Moved {
+                    active: active.clone(),
+                    op: crate::protocol::Op::Watch,
+                    key: None,
+                },
+            ));
+        }
     }
 
     /// Keep the replicated ceiling TOKEN_RESERVE ahead of the last token.
@@ -862,6 +900,143 @@ mod tests {
                 reason: Reason::ExtraFields
             }
         ));
+    }
+
+    /// A loop-2 connection watching, and what reached loop 2's watchers.
+    fn watch_lines(out: &TableEffects, worker: usize) -> Vec<(u64, u64, u64)> {
+        out.answers
+            .iter()
+            .filter(|(conn, _)| *conn == ConnId::watchers(worker))
+            .filter_map(|(_, answer)| match answer {
+                Answer::Watched { state, .. } => Some((state.token, state.holders, state.waiting)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn watching(worker: usize, k: &str, on: bool) -> Inbound {
+        Inbound::Watching {
+            worker,
+            key: key(k),
+            on,
+        }
+    }
+
+    #[test]
+    fn a_watch_is_answered_with_the_state_then_every_change_goes_once_to_each_watching_loop() {
+        let mut core = core(false);
+        let w = ConnId::new(2, 5, 1);
+        let watch = Request::Watch { key: key("k") };
+        let out = round(
+            &mut core,
+            at(1),
+            vec![watching(2, "k", true), Inbound::Request(w, watch.clone())],
+        );
+        assert!(matches!(
+            &out.answers[..],
+            [(c, Answer::Watched { state, .. })] if *c == w && state.token == 0 && state.holders == 0
+        ));
+        // A grant, a waiter, a handoff (one change), a release.
+        let out = round(&mut core, at(2), vec![Inbound::Request(C, acquire("k", 0))]);
+        let token = match &out.answers[..] {
+            [
+                (_, Answer::Granted { token, .. }),
+                (_, Answer::Watched { .. }),
+            ] => *token,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(watch_lines(&out, 2), [(token, 1, 0)]);
+        let out = round(&mut core, at(3), vec![Inbound::Request(D, acquire("k", 0))]);
+        assert!(
+            watch_lines(&out, 2).is_empty(),
+            "a waiter changes no holder"
+        );
+        let out = round(
+            &mut core,
+            at(4),
+            vec![Inbound::Request(C, release("k", token))],
+        );
+        let lines = watch_lines(&out, 2);
+        assert_eq!(lines.len(), 1, "a handoff is one change: {lines:?}");
+        assert!(lines[0].0 > token && lines[0].1 == 1 && lines[0].2 == 0);
+        // Another loop watches too; the answer of a second W shows the state.
+        let out = round(
+            &mut core,
+            at(5),
+            vec![
+                watching(0, "k", true),
+                Inbound::Request(ConnId::new(0, 1, 1), watch),
+            ],
+        );
+        assert!(
+            matches!(&out.answers[0].1, Answer::Watched { state, .. } if state.token == lines[0].0)
+        );
+        // An expiry, on time.
+        let out = round(&mut core, at(4 + 1000), vec![]);
+        assert_eq!(watch_lines(&out, 2), [(0, 0, 0)]);
+        assert_eq!(watch_lines(&out, 0), [(0, 0, 0)]);
+        // X, then no more lines to that loop.
+        let out = round(
+            &mut core,
+            at(1100),
+            vec![
+                Inbound::Request(w, Request::Unwatch { key: key("k") }),
+                watching(2, "k", false),
+                Inbound::Request(C, acquire("k", 0)),
+            ],
+        );
+        assert!(matches!(&out.answers[0], (c, Answer::Unwatched { .. }) if *c == w));
+        assert!(watch_lines(&out, 2).is_empty());
+        assert_eq!(watch_lines(&out, 0).len(), 1);
+    }
+
+    #[test]
+    fn a_standby_redirects_a_watch_and_losing_the_role_ends_every_loops_watches() {
+        let mut core = core(true);
+        let w = ConnId::new(1, 5, 1);
+        let out = round(
+            &mut core,
+            at(1),
+            vec![
+                watching(1, "k", true),
+                Inbound::Request(w, Request::Watch { key: key("k") }),
+            ],
+        );
+        assert!(matches!(
+            &out.answers[..],
+            [(c, Answer::Moved { op: Op::Watch, key: Some(_), .. })] if *c == w
+        ));
+        // The loop, told M, says it no longer watches; then the node is made active.
+        round(&mut core, at(2), vec![watching(1, "k", false)]);
+        cluster(
+            &mut core,
+            at(3),
+            ClusterToTable::BecomeActive {
+                floor: 5,
+                failover: false,
+            },
+        );
+        round(
+            &mut core,
+            at(4),
+            vec![
+                watching(1, "k", true),
+                Inbound::Request(w, Request::Watch { key: key("k") }),
+            ],
+        );
+        let out = cluster(
+            &mut core,
+            at(5),
+            ClusterToTable::FinishTransfer { to: "n2:1".into() },
+        );
+        assert!(matches!(
+            &out.answers[..],
+            [(c, Answer::Moved { active: Some(a), op: Op::Watch, key: None })]
+                if *c == ConnId::watchers(1) && a == "n2:1"
+        ));
+        // Already a standby: nothing more to end.
+        let out = cluster(&mut core, at(6), ClusterToTable::Follow { active: None });
+        assert!(out.answers.is_empty());
     }
 
     #[test]

@@ -113,6 +113,7 @@
 //!
 //! Never does: block, touch lock state, or panic on anything a client sends.
 
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -133,6 +134,7 @@ use crate::server::core::connection::{
 };
 use crate::server::core::deadlines::Deadlines;
 use crate::server::core::lock_table::ConnId;
+use crate::server::core::watchers::{Delivery, WATCH_ROOM, WatchQueue, WatchStep};
 use crate::server::messages::{Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room};
 use crate::server::shared::{Gauges, Settings};
 use crate::server::trust::tls::{HANDSHAKE_MS, Stream};
@@ -184,11 +186,30 @@ struct Conn {
     /// The gate, the peer slot, the owed budget, the close and its
     /// deadlines (core/connection.rs).
     state: Connection,
+    /// Its watches (`W`), if it ever watched (core/watchers.rs).
+    watches: Option<Box<WatchQueue>>,
 }
 
 impl Conn {
     fn pending_output(&self) -> usize {
         self.output.len() - self.written
+    }
+
+    /// Write the change lines kept for this connection while its output
+    /// has room; how many were written.
+    fn fill_watch_lines(&mut self) -> u64 {
+        let mut written = 0;
+        let Some(queue) = self.watches.as_deref_mut() else {
+            return 0;
+        };
+        while self.output.len() - self.written < WATCH_ROOM {
+            let Some((key, state)) = queue.take_pending() else {
+                break;
+            };
+            Answer::Watched { key, state }.write_to(&mut self.output);
+            written += 1;
+        }
+        written
     }
 }
 
@@ -233,6 +254,11 @@ pub struct IoLoop {
     deadlines: Deadlines<ConnId>,
     /// The loop is stopping (`end_all`): nothing more is parsed.
     stopping: bool,
+    /// Per watched key, the slots of this loop's connections that watch
+    /// it (core/watchers.rs); the owner knows only that this loop does.
+    watchers: HashMap<protocol::Key, HashSet<usize>>,
+    /// A change line, encoded once for all its watchers.
+    line: Vec<u8>,
 }
 
 impl IoLoop {
@@ -278,6 +304,8 @@ impl IoLoop {
             clock: Clock::new(),
             deadlines: Deadlines::default(),
             stopping: false,
+            watchers: HashMap::new(),
+            line: Vec::new(),
         };
         Ok((io_loop, waker, awake))
     }
@@ -753,6 +781,7 @@ impl IoLoop {
             written: 0,
             dirty: false,
             backlogged: false,
+            watches: None,
             state: Connection::new(self.clock.now(), opening),
         });
         self.arm(slot);
@@ -907,6 +936,8 @@ impl IoLoop {
                     self.mark_dirty(slot);
                 }
                 Verdict::Forward => match result {
+                    Ok(Request::Watch { key }) => self.parsed_watch(slot, key),
+                    Ok(Request::Unwatch { key }) => self.parsed_unwatch(slot, key),
                     Ok(request) => self.batch.push(Inbound::Request(id, request)),
                     Err(LineError::Refused { op, key, reason }) => {
                         log::debug!(
@@ -1040,7 +1071,183 @@ impl IoLoop {
         let conn = &mut self.conns[slot];
         log::debug!("{}: closing: {why}", who(conn));
         conn.partial = Vec::new();
-        self.batch.push(Inbound::Closed(conn.id));
+        self.drop_watches(slot);
+        self.batch.push(Inbound::Closed(self.conns[slot].id));
+    }
+
+    /// `W <key>` parsed: watch it (the owner told first if this is the
+    /// loop's first watcher of it), or refuse it past `--max-watches`.
+    fn parsed_watch(&mut self, slot: usize, key: protocol::Key) {
+        let max = self.settings.max_watches;
+        let conn = &mut self.conns[slot];
+        let id = conn.id;
+        let queue = conn.watches.get_or_insert_with(Box::default);
+        match queue.watch(&key, max) {
+            WatchStep::Forward { new_watcher } => {
+                if new_watcher {
+                    self.add_watcher(slot, &key);
+                }
+                self.batch
+                    .push(Inbound::Request(id, Request::Watch { key }));
+            }
+            WatchStep::TooMany | WatchStep::Unwatched { .. } => {
+                let reason = Reason::TooManyWatches;
+                self.batch
+                    .push(Inbound::Refused(id, Op::Watch, Some(key), reason));
+            }
+        }
+    }
+
+    /// `X <key>` parsed: no more change lines for it; the owner is told
+    /// after the `X` if that was the loop's last watcher of the key.
+    fn parsed_unwatch(&mut self, slot: usize, key: protocol::Key) {
+        let conn = &mut self.conns[slot];
+        let id = conn.id;
+        let was_watcher = match conn.watches.as_deref_mut() {
+            Some(queue) => matches!(
+                queue.unwatch(&key),
+                WatchStep::Unwatched { was_watcher: true }
+            ),
+            None => false,
+        };
+        self.batch
+            .push(Inbound::Request(id, Request::Unwatch { key: key.clone() }));
+        if was_watcher {
+            self.remove_watcher(slot, &key);
+        }
+    }
+
+    /// Connection `slot` watches `key` now.
+    fn add_watcher(&mut self, slot: usize, key: &protocol::Key) {
+        let slots = self.watchers.entry(key.clone()).or_default();
+        if slots.is_empty() {
+            self.batch.push(Inbound::Watching {
+                worker: self.index,
+                key: key.clone(),
+                on: true,
+            });
+        }
+        slots.insert(slot);
+        self.gauges.watches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connection `slot` no longer watches `key`.
+    fn remove_watcher(&mut self, slot: usize, key: &protocol::Key) {
+        let Some(slots) = self.watchers.get_mut(key) else {
+            return;
+        };
+        if !slots.remove(&slot) {
+            return;
+        }
+        self.gauges.watches.fetch_sub(1, Ordering::Relaxed);
+        if slots.is_empty() {
+            self.watchers.remove(key);
+            self.batch.push(Inbound::Watching {
+                worker: self.index,
+                key: key.clone(),
+                on: false,
+            });
+        }
+    }
+
+    /// The connection is going (closing, forgotten, freed): its watches end.
+    fn drop_watches(&mut self, slot: usize) {
+        let Some(mut queue) = self.conns.get_mut(slot).and_then(|c| c.watches.take()) else {
+            return;
+        };
+        for key in queue.close() {
+            self.remove_watcher(slot, &key);
+        }
+    }
+
+    /// An entry for this loop's watchers: a change line for every live
+    /// watch of its key, or (`M <active> W -`) the end of every live watch
+    /// as the node stops being active.
+    fn watchers_entry(&mut self, answer: &Answer) {
+        match answer {
+            Answer::Watched { key, state } => {
+                let Some(slots) = self.watchers.get(key) else {
+                    return;
+                };
+                self.line.clear();
+                answer.write_to(&mut self.line);
+                let (mut written, mut skipped) = (0, 0);
+                for &slot in slots {
+                    let Some(conn) = self.conns.get_mut(slot) else {
+                        continue;
+                    };
+                    let has_room = conn.pending_output() < WATCH_ROOM;
+                    let Some(queue) = conn.watches.as_deref_mut() else {
+                        continue;
+                    };
+                    match queue.change(key, state, has_room) {
+                        Delivery::Write => {
+                            conn.output.extend_from_slice(&self.line);
+                            written += 1;
+                            if !conn.dirty {
+                                conn.dirty = true;
+                                self.dirty.push(slot);
+                            }
+                        }
+                        Delivery::Replaced => skipped += 1,
+                        Delivery::Kept | Delivery::Dropped => {}
+                    }
+                }
+                let counters = &self.gauges.io_counters;
+                if written > 0 {
+                    counters.watch_lines(written);
+                }
+                for _ in 0..skipped {
+                    counters.watch_line_skipped();
+                }
+            }
+            Answer::Moved { active, .. } => {
+                let slots: Vec<usize> = self
+                    .conns
+                    .iter()
+                    .filter(|(_, c)| c.watches.is_some())
+                    .map(|(slot, _)| slot)
+                    .collect();
+                for slot in slots {
+                    let Some(queue) = self.conns[slot].watches.as_deref_mut() else {
+                        continue;
+                    };
+                    for key in queue.end_live() {
+                        let moved = Answer::Moved {
+                            active: active.clone(),
+                            op: Op::Watch,
+                            key: Some(key.clone()),
+                        };
+                        self.write_answer(slot, &moved);
+                        self.remove_watcher(slot, &key);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// An answer about a watch on its way to connection `slot`.
+    fn watch_answer(&mut self, slot: usize, answer: &Answer) {
+        let Some(queue) = self.conns[slot].watches.as_deref_mut() else {
+            return;
+        };
+        match answer {
+            Answer::Watched { key, .. } => {
+                queue.answered_watch(key);
+                self.gauges.io_counters.watch_lines(1);
+            }
+            Answer::Unwatched { key } => queue.answered_unwatch(key),
+            Answer::Moved {
+                op: Op::Watch,
+                key: Some(key),
+                ..
+            } if queue.moved_watch(key) => {
+                let key = key.clone();
+                self.remove_watcher(slot, &key);
+            }
+            _ => {}
+        }
     }
 
     fn take_answers(&mut self) {
@@ -1064,13 +1271,24 @@ impl IoLoop {
 
     fn apply_owner_batch(&mut self, batch: OwnerBatch) {
         for (id, answer) in &batch.answers {
-            if let Some(slot) = self.live_slot(*id) {
+            if id.is_watchers() {
+                self.watchers_entry(answer);
+            } else if let Some(slot) = self.live_slot(*id) {
                 self.conns[slot].state.answered(answer_owed(answer));
+                if matches!(
+                    answer,
+                    Answer::Watched { .. }
+                        | Answer::Unwatched { .. }
+                        | Answer::Moved { op: Op::Watch, .. }
+                ) {
+                    self.watch_answer(slot, answer);
+                }
                 self.write_answer(slot, answer);
             }
         }
         for id in batch.forgotten {
             if let Some(slot) = self.live_slot(id) {
+                self.drop_watches(slot);
                 // Acknowledging a close, or cutting the connection off (a
                 // limit): nothing more is read. Every answer owed is
                 // written: the farewell, if one waits, is the last line.
@@ -1119,20 +1337,33 @@ impl IoLoop {
     fn flush(&mut self, slot: usize) {
         let conn = &mut self.conns[slot];
         let mut failed = false;
-        while conn.pending_output() > 0 {
-            match conn.stream.write(&conn.output[conn.written..]) {
-                Ok(0) => {
-                    failed = true;
-                    break;
-                }
-                Ok(n) => conn.written += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    failed = true;
-                    break;
+        let mut watch_lines = 0;
+        loop {
+            // Change lines kept while the output was full go as it drains.
+            watch_lines += conn.fill_watch_lines();
+            let before = conn.written;
+            while conn.pending_output() > 0 {
+                match conn.stream.write(&conn.output[conn.written..]) {
+                    Ok(0) => {
+                        failed = true;
+                        break;
+                    }
+                    Ok(n) => conn.written += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
                 }
             }
+            let more = conn.watches.as_ref().is_some_and(|q| q.has_pending());
+            if failed || !more || conn.written == before {
+                break;
+            }
+        }
+        if watch_lines > 0 {
+            self.gauges.io_counters.watch_lines(watch_lines);
         }
         // TLS: records rustls still holds (a handshake, or what the socket
         // would not take) go out on the writable event too.
@@ -1178,6 +1409,7 @@ impl IoLoop {
     /// Take a connection out of the loop: its slot, its registration, and
     /// its count (of clients, or of peer-reserved slots).
     fn unlist(&mut self, slot: usize) -> Conn {
+        self.drop_watches(slot);
         let mut conn = self.conns.remove(slot);
         let _ = self.poll.registry().deregister(&mut conn.stream);
         if conn.state.peer_only() {
@@ -1269,8 +1501,14 @@ fn reuse(mut done: Vec<usize>, added: &mut Vec<usize>) -> Vec<usize> {
 fn owed_for(op: Op, key: Option<&protocol::Key>) -> u32 {
     match op {
         Op::Info => INFO_COST,
-        Op::Acquire | Op::Release | Op::Keep | Op::Query | Op::Auth => {
+        Op::Acquire | Op::Release | Op::Keep | Op::Query | Op::Auth | Op::Unwatch => {
             key.map_or(0, |key| key.as_bytes().len() as u32) + ANSWER_ALLOWANCE
+        }
+        // Its `W` line may carry a holder's value besides the numbers.
+        Op::Watch => {
+            key.map_or(0, |key| key.as_bytes().len() as u32)
+                + ANSWER_ALLOWANCE
+                + protocol::MAX_VALUE as u32
         }
     }
 }
@@ -1657,7 +1895,7 @@ mod tests {
     fn an_ended_connection_lingers_until_the_client_closes_or_its_time_is_up() {
         let (mut io_loop, addr, inbound, answers) = open_loop();
         for client_closes in [true, false] {
-            let mut client = connect_and_send(&mut io_loop, addr, "X\n", closing);
+            let mut client = connect_and_send(&mut io_loop, addr, "Z\n", closing);
             let closed = inbound
                 .try_iter()
                 .flat_map(|message| match message {

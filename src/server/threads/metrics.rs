@@ -295,6 +295,8 @@ impl MetricsServer {
         let body = match self.slot.read() {
             Some(mut snap) => {
                 self.gauges.io_counters.add_auth_to(&mut snap);
+                self.gauges.io_counters.add_watch_lines_to(&mut snap);
+                snap.watches = self.gauges.watches.load(Ordering::Relaxed) as u64;
                 if !fresh {
                     log::warn!("metrics: no fresh figures from the lock owner; serving the last");
                 }
