@@ -1,8 +1,9 @@
 //! The Rust client library of baton.
 //!
-//! Owns: the public API — [`Client`], [`ClientBuilder`], and what calls
-//! return ([`Grant`], [`LockGuard`], [`Held`], [`ReleaseOutcome`],
-//! [`KeyStatus`], [`NodeInfo`], [`Error`]). Blocking calls run on the
+//! Owns: the public API — [`Client`], [`ClientBuilder`], [`AcquireOptions`],
+//! and what calls return ([`Grant`], [`LockGuard`], [`Held`], [`Watch`],
+//! [`WatchState`], [`ReleaseOutcome`], [`KeyStatus`], [`NodeInfo`],
+//! [`Error`]). Blocking calls run on the
 //! caller's thread and block it until their deadline at most; connections
 //! live on background threads.
 //!
@@ -10,7 +11,8 @@
 //!
 //! [`Client::acquire_async`], [`Client::lock_async`],
 //! [`Client::release_async`], [`Client::keep_async`],
-//! [`Client::query_async`] and [`Client::hold_async`] return `Send` futures
+//! [`Client::query_async`], [`Client::hold_async`] (and the `*_with_async`
+//! forms, [`Client::campaign_async`], [`Client::leader_async`]) return `Send` futures
 //! that work under any executor (tokio, async-std, smol, a hand-written
 //! `block_on`): the library depends on no async runtime. They make the same
 //! decisions as the blocking calls (failover, redirects, retries,
@@ -30,6 +32,21 @@
 //! lost ([`Held::is_lost`], [`Held::wait_lost`], [`Held::lost`]); dropping
 //! the [`Held`] releases the key from that thread, without blocking.
 //!
+//! # Semaphores, watches and elections
+//!
+//! [`Client::acquire_with`] (and `lock_with`, `hold_with`) takes
+//! [`AcquireOptions`]: a limit makes the key a semaphore that up to that
+//! many grants hold at once, each in its own [`Grant::slot`]; a value says
+//! who holds it. [`Client::watch`] follows a key's holders: a [`Watch`] is
+//! a blocking iterator and an async stream ([`Watch::next_async`],
+//! [`Watch::poll_next`]) of [`WatchState`]s that watches again on the new
+//! active node after a failover; it is fed by the connection's reader
+//! thread through a mailbox that wakes a blocked thread or a task alike.
+//! An election is a key of limit 1: [`Client::campaign`] holds it with the
+//! candidate's value (a [`Held`] that says when leadership is lost),
+//! [`Client::leader`] tells who leads now and [`Client::observe`] each
+//! change of leader.
+//!
 //! Layout, one file per concern:
 //! - `pending.rs`: matching answers to requests by (op, key), pure;
 //! - `ctx.rs`: settings and phase-change signals shared by the
@@ -42,7 +59,10 @@
 //! - `calls.rs`: attempts, redirects, release retries, deadlines, each
 //!   blocking and async;
 //! - `grant.rs`: grants, the release-on-drop guard, plain results;
+//! - `options.rs`: the limit and value of an acquire, checked;
 //! - `hold.rs`: held locks and their watchdog;
+//! - `feed.rs`: the mailbox a watched key's lines travel in;
+//! - `watch.rs`: watches and their failover;
 //! - `error.rs`: the error type;
 //! - `tls.rs` (feature `tls`): TLS settings and the two halves of a TLS
 //!   connection.
@@ -105,6 +125,22 @@
 //! # }
 //! ```
 //!
+//! A semaphore slot, and a watch of the key's holders:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use baton::client::AcquireOptions;
+//! # fn main() -> Result<(), baton::client::Error> {
+//! # let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+//! let slot = client.hold_with("encoders", Duration::from_secs(10), None, &AcquireOptions::new().limit(4))?;
+//! println!("encoder slot {}", slot.slot());
+//! for state in client.watch("encoders")?.take(3) {
+//!     println!("{} of 4 busy", state?.holders);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Who holds a key:
 //!
 //! ```no_run
@@ -157,6 +193,7 @@ mod calls;
 mod conn;
 mod ctx;
 mod error;
+mod feed;
 mod grant;
 mod hold;
 mod limits;
@@ -167,6 +204,7 @@ mod pool;
 mod timer;
 #[cfg(feature = "tls")]
 mod tls;
+mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -180,6 +218,9 @@ pub use error::Error;
 pub use grant::{ConnectionStatus, Grant, KeyStatus, LockGuard, NodeInfo, ReleaseOutcome};
 pub use hold::{Held, KEEP_RETRY, Lost};
 pub use options::AcquireOptions;
+pub use watch::{MAX_PAUSE, Watch};
+
+pub use crate::protocol::{Value, WatchState};
 #[cfg(feature = "tls")]
 pub use tls::TlsConfig;
 
@@ -978,6 +1019,168 @@ impl Client {
         let acquire = self.acquire_with_async(key, lease, wait, options);
         let client = self.clone();
         async move { Held::start(client, acquire.await?, lease) }
+    }
+
+    /// Watch `key`'s holders: a [`Watch`] whose first state is the key's
+    /// state now, then one after every change of its holders (a grant, a
+    /// release, an expiry): the largest token holding it (0 when none),
+    /// the live grants, the requests in line, and the newest grant's value.
+    /// A key need not be held to be watched.
+    ///
+    /// The watch survives failover: when its connection ends, or the node
+    /// says it is not (or no longer) the active one, it watches again on
+    /// the active node and yields that node's first state. It never gives
+    /// up because no server answers; it ends only with a refusal
+    /// ([`Reason::TooManyWatches`](crate::protocol::Reason::TooManyWatches))
+    /// or a refused secret. A watch read slowly skips states, never the
+    /// latest. Dropping it (or [`Watch::close`]) sends `X <key>`.
+    ///
+    /// `W <key>` is sent at once if a connection is up; this call never
+    /// blocks, and fails only on a bad key.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["10.0.0.1:7373", "10.0.0.2:7373"])?;
+    /// for state in client.watch("nightly-report")? {
+    ///     let state = state?;
+    ///     match state.token {
+    ///         0 => println!("free, {} waiting", state.waiting),
+    ///         token => println!("held by token {token} ({} holders)", state.holders),
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn watch(&self, key: impl AsRef<[u8]>) -> Result<Watch, Error> {
+        let key = check_key(key.as_ref())?;
+        Ok(Watch::new(self.clone(), key, false))
+    }
+
+    /// Stand for election on `key`: acquire it as a mutex with `value`
+    /// (who this candidate is: an address, a host name) as its holder's
+    /// value, waiting in line up to `wait` (None: until elected), and keep
+    /// it (see [`Client::hold`]): the [`Held`] is the leadership. Its
+    /// token is greater than every earlier leader's, so it fences what
+    /// the leader does. [`Held::lost`] and [`Held::wait_lost`] tell when
+    /// leadership is lost (its lease ran out, or a server says the token
+    /// no longer holds the key); dropping the `Held`, or
+    /// [`Held::release`], resigns, and the next candidate in line leads.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn serve_as_leader(_token: u64) {}
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["10.0.0.1:7373", "10.0.0.2:7373"])?;
+    /// let leadership = client.campaign("scheduler", "10.0.0.7:8080", Duration::from_secs(10), None)?;
+    /// println!("leading with token {}", leadership.token());
+    /// serve_as_leader(leadership.token());
+    /// leadership.release()?; // resign
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn campaign(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Held, Error> {
+        let options = AcquireOptions::new().limit(1).value(value);
+        self.hold_with(key, lease, wait, &options)
+    }
+
+    /// [`Client::campaign`] as a `Send` future.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn lead() {}
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let leadership = client
+    ///     .campaign_async("scheduler", "10.0.0.7:8080", Duration::from_secs(10), None)
+    ///     .await?;
+    /// tokio::select! {
+    ///     () = lead() => {}
+    ///     why = leadership.lost() => eprintln!("no longer the leader: {why}"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn campaign_async<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &self,
+        key: K,
+        value: V,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> impl Future<Output = Result<Held, Error>> + Send + 'static + use<K, V> {
+        let options = AcquireOptions::new().limit(1).value(value);
+        self.hold_with_async(key, lease, wait, &options)
+    }
+
+    /// Who leads the election on `key` now: its state, whose `token` is the
+    /// leader's (0 when nobody leads) and whose `value` is the leader's
+    /// value (see [`Client::campaign`]). Asks the active node (`W`, then
+    /// `X`), following redirects; waits at most the connect timeout plus
+    /// the request timeout.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let now = client.leader("scheduler")?;
+    /// match &now.value {
+    ///     Some(who) if now.token != 0 => println!("{who:?} leads (token {})", now.token),
+    ///     _ => println!("nobody leads"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn leader(&self, key: impl AsRef<[u8]>) -> Result<WatchState, Error> {
+        let watch = self.watch(key)?;
+        watch::first_state(watch, self.leader_budget())
+    }
+
+    /// [`Client::leader`] as a `Send` future.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let now = client.leader_async("scheduler").await?;
+    /// println!("leader token {}", now.token);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn leader_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<WatchState, Error>> + Send + 'static + use<K> {
+        let watch = self.watch(key);
+        let budget = self.leader_budget();
+        async move { watch::first_state_async(watch?, budget).await }
+    }
+
+    /// The leaders of the election on `key` as they change: a [`Watch`]
+    /// that yields the state now, then a state only when the leader
+    /// changes (a new token, or 0 when nobody leads), not when only the
+    /// line of candidates does. Like every watch it survives failover.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// for leader in client.observe("scheduler")? {
+    ///     let leader = leader?;
+    ///     let who = leader.value.as_ref().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    ///     println!("leader now: token {} {who:?}", leader.token);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn observe(&self, key: impl AsRef<[u8]>) -> Result<Watch, Error> {
+        let key = check_key(key.as_ref())?;
+        Ok(Watch::new(self.clone(), key, true))
+    }
+
+    fn leader_budget(&self) -> Duration {
+        self.pool().connect_timeout() + self.pool().request_timeout()
     }
 
     /// Ask one server about itself (`I`): role, active node, counts. The
