@@ -1,7 +1,8 @@
 """baton_locks: the Python client of the baton lock server.
 
-A key is granted to one holder at a time, in FIFO order, with a fencing
-token that only ever grows::
+A key is granted to one holder at a time (or, as a semaphore, to up to
+``limit`` holders), in FIFO order, with a fencing token that only ever
+grows; a key can be watched, and elections are built on both::
 
     import baton_locks
 
@@ -15,18 +16,27 @@ same for asyncio. Installed as the distribution ``baton-locks``.
 
 from ._calls import Grant, KeyStatus
 from ._client import AsyncClient, Client
+from ._hold import AsyncCampaign, AsyncHeld, Campaign, Held
+from ._watch import AsyncWatch, Watch, WatchState
 from .errors import Error, Expired, NotHeld, Refused, Timeout, Unavailable
 
 __all__ = [
+    "AsyncCampaign",
     "AsyncClient",
+    "AsyncHeld",
+    "AsyncWatch",
+    "Campaign",
     "Client",
     "Error",
     "Expired",
     "Grant",
+    "Held",
     "KeyStatus",
     "NotHeld",
     "Refused",
     "Timeout",
     "Unavailable",
+    "Watch",
+    "WatchState",
 ]
 __version__ = "0.1.0"

@@ -61,18 +61,26 @@ class Grant:
     fencing token: hand it to the resource you protect), ``lease``
     (seconds) and ``expires_at``: when the lease runs out by the client's
     clock, in ``time.monotonic()`` seconds, counted from when the request
-    that started the lease was sent, so it errs early.
+    that started the lease was sent, so it errs early. ``slot``: which of
+    a semaphore's ``limit`` places the grant holds, 0 to limit - 1 (always
+    0 for a plain lock); a protected resource fences per (key, slot).
     """
 
-    __slots__ = ("key", "token", "lease", "expires_at", "_raw_key")
+    __slots__ = ("key", "token", "lease", "expires_at", "slot", "_raw_key")
 
     key: Union[str, bytes]
     token: int
     lease: float
     expires_at: float
+    slot: int
 
     def __init__(
-        self, key: Key, token: int, lease: float = 0.0, expires_at: Optional[float] = None
+        self,
+        key: Key,
+        token: int,
+        lease: float = 0.0,
+        expires_at: Optional[float] = None,
+        slot: int = 0,
     ) -> None:
         raw = _wire.check_key(key)
         self._raw_key = raw
@@ -80,6 +88,7 @@ class Grant:
         self.token = _wire.check_token(token)
         self.lease = float(lease)
         self.expires_at = time.monotonic() if expires_at is None else float(expires_at)
+        self.slot = int(slot)
 
     def time_left(self) -> float:
         """Seconds left on the lease (0 once it has run out)."""
@@ -91,7 +100,12 @@ class Grant:
         return time.monotonic() >= self.expires_at
 
     def __repr__(self) -> str:
-        return "Grant(key=%r, token=%d, time_left=%.3f)" % (self.key, self.token, self.time_left())
+        return "Grant(key=%r, token=%d, slot=%d, time_left=%.3f)" % (
+            self.key,
+            self.token,
+            self.slot,
+            self.time_left(),
+        )
 
 
 class KeyStatus(NamedTuple):
@@ -113,6 +127,11 @@ class KeyStatus(NamedTuple):
             self.time_left,
             self.waiting,
         )
+
+
+def display(raw: bytes) -> Union[str, bytes]:
+    """A key or value as the user sees it: str when it is UTF-8."""
+    return _display(raw)
 
 
 def _display(raw: bytes) -> Union[str, bytes]:
@@ -310,11 +329,20 @@ def _unexpected(answer: Answer) -> Unavailable:
 # --- the calls -----------------------------------------------------------
 
 
-def acquire(pool: Pool, key: object, lease: object, wait: object) -> Call[Grant]:
+def acquire(
+    pool: Pool,
+    key: object,
+    lease: object,
+    wait: object,
+    limit: object = None,
+    value: object = None,
+) -> Call[Grant]:
     """Generator for ``Client.acquire``."""
     raw = _wire.check_key(key)
     lease_ms = _wire.check_lease(lease)
     wait_ms = _wire.wait_millis(wait)
+    checked_limit = _wire.check_limit(limit)
+    raw_value = _wire.check_value(value)
     wait_end = None if wait_ms == 0 else time.monotonic() + wait_ms / 1000.0
 
     def make() -> Tuple[bytes, int]:
@@ -324,7 +352,7 @@ def acquire(pool: Pool, key: object, lease: object, wait: object) -> Call[Grant]
             left = _wire.millis_ceil(max(0.0, wait_end - time.monotonic()))
             if left == 0:
                 raise Timeout("the key was not granted within the wait")
-        return _wire.acquire_line(raw, lease_ms, left), left
+        return _wire.acquire_line(raw, lease_ms, left, checked_limit, raw_value), left
 
     due = None if wait_end is None else wait_end + pool.request_timeout
     for _ in range(ACQUIRE_ROUNDS):
@@ -337,7 +365,7 @@ def acquire(pool: Pool, key: object, lease: object, wait: object) -> Call[Grant]
         if answer[0] != _wire.GRANTED:
             raise _unexpected(answer)
         lease_s = lease_ms / 1000.0
-        grant = Grant(raw, answer[1], lease_s, done.sent_at + lease_s)
+        grant = Grant(raw, answer[1], lease_s, done.sent_at + lease_s, answer[3] or 0)
         if time.monotonic() - done.sent_at <= lease_s / 3:
             return grant
         # It waited in line: restart its lease with K (see the module doc).

@@ -1,10 +1,11 @@
 """The public clients: ``Client`` (blocking, thread-safe) and
 ``AsyncClient`` (asyncio), over one shared implementation.
 
-Owns: arguments (servers, ``auth``, ``tls``, timeouts), the pool's life
-(``close``, context managers), and the ``lock`` context managers. Each call
-runs the generator of ``_calls.py``: on the caller's thread for
-``Client``, in the caller's task for ``AsyncClient``.
+Owns: arguments (servers, ``auth``, ``tls``, timeouts), the pool's and
+the watches' life (``close``, context managers), and the ``lock`` context
+managers. Each call runs the generator of ``_calls.py``: on the caller's
+thread for ``Client``, in the caller's task for ``AsyncClient``; watches
+are ``_watch.py``'s, held grants and campaigns ``_hold.py``'s.
 
 Never does: I/O on the caller's thread (connections live on their own
 threads), or block an asyncio loop.
@@ -19,8 +20,14 @@ from typing import AsyncIterator, Iterable, Iterator, List, Optional, Tuple, Typ
 
 from . import _calls, _wire
 from ._calls import Grant, KeyStatus
+from ._hold import AsyncCampaign, AsyncHeld, Campaign, Held
 from ._pool import MAX_SERVERS, Pool, normalise_server
+from ._watch import AsyncWatch, Watch, WatchHub, WatchState, first_state_timeout, no_state
 from ._wire import Key
+
+#: What ``value=`` takes: a holder's value (1 to 250 bytes, no spaces or
+#: control characters), or None for none.
+Value = Union[str, bytes, None]
 
 DEFAULT_CONNECT_TIMEOUT = 2.0
 DEFAULT_REQUEST_TIMEOUT = 5.0
@@ -81,6 +88,7 @@ class _Base:
         request = _wire.check_timeout("request_timeout", request_timeout)
         auth_line = None if auth is None else _wire.auth_line(auth)
         self._pool = Pool(addrs, connect, request, auth_line, _tls_context(tls))
+        self._watches = WatchHub(self._pool)
 
     @property
     def servers(self) -> List[str]:
@@ -97,7 +105,16 @@ class _Base:
         return out
 
     def _close(self) -> None:
+        self._watches.close()
         self._pool.close()
+
+    @staticmethod
+    def _campaign_value(value: object) -> Union[str, bytes]:
+        """A candidate's value, required: str or bytes."""
+        if not isinstance(value, (str, bytes, bytearray)):
+            raise TypeError("value must be %s, not %s" % (_wire.VALUE_RULE, type(value).__name__))
+        _wire.check_value(value)
+        return value if isinstance(value, str) else bytes(value)
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)
@@ -122,12 +139,25 @@ class Client(_Base):
     allowed, past a year) ``ValueError``, before anything is sent.
     """
 
-    def acquire(self, key: Key, lease: float, wait: Optional[float] = None) -> Grant:
+    def acquire(
+        self,
+        key: Key,
+        lease: float,
+        wait: Optional[float] = None,
+        *,
+        limit: Optional[int] = None,
+        value: Value = None,
+    ) -> Grant:
         """Acquire ``key`` for ``lease`` seconds (above 0), waiting in line
         up to ``wait`` seconds (None: without limit; 0: only if it is free
-        now). A ``Grant``; raises ``Timeout`` when the wait runs out,
-        ``Refused``, or ``Unavailable``."""
-        return _calls.drive(_calls.acquire(self._pool, key, lease, wait))
+        now). ``limit`` (1 to 10000) makes the key a semaphore that many
+        grants may hold at once (``grant.slot`` says which place this one
+        has); ``value`` (1 to 250 bytes, no spaces or control characters)
+        is shown to watchers while this grant is the newest holder. A
+        ``Grant``; raises ``Timeout`` when the wait runs out, ``Refused``
+        (``reason`` ``limit-mismatch`` when the key is held or waited for
+        under another limit), or ``Unavailable``."""
+        return _calls.drive(_calls.acquire(self._pool, key, lease, wait, limit, value))
 
     def release(self, grant: Grant) -> bool:
         """Release a grant (retried for 5 s while no connection can carry
@@ -152,14 +182,74 @@ class Client(_Base):
         return _calls.drive(_calls.query(self._pool, key))
 
     @contextlib.contextmanager
-    def lock(self, key: Key, lease: float, wait: Optional[float] = None) -> Iterator[Grant]:
-        """``with client.lock(key, lease) as grant:`` — acquired on entry,
-        released on exit (also on an exception)."""
-        grant = self.acquire(key, lease, wait)
+    def lock(
+        self,
+        key: Key,
+        lease: float,
+        wait: Optional[float] = None,
+        *,
+        limit: Optional[int] = None,
+        value: Value = None,
+    ) -> Iterator[Grant]:
+        """``with client.lock(key, lease) as grant:`` — acquired on entry
+        (the arguments of ``acquire``), released on exit (also on an
+        exception)."""
+        grant = self.acquire(key, lease, wait, limit=limit, value=value)
         try:
             yield grant
         finally:
             self.release(grant)
+
+    def hold(
+        self,
+        key: Key,
+        lease: float,
+        wait: Optional[float] = None,
+        *,
+        limit: Optional[int] = None,
+        value: Value = None,
+    ) -> Held:
+        """Acquire as ``acquire`` does, then keep the lease alive in the
+        background (``K`` every third of it) until released: a ``Held``
+        whose ``lost`` event is set if the key is lost anyway."""
+        grant = self.acquire(key, lease, wait, limit=limit, value=value)
+        return Held(self._pool, grant, value)
+
+    def campaign(self, key: Key, value: Value, lease: float, wait: Optional[float] = None) -> Campaign:
+        """Stand for leader of ``key``: wait in line (up to ``wait``
+        seconds; None: until elected) to hold it with limit 1 and
+        ``value`` (say this candidate's address), then keep it in the
+        background. A ``Campaign``: ``is_leader()``, ``lost``,
+        ``resign()``, a ``with`` block."""
+        checked = self._campaign_value(value)
+        grant = self.acquire(key, lease, wait, limit=1, value=checked)
+        return Campaign(self._pool, grant, checked)
+
+    def watch(self, key: Key) -> Watch:
+        """The states of ``key``'s holders: an iterator whose first state
+        is the state now and each later one a change (a grant, a release,
+        an expiry), until closed (``close()``, a ``with`` block). It
+        watches again on the active node after a dropped connection or a
+        failover, and yields that node's state."""
+        return Watch(self._watches, key, distinct=False)
+
+    def observe(self, key: Key) -> Watch:
+        """The leaders of ``key``: ``watch`` without consecutive states of
+        the same token (a state seen again after a failover, or a change
+        of ``waiting`` alone, is skipped). ``state.token == 0``: nobody
+        leads."""
+        return Watch(self._watches, key, distinct=True)
+
+    def leader(self, key: Key) -> WatchState:
+        """The state of ``key`` now: ``token`` 0 when nobody leads, else
+        the leader's token and ``value``. Raises ``Unavailable`` when no
+        server gave it in time."""
+        timeout = first_state_timeout(self._pool)
+        with Watch(self._watches, key, distinct=False) as watch:
+            state = watch.get(timeout)
+        if state is None:
+            raise no_state(watch.key, timeout)
+        return state
 
     def close(self) -> None:
         """Close the connections; later calls raise ``Unavailable``."""
@@ -178,9 +268,19 @@ class AsyncClient(_Base):
     as ``Client``. Cancelling a call gives up its request; a grant that
     still arrives is released at once."""
 
-    async def acquire(self, key: Key, lease: float, wait: Optional[float] = None) -> Grant:
+    async def acquire(
+        self,
+        key: Key,
+        lease: float,
+        wait: Optional[float] = None,
+        *,
+        limit: Optional[int] = None,
+        value: Value = None,
+    ) -> Grant:
         """``Client.acquire`` as a coroutine."""
-        return await _calls.drive_async(_calls.acquire(self._pool, key, lease, wait))
+        return await _calls.drive_async(
+            _calls.acquire(self._pool, key, lease, wait, limit, value)
+        )
 
     async def release(self, grant: Grant) -> bool:
         """``Client.release`` as a coroutine."""
@@ -200,14 +300,60 @@ class AsyncClient(_Base):
 
     @contextlib.asynccontextmanager
     async def lock(
-        self, key: Key, lease: float, wait: Optional[float] = None
+        self,
+        key: Key,
+        lease: float,
+        wait: Optional[float] = None,
+        *,
+        limit: Optional[int] = None,
+        value: Value = None,
     ) -> AsyncIterator[Grant]:
         """``async with client.lock(key, lease) as grant:``."""
-        grant = await self.acquire(key, lease, wait)
+        grant = await self.acquire(key, lease, wait, limit=limit, value=value)
         try:
             yield grant
         finally:
             await self.release(grant)
+
+    async def hold(
+        self,
+        key: Key,
+        lease: float,
+        wait: Optional[float] = None,
+        *,
+        limit: Optional[int] = None,
+        value: Value = None,
+    ) -> AsyncHeld:
+        """``Client.hold`` as a coroutine: an ``AsyncHeld``."""
+        grant = await self.acquire(key, lease, wait, limit=limit, value=value)
+        return AsyncHeld(self._pool, grant, value)
+
+    async def campaign(
+        self, key: Key, value: Value, lease: float, wait: Optional[float] = None
+    ) -> AsyncCampaign:
+        """``Client.campaign`` as a coroutine: an ``AsyncCampaign``
+        (``await resign()``, ``async with``)."""
+        checked = self._campaign_value(value)
+        grant = await self.acquire(key, lease, wait, limit=1, value=checked)
+        return AsyncCampaign(self._pool, grant, checked)
+
+    def watch(self, key: Key) -> AsyncWatch:
+        """``Client.watch`` as an async iterator (``async for``, ``async
+        with``)."""
+        return AsyncWatch(self._watches, key, distinct=False)
+
+    def observe(self, key: Key) -> AsyncWatch:
+        """``Client.observe`` as an async iterator."""
+        return AsyncWatch(self._watches, key, distinct=True)
+
+    async def leader(self, key: Key) -> WatchState:
+        """``Client.leader`` as a coroutine."""
+        timeout = first_state_timeout(self._pool)
+        async with AsyncWatch(self._watches, key, distinct=False) as watch:
+            state = await watch.get(timeout)
+        if state is None:
+            raise no_state(watch.key, timeout)
+        return state
 
     async def close(self) -> None:
         """Close the connections; later calls raise ``Unavailable``."""

@@ -3,7 +3,9 @@ the choice of a connection for each request.
 
 Owns: per connection, the socket (plain or TLS), its phase (connecting, up,
 down), the requests sent on it that wait for their answer, per (op, key) in
-send order, and the outgoing bytes; per client, the servers (one connection
+send order, the watches on it (per key, the sinks that ``W`` state lines
+and the answers to ``W`` and ``X`` go to, oldest first), and the outgoing
+bytes; per client, the servers (one connection
 each, two when only one server is given, one for a server first learned
 from a redirect, at most 64 servers), the round-robin turn, the node
 preferred after a redirect, and a notifier of phase changes.
@@ -15,8 +17,8 @@ register its slot under the connection's lock, then wake the thread through
 a pipe, so no two threads ever touch one socket (which TLS would not
 allow). After a failed attempt or a drop it waits 3 s before the next.
 
-Liveness: when requests wait and the server has been silent for the
-request timeout, the thread sends an ``I`` probe; no answer within another
+Liveness: when requests wait or keys are watched and the server has been
+silent for the request timeout, the thread sends an ``I`` probe; no answer within another
 request timeout closes the connection. A caller whose request is overdue
 closes it too.
 
@@ -36,7 +38,18 @@ import socket
 import ssl
 import threading
 import time
-from typing import Callable, DefaultDict, Deque, Generator, List, Literal, Optional, Tuple, Union
+from typing import (
+    Callable,
+    DefaultDict,
+    Deque,
+    Dict,
+    Generator,
+    List,
+    Literal,
+    Optional,
+    Tuple,
+    Union,
+)
 
 from . import _wire
 from ._wire import Answer, Route
@@ -155,6 +168,19 @@ class Slot:
         callback()
 
 
+class WatchSink:
+    """Where one ``W <key>`` sent on one connection reports, called on the
+    connection's thread (never under its lock): each state line, then once
+    its end: the ``X``, ``M`` or ``E`` answer that ends it, or None when
+    the connection ended (``why`` says how)."""
+
+    def on_state(self, answer: Answer) -> None:
+        pass
+
+    def on_end(self, answer: Optional[Answer], why: str) -> None:
+        pass
+
+
 class Notifier:
     """A version bumped on every phase change of a connection."""
 
@@ -219,6 +245,11 @@ class Conn:
             collections.deque
         )
         self._in_flight = 0
+        # Per key, the sinks of the W requests sent on this connection and
+        # not ended yet, oldest first. Lines about a key come in the order
+        # its requests were sent, so a line always concerns the oldest: an
+        # X (or M, or E) answer ends it, a W line goes to it.
+        self._watches: Dict[bytes, Deque[WatchSink]] = {}
         # The read end is the connection thread's alone; the write end is
         # None once the thread has closed both.
         self._wake_r, wake_w = os.pipe()
@@ -263,6 +294,42 @@ class Conn:
         self._out += line
         self._pending[(op, key)].append(slot)
         self._in_flight += 1
+
+    def watch(self, key: bytes, sink: WatchSink) -> Optional[int]:
+        """Send ``W <key>``, its lines going to ``sink``; the connection's
+        generation, or None when it is not up."""
+        with self._lock:
+            if self.phase != UP or self._wake_w is None:
+                return None
+            self._out += _wire.watch_line(key)
+            self._watches.setdefault(key, collections.deque()).append(sink)
+            generation = self.generation
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass  # the pipe is full: the thread is awake anyway
+        return generation
+
+    def unwatch(self, key: bytes, sink: WatchSink, generation: int) -> bool:
+        """Send ``X <key>`` for the watch ``sink`` stands for, when it is
+        still on: lines until the ``X`` answer still go to ``sink``. False
+        when the watch had already ended (nothing to send)."""
+        with self._lock:
+            queue = self._watches.get(key)
+            if (
+                self.generation != generation
+                or self.phase != UP
+                or self._wake_w is None
+                or queue is None
+                or sink not in queue
+            ):
+                return False
+            self._out += _wire.unwatch_line(key)
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass  # the pipe is full: the thread is awake anyway
+        return True
 
     def kill(self, generation: int, why: str) -> None:
         """Close the connection made in ``generation`` (a request on it is
@@ -376,11 +443,15 @@ class Conn:
             waiting = [s for queue in self._pending.values() for s in queue]
             self._pending.clear()
             self._in_flight = 0
+            sinks = [s for queue in self._watches.values() for s in queue]
+            self._watches.clear()
             self._out = bytearray()
         log.info("%s: connection lost: %s", self.addr, why)
         for slot in waiting:
             if slot is not None:
                 slot.fail()
+        for sink in sinks:
+            sink.on_end(None, why)
         self._settings.notifier.bump()
 
     def _io_loop(self, sock: socket.socket, inbuf: bytearray) -> str:
@@ -432,7 +503,7 @@ class Conn:
                             return "the server sent a line longer than %d bytes" % _wire.MAX_LINE
                 if time.monotonic() >= silent_since + rt:
                     with self._lock:
-                        waiting = self._in_flight > 0
+                        waiting = self._in_flight > 0 or bool(self._watches)
                         if waiting and not probing:
                             self._queue(_wire.INFO_LINE, "I", None, None)
                     if waiting and probing:
@@ -476,6 +547,8 @@ class Conn:
         route = _wire.route(answer)
         if route is None:
             raise OSError("refused by the server: %s" % answer[3])
+        if route[0] in ("W", "X"):
+            return self._watch_answer(answer, route)
         with self._lock:
             queue = self._pending.get(route)
             if not queue and route[1] is None and route[0] != "I":
@@ -495,6 +568,26 @@ class Conn:
             log.info("%s: releasing %r (token %d): its caller gave up", self.addr, key, token)
             with self._lock:
                 self._queue(_wire.release_line(key, token), "R", key, None)
+
+
+    def _watch_answer(self, answer: Answer, route: Route) -> None:
+        """A ``W`` state line goes to the key's oldest watch; an ``X``
+        answer, or ``M``/``E`` for ``W`` or ``X``, ends it."""
+        key = b"-" if route[1] is None else route[1]
+        ends = answer[0] != _wire.WATCHED
+        with self._lock:
+            queue = self._watches.get(key)
+            if not queue:
+                raise _wire.WireError("a %s line for a key not watched" % route[0])
+            sink = queue[0]
+            if ends:
+                queue.popleft()
+                if not queue:
+                    del self._watches[key]
+        if ends:
+            sink.on_end(answer, "answered %s" % answer[0])
+        else:
+            sink.on_state(answer)
 
 
 def _plain(e: BaseException) -> str:

@@ -1,8 +1,9 @@
 """The wire format of baton, version 1: requests out, answers in.
 
-Owns: checking keys and durations before anything is sent, formatting
-request lines, parsing answer lines, and naming the (op, key) an answer
-belongs to. Pure functions, used by whichever thread holds the data.
+Owns: checking keys, durations, semaphore limits and holder values
+before anything is sent, formatting request lines, parsing answer lines
+(``W`` state lines of a watch among them), and naming the (op, key) an
+answer belongs to. Pure functions, used by whichever thread holds the data.
 
 Never does: I/O, or trust a line from the network: a line that does not
 parse raises ``WireError`` and the connection that read it is closed.
@@ -48,6 +49,14 @@ MOVED = "M"
 REFUSED = "E"
 INFO = "I"
 AUTH = "U"
+WATCHED = "W"
+UNWATCHED = "X"
+
+#: The most holders a semaphore may have (``limit``), as the wire allows.
+MAX_LIMIT = 10000
+MAX_VALUE = 250
+LIMIT_RULE = "a whole number from 1 to %d" % MAX_LIMIT
+VALUE_RULE = "str or bytes of 1 to %d bytes without spaces or control characters" % MAX_VALUE
 
 
 class WireError(Exception):
@@ -144,8 +153,59 @@ def check_token(token: object) -> int:
     return token
 
 
-def acquire_line(key: bytes, lease_ms: int, wait_ms: int) -> bytes:
-    return b"A %s %s %s\n" % (key, seconds_field(lease_ms), seconds_field(wait_ms))
+def check_limit(limit: object) -> Optional[int]:
+    """A semaphore's limit: None (a plain lock, nothing sent) or an int
+    from 1 to 10000; TypeError when it is another type (a bool is not an
+    int here), ValueError when it is out of range."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError("limit must be None or %s, not %s" % (LIMIT_RULE, type(limit).__name__))
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError("limit must be None or %s, not %d" % (LIMIT_RULE, limit))
+    return limit
+
+
+def check_value(value: object) -> Optional[bytes]:
+    """A holder's value as bytes (a str is encoded as UTF-8), or None;
+    TypeError when it is neither str nor bytes, ValueError when it is not
+    1 to 250 bytes without spaces or control bytes (the bytes a key may
+    have)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if not isinstance(value, (bytes, bytearray)):
+        raise TypeError("value must be None or %s, not %s" % (VALUE_RULE, type(value).__name__))
+    raw = bytes(value)
+    if not 1 <= len(raw) <= MAX_VALUE or any(b <= 0x20 or b == 0x7F for b in raw):
+        raise ValueError("value must be None or %s, not %r" % (VALUE_RULE, raw))
+    return raw
+
+
+def acquire_line(
+    key: bytes,
+    lease_ms: int,
+    wait_ms: int,
+    limit: Optional[int] = None,
+    value: Optional[bytes] = None,
+) -> bytes:
+    """``A <key> <lease> <wait> [<limit> [<value>]]``: a value needs the
+    limit before it, so a value without a limit names limit 1."""
+    line = b"A %s %s %s" % (key, seconds_field(lease_ms), seconds_field(wait_ms))
+    if limit is not None or value is not None:
+        line += b" %d" % (1 if limit is None else limit)
+    if value is not None:
+        line += b" " + value
+    return line + b"\n"
+
+
+def watch_line(key: bytes) -> bytes:
+    return b"W %s\n" % key
+
+
+def unwatch_line(key: bytes) -> bytes:
+    return b"X %s\n" % key
 
 
 def release_line(key: bytes, token: int) -> bytes:
@@ -199,7 +259,7 @@ def _key(field: bytes) -> bytes:
 def _op(field: bytes) -> Optional[str]:
     if field == b"-":
         return None
-    if field not in (b"A", b"R", b"K", b"Q", b"I", b"U"):
+    if field not in (b"A", b"R", b"K", b"Q", b"I", b"U", b"W", b"X"):
         raise WireError("unknown op %r" % field)
     return field.decode()
 
@@ -207,8 +267,10 @@ def _op(field: bytes) -> Optional[str]:
 def parse_answer(line: bytes) -> Answer:
     """Parse one answer line (without its line ending) into a tuple:
 
-    ("A", token, key) ("T", key) ("R", key) ("N", key) ("K", key)
-    ("Q", key, token, ms_left, waiting) ("M", active or None, op, key or None)
+    ("A", token, key, slot or None) ("T", key) ("R", key) ("N", key)
+    ("K", key) ("Q", key, token, ms_left, waiting)
+    ("W", key, token, holders, waiting, value or None) ("X", key)
+    ("M", active or None, op, key or None)
     ("E", op or None, key or None, reason) ("I", {name: value}) ("U", text)
     """
     if line.endswith(b"\r"):
@@ -218,9 +280,24 @@ def parse_answer(line: bytes) -> Answer:
     if any(not f for f in rest):
         raise WireError("empty field")
     try:
-        if tag == b"A" and len(rest) == 2:
-            return (GRANTED, _u64(rest[0]), _key(rest[1]))
-        if tag in (b"T", b"R", b"N", b"K") and len(rest) == 1:
+        if tag == b"A" and len(rest) in (2, 3):
+            slot = None
+            if len(rest) == 3:
+                slot = _u64(rest[2])
+                if slot >= MAX_LIMIT:
+                    raise WireError("slot out of range: %r" % rest[2])
+            return (GRANTED, _u64(rest[0]), _key(rest[1]), slot)
+        if tag == b"W" and len(rest) == 5:
+            value = None if rest[4] == b"-" else _key(rest[4])
+            return (
+                WATCHED,
+                _key(rest[0]),
+                _u64(rest[1]),
+                _u64(rest[2]),
+                _u64(rest[3]),
+                value,
+            )
+        if tag in (b"T", b"R", b"N", b"K", b"X") and len(rest) == 1:
             return (tag.decode(), _key(rest[0]))
         if tag == b"Q" and len(rest) == 4:
             return (QUERIED, _key(rest[0]), _u64(rest[1]), _u64(rest[2]), _u64(rest[3]))
@@ -260,6 +337,8 @@ def route(answer: Answer) -> Optional[Route]:
         return ("K", answer[1])
     if tag == QUERIED:
         return ("Q", answer[1])
+    if tag in (WATCHED, UNWATCHED):
+        return (tag, answer[1])
     if tag == INFO:
         return ("I", None)
     if tag == MOVED:

@@ -1,71 +1,14 @@
 """Behaviour that needs a server misbehaving on purpose: a small fake
-server in this file answers (or drops) each connection as a test says."""
+server (``fake_server.py``) answers (or drops) each connection as a test
+says."""
 
 import asyncio
-import socket
 import threading
 import time
 
 import baton_locks
 from conftest import DEADLINE, wait_for
-
-
-class FakeServer:
-    """Accepts connections; ``handle(conn_index, line)`` returns the answer
-    line(s) to send, ``b""`` to send nothing yet, or None to close that
-    connection without answering."""
-
-    def __init__(self, handle):
-        self.handle = handle
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
-        self.lines = []
-        self._conns = []
-        self._stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        index = 0
-        while not self._stop:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self._conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn, index), daemon=True).start()
-            index += 1
-
-    def _serve(self, conn, index):
-        buf = b""
-        with conn:
-            conn.settimeout(DEADLINE)
-            while True:
-                try:
-                    chunk = conn.recv(4096)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                buf += chunk
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    self.lines.append((index, line))
-                    answer = self.handle(index, line)
-                    if answer is None:
-                        return
-                    if answer:
-                        conn.sendall(answer + b"\n")
-
-    def close(self):
-        self._stop = True
-        self.sock.close()
-        for conn in self._conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+from fake_server import FakeServer
 
 
 def test_not_held_after_a_retry_counts_as_released(closing):
