@@ -39,15 +39,15 @@ pub struct Held {
     key: Key,
     token: u64,
     slot: u32,
-    watch: Arc<Watch>,
+    watch: Arc<Watchdog>,
 }
 
-struct Watch {
-    state: Mutex<WatchState>,
+struct Watchdog {
+    state: Mutex<HoldState>,
     changed: Condvar,
 }
 
-struct WatchState {
+struct HoldState {
     /// The grant as last renewed.
     grant: Grant,
     /// Why the key was lost, once it was.
@@ -70,8 +70,8 @@ enum Stop {
 impl Held {
     /// Start the watchdog for `grant`, renewed `lease` at a time.
     pub(crate) fn start(client: Client, grant: Grant, lease: Duration) -> Result<Held, Error> {
-        let watch = Arc::new(Watch {
-            state: Mutex::new(WatchState {
+        let watch = Arc::new(Watchdog {
+            state: Mutex::new(HoldState {
                 grant: grant.clone(),
                 lost: None,
                 stop: Stop::Running,
@@ -209,7 +209,7 @@ impl fmt::Debug for Held {
 
 /// Completes when the key of a [`Held`] is lost; see [`Held::lost`].
 pub struct Lost {
-    watch: Arc<Watch>,
+    watch: Arc<Watchdog>,
 }
 
 impl Future for Lost {
@@ -235,7 +235,7 @@ impl fmt::Debug for Lost {
 
 // --- the watchdog thread ------------------------------------------------------
 
-fn watchdog(client: &Client, watch: &Watch, lease: Duration) {
+fn watchdog(client: &Client, watch: &Watchdog, lease: Duration) {
     loop {
         let (mut grant, stop) = {
             let mut st = watch.state.lock();
@@ -273,7 +273,12 @@ fn watchdog(client: &Client, watch: &Watch, lease: Duration) {
 
 /// Extend the lease, retrying every [`KEEP_RETRY`] while no server answers
 /// and the lease lasts. Ok also when the owner let go meanwhile.
-fn renew(client: &Client, grant: &mut Grant, lease: Duration, watch: &Watch) -> Result<(), Error> {
+fn renew(
+    client: &Client,
+    grant: &mut Grant,
+    lease: Duration,
+    watch: &Watchdog,
+) -> Result<(), Error> {
     loop {
         match client.keep(grant, lease) {
             Ok(()) => return Ok(()),
