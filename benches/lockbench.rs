@@ -6,7 +6,9 @@
 //! server holding a million keys, or a hundred thousand queued waiters), and
 //! the small blocking helpers that ask servers things (`SCRIPT LOAD`, `I`,
 //! `DBSIZE`). The load itself is engine.rs, the wire formats wire.rs, the
-//! tables report.rs. `scripts/bench.sh` starts the servers and runs this.
+//! tables report.rs; the TLS, semaphore and watch rows are their own files
+//! (tls_rows.rs, semaphore_rows.rs, watch_rows.rs), run after the main
+//! rows. `scripts/bench.sh` starts the servers and runs this.
 //!
 //! Never does: start or stop a server (the script does), or run under
 //! `cargo test` (it is a `harness = false` bench; there are no timing
@@ -18,8 +20,12 @@ mod deployed;
 mod engine;
 #[path = "lockbench/report.rs"]
 mod report;
+#[path = "lockbench/semaphore_rows.rs"]
+mod semaphore_rows;
 #[path = "lockbench/tls_rows.rs"]
 mod tls_rows;
+#[path = "lockbench/watch_rows.rs"]
+mod watch_rows;
 #[path = "lockbench/wire.rs"]
 mod wire;
 
@@ -67,6 +73,10 @@ SERVERS (each optional; rows of a server not given are left out):
   --redis-tls ADDR --redis-tls-plain ADDR
                          redis-server's TLS port, and its plain port
   --tls-note TEXT        printed under the TLS table (why no Redis TLS, say)
+  --watch-baton ADDR     batond for the watch rows, with --max-conns above the
+                         most watchers (default: --baton)
+  --watch-redis ADDR     redis-server for the watch rows, with --maxclients
+                         above the most watchers (default: --redis)
 
 SHAPE:
   --quick                short windows, one round (about a minute in all)
@@ -75,13 +85,17 @@ SHAPE:
   --rounds N             runs per (row, system), interleaved (default 2; quick 1)
   --client-threads N     load-generator threads (default 1)
   --only LIST            sections to run: sweep,pipelined,contended,expiry,
-                         memory,deployed,tls (default: all)
+                         memory,deployed,tls,semaphore,watch (default: all)
   --sweep LIST           connections of the closed-loop sweep
                          (default 1,10,50,100,200,500)
   --depth N              pipeline depth of the pipelined row (default 16)
   --mem-keys N           keys of the held-keys memory row (default 1000000)
   --waiter-keys N        held keys of the waiters row (default 1000)
   --waiters-per-key N    waiters on each (default 100)
+  --watchers LIST        watcher counts of the watch rows, each run with a
+                         0-watcher baseline (default 1000,10000)
+  --watch-clients N      clients of the loop that changes the watched key
+                         (default 4)
   --seed N               random keys and jitter (default: from the clock)
 
 HELPERS:
@@ -96,6 +110,13 @@ pipelined); contended (C clients on one key, hold H µs); expiry lateness
 `batond --echo` and Redis PING for the floor. A Redis lock is SET key token
 NX PX lease, retried after a jittered ~1 ms while the wait lasts, released
 by the compare-and-delete script through EVALSHA.
+
+Semaphore rows: C=16 on one key with limit 4 against a mutex (baton; Redis:
+a sorted-set semaphore in one Lua script against the SET NX lock), and
+pipelined acquires with a limit field (`A k lease wait 1`) against
+without. Watch rows: N watchers of one key (baton `W`; Redis SUBSCRIBE,
+the new holder PUBLISHing each change) that a closed loop of a few clients
+changes; the owner's rate against no watchers, and change → last watcher.
 ";
 
 /// Lease and wait of the throughput rows: long, a safety net only.
@@ -164,24 +185,49 @@ fn main() -> ExitCode {
         Ok(tls) => tls,
         Err(e) => return usage_error(&e),
     };
+    let watch = match watch_rows::parse(&mut args) {
+        Ok(watch) => watch,
+        Err(e) => return usage_error(&e),
+    };
     let options = match parse_options(args) {
         Ok(options) => options,
         Err(e) => return usage_error(&e),
     };
+    let watch = watch_rows::WatchOptions {
+        baton: watch.baton.or(options.servers.get(&System::Baton).copied()),
+        redis: watch.redis.or(options.servers.get(&System::Redis).copied()),
+        ..watch
+    };
     match run_all(&options) {
         Ok(results) => {
             print!("{}", results.render());
+            let shape = tls_rows::Shape {
+                warmup: options.warmup,
+                measure: options.measure,
+                rounds: options.rounds,
+                threads: options.client_threads,
+                seed: options.seed,
+            };
+            let baton = options.servers.get(&System::Baton).copied();
+            let redis = options.servers.get(&System::Redis).copied();
+            let mut more = Vec::new();
             if let Some(tls) = tls.filter(|_| options.wants("tls")) {
-                let shape = tls_rows::Shape {
-                    warmup: options.warmup,
-                    measure: options.measure,
-                    rounds: options.rounds,
-                    threads: options.client_threads,
-                    seed: options.seed,
-                };
-                let baton = options.servers.get(&System::Baton).copied();
-                let redis = options.servers.get(&System::Redis).copied();
-                match tls_rows::run(&tls, &shape, baton, redis, script_load) {
+                more.push(tls_rows::run(&tls, &shape, baton, redis, script_load));
+            }
+            if options.wants("semaphore") {
+                more.push(semaphore_rows::run(
+                    &shape,
+                    options.depth,
+                    baton,
+                    redis,
+                    script_load_text,
+                ));
+            }
+            if options.wants("watch") {
+                more.push(watch_rows::run(&watch, &shape, script_load_text));
+            }
+            for section in more {
+                match section {
                     Ok(text) => print!("{text}"),
                     Err(e) => {
                         eprintln!("lockbench: {e}");
@@ -577,6 +623,8 @@ fn run_spec(
         seed: options.seed ^ run_no.wrapping_mul(0x9E37_79B9_7F4A_7C15),
         tls: None,
         cpu_pids,
+        limit: None,
+        changes: None,
     }
 }
 
@@ -635,6 +683,8 @@ fn fill_keys(
         seed: options.seed,
         tls: None,
         cpu_pids: Vec::new(),
+        limit: None,
+        changes: None,
     };
     let outcome = engine::run(&spec)?;
     if outcome.errors > 0 {
@@ -788,12 +838,14 @@ fn info(addr: SocketAddr) -> Result<HashMap<String, String>, String> {
 
 /// `SCRIPT LOAD` the release script; its SHA1.
 fn script_load(addr: SocketAddr) -> Result<Vec<u8>, String> {
+    script_load_text(addr, wire::RELEASE_SCRIPT)
+}
+
+/// `SCRIPT LOAD` a script; its SHA1.
+fn script_load_text(addr: SocketAddr, script: &str) -> Result<Vec<u8>, String> {
     let (mut conn, mut reader) = blocking_conn(addr)?;
     let mut command = Vec::new();
-    wire::resp_command(
-        &mut command,
-        &[b"SCRIPT", b"LOAD", wire::RELEASE_SCRIPT.as_bytes()],
-    );
+    wire::resp_command(&mut command, &[b"SCRIPT", b"LOAD", script.as_bytes()]);
     conn.write_all(&command).map_err(|e| e.to_string())?;
     let mut header = String::new();
     let mut sha = String::new();

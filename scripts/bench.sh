@@ -18,7 +18,9 @@
 # (the active with its standby attached and synced: the deployed rows, with
 # the CPU time of both processes), fresh servers for the memory rows, and
 # redis-server when it is installed (alone, and a master with a replica),
-# and batond and redis-server with TLS (the TLS rows)
+# batond and redis-server with TLS (the TLS rows), and batond and
+# redis-server allowing more connections than the most watchers (the watch
+# rows; the semaphore rows use the first batond and redis-server)
 # (the Redis rows are left out with a note when it is not); runs the harness
 # (benches/lockbench.rs); prints its Markdown tables on stdout (progress on
 # stderr); and stops every process it started, by PID, when it exits.
@@ -38,7 +40,7 @@ while [ $# -gt 0 ]; do
     break
     ;;
   -h | --help)
-    sed -n '2,23p' "$0"
+    sed -n '2,25p' "$0"
     exit 0
     ;;
   *)
@@ -66,6 +68,9 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# The watch rows hold 10,000 watcher connections: raise the open-file limit
+# (for the harness and every server started below) as far as allowed.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 echo "bench.sh: building (release)..." >&2
 cargo build --release --bin batond -q
@@ -85,6 +90,9 @@ threads=$(($(nproc) - 1))
 start_batond() {
   local name=$1 log="$work/$1.log" addr=""
   shift
+  # Made before the start: the loop below may read it before the child
+  # process has opened it.
+  : >"$log"
   # shellcheck disable=SC2086 # BATOND_FLAGS is a list of flags
   RUST_LOG=info "$batond" --bind 127.0.0.1 --port 0 "$@" ${BATOND_FLAGS:-} >/dev/null 2>"$log" &
   last_pid=$!
@@ -107,13 +115,14 @@ start_batond() {
   echo "bench.sh: $name: batond $* on $addr (pid $last_pid)" >&2
 }
 
-# start_redis NAME: sets last_pid and last_addr.
+# start_redis NAME [REDIS FLAGS...]: sets last_pid and last_addr.
 start_redis() {
   local name=$1 port pid
+  shift
   for _ in 1 2 3; do
     port=$("$bench_bin" --free-ports 1)
     redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-      --daemonize no --dir "$work" --logfile "$work/$name.log" &
+      --daemonize no --dir "$work" --logfile "$work/$name.log" "$@" &
     pid=$!
     pids+=("$pid")
     for _ in $(seq 100); do
@@ -149,6 +158,9 @@ start_batond mem-baton
 args+=(--mem-baton "$last_addr" --mem-baton-pid "$last_pid")
 start_batond mem-waiters
 args+=(--mem-waiters "$last_addr" --mem-waiters-pid "$last_pid")
+# The watch rows: up to 10,000 watcher connections and the loop's clients.
+start_batond watch --max-conns 12000
+args+=(--watch-baton "$last_addr")
 
 # ---- as deployed: a 2-node cluster, default flags (the deployed rows) ----
 # info PORT: baton's `I` line.
@@ -211,6 +223,8 @@ if [ "$use_redis" = yes ] && command -v redis-server >/dev/null && command -v re
   args+=(--redis-repl "$master_addr" --redis-repl-pids "$master_pid,$last_pid")
   start_redis mem-redis
   args+=(--mem-redis "$last_addr" --mem-redis-pid "$last_pid")
+  start_redis redis-watch --maxclients 12000
+  args+=(--watch-redis "$last_addr")
   redis_note=$(redis-server --version | sed 's/ sha=.*//')
 else
   echo "bench.sh: $redis_note (apt-get install redis-server to compare)" >&2

@@ -398,8 +398,8 @@ fn an_unknown_flag_is_named_with_every_flag_each_tool_accepts() {
     assert_eq!(
         out.stderr,
         "baton: unknown flag --leas; accepted: --servers, --lease, --wait, -n/--nonblock, \
-         -q/--quiet, --timeout, --auth-file, --tls, --tls-ca, --tls-cert, --tls-key, \
-         -h/--help, -V/--version (see baton --help)\n"
+         --limit, --value, --once, -q/--quiet, --timeout, --auth-file, --tls, --tls-ca, \
+         --tls-cert, --tls-key, -h/--help, -V/--version (see baton --help)\n"
     );
     let run = run_to_exit(
         batond_path(),
@@ -462,7 +462,7 @@ fn the_bash_completion_offers_commands_the_flags_each_accepts_files_and_shells()
     let cases = [
         (
             "baton ",
-            "acquire release run keep query status completions".to_string(),
+            "acquire release run keep query watch status completions".to_string(),
         ),
         ("baton st", "status".into()),
         (
@@ -473,8 +473,14 @@ fn the_bash_completion_offers_commands_the_flags_each_accepts_files_and_shells()
         ),
         (
             "baton acquire k --",
-            "--servers --lease --wait --nonblock --quiet --timeout --auth-file --tls \
-             --tls-ca --tls-cert --tls-key"
+            "--servers --lease --wait --nonblock --limit --value --quiet --timeout --auth-file \
+             --tls --tls-ca --tls-cert --tls-key"
+                .into(),
+        ),
+        (
+            "baton watch k --",
+            "--servers --once --quiet --timeout --auth-file --tls --tls-ca --tls-cert \
+             --tls-key"
                 .into(),
         ),
         (
@@ -552,7 +558,7 @@ fn the_zsh_completion_parses_and_offers_commands_the_flags_each_accepts_files_an
     let cases = [
         (
             "baton ",
-            "acquire release run keep query status completions",
+            "acquire release run keep query watch status completions",
         ),
         (
             "baton -",
@@ -561,9 +567,15 @@ fn the_zsh_completion_parses_and_offers_commands_the_flags_each_accepts_files_an
         ),
         (
             "baton run k -",
-            "--servers --lease --wait -n --nonblock -q --quiet --timeout --auth-file --tls \
-             --tls-ca --tls-cert --tls-key",
+            "--servers --lease --wait -n --nonblock --limit --value -q --quiet --timeout \
+             --auth-file --tls --tls-ca --tls-cert --tls-key",
         ),
+        (
+            "baton watch k -",
+            "--servers --once -q --quiet --timeout --auth-file --tls --tls-ca --tls-cert \
+             --tls-key",
+        ),
+        ("baton acquire k --limit ", "(a value)"),
         (
             "baton --servers a:1 status -",
             "--servers -q --quiet --timeout --auth-file --tls --tls-ca --tls-cert --tls-key",
@@ -921,4 +933,84 @@ fn a_ctrl_c_typed_in_the_terminal_stops_the_command_and_the_key_is_released() {
     assert_eq!(out.code, Some(128 + 2), "{}", out.stderr);
     assert!(command.is_gone(), "the command stopped");
     assert_eq!(holder(&c, "k"), None, "the key was released");
+}
+
+#[test]
+fn acquire_with_a_limit_prints_the_token_and_the_slot() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let slots: Vec<(u64, u32)> = (0..2)
+        .map(|_| {
+            let out = baton(
+                &servers,
+                &["acquire", "pool", "--limit", "2", "--value", "cli"],
+            );
+            assert_eq!(out.code, Some(0), "{}", out.stderr);
+            assert!(one_line(&out.stdout), "{:?}", out.stdout);
+            let (token, slot) = out.stdout.trim_end().split_once(' ').expect("`TOKEN SLOT`");
+            (
+                token.parse().expect("a token"),
+                slot.parse().expect("a slot"),
+            )
+        })
+        .collect();
+    assert_eq!((slots[0].1, slots[1].1), (0, 1), "{slots:?}");
+    assert!(slots[0].0 < slots[1].0, "{slots:?}");
+    // Both hold the key at once; a third finds both slots taken.
+    let out = baton(&servers, &["acquire", "pool", "--limit", "2", "-n"]);
+    assert_eq!(out.code, Some(75), "{}", out.stderr);
+    // Another limit while it is held is the server's limit-mismatch.
+    let out = baton(&servers, &["acquire", "pool", "--limit", "3", "-n"]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        one_line(&out.stderr) && out.stderr.contains("limit-mismatch"),
+        "{}",
+        out.stderr
+    );
+    // Without --limit, only the token: a plain mutex elsewhere.
+    let out = baton(&servers, &["acquire", "plain", "--value", "cli"]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.trim_end().parse::<u64>().is_ok(),
+        "{:?}",
+        out.stdout
+    );
+    // A limit out of range never reaches a server.
+    let out = baton(&servers, &["acquire", "pool", "--limit", "0"]);
+    assert_eq!(out.code, Some(2));
+    assert!(out.stderr.contains("--limit"), "{}", out.stderr);
+}
+
+#[test]
+fn run_with_a_limit_exports_the_slot_and_shares_the_key() {
+    let n = node();
+    let servers = n.addr.to_string();
+    let other = library(&servers)
+        .acquire_with(
+            "pool",
+            Duration::from_secs(30),
+            None,
+            &baton::client::AcquireOptions::new().limit(2),
+        )
+        .expect("slot 0 held elsewhere");
+    assert_eq!(other.slot(), 0);
+    let script = r#"echo "$BATON_KEY $BATON_TOKEN $BATON_SLOT""#;
+    let out = baton(
+        &servers,
+        &[
+            "run", "pool", "--limit", "2", "-n", "--", "sh", "-c", script,
+        ],
+    );
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let fields: Vec<&str> = out.stdout.split_whitespace().collect();
+    assert_eq!(fields.len(), 3, "{:?}", out.stdout);
+    assert_eq!((fields[0], fields[2]), ("pool", "1"), "the free slot");
+    let token: u64 = fields[1].parse().expect("a token");
+    assert!(token > other.token());
+    // A plain run exports slot 0.
+    let out = baton(
+        &servers,
+        &["run", "solo", "--", "sh", "-c", "echo $BATON_SLOT"],
+    );
+    assert_eq!((out.code, out.stdout.as_str()), (Some(0), "0\n"));
 }

@@ -630,3 +630,62 @@ fn a_grant_that_waited_longer_than_its_lease_is_not_spent_on_arrival() {
     assert!(grant.time_left() > Duration::from_millis(700), "{grant:?}");
     assert_eq!(holder_of(&c, "k"), Some(grant.token()));
 }
+
+#[test]
+fn a_limit_of_two_grants_slots_0_and_1_and_a_freed_slot_goes_to_the_next() {
+    use baton::client::AcquireOptions;
+    let n = node();
+    let c = client(&[server(&n)]);
+    let two = AcquireOptions::new().limit(2);
+    let first = c.acquire_with("pool", LEASE, None, &two).expect("slot 0");
+    let second = c
+        .lock_with("pool", LEASE, None, &two.clone().value("host-b"))
+        .expect("slot 1");
+    assert_eq!((first.slot(), second.slot()), (0, 1));
+    assert!(first.token() < second.token());
+    let now = Some(Duration::ZERO);
+    assert_eq!(
+        c.acquire_with("pool", LEASE, now, &two).map(|g| g.slot()),
+        Err(Error::Timeout),
+        "both slots are taken"
+    );
+    assert_eq!(
+        c.acquire_with("pool", LEASE, now, &AcquireOptions::new().limit(3))
+            .map(|g| g.slot()),
+        Err(Error::Refused(Reason::LimitMismatch))
+    );
+    assert_eq!(
+        c.acquire("pool", LEASE, now).map(|g| g.slot()),
+        Err(Error::Refused(Reason::LimitMismatch)),
+        "a plain acquire names limit 1"
+    );
+    // Slot 0 freed: the next holder takes it, with a greater token.
+    assert_eq!(c.release(&first), Ok(ReleaseOutcome::Released));
+    let held = c.hold_with("pool", LEASE, now, &two).expect("slot 0 again");
+    assert_eq!(held.slot(), 0);
+    assert!(held.token() > second.token());
+    // A plain grant's slot is 0.
+    assert_eq!(c.acquire("solo", LEASE, None).expect("granted").slot(), 0);
+}
+
+#[test]
+fn a_bad_limit_or_value_is_refused_before_anything_is_sent() {
+    use baton::client::AcquireOptions;
+    // Nothing listens there: a request sent would fail otherwise.
+    let c = client(&["127.0.0.1:1"]);
+    for options in [
+        AcquireOptions::new().limit(0),
+        AcquireOptions::new().limit(10_001),
+        AcquireOptions::new().value(""),
+        AcquireOptions::new().value("two words"),
+        AcquireOptions::new().value("v".repeat(251)),
+    ] {
+        let got = c.acquire_with("k", LEASE, None, &options);
+        assert!(
+            matches!(got, Err(Error::InvalidArgument(_))),
+            "{options:?}: {got:?}"
+        );
+    }
+    let got = c.campaign("k", "", LEASE, None);
+    assert!(matches!(got, Err(Error::InvalidArgument(_))), "{got:?}");
+}

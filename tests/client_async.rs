@@ -311,3 +311,31 @@ fn a_held_lock_whose_server_dies_is_lost_when_its_lease_runs_out() {
     // Dropping a lost lock is quiet and quick.
     drop(held);
 }
+
+#[test]
+fn async_acquires_with_a_limit_get_slots_0_and_1() {
+    use baton::client::AcquireOptions;
+    let n = node();
+    let c = client(&n);
+    let two = AcquireOptions::new().limit(2).value("async");
+    runtime().block_on(async {
+        let first = c.acquire_with_async("pool", LEASE, None, &two);
+        assert_static_send(&first);
+        let first = bounded(first).await.expect("slot 0");
+        let second = bounded(c.lock_with_async("pool", LEASE, None, &two))
+            .await
+            .expect("slot 1");
+        assert_eq!((first.slot(), second.slot()), (0, 1));
+        let third = c.acquire_with_async("pool", LEASE, Some(Duration::from_millis(50)), &two);
+        assert_eq!(bounded(third).await, Err(Error::Timeout));
+        assert_eq!(
+            bounded(second.release_async()).await,
+            Ok(ReleaseOutcome::Released)
+        );
+        let held = bounded(c.hold_with_async("pool", LEASE, None, &two))
+            .await
+            .expect("slot 1 again");
+        assert_eq!(held.slot(), 1);
+        assert!(held.token() > first.token());
+    });
+}

@@ -23,6 +23,14 @@
 //! and the two relink with a growing backoff, quietly, not in a tight loop
 //! that logged thousands of lines a second.
 //!
+//! Then semaphore state from a proved peer: a limit outside 1..=10000, a
+//! slot at or above it, a value of bad bytes or too long, token 0, a lease
+//! above `--max-lease` (each line refused, the link dropped, nothing else
+//! moved), and snapshots from a proved "active" with more holders than a
+//! key's limit, two grants in one slot, two limits for one key, or more
+//! holders than `--max-keys` (refused; the standby goes back to its real
+//! active and, promoted, serves that active's keys and none of these).
+//!
 //! Most tests start a 2-node cluster with the shared test key (node 0 active,
 //! node 1 its synced standby), acquire a few keys, attack, and check that
 //! nothing moved: roles, the keys and their tokens, the next token (not
@@ -1180,5 +1188,258 @@ fn a_standby_with_a_lower_max_lease_is_redialed_with_backoff_not_in_a_tight_loop
     a_standby_that_cannot_hold_the_state_is_redialed_with_backoff(
         &["--max-lease", "30"],
         "a lease above --max-lease",
+    );
+}
+
+// ----- 12. semaphore state from a proved peer, checked -----
+
+/// `stream` (a proved link) is closed by the node within DEADLINE.
+fn assert_link_closed(stream: &mut TcpStream, what: &str) {
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("read timeout");
+    let start = Instant::now();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < DEADLINE {
+        match stream.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+    panic!("the node did not drop the link after {what}");
+}
+
+/// Send `lines`, sealed, on a proved link.
+fn send_sealed(stream: &mut TcpStream, sealer: &mut Sealer, lines: &[Vec<u8>]) {
+    let mut batch = Vec::new();
+    for line in lines {
+        sealer.push_line(line, &mut batch);
+    }
+    sealer.seal(&mut batch);
+    stream.write_all(&batch).expect("send sealed lines");
+}
+
+/// A process that holds the cluster key proves itself as node 2 (in
+/// --peers, never started) to node 1, the standby of a formed cluster
+/// (every node `--max-lease 60`), and sends `line`: node 1 refuses it,
+/// logs `why` and drops the link; nothing else moves.
+fn a_proved_peers_semaphore_line_is_refused(line: &[u8], why: &str) {
+    let mut cluster = Cluster::new(3);
+    for i in 0..3 {
+        cluster.add_args(i, &["--max-lease", "60"]);
+    }
+    cluster.start(0);
+    cluster.start(1);
+    cluster.wait_formed();
+    let mut base = Baseline::take(&cluster);
+    let (mut stream, mut sealer) = prove_as(&cluster, 2, 1);
+    send_sealed(&mut stream, &mut sealer, &[line.to_vec()]);
+    assert_link_closed(&mut stream, why);
+    let expected = format!("link from {} dropped: {why}", cluster.name(2));
+    wait_for(&format!("node 1 to log {expected:?}"), DEADLINE, || {
+        base.log_since(&cluster, 1)
+            .contains(&expected)
+            .then_some(())
+    });
+    base.assert_unchanged(&cluster, why);
+    assert_eq!(cluster.client(0).query("pool"), Query::FREE);
+    // The real link between nodes 0 and 1 stayed up.
+    let insider = cluster.name(2);
+    for i in 0..2 {
+        for line in base.log_since(&cluster, i).lines() {
+            assert!(
+                line.contains(&insider)
+                    || !(line.contains("link from") || line.contains("link to"))
+                    || !line.contains("dropped"),
+                "after {why}: node {i} lost a real peer link: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_proved_peers_grant_with_limit_0_is_refused() {
+    a_proved_peers_semaphore_line_is_refused(
+        b"P G pool 16 1000 0 0\n",
+        "a limit outside 1..=10000",
+    );
+}
+
+#[test]
+fn a_proved_peers_grant_with_a_limit_above_10000_is_refused() {
+    a_proved_peers_semaphore_line_is_refused(
+        b"P G pool 16 1000 10001 0\n",
+        "a limit outside 1..=10000",
+    );
+}
+
+#[test]
+fn a_proved_peers_grant_in_a_slot_at_its_limit_is_refused() {
+    a_proved_peers_semaphore_line_is_refused(
+        b"P G pool 16 1000 3 3\n",
+        "a slot at or above its key's limit",
+    );
+}
+
+#[test]
+fn a_proved_peers_free_of_a_slot_above_any_limit_is_refused() {
+    a_proved_peers_semaphore_line_is_refused(
+        b"P F pool 16 10000\n",
+        "a slot at or above its key's limit",
+    );
+}
+
+#[test]
+fn a_proved_peers_grant_with_a_value_of_bad_bytes_is_refused() {
+    a_proved_peers_semaphore_line_is_refused(
+        b"P G pool 16 1000 3 0 bad\x7fvalue\n",
+        "a line not understood",
+    );
+}
+
+#[test]
+fn a_proved_peers_grant_with_a_value_too_long_is_refused() {
+    let line = format!("P G pool 16 1000 3 0 {}\n", "v".repeat(251));
+    a_proved_peers_semaphore_line_is_refused(line.as_bytes(), "a line not understood");
+}
+
+#[test]
+fn a_proved_peers_semaphore_grant_with_token_0_is_refused() {
+    a_proved_peers_semaphore_line_is_refused(b"P G pool 0 1000 3 1 host\n", "token 0");
+}
+
+#[test]
+fn a_proved_peers_semaphore_grant_with_a_lease_above_max_lease_is_refused() {
+    a_proved_peers_semaphore_line_is_refused(
+        b"P G pool 16 60001 3 1 host\n",
+        "a lease above --max-lease",
+    );
+}
+
+/// Nodes 1 and 2 of three run (node 1 active, node 2 its standby, node 2
+/// with `node2_args`); node 0's port is held by this test and silent. An
+/// insider proves itself as node 0 to node 2, says it is active (node 2
+/// ranks it above node 1 and follows it), and sends a snapshot of
+/// `grants` (`P G` lines of sealed text): node 2 refuses it, logs
+/// `why`, drops the link and does not say it holds that state. When the
+/// insider goes silent, node 2 goes back to node 1, and when node 1 is
+/// killed node 2 serves node 1's keys with their tokens, and none of the
+/// insider's.
+fn a_proved_actives_semaphore_snapshot_is_refused(
+    node2_args: &[&str],
+    grants: &[String],
+    why: &str,
+) {
+    let mut cluster = Cluster::new(3);
+    cluster.add_args(2, node2_args);
+    let _node0_port = std::net::TcpListener::bind(cluster.addr(0)).expect("hold node 0's port");
+    cluster.start(1);
+    cluster.start(2);
+    cluster.wait_serving(1);
+    cluster.wait_standby_of(2, 1);
+    cluster.wait_synced_standbys(1, 1);
+    let mut client = cluster.client(1);
+    let keys: Vec<(String, u64)> = (0..3)
+        .map(|i| {
+            let key = format!("held{i}");
+            let token = client.acquire_now(&key, LEASE);
+            (key, token)
+        })
+        .collect();
+    cluster.wait_held(2, keys.len() as u64);
+    let log_len = cluster.node(2).log().len();
+
+    let (mut stream, mut sealer) = prove_as(&cluster, 0, 2);
+    send_sealed(
+        &mut stream,
+        &mut sealer,
+        &[b"P B active - 0 1 0 0\n".to_vec()],
+    );
+    cluster.wait_standby_of(2, 0);
+    let mut lines = vec![b"P S\n".to_vec()];
+    lines.extend(grants.iter().map(|g| format!("{g}\n").into_bytes()));
+    lines.push(b"P C 16\n".to_vec());
+    lines.push(b"P E\n".to_vec());
+    send_sealed(&mut stream, &mut sealer, &lines);
+    assert_link_closed(&mut stream, why);
+    wait_for(&format!("node 2 to log {why:?}"), DEADLINE, || {
+        cluster.node(2).log()[log_len..].contains(why).then_some(())
+    });
+    drop(stream);
+    cluster.wait_standby_of(2, 1);
+    let info = cluster.wait_synced_standbys(1, 1);
+    assert_eq!(num(&info, "held"), keys.len() as u64, "{info}");
+    cluster.kill(1);
+    cluster.wait_serving(2);
+    let mut client = cluster.client(2);
+    for (key, token) in &keys {
+        let q = client.query(key);
+        assert_eq!(q.token, *token, "{key} on the new active: {q:?}");
+    }
+    assert_eq!(client.query("pool"), Query::FREE);
+}
+
+fn pool_grants(unix_token: u64, slots: &[(u32, u32)]) -> Vec<String> {
+    slots
+        .iter()
+        .enumerate()
+        .map(|(i, (limit, slot))| {
+            format!(
+                "P G pool {} 60000 {limit} {slot} host{i}",
+                unix_token + 16 * (i as u64 + 1)
+            )
+        })
+        .collect()
+}
+
+fn a_token_near_the_clock() -> u64 {
+    let unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    unix_ms << 20
+}
+
+#[test]
+fn a_proved_actives_snapshot_with_more_holders_than_a_limit_is_refused() {
+    let grants = pool_grants(a_token_near_the_clock(), &[(2, 0), (2, 1), (2, 1)]);
+    a_proved_actives_semaphore_snapshot_is_refused(
+        &[],
+        &grants,
+        "more holders than the key's limit in a snapshot",
+    );
+}
+
+#[test]
+fn a_proved_actives_snapshot_with_two_grants_in_one_slot_is_refused() {
+    let grants = pool_grants(a_token_near_the_clock(), &[(3, 1), (3, 1)]);
+    a_proved_actives_semaphore_snapshot_is_refused(
+        &[],
+        &grants,
+        "two grants in one slot in a snapshot",
+    );
+}
+
+#[test]
+fn a_proved_actives_snapshot_with_two_limits_for_a_key_is_refused() {
+    let grants = pool_grants(a_token_near_the_clock(), &[(3, 0), (2, 1)]);
+    a_proved_actives_semaphore_snapshot_is_refused(
+        &[],
+        &grants,
+        "two limits for one key in a snapshot",
+    );
+}
+
+#[test]
+fn a_proved_actives_snapshot_above_max_keys_counting_holders_is_refused() {
+    // One key, seven holders: seven grants against node 2's --max-keys 6.
+    let slots: Vec<(u32, u32)> = (0..7).map(|slot| (10, slot)).collect();
+    let grants = pool_grants(a_token_near_the_clock(), &slots);
+    a_proved_actives_semaphore_snapshot_is_refused(
+        &["--max-keys", "6"],
+        &grants,
+        "a snapshot above --max-keys",
     );
 }

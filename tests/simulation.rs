@@ -24,8 +24,13 @@
 //! connections and buffers data), crashes and restarts, and forged or
 //! malformed messages from a stranger.
 //!
+//! Client traffic is mutexes and two semaphores (limits 2 and 3, holders
+//! with and without values), whose grants replicate a `G` per holder.
+//!
 //! Checked after every step, on every node that runs:
 //! - the lock table's own invariants (`check_invariants`);
+//! - no slot of a semaphore is held twice on one node (two actives during
+//!   a partition may each have a holder in a slot: the documented caveat);
 //! - every grant's token was never issued before, by any node, and is above
 //!   the same node's previous grants;
 //! - no connection gets more answers for an (op, key) than it sent requests,
@@ -48,7 +53,7 @@ mod rng;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
-use baton::protocol::{Answer, Key, Op, Reason, Request};
+use baton::protocol::{Answer, Key, Op, Reason, Request, Value};
 use baton::server::core::cluster_core::{
     ClusterCore, ClusterParams, HANDSHAKE_MS, LinkId, MAX_PENDING_IN, OutDown,
 };
@@ -839,14 +844,25 @@ impl Sim {
         }
         let c = self.rng.index(self.nodes[i].conns.len());
         let conn = self.nodes[i].conns[c];
-        let key = Key::new(format!("k{}", self.rng.below(5)).as_bytes()).expect("key");
+        // Keys k0..k4 are mutexes; s2 and s3 semaphores of limits 2 and 3,
+        // whose holders carry a value now and then.
+        let (key, limit) = match self.rng.below(7) {
+            n @ 5..=6 => (format!("s{}", n - 3), Some(n as u32 - 3)),
+            n => (format!("k{n}"), None),
+        };
+        let key = Key::new(key.as_bytes()).expect("key");
         let request = match self.rng.below(16) {
             0..=6 => Request::Acquire {
                 key,
                 lease_ms: self.rng.between(20, 320),
                 wait_ms: self.rng.below(200),
-                limit: None,
-                value: None,
+                limit,
+                value: match limit {
+                    Some(_) if self.rng.below(2) == 0 => Some(
+                        Value::new(format!("v{}", self.rng.below(9)).as_bytes()).expect("value"),
+                    ),
+                    _ => None,
+                },
             },
             7..=10 => match self.pick_held(i) {
                 Some((key, token)) => Request::Release { key, token },
@@ -956,7 +972,26 @@ impl Sim {
     /// to nobody (requests held back during a role transfer excepted).
     fn check_node(&self, i: usize) {
         let node = &self.nodes[i];
-        node.owner.core.table().check_invariants();
+        let table = node.owner.core.table();
+        table.check_invariants();
+        // No slot of a semaphore is held twice on one node (across nodes,
+        // during a partition, two holders of one slot may exist: two
+        // actives, the documented caveat that fencing tokens cover).
+        for key in ["s2", "s3"] {
+            let Some(view) = table.key_view(&Key::new(key.as_bytes()).expect("key")) else {
+                continue;
+            };
+            let mut slots: Vec<u32> = view.holders().map(|h| h.slot).collect();
+            let holders = slots.len();
+            slots.sort_unstable();
+            slots.dedup();
+            assert_eq!(slots.len(), holders, "node {i}: a slot of {key} held twice");
+            assert!(
+                holders <= view.limit() as usize && slots.iter().all(|&s| s < view.limit()),
+                "node {i}: {key} holds {slots:?} under limit {}",
+                view.limit()
+            );
+        }
         let clients = |m: &ToOwner| matches!(m, ToOwner::Clients(_));
         if node.owner.core.is_transferring()
             || !node.client_in.is_empty()
@@ -1737,20 +1772,12 @@ fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_or_has_them_left_
     let attacks = [
         // Malformed: refused, the link dropped.
         (
-            PeerMsg::Delta(Delta::Grant {
-                key: key.clone(),
-                token: 16,
-                ms_left: u64::MAX / 2,
-            }),
+            PeerMsg::Delta(Delta::grant(key.clone(), 16, u64::MAX / 2)),
             true,
             false,
         ),
         (
-            PeerMsg::Delta(Delta::Grant {
-                key: key.clone(),
-                token: 0,
-                ms_left: 1_000,
-            }),
+            PeerMsg::Delta(Delta::grant(key.clone(), 0, 1_000)),
             true,
             false,
         ),
@@ -1759,11 +1786,7 @@ fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_or_has_them_left_
         // state until the next snapshot.
         (PeerMsg::Delta(Delta::Ceiling(far)), false, false),
         (
-            PeerMsg::Delta(Delta::Grant {
-                key: key.clone(),
-                token: far,
-                ms_left: 1_000,
-            }),
+            PeerMsg::Delta(Delta::grant(key.clone(), far, 1_000)),
             false,
             false,
         ),

@@ -11,6 +11,11 @@
 //! must do by itself: retry `SET NX` after a jittered ~1 ms until its wait
 //! runs out, where baton queues the request.
 //!
+//! A contended run may also log every grant of its key for the watch rows
+//! (`RunSpec::changes`: the change's id and the time the request that made
+//! it was sent), and against Redis publish that id on the key's channel
+//! before releasing, as a holder that tells its watchers would.
+//!
 //! Bounds: each run ends at warmup + measure, then drains for at most
 //! `drain` (no new acquires; held keys are released), and never sends more
 //! than `MAX_REQUESTS_PER_RUN` requests.
@@ -24,6 +29,7 @@ use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use baton::server::trust::tls::Stream;
@@ -67,6 +73,26 @@ pub enum Workload {
     Fill { keys: u64, depth: usize },
 }
 
+/// One change of a watched key, as the holder that made it saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct Change {
+    /// baton: the grant's token; Redis: the id the holder published.
+    pub id: u64,
+    /// When the request that made the change was sent: the release a
+    /// handoff followed, else the acquire (Redis: the `PUBLISH`).
+    pub cause: Instant,
+    /// `cause` is inside the run's measure window.
+    pub in_window: bool,
+}
+
+/// The grants of a contended run's key, in order, for the watch rows.
+pub type ChangeLog = Arc<Mutex<VecDeque<Change>>>;
+
+/// The key every client of a contended run shares.
+pub fn contended_key(key_prefix: &str) -> String {
+    format!("{key_prefix}c")
+}
+
 /// One run.
 #[derive(Clone, Debug)]
 pub struct RunSpec {
@@ -91,6 +117,12 @@ pub struct RunSpec {
     /// Server processes whose CPU time is read over the measure window
     /// (the load generator's own is read too, last).
     pub cpu_pids: Vec<u32>,
+    /// A semaphore's limit, sent with every acquire (baton: the limit
+    /// field; the Redis semaphore: its script's argument). `None`: a mutex,
+    /// and baton's acquire has no limit field.
+    pub limit: Option<u32>,
+    /// Contended runs: log every grant here (and against Redis, publish it).
+    pub changes: Option<ChangeLog>,
 }
 
 /// What a run measured. Latencies are in nanoseconds.
@@ -402,11 +434,21 @@ fn connect(addr: SocketAddr, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<
 /// What every client knows about a shared key (contended and expiry runs).
 #[derive(Clone, Debug, Default)]
 struct KeyShared {
-    holder: Option<u32>,
-    release_sent: Option<Instant>,
+    /// Contended: grants received and not yet released.
+    holders: u32,
+    /// Contended: releases sent that no grant followed yet, oldest first
+    /// (each grant after one is the handoff it made; FIFO, as the server's
+    /// line is).
+    releases: VecDeque<Instant>,
     granted_at: Option<Instant>,
     last_token: u64,
 }
+
+/// Releases remembered per key: far more than any limit the rows use.
+const MAX_RELEASES: usize = 1024;
+
+/// Ids of published changes (Redis watch rows), over every run.
+static NEXT_CHANGE: AtomicU64 = AtomicU64::new(1);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -459,6 +501,10 @@ struct Phases {
 struct Worker {
     proto: Proto,
     workload: Workload,
+    /// Grants a key may have at once (1 without a limit).
+    limit: u32,
+    limit_field: Option<u32>,
+    changes: Option<ChangeLog>,
     lease_ms: u64,
     wait_ms: u64,
     warmup: Duration,
@@ -505,6 +551,7 @@ impl Worker {
             .map_err(|e| format!("register timerfd: {e}"))?;
         let per_conn = slots_per_conn(spec.workload);
         let now = Instant::now();
+        let contended_key = contended_key(&spec.key_prefix);
         let mut conns = Vec::with_capacity(streams.len());
         let mut slots = Vec::with_capacity(streams.len() * per_conn);
         for (i, mut stream) in streams.into_iter().enumerate() {
@@ -527,7 +574,7 @@ impl Worker {
             for d in 0..per_conn {
                 let global = (client * per_conn + d) as u64;
                 let (group, key, next_fill, end_fill) = match spec.workload {
-                    Workload::Contended { .. } => (0, format!("{}c", spec.key_prefix), 0, 0),
+                    Workload::Contended { .. } => (0, contended_key.clone(), 0, 0),
                     Workload::Expiry { keys } => {
                         let group = client % keys.max(1);
                         (group, format!("{}e{group}", spec.key_prefix), 0, 0)
@@ -562,6 +609,9 @@ impl Worker {
         Ok(Worker {
             proto: spec.proto,
             workload: spec.workload,
+            limit: spec.limit.unwrap_or(1).max(1),
+            limit_field: spec.limit,
+            changes: spec.changes.clone(),
             lease_ms: spec.lease_ms,
             wait_ms: spec.wait_ms,
             warmup: spec.warmup,
@@ -757,13 +807,15 @@ impl Worker {
     fn send_acquire(&mut self, s: usize) {
         let slot = &mut self.slots[s];
         let conn = &mut self.conns[slot.conn as usize];
-        wire::write_acquire(
+        wire::write_acquire_limited(
             self.proto,
             &mut conn.out,
             &slot.key,
             &slot.token_text,
             self.lease_ms,
             self.wait_ms,
+            self.limit_field,
+            &self.sha,
         );
         conn.pending.push_back((s as u32, Op::Acquire));
         slot.state = State::Acquiring;
@@ -785,14 +837,15 @@ impl Worker {
         conn.pending.push_back((s as u32, Op::Release));
         slot.state = State::Releasing;
         self.out.requests += 1;
-        let (c, client, group) = (slot.conn, slot.client, slot.group);
+        let (c, group) = (slot.conn, slot.group);
         if let Workload::Contended { .. } = self.workload {
             let mut keys = self.shared.lock();
             let key = &mut keys[group];
-            if key.holder == Some(client) {
-                key.holder = None;
+            key.holders = key.holders.saturating_sub(1);
+            if key.releases.len() >= MAX_RELEASES {
+                key.releases.pop_front();
             }
-            key.release_sent = Some(now);
+            key.releases.push_back(now);
         }
         self.mark_dirty(c);
     }
@@ -808,10 +861,13 @@ impl Worker {
             let waited = now.duration_since(slot.started).as_nanos() as u64;
             self.out.acquire.saturating_record(waited.max(1));
         }
-        let (client, group, started) = (slot.client, slot.group, slot.started);
+        let (group, started) = (slot.group, slot.started);
         match self.workload {
             Workload::Contended { hold } => {
-                self.note_shared_grant(group, client, token, started, now, in_window);
+                let handoff = self.note_shared_grant(group, token, started, now, in_window);
+                if self.changes.is_some() {
+                    self.log_change(s, token, handoff.unwrap_or(started), now);
+                }
                 if hold.is_zero() || self.draining {
                     self.release(s, now);
                 } else {
@@ -820,7 +876,7 @@ impl Worker {
                 }
             }
             Workload::Expiry { .. } => {
-                self.note_shared_grant(group, client, token, started, now, in_window);
+                self.note_shared_grant(group, token, started, now, in_window);
                 if self.draining {
                     self.finish(s);
                 } else {
@@ -833,22 +889,57 @@ impl Worker {
         }
     }
 
-    /// Contended and expiry bookkeeping on the shared key.
+    /// The watch rows: log the grant; against Redis, publish its id on the
+    /// key's channel (before the release the caller sends next).
+    fn log_change(&mut self, s: usize, token: u64, cause: Instant, now: Instant) {
+        let Some(log) = self.changes.clone() else {
+            return;
+        };
+        let (id, cause) = if self.proto.server_tokens() {
+            (token, cause)
+        } else {
+            let id = NEXT_CHANGE.fetch_add(1, Ordering::Relaxed);
+            let slot = &self.slots[s];
+            let conn = &mut self.conns[slot.conn as usize];
+            wire::write_publish(&mut conn.out, &slot.key, id);
+            conn.pending.push_back((s as u32, Op::Publish));
+            self.out.requests += 1;
+            let c = slot.conn;
+            self.mark_dirty(c);
+            (id, now)
+        };
+        let in_window = self.in_window(cause);
+        log.lock().push_back(Change {
+            id,
+            cause,
+            in_window,
+        });
+    }
+
+    /// Contended and expiry bookkeeping on the shared key. Contended: the
+    /// release this grant was the handoff of (sent after the acquire), if
+    /// it was one.
     fn note_shared_grant(
         &mut self,
         group: usize,
-        client: u32,
         token: u64,
         started: Instant,
         now: Instant,
         in_window: bool,
-    ) {
+    ) -> Option<Instant> {
         let contended = matches!(self.workload, Workload::Contended { .. });
         let lease = Duration::from_millis(self.lease_ms);
         let mut keys = self.shared.lock();
         let key = &mut keys[group];
-        if contended && key.holder.is_some() {
-            self.out.overlaps += 1;
+        let mut handoff = None;
+        if contended {
+            if key.holders >= self.limit {
+                self.out.overlaps += 1;
+            }
+            key.holders += 1;
+            // A handoff: this acquire was already waiting when the release
+            // was sent.
+            handoff = key.releases.pop_front().filter(|&sent| sent >= started);
         }
         if self.proto.server_tokens() {
             if token <= key.last_token {
@@ -858,9 +949,7 @@ impl Worker {
         }
         if in_window {
             if contended {
-                // A handoff: this acquire was already waiting when the
-                // release was sent.
-                if let Some(sent) = key.release_sent.filter(|&sent| sent >= started) {
+                if let Some(sent) = handoff {
                     let ns = now.duration_since(sent).as_nanos() as u64;
                     self.out.handoff.saturating_record(ns.max(1));
                 }
@@ -875,8 +964,8 @@ impl Worker {
                 }
             }
         }
-        key.holder = Some(client);
         key.granted_at = Some(now);
+        handoff
     }
 
     /// Redis: `SET NX` found the key held. Retry after a jittered ~1 ms while
@@ -932,7 +1021,7 @@ impl Worker {
         reply: &wire::Reply<'_>,
         now: Instant,
     ) -> Result<(), String> {
-        let (kind, text) = (reply.kind, reply.text);
+        let (kind, text) = (wire::in_answer_to(self.proto, op, reply.kind), reply.text);
         match (op, kind) {
             (Op::Acquire, Kind::Granted(token)) => {
                 let token = if self.proto.server_tokens() {
@@ -962,6 +1051,9 @@ impl Worker {
                 self.note_error(text);
                 self.on_released(s, now);
             }
+            // A `PUBLISH`'s count of receivers: nothing to do.
+            (Op::Publish, Kind::Ack | Kind::Released | Kind::NotHeld) => {}
+            (Op::Publish, Kind::Error) => self.note_error(text),
             (op, kind) => {
                 return Err(format!(
                     "answer {kind:?} ({:?}) to {op:?}",

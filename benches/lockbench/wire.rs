@@ -4,9 +4,11 @@
 //! system the harness drives — baton's line protocol (docs/protocol.md),
 //! `batond --echo` (every line comes back as it was sent), a Redis lock in
 //! RESP (`SET key token NX PX lease`, released by the compare-and-delete
-//! script through `EVALSHA`), and Redis `PING` inline (the Redis floor).
-//! The engine (engine.rs) drives all four through the same code; only these
-//! functions differ.
+//! script through `EVALSHA`), a Redis sorted-set semaphore (one Lua script
+//! to acquire, `ZREM` to release), and Redis `PING` inline (the Redis
+//! floor); and the watch streams read by the watch rows: baton's `W` lines
+//! and Redis pub/sub messages. The engine (engine.rs) drives every lock
+//! through the same code; only these functions differ.
 //!
 //! Never does: allocate per answer, or decide what a slot does next.
 
@@ -14,6 +16,16 @@ use std::fmt;
 
 /// The compare-and-delete release, loaded with `SCRIPT LOAD`.
 pub const RELEASE_SCRIPT: &str = "if redis.call(\"get\",KEYS[1]) == ARGV[1] then return redis.call(\"del\",KEYS[1]) else return 0 end";
+
+/// The sorted-set semaphore's acquire, loaded with `SCRIPT LOAD` and called
+/// `EVALSHA sha 1 key token limit lease_ms`: drop the members whose lease
+/// ran out (scored by the server's clock in ms), then join if fewer than
+/// `limit` hold the key. Answers 1 (granted) or 0 (full: retry).
+pub const SEMAPHORE_SCRIPT: &str = "local t = redis.call('TIME') \
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3])) \
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then \
+redis.call('ZADD', KEYS[1], now, ARGV[1]) return 1 end return 0";
 
 /// Which system a connection talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +38,9 @@ pub enum Proto {
     RedisLock,
     /// The Redis floor: `PING` inline for each of the two requests.
     RedisPing,
+    /// A Redis sorted-set semaphore: `EVALSHA` of `SEMAPHORE_SCRIPT` /
+    /// `ZREM key token`.
+    RedisSemaphore,
 }
 
 impl Proto {
@@ -41,11 +56,12 @@ impl Proto {
     }
 }
 
-/// The two requests of a lock.
+/// The requests of a lock (and the Redis watch rows' `PUBLISH`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Acquire,
     Release,
+    Publish,
 }
 
 /// What an answer says.
@@ -144,6 +160,23 @@ pub fn write_acquire(
     lease_ms: u64,
     wait_ms: u64,
 ) {
+    write_acquire_limited(proto, out, key, token, lease_ms, wait_ms, None, &[]);
+}
+
+/// `write_acquire` with a semaphore's limit: baton's `A key lease wait
+/// limit` (no field when `None`), the Redis semaphore's `EVALSHA sha 1 key
+/// token limit lease_ms` (`sha`: its script's SHA1; limit 1 when `None`).
+#[allow(clippy::too_many_arguments)]
+pub fn write_acquire_limited(
+    proto: Proto,
+    out: &mut Vec<u8>,
+    key: &[u8],
+    token: &TokenText,
+    lease_ms: u64,
+    wait_ms: u64,
+    limit: Option<u32>,
+    sha: &[u8],
+) {
     match proto {
         Proto::Baton | Proto::Echo => {
             out.extend_from_slice(b"A ");
@@ -152,7 +185,29 @@ pub fn write_acquire(
             write_seconds(lease_ms, out);
             out.push(b' ');
             write_seconds(wait_ms, out);
+            if let Some(limit) = limit {
+                let mut text = [0u8; 20];
+                out.push(b' ');
+                out.extend_from_slice(decimal(u64::from(limit), &mut text));
+            }
             out.push(b'\n');
+        }
+        Proto::RedisSemaphore => {
+            let (mut limit_text, mut lease_text) = ([0u8; 20], [0u8; 20]);
+            let limit_text = decimal(u64::from(limit.unwrap_or(1)), &mut limit_text);
+            let lease_text = decimal(lease_ms, &mut lease_text);
+            resp_command(
+                out,
+                &[
+                    b"EVALSHA",
+                    sha,
+                    b"1",
+                    key,
+                    token.as_bytes(),
+                    limit_text,
+                    lease_text,
+                ],
+            );
         }
         Proto::RedisLock => {
             let mut lease_text = [0u8; 20];
@@ -178,7 +233,26 @@ pub fn write_release(proto: Proto, out: &mut Vec<u8>, key: &[u8], token: &TokenT
         Proto::RedisLock => {
             resp_command(out, &[b"EVALSHA", sha, b"1", key, token.as_bytes()]);
         }
+        Proto::RedisSemaphore => resp_command(out, &[b"ZREM", key, token.as_bytes()]),
         Proto::RedisPing => out.extend_from_slice(b"PING\r\n"),
+    }
+}
+
+/// Append `PUBLISH channel <id>` (the Redis watch rows: the new holder
+/// tells the subscribers which change this is).
+pub fn write_publish(out: &mut Vec<u8>, channel: &[u8], id: u64) {
+    let mut text = [0u8; 20];
+    resp_command(out, &[b"PUBLISH", channel, decimal(id, &mut text)]);
+}
+
+/// What an in-order answer means for the request it answers: the Redis
+/// semaphore's acquire answers 1 (granted) or 0 (full), which RESP reading
+/// alone takes for a release's.
+pub fn in_answer_to(proto: Proto, op: Op, kind: Kind) -> Kind {
+    match (proto, op, kind) {
+        (Proto::RedisSemaphore, Op::Acquire, Kind::Released) => Kind::Granted(0),
+        (Proto::RedisSemaphore, Op::Acquire, Kind::NotHeld) => Kind::Busy,
+        _ => kind,
     }
 }
 
@@ -199,7 +273,7 @@ pub fn parse_reply(proto: Proto, buf: &[u8]) -> Result<Option<Reply<'_>>, BadAns
     let reply = match proto {
         Proto::Baton => baton_answer(line, used),
         Proto::Echo => echo_answer(line, used),
-        Proto::RedisLock | Proto::RedisPing => resp_answer(line, used)?,
+        Proto::RedisLock | Proto::RedisPing | Proto::RedisSemaphore => resp_answer(line, used)?,
     };
     Ok(Some(reply))
 }
@@ -309,6 +383,8 @@ fn resp_answer(line: &[u8], used: usize) -> Result<Reply<'_>, BadAnswer> {
         b"$-1" | b"_" => Kind::Busy,
         b":1" => Kind::Released,
         b":0" => Kind::NotHeld,
+        // Any other integer: a `PUBLISH`'s count of receivers.
+        [b':', digits @ ..] if parse_u64(digits).is_some() => Kind::Ack,
         [b'-', ..] => Kind::Error,
         _ => {
             return Err(BadAnswer(format!(
@@ -394,4 +470,116 @@ pub fn parse_u64(field: &[u8]) -> Option<u64> {
             None
         }
     })
+}
+
+/// One message of a watch stream, read by the watch rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watched {
+    /// A state (baton `W <key> <token> ...`: the token; Redis: the id the
+    /// publisher sent). The first baton line is the state at the `W`.
+    State(u64),
+    /// Redis: the `SUBSCRIBE` was confirmed.
+    Subscribed,
+}
+
+/// Read one watch message from the front of `buf`: `Ok(None)` when no
+/// whole message is there yet; otherwise the message and the bytes used.
+/// baton: `W <key> <token> <holders> <waiting> <value>` for `key`; Redis
+/// (RESP2 push arrays): `subscribe` and `message` for channel `key`.
+pub fn parse_watched(
+    redis: bool,
+    key: &[u8],
+    buf: &[u8],
+) -> Result<Option<(Watched, usize)>, BadAnswer> {
+    if redis {
+        return parse_push(key, buf);
+    }
+    let Some(end) = buf.iter().position(|&b| b == b'\n') else {
+        if buf.len() > MAX_ANSWER {
+            return Err(BadAnswer(format!("answer longer than {MAX_ANSWER} bytes")));
+        }
+        return Ok(None);
+    };
+    let line = match &buf[..end] {
+        [head @ .., b'\r'] => head,
+        line => line,
+    };
+    let bad = || BadAnswer(format!("watch line {:?}", String::from_utf8_lossy(line)));
+    let mut fields = line.split(|&b| b == b' ');
+    if fields.next() != Some(b"W") || fields.next() != Some(key) {
+        return Err(bad());
+    }
+    let token = fields.next().and_then(parse_u64).ok_or_else(bad)?;
+    // holders, waiting, value; nothing after.
+    let rest: Vec<&[u8]> = fields.collect();
+    if rest.len() != 3 || parse_u64(rest[0]).is_none() || parse_u64(rest[1]).is_none() {
+        return Err(bad());
+    }
+    Ok(Some((Watched::State(token), end + 1)))
+}
+
+/// A RESP2 push of three elements: `subscribe <channel> :n` or `message
+/// <channel> <payload>`, the payload a decimal id.
+fn parse_push(channel: &[u8], buf: &[u8]) -> Result<Option<(Watched, usize)>, BadAnswer> {
+    let mut at = 0;
+    let Some(head) = resp_line(buf, &mut at)? else {
+        return Ok(None);
+    };
+    if head != b"*3" {
+        return Err(BadAnswer(format!(
+            "unexpected RESP push {:?}",
+            String::from_utf8_lossy(head)
+        )));
+    }
+    let mut items: [&[u8]; 3] = [&[]; 3];
+    for item in &mut items {
+        let Some(line) = resp_line(buf, &mut at)? else {
+            return Ok(None);
+        };
+        *item = match line {
+            [b':', ..] => line,
+            [b'$', len @ ..] => {
+                let len = parse_u64(len)
+                    .filter(|&n| n as usize <= MAX_ANSWER)
+                    .ok_or_else(|| BadAnswer("bad RESP bulk length".into()))?
+                    as usize;
+                if buf.len() < at + len + 2 {
+                    return Ok(None);
+                }
+                let bulk = &buf[at..at + len];
+                if &buf[at + len..at + len + 2] != b"\r\n" {
+                    return Err(BadAnswer("RESP bulk without its CRLF".into()));
+                }
+                at += len + 2;
+                bulk
+            }
+            _ => return Err(BadAnswer("unexpected RESP push item".into())),
+        };
+    }
+    let message = match items {
+        [b"subscribe", name, _] if name == channel => Watched::Subscribed,
+        [b"message", name, id] if name == channel => Watched::State(
+            parse_u64(id).ok_or_else(|| BadAnswer("a message that is not an id".into()))?,
+        ),
+        _ => {
+            return Err(BadAnswer(format!(
+                "unexpected RESP push {:?}",
+                String::from_utf8_lossy(&buf[..at])
+            )));
+        }
+    };
+    Ok(Some((message, at)))
+}
+
+/// The next CRLF-ended line of `buf` from `*at` (moved past it).
+fn resp_line<'a>(buf: &'a [u8], at: &mut usize) -> Result<Option<&'a [u8]>, BadAnswer> {
+    let rest = &buf[*at..];
+    let Some(end) = rest.windows(2).position(|w| w == b"\r\n") else {
+        if rest.len() > MAX_ANSWER {
+            return Err(BadAnswer(format!("answer longer than {MAX_ANSWER} bytes")));
+        }
+        return Ok(None);
+    };
+    *at += end + 2;
+    Ok(Some(&rest[..end]))
 }

@@ -2,12 +2,13 @@
 //!
 //! Owns: the process — arguments (`baton/args.rs`), one command per run,
 //! the exit code, and the one-line messages on stderr (none for a busy key
-//! under `-q`). `run` lives in `baton/run.rs`, the shell completion
-//! scripts in `baton/complete.rs`. Logs of the library are off
+//! under `-q`). `run` lives in `baton/run.rs`, `watch` in
+//! `baton/watch.rs`, the shell completion scripts in `baton/complete.rs`. Logs of the library are off
 //! unless `RUST_LOG` asks.
 //!
-//! Never does: print anything but the token on stdout for `acquire`, or
-//! more than one line on stderr for a failure.
+//! Never does: print anything but the token (and, with `--limit`, the
+//! slot after a space) on stdout for `acquire`, or more than one line on
+//! stderr for a failure.
 
 #[path = "baton/args.rs"]
 mod args;
@@ -15,6 +16,8 @@ mod args;
 mod complete;
 #[path = "baton/run.rs"]
 mod run;
+#[path = "baton/watch.rs"]
+mod watch;
 
 use std::process::ExitCode;
 
@@ -102,7 +105,12 @@ fn execute(mut cli: Cli) -> u8 {
     };
     let quiet = cli.quiet;
     match cli.command {
-        Command::Acquire { key, lease, wait } => acquire(&client, &key, lease, wait, quiet),
+        Command::Acquire {
+            key,
+            lease,
+            wait,
+            holding,
+        } => acquire(&client, &key, lease, wait, &holding, quiet),
         Command::Release { key, token } => release(&client, &key, token),
         Command::Keep { key, token, lease } => keep(&client, &key, token, lease),
         Command::Query { key } => query(&client, &key),
@@ -110,6 +118,7 @@ fn execute(mut cli: Cli) -> u8 {
             key,
             lease,
             wait,
+            holding,
             command,
         } => run::run(
             &client,
@@ -117,10 +126,12 @@ fn execute(mut cli: Cli) -> u8 {
                 key: &key,
                 lease,
                 wait,
+                options: &holding.options(),
                 command: &command,
                 quiet,
             },
         ),
+        Command::Watch { key, once } => watch::watch(&client, &key, once, cli.timeout),
         Command::Status => status(&client, &cli.servers),
         Command::Help | Command::Version | Command::Completions(_) => 0,
     }
@@ -180,15 +191,24 @@ fn acquire(
     key: &[u8],
     lease: std::time::Duration,
     wait: Option<std::time::Duration>,
+    holding: &args::Holding,
     quiet: bool,
 ) -> u8 {
     let name = String::from_utf8_lossy(key);
-    match client.acquire(key, lease, wait) {
+    match client.acquire_with(key, lease, wait, &holding.options()) {
         Ok(grant) => {
-            println!("{}", grant.token());
+            println!("{}", acquired_line(&grant, holding.limit.is_some()));
             0
         }
         Err(e) => acquire_failed(&name, wait, &e, quiet),
+    }
+}
+
+/// `TOKEN`, or `TOKEN SLOT` for an acquire that named a limit.
+fn acquired_line(grant: &baton::client::Grant, with_slot: bool) -> String {
+    match with_slot {
+        true => format!("{} {}", grant.token(), grant.slot()),
+        false => grant.token().to_string(),
     }
 }
 

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use crate::client::Error;
 use crate::client::conn::{Conn, Outcome};
 use crate::client::grant::{Grant, KeyStatus, NodeInfo, ReleaseOutcome};
+use crate::client::options::Ask;
 use crate::client::pool::{Pool, Target};
 use crate::protocol::{Answer, Key, Reason, Request};
 
@@ -342,8 +343,8 @@ fn unexpected(answer: &Answer) -> Error {
     Error::Protocol(format!("unexpected answer {answer:?}"))
 }
 
-/// `A key lease wait`; `wait_ms` None waits without limit. A re-sent
-/// acquire asks only for the wait that is left.
+/// `A key lease wait [limit [value]]`; `wait_ms` None waits without limit.
+/// A re-sent acquire asks only for the wait that is left.
 ///
 /// A grant's lease is counted from when its acquire was sent; one that
 /// waited in line may have spent most of its lease that way by this count,
@@ -351,10 +352,16 @@ fn unexpected(answer: &Answer) -> Error {
 /// after more than a third of its lease is confirmed at once with `K`, whose
 /// send time becomes the lease start. A grant that ran out before it arrived
 /// is asked for again (at most [`ACQUIRE_ROUNDS`] times).
-pub fn acquire(pool: &Pool, key: Key, lease_ms: u64, wait_ms: Option<u64>) -> Result<Grant, Error> {
+pub fn acquire(
+    pool: &Pool,
+    key: Key,
+    lease_ms: u64,
+    wait_ms: Option<u64>,
+    ask: &Ask,
+) -> Result<Grant, Error> {
     let wait_end = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
     for _ in 0..ACQUIRE_ROUNDS {
-        let make = || acquire_request(&key, lease_ms, wait_end);
+        let make = || acquire_request(&key, lease_ms, wait_end, ask);
         let due = wait_end.map(|end| end + pool.request_timeout());
         let done = exchange(pool, Target::Any, due, make).map_err(|f| f.error)?;
         let grant = acquire_answer(done, lease_ms)?;
@@ -377,10 +384,11 @@ pub async fn acquire_async(
     key: Key,
     lease_ms: u64,
     wait_ms: Option<u64>,
+    ask: &Ask,
 ) -> Result<Grant, Error> {
     let wait_end = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
     for _ in 0..ACQUIRE_ROUNDS {
-        let make = || acquire_request(&key, lease_ms, wait_end);
+        let make = || acquire_request(&key, lease_ms, wait_end, ask);
         let due = wait_end.map(|end| end + pool.request_timeout());
         let done = exchange_async(pool, Target::Any, due, make)
             .await
@@ -454,7 +462,12 @@ impl Drop for ReleaseOnDrop<'_> {
 pub const ACQUIRE_ROUNDS: usize = 3;
 
 /// The acquire to send now: the wait asked for is what is left of it.
-fn acquire_request(key: &Key, lease_ms: u64, wait_end: Option<Instant>) -> Result<Request, Error> {
+fn acquire_request(
+    key: &Key,
+    lease_ms: u64,
+    wait_end: Option<Instant>,
+    ask: &Ask,
+) -> Result<Request, Error> {
     let wait_left = match wait_end {
         None => 0,
         Some(end) => match millis_until(end) {
@@ -466,14 +479,22 @@ fn acquire_request(key: &Key, lease_ms: u64, wait_end: Option<Instant>) -> Resul
         key: key.clone(),
         lease_ms,
         wait_ms: wait_left,
-        limit: None,
-        value: None,
+        limit: ask.limit,
+        value: ask.value.clone(),
     })
 }
 
 fn acquire_answer(done: Exchanged, lease_ms: u64) -> Result<Grant, Error> {
     match done.answer {
-        Answer::Granted { token, key, .. } => Ok(Grant::new(key, token, lease_ms, done.sent_at)),
+        // A slot comes with every grant of an acquire that named a limit;
+        // without one, the key is a mutex and its one slot is 0.
+        Answer::Granted { token, key, slot } => Ok(Grant::new(
+            key,
+            token,
+            slot.unwrap_or(0),
+            lease_ms,
+            done.sent_at,
+        )),
         Answer::Timeout { .. } => Err(Error::Timeout),
         Answer::Error { reason, .. } => Err(Error::Refused(reason)),
         other => Err(unexpected(&other)),

@@ -21,10 +21,21 @@
 //! async task alike; when the connection drops, every waiting request's
 //! completion is closed and its caller moves on.
 //!
-//! Liveness: when the connection has requests waiting and the server has
-//! said nothing for the request timeout, the reader sends an `I` probe; no
-//! answer to it within another request timeout closes the connection. A
-//! caller whose request is overdue also closes it ([`Conn::kill`]).
+//! Watches ([`Conn::watch`]): a `W <key>` is not a pending request but a
+//! subscription, kept per key until it is given up ([`Conn::unwatch`],
+//! which sends `X <key>` once the key's last watch on this connection
+//! goes). Every `W` line for the key goes to the mailboxes (`feed.rs`) of
+//! the watches subscribed to it; `E W <key>` to the oldest one still
+//! awaiting its first line; `M <active> W <key>` ends the key's watches on
+//! this connection (each is told where to go), and so does the end of the
+//! connection. `W` lines for a key no longer watched (unwatched, its `X`
+//! not yet answered) are dropped.
+//!
+//! Liveness: when the connection has requests waiting or watches, and the
+//! server has said nothing for the request timeout, the reader sends an
+//! `I` probe; no answer to it within another request timeout closes the
+//! connection. A caller whose request is overdue also closes it
+//! ([`Conn::kill`]).
 //!
 //! Limits: [`MAX_IN_FLIGHT`] requests waiting per connection (past it the
 //! connection takes no more and callers use another); [`WRITE_BATCH`] bytes
@@ -36,6 +47,7 @@
 //! network: a line that does not parse, or an answer that matches no
 //! request, means the connection is out of step and it is closed.
 
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
@@ -49,11 +61,12 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
 use crate::client::ctx::Ctx;
+use crate::client::feed::{Event, Feed};
 use crate::client::limits::WRITE_BATCH;
 use crate::client::oneshot::{self, RecvError};
 use crate::client::pending::{Pending, Route, route};
 use crate::client::timer::Timer;
-use crate::protocol::{self, Answer, LineError, Op, Parsed, Reason, Request, Secret};
+use crate::protocol::{self, Answer, Key, LineError, Op, Parsed, Reason, Request, Secret};
 
 /// Time between two connection attempts to a server that is down.
 pub const RECONNECT_INTERVAL: Duration = Duration::from_secs(3);
@@ -95,12 +108,49 @@ struct State {
     /// A clone of the socket, to shut it down from any thread.
     stream: Option<TcpStream>,
     pending: Pending<Slot>,
+    /// The watches subscribed on this connection, per key.
+    watches: HashMap<Key, Watchers>,
     /// Why the last attempt failed or the last connection ended.
     last_error: Option<String>,
     /// Why a caller closed the connection (reported instead of the EOF).
     kill_reason: Option<String>,
     /// The last attempt failed because the server refused the secret.
     auth_refused: bool,
+}
+
+/// One watch's subscription on a connection: its mailbox and the epoch
+/// its events carry.
+#[derive(Clone)]
+struct Sub {
+    feed: Arc<Feed>,
+    epoch: u64,
+}
+
+impl Sub {
+    fn is(&self, feed: &Arc<Feed>, epoch: u64) -> bool {
+        self.epoch == epoch && Arc::ptr_eq(&self.feed, feed)
+    }
+}
+
+/// The watches of one key on one connection.
+#[derive(Default)]
+struct Watchers {
+    /// Those whose `W` awaits its first line, in the order the `W`s went
+    /// out; None for one given up on meanwhile (its answer still comes).
+    awaiting: VecDeque<Option<Sub>>,
+    /// Those whose `W` was answered.
+    live: Vec<Sub>,
+}
+
+impl Watchers {
+    /// True when no watch is left (given-up ones may still await answers).
+    fn none_left(&self) -> bool {
+        self.live.is_empty() && self.awaiting.iter().all(Option::is_none)
+    }
+
+    fn every(&self) -> impl Iterator<Item = &Sub> {
+        self.awaiting.iter().flatten().chain(&self.live)
+    }
 }
 
 /// A request sent on a connection, waiting for its answer.
@@ -135,6 +185,7 @@ impl Conn {
                 writer: None,
                 stream: None,
                 pending: Pending::default(),
+                watches: HashMap::new(),
                 last_error: None,
                 kill_reason: None,
                 auth_refused: false,
@@ -178,6 +229,53 @@ impl Conn {
             settled: false,
             sent_at: Instant::now(),
         })
+    }
+
+    /// Subscribe `feed` to `key`'s states: send `W <key>`; the lines come to
+    /// `feed` tagged `epoch`. The connection's generation, to give the
+    /// watch up by; None when the connection is not up.
+    pub fn watch(&self, key: &Key, feed: &Arc<Feed>, epoch: u64) -> Option<u64> {
+        let mut st = self.state.lock();
+        let writer = st.writer.as_ref()?;
+        let mut line = Vec::with_capacity(key.as_bytes().len() + 3);
+        Request::Watch { key: key.clone() }.write_to(&mut line);
+        writer.send(line).ok()?;
+        let sub = Sub {
+            feed: feed.clone(),
+            epoch,
+        };
+        st.watches
+            .entry(key.clone())
+            .or_default()
+            .awaiting
+            .push_back(Some(sub));
+        Some(st.generation)
+    }
+
+    /// Give up the watch of `feed` (`epoch`) on `key`, subscribed in
+    /// `generation`; the key's last watch here sends `X <key>`, unanswered.
+    /// Nothing to do when that connection is gone, or the watch ended.
+    pub fn unwatch(&self, key: &Key, generation: u64, feed: &Arc<Feed>, epoch: u64) {
+        let mut st = self.state.lock();
+        if st.generation != generation || st.phase != Phase::Up {
+            return;
+        }
+        let Some(watchers) = st.watches.get_mut(key) else {
+            return;
+        };
+        for waiting in &mut watchers.awaiting {
+            if waiting.as_ref().is_some_and(|sub| sub.is(feed, epoch)) {
+                *waiting = None;
+            }
+        }
+        watchers.live.retain(|sub| !sub.is(feed, epoch));
+        if !watchers.none_left() {
+            return;
+        }
+        if watchers.awaiting.is_empty() {
+            st.watches.remove(key);
+        }
+        send_locked(&mut st, &Request::Unwatch { key: key.clone() }, None);
     }
 
     /// Close the connection made in `generation` (if it is still the current
@@ -344,6 +442,12 @@ impl Conn {
             let why = st.kill_reason.take().unwrap_or(why);
             log::info!("{}: connection lost: {why}", self.addr);
             st.last_error = Some(why);
+            for sub in std::mem::take(&mut st.watches)
+                .values()
+                .flat_map(Watchers::every)
+            {
+                sub.feed.push(sub.epoch, Event::Ended);
+            }
             st.pending.drain()
         };
         drop(waiting);
@@ -392,7 +496,7 @@ impl Conn {
             ));
         }
         let mut st = self.state.lock();
-        if !st.pending.is_empty() {
+        if !st.pending.is_empty() || !st.watches.is_empty() {
             *probing = send_locked(&mut st, &Request::Info, None);
         }
         Ok(())
@@ -422,8 +526,12 @@ impl Conn {
         result
     }
 
-    /// Hand one answer to the request it belongs to.
+    /// Hand one answer to the request (or the watches) it belongs to.
     fn dispatch(&self, answer: Answer) -> Result<(), String> {
+        let answer = match self.dispatch_watch(answer) {
+            None => return Ok(()),
+            Some(answer) => answer,
+        };
         let (op, key) = match route(&answer) {
             Route::Reply(op, key) => (op, key),
             Route::Fatal(reason @ (Reason::BadAuth | Reason::AuthRequired)) => {
@@ -446,6 +554,57 @@ impl Conn {
             release_orphan(&mut st, unwanted, &self.addr);
         }
         Ok(())
+    }
+}
+
+impl Conn {
+    /// Hand a `W` line, or an `M` or `E` about a `W`, to the watches of
+    /// its key; any other answer is handed back.
+    fn dispatch_watch(&self, answer: Answer) -> Option<Answer> {
+        let mut st = self.state.lock();
+        match answer {
+            Answer::Watched { key, state } => {
+                let Some(watchers) = st.watches.get_mut(&key) else {
+                    log::debug!("{}: a W line for {key}, no longer watched", self.addr);
+                    return None;
+                };
+                if let Some(first) = watchers.awaiting.pop_front() {
+                    watchers.live.extend(first);
+                }
+                for sub in &watchers.live {
+                    sub.feed.push(sub.epoch, Event::State(state.clone()));
+                }
+                if watchers.awaiting.is_empty() && watchers.live.is_empty() {
+                    st.watches.remove(&key);
+                }
+                None
+            }
+            Answer::Moved {
+                op: Op::Watch,
+                key: Some(key),
+                active,
+            } => {
+                for sub in st.watches.remove(&key).iter().flat_map(Watchers::every) {
+                    sub.feed.push(sub.epoch, Event::Moved(active.clone()));
+                }
+                None
+            }
+            Answer::Error {
+                op: Some(Op::Watch),
+                key: Some(key),
+                reason,
+            } => {
+                let watchers = st.watches.get_mut(&key)?;
+                if let Some(Some(sub)) = watchers.awaiting.pop_front() {
+                    sub.feed.push(sub.epoch, Event::Refused(reason));
+                }
+                if watchers.awaiting.is_empty() && watchers.live.is_empty() {
+                    st.watches.remove(&key);
+                }
+                None
+            }
+            other => Some(other),
+        }
     }
 }
 

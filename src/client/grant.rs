@@ -27,15 +27,17 @@ use crate::protocol::Key;
 pub struct Grant {
     key: Key,
     token: u64,
+    slot: u32,
     lease: Duration,
     lease_start: Instant,
 }
 
 impl Grant {
-    pub(crate) fn new(key: Key, token: u64, lease_ms: u64, sent_at: Instant) -> Grant {
+    pub(crate) fn new(key: Key, token: u64, slot: u32, lease_ms: u64, sent_at: Instant) -> Grant {
         Grant {
             key,
             token,
+            slot,
             lease: Duration::from_millis(lease_ms),
             lease_start: sent_at,
         }
@@ -55,6 +57,16 @@ impl Grant {
     /// The fencing token: greater than every token issued before it.
     pub fn token(&self) -> u64 {
         self.token
+    }
+
+    /// The grant's slot: for a key acquired with a limit `n`
+    /// ([`AcquireOptions::limit`](crate::client::AcquireOptions::limit)),
+    /// the lowest of `0..n` that no other live grant of the key held when
+    /// this one was made; always 0 for a plain mutex. A resource shared by
+    /// `n` holders fences per (key, slot): it keeps the last token it
+    /// accepted for each slot and refuses smaller ones.
+    pub fn slot(&self) -> u32 {
+        self.slot
     }
 
     /// The length of the current lease.
@@ -89,6 +101,7 @@ impl fmt::Debug for Grant {
         f.debug_struct("Grant")
             .field("key", &self.key)
             .field("token", &self.token)
+            .field("slot", &self.slot)
             .field("lease", &self.lease)
             .field("time_left", &self.time_left())
             .finish()
@@ -309,7 +322,7 @@ mod tests {
     fn a_grant_expires_a_lease_after_its_request_was_sent() {
         let key = Key::new(b"k").expect("valid key");
         let sent = Instant::now() - Duration::from_millis(400);
-        let mut grant = Grant::new(key, 9, 1000, sent);
+        let mut grant = Grant::new(key, 9, 0, 1000, sent);
         assert_eq!(grant.expires_at(), sent + Duration::from_millis(1000));
         assert!(grant.time_left() <= Duration::from_millis(600));
         assert!(!grant.is_expired());
@@ -317,7 +330,7 @@ mod tests {
         grant.renew(1000, old);
         assert!(grant.is_expired());
         assert_eq!(grant.time_left(), Duration::ZERO);
-        assert_eq!(grant.token(), 9);
+        assert_eq!((grant.token(), grant.slot()), (9, 0));
     }
 
     #[test]

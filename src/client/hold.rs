@@ -38,15 +38,16 @@ pub struct Held {
     client: Client,
     key: Key,
     token: u64,
-    watch: Arc<Watch>,
+    slot: u32,
+    watch: Arc<Watchdog>,
 }
 
-struct Watch {
-    state: Mutex<WatchState>,
+struct Watchdog {
+    state: Mutex<HoldState>,
     changed: Condvar,
 }
 
-struct WatchState {
+struct HoldState {
     /// The grant as last renewed.
     grant: Grant,
     /// Why the key was lost, once it was.
@@ -69,8 +70,8 @@ enum Stop {
 impl Held {
     /// Start the watchdog for `grant`, renewed `lease` at a time.
     pub(crate) fn start(client: Client, grant: Grant, lease: Duration) -> Result<Held, Error> {
-        let watch = Arc::new(Watch {
-            state: Mutex::new(WatchState {
+        let watch = Arc::new(Watchdog {
+            state: Mutex::new(HoldState {
                 grant: grant.clone(),
                 lost: None,
                 stop: Stop::Running,
@@ -96,6 +97,7 @@ impl Held {
             client,
             key: grant.key().clone(),
             token: grant.token(),
+            slot: grant.slot(),
             watch,
         })
     }
@@ -108,6 +110,11 @@ impl Held {
     /// The fencing token, to hand to the protected resource.
     pub fn token(&self) -> u64 {
         self.token
+    }
+
+    /// The grant's slot (see [`Grant::slot`]): 0 without a limit.
+    pub fn slot(&self) -> u32 {
+        self.slot
     }
 
     /// When the lease runs out by the client's clock, as last renewed.
@@ -194,6 +201,7 @@ impl fmt::Debug for Held {
         f.debug_struct("Held")
             .field("key", &self.key)
             .field("token", &self.token)
+            .field("slot", &self.slot)
             .field("lost", &self.watch.state.lock().lost)
             .finish()
     }
@@ -201,7 +209,7 @@ impl fmt::Debug for Held {
 
 /// Completes when the key of a [`Held`] is lost; see [`Held::lost`].
 pub struct Lost {
-    watch: Arc<Watch>,
+    watch: Arc<Watchdog>,
 }
 
 impl Future for Lost {
@@ -227,7 +235,7 @@ impl fmt::Debug for Lost {
 
 // --- the watchdog thread ------------------------------------------------------
 
-fn watchdog(client: &Client, watch: &Watch, lease: Duration) {
+fn watchdog(client: &Client, watch: &Watchdog, lease: Duration) {
     loop {
         let (mut grant, stop) = {
             let mut st = watch.state.lock();
@@ -265,7 +273,12 @@ fn watchdog(client: &Client, watch: &Watch, lease: Duration) {
 
 /// Extend the lease, retrying every [`KEEP_RETRY`] while no server answers
 /// and the lease lasts. Ok also when the owner let go meanwhile.
-fn renew(client: &Client, grant: &mut Grant, lease: Duration, watch: &Watch) -> Result<(), Error> {
+fn renew(
+    client: &Client,
+    grant: &mut Grant,
+    lease: Duration,
+    watch: &Watchdog,
+) -> Result<(), Error> {
     loop {
         match client.keep(grant, lease) {
             Ok(()) => return Ok(()),

@@ -1,8 +1,9 @@
 //! The Rust client library of baton.
 //!
-//! Owns: the public API — [`Client`], [`ClientBuilder`], and what calls
-//! return ([`Grant`], [`LockGuard`], [`Held`], [`ReleaseOutcome`],
-//! [`KeyStatus`], [`NodeInfo`], [`Error`]). Blocking calls run on the
+//! Owns: the public API — [`Client`], [`ClientBuilder`], [`AcquireOptions`],
+//! and what calls return ([`Grant`], [`LockGuard`], [`Held`], [`Watch`],
+//! [`WatchState`], [`ReleaseOutcome`], [`KeyStatus`], [`NodeInfo`],
+//! [`Error`]). Blocking calls run on the
 //! caller's thread and block it until their deadline at most; connections
 //! live on background threads.
 //!
@@ -10,7 +11,8 @@
 //!
 //! [`Client::acquire_async`], [`Client::lock_async`],
 //! [`Client::release_async`], [`Client::keep_async`],
-//! [`Client::query_async`] and [`Client::hold_async`] return `Send` futures
+//! [`Client::query_async`], [`Client::hold_async`] (and the `*_with_async`
+//! forms, [`Client::campaign_async`], [`Client::leader_async`]) return `Send` futures
 //! that work under any executor (tokio, async-std, smol, a hand-written
 //! `block_on`): the library depends on no async runtime. They make the same
 //! decisions as the blocking calls (failover, redirects, retries,
@@ -30,6 +32,21 @@
 //! lost ([`Held::is_lost`], [`Held::wait_lost`], [`Held::lost`]); dropping
 //! the [`Held`] releases the key from that thread, without blocking.
 //!
+//! # Semaphores, watches and elections
+//!
+//! [`Client::acquire_with`] (and `lock_with`, `hold_with`) takes
+//! [`AcquireOptions`]: a limit makes the key a semaphore that up to that
+//! many grants hold at once, each in its own [`Grant::slot`]; a value says
+//! who holds it. [`Client::watch`] follows a key's holders: a [`Watch`] is
+//! a blocking iterator and an async stream ([`Watch::next_async`],
+//! [`Watch::poll_next`]) of [`WatchState`]s that watches again on the new
+//! active node after a failover; it is fed by the connection's reader
+//! thread through a mailbox that wakes a blocked thread or a task alike.
+//! An election is a key of limit 1: [`Client::campaign`] holds it with the
+//! candidate's value (a [`Held`] that says when leadership is lost),
+//! [`Client::leader`] tells who leads now and [`Client::observe`] each
+//! change of leader.
+//!
 //! Layout, one file per concern:
 //! - `pending.rs`: matching answers to requests by (op, key), pure;
 //! - `ctx.rs`: settings and phase-change signals shared by the
@@ -42,7 +59,10 @@
 //! - `calls.rs`: attempts, redirects, release retries, deadlines, each
 //!   blocking and async;
 //! - `grant.rs`: grants, the release-on-drop guard, plain results;
+//! - `options.rs`: the limit and value of an acquire, checked;
 //! - `hold.rs`: held locks and their watchdog;
+//! - `feed.rs`: the mailbox a watched key's lines travel in;
+//! - `watch.rs`: watches and their failover;
 //! - `error.rs`: the error type;
 //! - `tls.rs` (feature `tls`): TLS settings and the two halves of a TLS
 //!   connection.
@@ -105,6 +125,22 @@
 //! # }
 //! ```
 //!
+//! A semaphore slot, and a watch of the key's holders:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use baton::client::AcquireOptions;
+//! # fn main() -> Result<(), baton::client::Error> {
+//! # let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+//! let slot = client.hold_with("encoders", Duration::from_secs(10), None, &AcquireOptions::new().limit(4))?;
+//! println!("encoder slot {}", slot.slot());
+//! for state in client.watch("encoders")?.take(3) {
+//!     println!("{} of 4 busy", state?.holders);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Who holds a key:
 //!
 //! ```no_run
@@ -157,15 +193,18 @@ mod calls;
 mod conn;
 mod ctx;
 mod error;
+mod feed;
 mod grant;
 mod hold;
 mod limits;
 mod oneshot;
+mod options;
 mod pending;
 mod pool;
 mod timer;
 #[cfg(feature = "tls")]
 mod tls;
+mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -178,6 +217,10 @@ pub use conn::RECONNECT_INTERVAL;
 pub use error::Error;
 pub use grant::{ConnectionStatus, Grant, KeyStatus, LockGuard, NodeInfo, ReleaseOutcome};
 pub use hold::{Held, KEEP_RETRY, Lost};
+pub use options::AcquireOptions;
+pub use watch::{MAX_PAUSE, Watch};
+
+pub use crate::protocol::{Value, WatchState};
 #[cfg(feature = "tls")]
 pub use tls::TlsConfig;
 
@@ -499,10 +542,46 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> Result<Grant, Error> {
+        self.acquire_with(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// Acquire like [`Client::acquire`], with a limit (the key is a
+    /// semaphore: up to that many grants hold it at once) and a value (who
+    /// holds it: watchers see it); see [`AcquireOptions`]. The grant's
+    /// [`Grant::slot`] says which of the limit's slots it took.
+    ///
+    /// Errors as [`Client::acquire`], and [`Error::InvalidArgument`] for a
+    /// limit or value out of range (before anything is sent);
+    /// [`Error::Refused`] with
+    /// [`Reason::LimitMismatch`](crate::protocol::Reason::LimitMismatch)
+    /// when the key is held or awaited with another limit.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::{AcquireOptions, Client};
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = Client::connect(["127.0.0.1:7373"])?;
+    /// // At most 4 encoders at once; this one says who it is.
+    /// let options = AcquireOptions::new().limit(4).value("encoder-7");
+    /// let grant = client.acquire_with("encoders", Duration::from_secs(30), None, &options)?;
+    /// // Fence per (key, slot): the resource keeps the last token per slot.
+    /// println!("slot {} token {}", grant.slot(), grant.token());
+    /// client.release(&grant)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> Result<Grant, Error> {
         let key = check_key(key.as_ref())?;
         let lease_ms = check_lease(lease)?;
+        let ask = options.check()?;
         let wait_ms = wait.map(|w| calls::millis_ceil(w).max(1));
-        calls::acquire(self.pool(), key, lease_ms, wait_ms)
+        calls::acquire(self.pool(), key, lease_ms, wait_ms, &ask)
     }
 
     /// Acquire like [`Client::acquire`], as a guard that releases the key
@@ -529,7 +608,30 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> Result<LockGuard, Error> {
-        let grant = self.acquire(key, lease, wait)?;
+        self.lock_with(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::lock`] with a limit and a value (see
+    /// [`Client::acquire_with`]).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let guard = client.lock_with("pool", Duration::from_secs(10), None, &AcquireOptions::new().limit(2))?;
+    /// println!("slot {}", guard.slot());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> Result<LockGuard, Error> {
+        let grant = self.acquire_with(key, lease, wait, options)?;
         Ok(LockGuard::new(self.clone(), grant))
     }
 
@@ -663,12 +765,38 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> impl Future<Output = Result<Grant, Error>> + Send + 'static + use<K> {
-        let checked = check_key(key.as_ref()).and_then(|key| Ok((key, check_lease(lease)?)));
+        self.acquire_with_async(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::acquire_with`] as a `Send` future (the options are
+    /// checked and copied when it is made).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let options = AcquireOptions::new().limit(8);
+    /// let grant = client.acquire_with_async("uploads", Duration::from_secs(30), None, &options).await?;
+    /// println!("slot {}", grant.slot());
+    /// client.release_async(&grant).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_with_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> impl Future<Output = Result<Grant, Error>> + Send + 'static + use<K> {
+        let checked = check_key(key.as_ref())
+            .and_then(|key| Ok((key, check_lease(lease)?, options.check()?)));
         let wait_ms = wait.map(|w| calls::millis_ceil(w).max(1));
         let client = self.clone();
         async move {
-            let (key, lease_ms) = checked?;
-            calls::acquire_async(client.pool(), key, lease_ms, wait_ms).await
+            let (key, lease_ms, ask) = checked?;
+            calls::acquire_async(client.pool(), key, lease_ms, wait_ms, &ask).await
         }
     }
 
@@ -693,7 +821,30 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static + use<K> {
-        let acquire = self.acquire_async(key, lease, wait);
+        self.lock_with_async(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::lock_with`] as a `Send` future.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let options = AcquireOptions::new().limit(2).value("worker-1");
+    /// let guard = client.lock_with_async("pool", Duration::from_secs(10), None, &options).await?;
+    /// guard.release_async().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_with_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> impl Future<Output = Result<LockGuard, Error>> + Send + 'static + use<K> {
+        let acquire = self.acquire_with_async(key, lease, wait, options);
         let client = self.clone();
         async move { Ok(LockGuard::new_async(client, acquire.await?)) }
     }
@@ -792,7 +943,30 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> Result<Held, Error> {
-        let grant = self.acquire(key, lease, wait)?;
+        self.hold_with(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::hold`] with a limit and a value (see
+    /// [`Client::acquire_with`]): a held slot of a semaphore.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let held = client.hold_with("crawlers", Duration::from_secs(10), None, &AcquireOptions::new().limit(3))?;
+    /// println!("crawler slot {} (token {})", held.slot(), held.token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_with(
+        &self,
+        key: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> Result<Held, Error> {
+        let grant = self.acquire_with(key, lease, wait, options)?;
         Held::start(self.clone(), grant, lease)
     }
 
@@ -819,9 +993,194 @@ impl Client {
         lease: Duration,
         wait: Option<Duration>,
     ) -> impl Future<Output = Result<Held, Error>> + Send + 'static + use<K> {
-        let acquire = self.acquire_async(key, lease, wait);
+        self.hold_with_async(key, lease, wait, &AcquireOptions::new())
+    }
+
+    /// [`Client::hold_with`] as a `Send` future.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::AcquireOptions;
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let options = AcquireOptions::new().limit(3);
+    /// let held = client.hold_with_async("crawlers", Duration::from_secs(10), None, &options).await?;
+    /// held.release_async().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_with_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+        lease: Duration,
+        wait: Option<Duration>,
+        options: &AcquireOptions,
+    ) -> impl Future<Output = Result<Held, Error>> + Send + 'static + use<K> {
+        let acquire = self.acquire_with_async(key, lease, wait, options);
         let client = self.clone();
         async move { Held::start(client, acquire.await?, lease) }
+    }
+
+    /// Watch `key`'s holders: a [`Watch`] whose first state is the key's
+    /// state now, then one after every change of its holders (a grant, a
+    /// release, an expiry): the largest token holding it (0 when none),
+    /// the live grants, the requests in line, and the newest grant's value.
+    /// A key need not be held to be watched.
+    ///
+    /// The watch survives failover: when its connection ends, or the node
+    /// says it is not (or no longer) the active one, it watches again on
+    /// the active node and yields that node's first state. It never gives
+    /// up because no server answers; it ends only with a refusal
+    /// ([`Reason::TooManyWatches`](crate::protocol::Reason::TooManyWatches))
+    /// or a refused secret. A watch read slowly skips states, never the
+    /// latest. Dropping it (or [`Watch::close`]) sends `X <key>`.
+    ///
+    /// `W <key>` is sent at once if a connection is up; this call never
+    /// blocks, and fails only on a bad key.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["10.0.0.1:7373", "10.0.0.2:7373"])?;
+    /// for state in client.watch("nightly-report")? {
+    ///     let state = state?;
+    ///     match state.token {
+    ///         0 => println!("free, {} waiting", state.waiting),
+    ///         token => println!("held by token {token} ({} holders)", state.holders),
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn watch(&self, key: impl AsRef<[u8]>) -> Result<Watch, Error> {
+        let key = check_key(key.as_ref())?;
+        Ok(Watch::new(self.clone(), key, false))
+    }
+
+    /// Stand for election on `key`: acquire it as a mutex with `value`
+    /// (who this candidate is: an address, a host name) as its holder's
+    /// value, waiting in line up to `wait` (None: until elected), and keep
+    /// it (see [`Client::hold`]): the [`Held`] is the leadership. Its
+    /// token is greater than every earlier leader's, so it fences what
+    /// the leader does. [`Held::lost`] and [`Held::wait_lost`] tell when
+    /// leadership is lost (its lease ran out, or a server says the token
+    /// no longer holds the key); dropping the `Held`, or
+    /// [`Held::release`], resigns, and the next candidate in line leads.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn serve_as_leader(_token: u64) {}
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["10.0.0.1:7373", "10.0.0.2:7373"])?;
+    /// let leadership = client.campaign("scheduler", "10.0.0.7:8080", Duration::from_secs(10), None)?;
+    /// println!("leading with token {}", leadership.token());
+    /// serve_as_leader(leadership.token());
+    /// leadership.release()?; // resign
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn campaign(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl AsRef<[u8]>,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Held, Error> {
+        let options = AcquireOptions::new().limit(1).value(value);
+        self.hold_with(key, lease, wait, &options)
+    }
+
+    /// [`Client::campaign`] as a `Send` future.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn lead() {}
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let leadership = client
+    ///     .campaign_async("scheduler", "10.0.0.7:8080", Duration::from_secs(10), None)
+    ///     .await?;
+    /// tokio::select! {
+    ///     () = lead() => {}
+    ///     why = leadership.lost() => eprintln!("no longer the leader: {why}"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn campaign_async<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &self,
+        key: K,
+        value: V,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> impl Future<Output = Result<Held, Error>> + Send + 'static + use<K, V> {
+        let options = AcquireOptions::new().limit(1).value(value);
+        self.hold_with_async(key, lease, wait, &options)
+    }
+
+    /// Who leads the election on `key` now: its state, whose `token` is the
+    /// leader's (0 when nobody leads) and whose `value` is the leader's
+    /// value (see [`Client::campaign`]). Asks the active node (`W`, then
+    /// `X`), following redirects; waits at most the connect timeout plus
+    /// the request timeout.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let now = client.leader("scheduler")?;
+    /// match &now.value {
+    ///     Some(who) if now.token != 0 => println!("{who:?} leads (token {})", now.token),
+    ///     _ => println!("nobody leads"),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn leader(&self, key: impl AsRef<[u8]>) -> Result<WatchState, Error> {
+        let watch = self.watch(key)?;
+        watch::first_state(watch, self.leader_budget())
+    }
+
+    /// [`Client::leader`] as a `Send` future.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// let now = client.leader_async("scheduler").await?;
+    /// println!("leader token {}", now.token);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn leader_async<K: AsRef<[u8]>>(
+        &self,
+        key: K,
+    ) -> impl Future<Output = Result<WatchState, Error>> + Send + 'static + use<K> {
+        let watch = self.watch(key);
+        let budget = self.leader_budget();
+        async move { watch::first_state_async(watch?, budget).await }
+    }
+
+    /// The leaders of the election on `key` as they change: a [`Watch`]
+    /// that yields the state now, then a state only when the leader
+    /// changes (a new token, or 0 when nobody leads), not when only the
+    /// line of candidates does. Like every watch it survives failover.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), baton::client::Error> {
+    /// let client = baton::client::Client::connect(["127.0.0.1:7373"])?;
+    /// for leader in client.observe("scheduler")? {
+    ///     let leader = leader?;
+    ///     let who = leader.value.as_ref().map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    ///     println!("leader now: token {} {who:?}", leader.token);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn observe(&self, key: impl AsRef<[u8]>) -> Result<Watch, Error> {
+        let key = check_key(key.as_ref())?;
+        Ok(Watch::new(self.clone(), key, true))
+    }
+
+    fn leader_budget(&self) -> Duration {
+        self.pool().connect_timeout() + self.pool().request_timeout()
     }
 
     /// Ask one server about itself (`I`): role, active node, counts. The

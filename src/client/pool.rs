@@ -273,6 +273,28 @@ impl Pool {
         }
     }
 
+    /// A connection that is up now (Some), None while one is connecting,
+    /// or why none can be had; never waits (for a watch, which waits in
+    /// its own way: [`Pool::wait_change`], [`Pool::poll_change`]).
+    pub fn try_pick(&self, target: Target) -> Result<Option<Arc<Conn>>, Error> {
+        self.choose_now(target)
+    }
+
+    /// The count of connection phase changes so far.
+    pub fn phase_version(&self) -> u64 {
+        self.ctx.notifier.version()
+    }
+
+    /// Block until a connection's phase changes after `seen`, or `until`.
+    pub fn wait_change(&self, seen: u64, until: Instant) {
+        self.ctx.notifier.wait_change(seen, until);
+    }
+
+    /// Ready once a connection's phase changed after `seen`.
+    pub fn poll_change(&self, seen: u64, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        self.ctx.notifier.poll_change(seen, cx)
+    }
+
     /// A connection that is up now, without waiting; None when none is
     /// (for a destructor, which must not block).
     pub fn pick_now(&self, target: Target) -> Option<Arc<Conn>> {

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use baton::client::parse_servers;
-use baton::protocol::{Key, parse_seconds_saturating};
+use baton::protocol::{Key, MAX_LIMIT, Value, parse_seconds_saturating};
 
 /// Servers used when neither `--servers` nor `$BATON_SERVERS` names any.
 pub const DEFAULT_SERVERS: &str = "127.0.0.1:7373";
@@ -58,6 +58,10 @@ pub enum Takes {
     Servers,
     /// A file (`PATH`).
     Path,
+    /// A whole number (`N`).
+    Number,
+    /// A holder's value (`V`).
+    Value,
 }
 
 impl Takes {
@@ -68,6 +72,8 @@ impl Takes {
             Takes::Seconds => Some("S"),
             Takes::Servers => Some("LIST"),
             Takes::Path => Some("PATH"),
+            Takes::Number => Some("N"),
+            Takes::Value => Some("V"),
         }
     }
 }
@@ -124,13 +130,14 @@ impl Flag {
 }
 
 /// The commands, in the order `--help` lists them.
-pub const COMMANDS: [Sub; 7] = [
+pub const COMMANDS: [Sub; 8] = [
     Sub {
         name: "acquire",
-        usage: "[FLAGS] acquire KEY [--lease S] [--wait S | -n]",
+        usage: "[FLAGS] acquire KEY [--lease S] [--wait S | -n] [--limit N] [--value V]",
         summary: "wait for KEY and print its fencing token",
-        help: "wait for KEY, print its fencing token; the key stays held until\n\
-               `baton release` or until the lease runs out",
+        help: "wait for KEY, print its fencing token (with --limit, then a\n\
+               space and the slot); the key stays held until `baton release`\n\
+               or until the lease runs out",
     },
     Sub {
         name: "release",
@@ -140,12 +147,14 @@ pub const COMMANDS: [Sub; 7] = [
     },
     Sub {
         name: "run",
-        usage: "[FLAGS] run KEY [--lease S] [--wait S | -n] -- COMMAND [ARGS...]",
+        usage: "[FLAGS] run KEY [--lease S] [--wait S | -n] [--limit N] [--value V]\n        \
+                -- COMMAND [ARGS...]",
         summary: "hold KEY while a command runs",
-        help: "hold KEY while COMMAND runs: COMMAND gets BATON_KEY and\n\
-               BATON_TOKEN, the lease is kept alive (every third of it), the key\n\
-               is released when COMMAND exits, and baton exits with its code;\n\
-               if the key is lost, COMMAND gets SIGTERM (SIGKILL 10 s later)",
+        help: "hold KEY while COMMAND runs: COMMAND gets BATON_KEY, BATON_TOKEN\n\
+               and BATON_SLOT, the lease is kept alive (every third of it), the\n\
+               key is released when COMMAND exits, and baton exits with its\n\
+               code; if the key is lost, COMMAND gets SIGTERM (SIGKILL 10 s\n\
+               later)",
     },
     Sub {
         name: "keep",
@@ -159,6 +168,15 @@ pub const COMMANDS: [Sub; 7] = [
         summary: "print who holds KEY",
         help: "print who holds KEY: `held TOKEN SECONDS_LEFT WAITING`, or\n\
                `free 0 0 WAITING`",
+    },
+    Sub {
+        name: "watch",
+        usage: "[FLAGS] watch KEY [--once]",
+        summary: "print a line each time KEY's holders change",
+        help: "print `TOKEN HOLDERS WAITING VALUE` for KEY now and after every\n\
+               change of its holders (TOKEN 0 and VALUE - when nobody holds\n\
+               it), watching again on the new active node across a failover;\n\
+               runs until Ctrl+C (exit 0)",
     },
     Sub {
         name: "status",
@@ -214,6 +232,32 @@ const NONBLOCK: Flag = Flag {
     summary: "take the key only if it is free now",
     help: "do not wait in line: take the key only if it is free now\n\
            (exit 75 when it is not)",
+};
+const LIMIT: Flag = Flag {
+    long: "--limit",
+    short: None,
+    takes: Takes::Number,
+    scope: Scope::Only(&["acquire", "run"]),
+    summary: "up to N holders at once (a semaphore)",
+    help: "KEY is a semaphore: up to N (1 to 10000) grants hold it at\n\
+           once, each in its own slot 0..N-1 (default: 1, a mutex)",
+};
+const VALUE: Flag = Flag {
+    long: "--value",
+    short: None,
+    takes: Takes::Value,
+    scope: Scope::Only(&["acquire", "run"]),
+    summary: "the holder's value, shown to watchers",
+    help: "the holder's value, shown to watchers (1 to 250 bytes, no\n\
+           spaces)",
+};
+const ONCE: Flag = Flag {
+    long: "--once",
+    short: None,
+    takes: Takes::Nothing,
+    scope: Scope::Only(&["watch"]),
+    summary: "print the state now and exit",
+    help: "print the first line (the state now) and exit",
 };
 const QUIET: Flag = Flag {
     long: "--quiet",
@@ -295,9 +339,9 @@ const VERSION: Flag = Flag {
 
 /// Every flag `baton` reads before `--`, in the order `--help` lists
 /// them. Each may be given once: a second one is an error that names it.
-pub const FLAGS: [&Flag; 13] = [
-    &SERVERS, &LEASE, &WAIT, &NONBLOCK, &QUIET, &TIMEOUT, &AUTH_FILE, &TLS, &TLS_CA, &TLS_CERT,
-    &TLS_KEY, &HELP, &VERSION,
+pub const FLAGS: [&Flag; 16] = [
+    &SERVERS, &LEASE, &WAIT, &NONBLOCK, &LIMIT, &VALUE, &ONCE, &QUIET, &TIMEOUT, &AUTH_FILE, &TLS,
+    &TLS_CA, &TLS_CERT, &TLS_KEY, &HELP, &VERSION,
 ];
 
 /// The column the text of a command starts at in `--help`.
@@ -376,6 +420,17 @@ fn accepted_flags() -> String {
 const EXPECT_LEASE: &str = "seconds above 0, with up to 3 decimals (like 30 or 0.5)";
 const EXPECT_WAIT: &str = "seconds, with up to 3 decimals (like 10 or 0.5; 0 waits without limit)";
 const EXPECT_TIMEOUT: &str = "seconds above 0, with up to 3 decimals (like 5 or 0.5)";
+const EXPECT_LIMIT: &str = "a whole number from 1 to 10000";
+const EXPECT_VALUE: &str = "1 to 250 bytes, no spaces or control characters";
+
+/// `--limit` and `--value` of `acquire` and `run`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holding {
+    /// `--limit N`: KEY is a semaphore of N slots.
+    pub limit: Option<u32>,
+    /// `--value V`: the holder's value.
+    pub value: Option<Vec<u8>>,
+}
 
 /// What the command line asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -384,6 +439,7 @@ pub enum Command {
         key: Vec<u8>,
         lease: Duration,
         wait: Option<Duration>,
+        holding: Holding,
     },
     Release {
         key: Vec<u8>,
@@ -393,6 +449,7 @@ pub enum Command {
         key: Vec<u8>,
         lease: Duration,
         wait: Option<Duration>,
+        holding: Holding,
         command: Vec<OsString>,
     },
     Keep {
@@ -402,6 +459,11 @@ pub enum Command {
     },
     Query {
         key: Vec<u8>,
+    },
+    /// `watch KEY [--once]`.
+    Watch {
+        key: Vec<u8>,
+        once: bool,
     },
     Status,
     /// `completions SHELL`: one of [`SHELLS`].
@@ -496,6 +558,13 @@ impl Given {
                 format!("{}: not valid UTF-8: '{}'", flag.long, v.to_string_lossy())
             }),
         }
+    }
+
+    /// The value of a flag that takes one, as bytes.
+    fn bytes(&self, flag: &Flag) -> Option<Vec<u8>> {
+        self.lookup(flag)
+            .and_then(|(_, v)| v.clone())
+            .map(OsString::into_vec)
     }
 
     fn path(&self, flag: &Flag) -> Option<PathBuf> {
@@ -690,6 +759,7 @@ fn command_from(
                 key: check_key(key)?,
                 lease,
                 wait,
+                holding: read_holding(given)?,
             })
         }
         "release" => {
@@ -699,7 +769,7 @@ fn command_from(
                 token: check_token(&token)?,
             })
         }
-        "run" => run_command(rest, &timing, after_dashes),
+        "run" => run_command(rest, &timing, read_holding(given)?, after_dashes),
         "keep" => {
             let [key, token] = positional(rest, ["KEY", "TOKEN"], &name)?;
             let (lease, _) = read_timing(&timing)?;
@@ -713,6 +783,13 @@ fn command_from(
             let [key] = positional(rest, ["KEY"], &name)?;
             Ok(Command::Query {
                 key: check_key(key)?,
+            })
+        }
+        "watch" => {
+            let [key] = positional(rest, ["KEY"], &name)?;
+            Ok(Command::Watch {
+                key: check_key(key)?,
+                once: given.has(&ONCE),
             })
         }
         "status" => {
@@ -737,6 +814,7 @@ fn command_from(
 fn run_command(
     rest: Vec<OsString>,
     timing: &Timing,
+    holding: Holding,
     after_dashes: Option<Vec<OsString>>,
 ) -> Result<Command, String> {
     let command = match after_dashes {
@@ -754,8 +832,45 @@ fn run_command(
         key: check_key(key)?,
         lease,
         wait,
+        holding,
         command,
     })
+}
+
+impl Holding {
+    /// As the client library takes them.
+    pub fn options(&self) -> baton::client::AcquireOptions {
+        let mut options = baton::client::AcquireOptions::new();
+        if let Some(limit) = self.limit {
+            options = options.limit(limit);
+        }
+        if let Some(value) = &self.value {
+            options = options.value(value);
+        }
+        options
+    }
+}
+
+/// `--limit` and `--value`, checked as the server would check them.
+fn read_holding(given: &Given) -> Result<Holding, String> {
+    let limit = match given.text(&LIMIT)? {
+        None => None,
+        Some(text) => match text.parse::<u32>() {
+            Ok(n) if (1..=MAX_LIMIT).contains(&n) && !text.starts_with('+') => Some(n),
+            _ => return Err(format!("--limit: expected {EXPECT_LIMIT}, got '{text}'")),
+        },
+    };
+    let value = match given.bytes(&VALUE) {
+        None => None,
+        Some(bytes) if Value::new(&bytes).is_ok() => Some(bytes),
+        Some(bytes) => {
+            return Err(format!(
+                "--value: expected {EXPECT_VALUE}, got {:?}",
+                String::from_utf8_lossy(&bytes)
+            ));
+        }
+    };
+    Ok(Holding { limit, value })
 }
 
 /// Exactly the named positional arguments.
@@ -872,6 +987,7 @@ mod tests {
                 key: b"job".to_vec(),
                 lease: Duration::from_secs(30),
                 wait: None,
+                holding: Holding::default(),
             }
         );
         assert_eq!(
@@ -880,6 +996,7 @@ mod tests {
                 key: b"job".to_vec(),
                 lease: Duration::from_millis(1500),
                 wait: Some(Duration::from_millis(250)),
+                holding: Holding::default(),
             }
         );
         assert!(matches!(
@@ -906,11 +1023,75 @@ mod tests {
                 key: b"job".to_vec(),
                 lease: Duration::from_secs(9),
                 wait: None,
+                holding: Holding::default(),
                 command: ["sh", "-c", "x --lease 1", "--"]
                     .map(OsString::from)
                     .to_vec(),
             }
         );
+    }
+
+    #[test]
+    fn acquire_and_run_take_a_limit_and_a_value() {
+        let holding = |args: &[&str]| match command(args) {
+            Command::Acquire { holding, .. } | Command::Run { holding, .. } => holding,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            holding(&["acquire", "pool", "--limit", "4", "--value", "host-a"]),
+            Holding {
+                limit: Some(4),
+                value: Some(b"host-a".to_vec())
+            }
+        );
+        assert_eq!(
+            holding(&["run", "pool", "--limit", "10000", "--", "true"]),
+            Holding {
+                limit: Some(10_000),
+                value: None
+            }
+        );
+        assert_eq!(
+            holding(&["acquire", "lead", "--value", "10.0.0.7:80"]).value,
+            Some(b"10.0.0.7:80".to_vec())
+        );
+        let limit = "--limit: expected a whole number from 1 to 10000";
+        for bad in ["0", "10001", "-1", "+3", "2.5", "x", ""] {
+            let err = parse_with(&["acquire", "k", "--limit", bad], None).expect_err(bad);
+            assert_eq!(err, format!("{limit}, got '{bad}'"));
+        }
+        let long = "v".repeat(251);
+        for bad in ["", "a b", long.as_str()] {
+            let err = parse_with(&["run", "k", "--value", bad, "--", "true"], None).expect_err(bad);
+            assert!(
+                err.starts_with("--value: expected 1 to 250 bytes, no spaces"),
+                "{err}"
+            );
+        }
+        let err = parse_with(&["query", "k", "--limit", "2"], None).expect_err("not query");
+        assert_eq!(err, "--limit is for acquire and run, not `query`");
+    }
+
+    #[test]
+    fn watch_takes_a_key_and_once() {
+        assert_eq!(
+            command(&["watch", "lead"]),
+            Command::Watch {
+                key: b"lead".to_vec(),
+                once: false
+            }
+        );
+        assert_eq!(
+            command(&["watch", "--once", "lead"]),
+            Command::Watch {
+                key: b"lead".to_vec(),
+                once: true
+            }
+        );
+        let err = parse_with(&["acquire", "k", "--once"], None).expect_err("not acquire");
+        assert_eq!(err, "--once is for watch, not `acquire`");
+        let err = parse_with(&["watch"], None).expect_err("a key");
+        assert!(err.starts_with("missing KEY"), "{err}");
     }
 
     #[test]
@@ -1039,6 +1220,7 @@ mod tests {
                 key: b"k".to_vec(),
                 lease: longest,
                 wait: Some(longest),
+                holding: Holding::default(),
             }
         );
         let cli = parse_with(&["--timeout", huge, "status"], None).expect("valid");
@@ -1083,6 +1265,8 @@ mod tests {
             Takes::Seconds => Some("1"),
             Takes::Servers => Some("a:1"),
             Takes::Path => Some("/f"),
+            Takes::Number => Some("2"),
+            Takes::Value => Some("v"),
         }
     }
 
@@ -1091,7 +1275,7 @@ mod tests {
         let mut args = extra.to_vec();
         args.push(command);
         args.extend(match command {
-            "acquire" | "query" => &["k"][..],
+            "acquire" | "query" | "watch" => &["k"][..],
             "release" | "keep" => &["k", "1"],
             "run" => &["k", "--", "true"],
             "completions" => &["bash"],
@@ -1175,8 +1359,8 @@ mod tests {
         assert_eq!(
             err,
             "unknown flag --leas; accepted: --servers, --lease, --wait, -n/--nonblock, \
-             -q/--quiet, --timeout, --auth-file, --tls, --tls-ca, --tls-cert, --tls-key, \
-             -h/--help, -V/--version"
+             --limit, --value, --once, -q/--quiet, --timeout, --auth-file, --tls, --tls-ca, \
+             --tls-cert, --tls-key, -h/--help, -V/--version"
         );
         for flag in FLAGS {
             assert!(err.contains(&flag.shown()), "{}", flag.long);

@@ -1,4 +1,6 @@
-//! `baton run KEY -- COMMAND`: hold a key while a command runs.
+//! `baton run KEY -- COMMAND`: hold a key (or, with `--limit`, one slot of
+//! a semaphore) while a command runs; the command gets `BATON_KEY`,
+//! `BATON_TOKEN` and `BATON_SLOT` (0 without a limit).
 //!
 //! Owns: the command's process, the keeper thread that extends the lease
 //! (`K` every third of it, retried every [`KEEP_RETRY`] while no server
@@ -28,7 +30,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use baton::client::{Client, Error, Grant, ReleaseOutcome};
+use baton::client::{AcquireOptions, Client, Error, Grant, ReleaseOutcome};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use parking_lot::Mutex;
 
@@ -52,6 +54,8 @@ pub struct Job<'a> {
     pub key: &'a [u8],
     pub lease: Duration,
     pub wait: Option<Duration>,
+    /// `--limit` and `--value`.
+    pub options: &'a AcquireOptions,
     pub command: &'a [OsString],
     /// `-q`: no message when the key is busy.
     pub quiet: bool,
@@ -60,7 +64,7 @@ pub struct Job<'a> {
 /// Run the job; the process's exit code.
 pub fn run(client: &Client, job: &Job<'_>) -> u8 {
     let name = String::from_utf8_lossy(job.key).into_owned();
-    let grant = match client.acquire(job.key, job.lease, job.wait) {
+    let grant = match client.acquire_with(job.key, job.lease, job.wait, job.options) {
         Ok(grant) => grant,
         Err(e) => return crate::acquire_failed(&name, job.wait, &e, job.quiet),
     };
@@ -76,7 +80,7 @@ pub fn run(client: &Client, job: &Job<'_>) -> u8 {
         release_quietly(client, &grant);
         return EXIT_ERROR;
     }
-    let child = match spawn(job.command, &name, grant.token()) {
+    let child = match spawn(job.command, &name, &grant) {
         Ok(child) => Arc::new(Supervised::new(child)),
         Err(e) => return cannot_start(client, &grant, job.command, &e),
     };
@@ -121,14 +125,15 @@ fn cannot_start(client: &Client, grant: &Grant, command: &[OsString], e: &io::Er
     }
 }
 
-fn spawn(command: &[OsString], key: &str, token: u64) -> io::Result<Child> {
+fn spawn(command: &[OsString], key: &str, grant: &Grant) -> io::Result<Child> {
     let (program, args) = command
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
     let child = Command::new(program)
         .args(args)
         .env("BATON_KEY", key)
-        .env("BATON_TOKEN", token.to_string())
+        .env("BATON_TOKEN", grant.token().to_string())
+        .env("BATON_SLOT", grant.slot().to_string())
         .spawn()?;
     let pid = libc::pid_t::try_from(child.id())
         .map_err(|_| io::Error::other("the command's PID does not fit a pid_t"))?;

@@ -22,7 +22,9 @@
 //! within [`ClusterCore::dial_timeout_ms`] (a heartbeat period) fails.
 //! Even a proved peer's messages are checked
 //! ([`ClusterCore::check_peer_msg`]): tokens and ceilings never 0, leases
-//! within `--max-lease`, snapshots within `--max-keys`; anything else drops
+//! within `--max-lease`, limits within 1..=10000 and slots below them,
+//! snapshots within `--max-keys` (a line, so a count, per holder);
+//! anything else drops
 //! the link. So does state the lock owner refuses (a replicated grant past
 //! its `--max-keys`: `TableToCluster::StateRefused`). Either way a standby
 //! that refused its active's state says it does not hold it (no
@@ -87,6 +89,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::protocol::MAX_LIMIT;
 use crate::server::core::events::{ClusterToTable, TableToCluster};
 use crate::server::core::lock_table::Delta;
 use crate::server::core::now::Now;
@@ -1015,8 +1018,18 @@ impl ClusterCore {
                     Verdict::Accept
                 }
             }
-            PeerMsg::Delta(Delta::Grant { token, ms_left, .. }) => {
-                if *token == 0 {
+            PeerMsg::Delta(Delta::Grant {
+                token,
+                ms_left,
+                limit,
+                slot,
+                ..
+            }) => {
+                if !(1..=MAX_LIMIT).contains(limit) {
+                    Verdict::Refuse("a limit outside 1..=10000")
+                } else if slot >= limit {
+                    Verdict::Refuse("a slot at or above its key's limit")
+                } else if *token == 0 {
                     Verdict::Refuse("token 0")
                 } else if *ms_left > self.params.max_lease_ms {
                     Verdict::Refuse("a lease above --max-lease")
@@ -1034,6 +1047,9 @@ impl ClusterCore {
             }
             PeerMsg::Delta(Delta::Free { .. }) if state.snapshot.is_some() => {
                 Verdict::Refuse("a free inside a snapshot")
+            }
+            PeerMsg::Delta(Delta::Free { slot, .. }) if *slot >= MAX_LIMIT => {
+                Verdict::Refuse("a slot at or above its key's limit")
             }
             PeerMsg::Delta(Delta::Free { token, .. } | Delta::Ceiling(token)) => {
                 // A snapshot is at most --max-keys grants and its ceiling:
@@ -1795,11 +1811,7 @@ mod tests {
         let core = linked_with(0, params);
         let now = at(2);
         let grant = |token: u64, ms_left: u64| {
-            PeerMsg::Delta(Delta::Grant {
-                key: Key::new(b"k").expect("key"),
-                token,
-                ms_left,
-            })
+            PeerMsg::Delta(Delta::grant(Key::new(b"k").expect("key"), token, ms_left))
         };
         let check = |msg: &PeerMsg| core.check_peer_msg(now, 7, msg);
         let bound = ClusterCore::token_bound(now);
@@ -1817,10 +1829,7 @@ mod tests {
             check(&grant(16, 60_001)),
             Verdict::Refuse("a lease above --max-lease")
         );
-        let free0 = PeerMsg::Delta(Delta::Free {
-            key: Key::new(b"k").expect("key"),
-            token: 0,
-        });
+        let free0 = PeerMsg::Delta(Delta::free(Key::new(b"k").expect("key"), 0));
         assert_eq!(check(&free0), Verdict::Refuse("token 0"));
         assert_eq!(
             check(&PeerMsg::Delta(Delta::Ceiling(0))),
@@ -1873,10 +1882,105 @@ mod tests {
             core.handle_peer_msg(
                 at(3),
                 7,
+                PeerMsg::Delta(Delta::grant(
+                    Key::new(format!("k{i}").as_bytes()).expect("key"),
+                    16 * (i + 1),
+                    1000,
+                )),
+            );
+        }
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+        let out = effects(&mut core);
+        assert!(out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        assert!(
+            !out.iter()
+                .any(|e| matches!(e, ClusterEffect::ToTable(ClusterToTable::Snapshot { .. }))),
+            "{out:?}"
+        );
+        assert!(!core.roles().beat().synced);
+    }
+
+    #[test]
+    fn a_semaphore_grant_with_a_limit_or_slot_out_of_range_is_refused_even_from_a_proved_peer() {
+        let params = ClusterParams {
+            max_lease_ms: 60_000,
+            ..ClusterParams::with_detect(DETECT)
+        };
+        let core = linked_with(0, params);
+        let now = at(2);
+        let grant = |token: u64, ms_left: u64, limit: u32, slot: u32| {
+            PeerMsg::Delta(Delta::Grant {
+                key: Key::new(b"k").expect("key"),
+                token,
+                ms_left,
+                limit,
+                slot,
+                value: Some(crate::protocol::Value::new(b"v").expect("value")),
+            })
+        };
+        let check = |msg: &PeerMsg| core.check_peer_msg(now, 7, msg);
+        assert_eq!(check(&grant(16, 1000, 3, 2)), Verdict::Accept);
+        assert_eq!(
+            check(&grant(16, 1000, MAX_LIMIT, MAX_LIMIT - 1)),
+            Verdict::Accept
+        );
+        for limit in [0, MAX_LIMIT + 1, u32::MAX] {
+            assert_eq!(
+                check(&grant(16, 1000, limit, 0)),
+                Verdict::Refuse("a limit outside 1..=10000"),
+                "limit {limit}"
+            );
+        }
+        for (limit, slot) in [(1, 1), (3, 3), (3, u32::MAX)] {
+            assert_eq!(
+                check(&grant(16, 1000, limit, slot)),
+                Verdict::Refuse("a slot at or above its key's limit"),
+                "limit {limit}, slot {slot}"
+            );
+        }
+        assert_eq!(check(&grant(0, 1000, 3, 1)), Verdict::Refuse("token 0"));
+        assert_eq!(
+            check(&grant(16, 60_001, 3, 1)),
+            Verdict::Refuse("a lease above --max-lease")
+        );
+        let free = |slot: u32| {
+            PeerMsg::Delta(Delta::Free {
+                key: Key::new(b"k").expect("key"),
+                token: 16,
+                slot,
+            })
+        };
+        assert_eq!(check(&free(MAX_LIMIT - 1)), Verdict::Accept);
+        assert_eq!(
+            check(&free(MAX_LIMIT)),
+            Verdict::Refuse("a slot at or above its key's limit")
+        );
+    }
+
+    #[test]
+    fn a_snapshot_counts_every_holder_of_a_semaphore_against_max_keys() {
+        let params = ClusterParams {
+            max_keys: 3,
+            ..ClusterParams::with_detect(DETECT)
+        };
+        let mut core = linked_with(1, params);
+        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+        core.handle_tick(at(2));
+        assert_eq!(core.roles().following(), Some(0));
+        effects(&mut core);
+        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+        // One key, four holders: four entries.
+        for slot in 0..4u32 {
+            core.handle_peer_msg(
+                at(3),
+                7,
                 PeerMsg::Delta(Delta::Grant {
-                    key: Key::new(format!("k{i}").as_bytes()).expect("key"),
-                    token: 16 * (i + 1),
+                    key: Key::new(b"pool").expect("key"),
+                    token: 16 * (u64::from(slot) + 1),
                     ms_left: 1000,
+                    limit: 4,
+                    slot,
+                    value: None,
                 }),
             );
         }
@@ -2076,11 +2180,7 @@ mod tests {
                 ..ClusterParams::with_detect(detect)
             };
             let mut core = linked_with(1, params);
-            let bad = PeerMsg::Delta(Delta::Grant {
-                key: key("k"),
-                token: 16,
-                ms_left: 60_001,
-            });
+            let bad = PeerMsg::Delta(Delta::grant(key("k"), 16, 60_001));
             let mut now = 2;
             let mut link = 7;
             let mut waits = Vec::new();
@@ -2108,11 +2208,7 @@ mod tests {
             ..ClusterParams::with_detect(DETECT)
         };
         let mut core = linked_with(1, params);
-        let bad = PeerMsg::Delta(Delta::Grant {
-            key: key("k"),
-            token: 16,
-            ms_left: 60_001,
-        });
+        let bad = PeerMsg::Delta(Delta::grant(key("k"), 16, 60_001));
         let mut now = 3 * DETECT;
         let mut link = 7;
         let mut waits = Vec::new();
@@ -2427,13 +2523,7 @@ mod tests {
             ..ClusterParams::with_detect(DETECT)
         };
         // Endless ceilings, or any free, inside a snapshot: refused.
-        for flood in [
-            Delta::Ceiling(16),
-            Delta::Free {
-                key: key("k"),
-                token: 16,
-            },
-        ] {
+        for flood in [Delta::Ceiling(16), Delta::free(key("k"), 16)] {
             let mut core = linked_with(1, params);
             core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
             core.handle_tick(at(2));
@@ -2456,11 +2546,7 @@ mod tests {
         effects(&mut core);
         core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
         for k in ["a", "b", "c"] {
-            let grant = Delta::Grant {
-                key: key(k),
-                token: 16,
-                ms_left: 1000,
-            };
+            let grant = Delta::grant(key(k), 16, 1000);
             core.handle_peer_msg(at(3), 7, PeerMsg::Delta(grant));
         }
         core.handle_peer_msg(at(3), 7, PeerMsg::Delta(Delta::Ceiling(32)));
@@ -2611,11 +2697,7 @@ mod tests {
         let mut core = linked(1);
         core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
         effects(&mut core);
-        let grant = Delta::Grant {
-            key: Key::new(b"k").expect("key"),
-            token: 33,
-            ms_left: 100,
-        };
+        let grant = Delta::grant(Key::new(b"k").expect("key"), 33, 100);
         core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
         core.handle_peer_msg(at(3), 7, PeerMsg::Delta(grant.clone()));
         core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
@@ -2893,18 +2975,10 @@ mod tests {
         }
         // Its snapshot: what is beyond the window is left out, what is
         // within is applied, and this node does not say it holds the state.
-        let near = Delta::Grant {
-            key: key("near"),
-            token: tokens::start_floor(at(t).unix_ms),
-            ms_left: 1000,
-        };
+        let near = Delta::grant(key("near"), tokens::start_floor(at(t).unix_ms), 1000);
         core.handle_peer_msg(at(t), 7, PeerMsg::SnapshotBegin);
         core.handle_peer_msg(at(t), 7, PeerMsg::Delta(near.clone()));
-        let far = Delta::Grant {
-            key: key("far"),
-            token: token_from_ahead(t),
-            ms_left: 1000,
-        };
+        let far = Delta::grant(key("far"), token_from_ahead(t), 1000);
         core.handle_peer_msg(at(t), 7, PeerMsg::Delta(far));
         let far_ceiling = Delta::Ceiling(token_from_ahead(t) + 1);
         core.handle_peer_msg(at(t), 7, PeerMsg::Delta(far_ceiling.clone()));
@@ -2940,10 +3014,7 @@ mod tests {
         core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
         assert!(core.roles().beat().synced);
         effects(&mut core);
-        let far = Delta::Free {
-            key: key("k"),
-            token: token_from_ahead(4),
-        };
+        let far = Delta::free(key("k"), token_from_ahead(4));
         core.handle_peer_msg(at(4), 7, PeerMsg::Delta(far));
         core.handle_tick(at(4 + APPLY_BATCH_MS));
         let out = effects(&mut core);

@@ -1111,11 +1111,11 @@ mod tests {
         let out = round(&mut core, at(due), vec![]);
         assert_eq!(
             out.to_cluster,
-            vec![TableToCluster::Deltas(vec![Delta::Grant {
-                key: key("k"),
+            vec![TableToCluster::Deltas(vec![Delta::grant(
+                key("k"),
                 token,
-                ms_left: 1000 - (due - 2)
-            }])]
+                1000 - (due - 2)
+            )])]
         );
         assert_eq!(core.next_wake_ms(), core.table().next_wake_ms());
     }
@@ -1420,11 +1420,7 @@ mod tests {
                 active: Some("n1:1".into()),
             },
         );
-        let grant = Delta::Grant {
-            key: key("k"),
-            token: 77,
-            ms_left: 500,
-        };
+        let grant = Delta::grant(key("k"), 77, 500);
         cluster(
             &mut core,
             at(2),
@@ -1437,10 +1433,7 @@ mod tests {
         cluster(
             &mut core,
             at(3),
-            ClusterToTable::Deltas(vec![Delta::Free {
-                key: key("k"),
-                token: 77,
-            }]),
+            ClusterToTable::Deltas(vec![Delta::free(key("k"), 77)]),
         );
         assert_eq!(core.table().stats().held, 0);
         core.table().check_invariants();
@@ -1456,11 +1449,7 @@ mod tests {
         let mut core = TableCore::new(table, true, "n1:1".into(), 0);
         let active = Some("n0:1".to_string());
         cluster(&mut core, at(1), ClusterToTable::Follow { active });
-        let grant = |k: &str, token: u64| Delta::Grant {
-            key: key(k),
-            token,
-            ms_left: 60_000,
-        };
+        let grant = |k: &str, token: u64| Delta::grant(key(k), token, 60_000);
         let refused = |out: &TableEffects| {
             out.to_cluster
                 .iter()

@@ -459,11 +459,7 @@ mod tests {
 
     fn grants(n: usize) -> TableToCluster {
         let key = Key::new(b"k").expect("key");
-        let grant = Delta::Grant {
-            key,
-            token: 7,
-            ms_left: 1000,
-        };
+        let grant = Delta::grant(key, 7, 1000);
         TableToCluster::Deltas(vec![grant; n])
     }
 

@@ -1,0 +1,703 @@
+//! The watch rows of lockbench (section `watch`): what watchers cost the
+//! key's owner, and how long a change takes to reach every watcher.
+//!
+//! Owns: the `--watch-baton`, `--watch-redis`, `--watchers` and
+//! `--watch-clients` options; the fan-out reader (one thread, one
+//! `mio::Poll` over every watcher connection, run next to the load
+//! generator's threads); the schedule (for each watcher count, 0 first, a
+//! closed loop of a few clients on one key, baton and Redis interleaved,
+//! the order reversed every other round); and the Markdown table.
+//!
+//! A change is a grant of the key (baton: its token; Redis: the id the new
+//! holder publishes). Its time is when the request that made it was sent
+//! (the release a handoff followed, else the acquire; Redis: the
+//! `PUBLISH`), taken by the load generator (engine.rs, `RunSpec::changes`).
+//! The fan-out reader keeps, per watcher, the newest id it has seen; the
+//! least of them over every watcher is the frontier, and a change has
+//! reached the last watcher when the frontier reaches its id (a watcher
+//! that skipped the change's own state but got a newer one counts: that is
+//! what a baton watcher that reads slowly gets).
+//!
+//! Never does: start a server, write to a watcher after its `W` or
+//! `SUBSCRIBE`, or leave TIME_WAIT sockets behind (watcher sockets close
+//! with SO_LINGER 0: 10,000 of them per run would use up the ports).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
+use std::io::{self, Read, Write as _};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+use parking_lot::Mutex;
+
+use crate::engine::{self, Change, ChangeLog, Outcome, RunSpec, Workload};
+use crate::report::{fmt_count, fmt_ns, fmt_rate, notes, rate, ratio};
+use crate::tls_rows::Shape;
+use crate::wire::{self, Proto, Watched};
+
+/// Where the watch servers are and how many watchers.
+pub struct WatchOptions {
+    pub baton: Option<SocketAddr>,
+    pub redis: Option<SocketAddr>,
+    /// Watcher counts (a 0 row, the baseline, is always run first).
+    pub watchers: Vec<usize>,
+    /// Clients of the closed loop that changes the key.
+    pub clients: usize,
+}
+
+/// Watchers connected between waits for their first answers.
+const CONNECT_BATCH: usize = 256;
+/// The most setting up (or tearing down) a run's watchers may take.
+const SETUP_BOUND: Duration = Duration::from_secs(120);
+/// After the owner's run, the most to wait for its last changes to reach
+/// every watcher.
+const GRACE: Duration = Duration::from_secs(2);
+/// File descriptors kept free beyond the watchers.
+const FD_SPARE: libc::rlim_t = 256;
+const READ_CHUNK: usize = 64 * 1024;
+const LEASE_MS: u64 = 10_000;
+const WAIT_MS: u64 = 30_000;
+
+/// The watch options (the caller falls back to the main `--baton` and
+/// `--redis` where `--watch-baton` and `--watch-redis` are not given).
+pub fn parse(args: &mut pico_args::Arguments) -> Result<WatchOptions, String> {
+    let err = |e: pico_args::Error| e.to_string();
+    let baton: Option<SocketAddr> = args.opt_value_from_str("--watch-baton").map_err(err)?;
+    let redis: Option<SocketAddr> = args.opt_value_from_str("--watch-redis").map_err(err)?;
+    let watchers = match args
+        .opt_value_from_str::<_, String>("--watchers")
+        .map_err(err)?
+    {
+        Some(list) => list
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| (1..=100_000).contains(&n))
+                    .ok_or_else(|| format!("--watchers: '{s}' is not 1 to 100000"))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![1000, 10_000],
+    };
+    let clients = args
+        .opt_value_from_str("--watch-clients")
+        .map_err(err)?
+        .unwrap_or(4);
+    if !(1..=64).contains(&clients) {
+        return Err("--watch-clients must be 1 to 64".into());
+    }
+    Ok(WatchOptions {
+        baton,
+        redis,
+        watchers,
+        clients,
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Sys {
+    Baton,
+    Redis,
+}
+
+impl Sys {
+    fn name(self) -> &'static str {
+        match self {
+            Sys::Baton => "baton (W)",
+            Sys::Redis => "redis lock + PUBLISH / SUBSCRIBE",
+        }
+    }
+}
+
+/// What one run of the watch rows measured.
+#[derive(Clone)]
+struct WatchOutcome {
+    owner: Outcome,
+    /// Change (request sent) → the last watcher's line for it or a newer one.
+    to_last: Histogram<u64>,
+    /// Changes in the window that reached every watcher / that did not
+    /// before the grace ran out.
+    reached: u64,
+    unreached: u64,
+    /// Changes logged (the whole run) and watcher lines read with a newer
+    /// state (the whole run), for the delivered share.
+    changes: u64,
+    lines: u64,
+    /// Watchers whose connection the server closed.
+    dropped: u64,
+}
+
+impl WatchOutcome {
+    fn merge(&mut self, other: &WatchOutcome) {
+        self.owner.merge(&other.owner, false);
+        self.to_last
+            .add(&other.to_last)
+            .expect("same histogram bounds");
+        self.reached += other.reached;
+        self.unreached += other.unreached;
+        self.changes += other.changes;
+        self.lines += other.lines;
+        self.dropped += other.dropped;
+    }
+}
+
+/// Run the watch rows; their Markdown section. `script_load` loads a Lua
+/// script into a Redis and gives its SHA1.
+pub fn run(
+    options: &WatchOptions,
+    shape: &Shape,
+    script_load: fn(SocketAddr, &str) -> Result<Vec<u8>, String>,
+) -> Result<String, String> {
+    let mut systems = Vec::new();
+    if let Some(addr) = options.baton {
+        systems.push((Sys::Baton, addr, Vec::new()));
+    }
+    if let Some(addr) = options.redis {
+        systems.push((Sys::Redis, addr, script_load(addr, wire::RELEASE_SCRIPT)?));
+    }
+    if systems.is_empty() {
+        return Ok("\n### Watches\n\nLeft out: no --watch-baton (or --baton) given.\n".into());
+    }
+    let fd_limit = raise_fd_limit();
+    let mut counts = vec![0];
+    let mut notes_out = Vec::new();
+    for &n in &options.watchers {
+        if n as libc::rlim_t + FD_SPARE > fd_limit {
+            notes_out.push(format!(
+                "{} watchers left out: the open-file limit is {fd_limit} (ulimit -n).",
+                fmt_count(n as u64)
+            ));
+        } else if !counts.contains(&n) {
+            counts.push(n);
+        }
+    }
+    let mut outcomes: Vec<Vec<Option<WatchOutcome>>> =
+        vec![vec![None; systems.len()]; counts.len()];
+    let mut run_no = 3_000_000u64;
+    for round in 0..shape.rounds {
+        for (r, &n) in counts.iter().enumerate() {
+            let mut order: Vec<usize> = (0..systems.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let (sys, addr, sha) = &systems[i];
+                run_no += 1;
+                eprintln!(
+                    "round {} watch {n} watchers, {} clients: {}",
+                    round + 1,
+                    options.clients,
+                    sys.name()
+                );
+                let outcome = run_one(*sys, *addr, sha, n, options.clients, shape, run_no)
+                    .map_err(|e| format!("watch {n} watchers {}: {e}", sys.name()))?;
+                let slot = &mut outcomes[r][i];
+                match slot {
+                    Some(so_far) => so_far.merge(&outcome),
+                    None => *slot = Some(outcome),
+                }
+            }
+        }
+    }
+    Ok(render(
+        options,
+        &systems.iter().map(|s| s.0).collect::<Vec<_>>(),
+        &counts,
+        &outcomes,
+        &notes_out,
+    ))
+}
+
+fn run_one(
+    sys: Sys,
+    addr: SocketAddr,
+    sha: &[u8],
+    watchers: usize,
+    clients: usize,
+    shape: &Shape,
+    run_no: u64,
+) -> Result<WatchOutcome, String> {
+    let key_prefix = format!("w{run_no}:");
+    let key = engine::contended_key(&key_prefix);
+    let fan = FanOut::connect(addr, sys == Sys::Redis, key.as_bytes(), watchers)?;
+    let log: ChangeLog = Arc::new(Mutex::new(VecDeque::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = {
+        let (log, stop) = (log.clone(), stop.clone());
+        std::thread::spawn(move || fan.follow(&log, &stop))
+    };
+    let spec = RunSpec {
+        addr,
+        proto: match sys {
+            Sys::Baton => Proto::Baton,
+            Sys::Redis => Proto::RedisLock,
+        },
+        conns: clients,
+        workload: Workload::Contended {
+            hold: Duration::ZERO,
+        },
+        lease_ms: LEASE_MS,
+        wait_ms: WAIT_MS,
+        warmup: shape.warmup,
+        measure: shape.measure,
+        drain: Duration::from_secs(3),
+        key_prefix,
+        threads: shape.threads,
+        sha: sha.to_vec(),
+        seed: shape.seed ^ run_no.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        tls: None,
+        cpu_pids: Vec::new(),
+        limit: None,
+        changes: Some(log),
+    };
+    let owner = engine::run(&spec);
+    stop.store(true, Ordering::Relaxed);
+    let followed = follower
+        .join()
+        .map_err(|_| "the fan-out reader panicked".to_string())?;
+    let owner = owner?;
+    let f = followed?;
+    Ok(WatchOutcome {
+        owner,
+        to_last: f.to_last,
+        reached: f.reached,
+        unreached: f.unreached,
+        changes: f.changes,
+        lines: f.lines,
+        dropped: f.dropped,
+    })
+}
+
+/// What the fan-out reader measured.
+struct Followed {
+    to_last: Histogram<u64>,
+    reached: u64,
+    unreached: u64,
+    changes: u64,
+    lines: u64,
+    dropped: u64,
+}
+
+struct Watcher {
+    stream: TcpStream,
+    partial: Vec<u8>,
+    /// The newest id seen (0 until a state with one).
+    seen: u64,
+    /// The first answer (the state at `W`, or the subscription) came.
+    live: bool,
+    gone: bool,
+}
+
+/// Every watcher connection of a run, on one poll.
+struct FanOut {
+    redis: bool,
+    key: Vec<u8>,
+    poll: Poll,
+    watchers: Vec<Watcher>,
+    /// How many live watchers have seen each id as their newest.
+    at: BTreeMap<u64, u32>,
+    frontier: u64,
+    /// (frontier, when it got there), oldest first.
+    history: VecDeque<(u64, Instant)>,
+    live: usize,
+    lines: u64,
+    dropped: u64,
+    scratch: Box<[u8]>,
+}
+
+impl FanOut {
+    /// Connect `n` watchers and watch `key` on each (baton `W key`; Redis
+    /// `SUBSCRIBE key`); returns once each has its first answer.
+    fn connect(addr: SocketAddr, redis: bool, key: &[u8], n: usize) -> Result<FanOut, String> {
+        let mut fan = FanOut {
+            redis,
+            key: key.to_vec(),
+            poll: Poll::new().map_err(|e| format!("poll: {e}"))?,
+            watchers: Vec::with_capacity(n),
+            at: BTreeMap::new(),
+            frontier: 0,
+            history: VecDeque::new(),
+            live: 0,
+            lines: 0,
+            dropped: 0,
+            scratch: vec![0; READ_CHUNK].into_boxed_slice(),
+        };
+        let mut request = Vec::new();
+        if redis {
+            wire::resp_command(&mut request, &[b"SUBSCRIBE", key]);
+        } else {
+            request.extend_from_slice(b"W ");
+            request.extend_from_slice(key);
+            request.push(b'\n');
+        }
+        let deadline = Instant::now() + SETUP_BOUND;
+        while fan.watchers.len() < n {
+            let batch = CONNECT_BATCH.min(n - fan.watchers.len());
+            for _ in 0..batch {
+                let mut stream =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(
+                        |e| format!("watcher {}: connect {addr}: {e}", fan.watchers.len()),
+                    )?;
+                stream.set_nodelay(true).map_err(|e| e.to_string())?;
+                no_linger(&stream)?;
+                stream
+                    .write_all(&request)
+                    .map_err(|e| format!("watcher {}: write: {e}", fan.watchers.len()))?;
+                stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+                let mut stream = TcpStream::from_std(stream);
+                fan.poll
+                    .registry()
+                    .register(&mut stream, Token(fan.watchers.len()), Interest::READABLE)
+                    .map_err(|e| format!("register: {e}"))?;
+                fan.watchers.push(Watcher {
+                    stream,
+                    partial: Vec::new(),
+                    seen: 0,
+                    live: false,
+                    gone: false,
+                });
+            }
+            let mut events = Events::with_capacity(1024);
+            while fan.live < fan.watchers.len() {
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "{} of {} watchers answered within {SETUP_BOUND:?}",
+                        fan.live,
+                        fan.watchers.len()
+                    ));
+                }
+                fan.pump(&mut events, Duration::from_millis(50), true)?;
+            }
+        }
+        Ok(fan)
+    }
+
+    /// Wait up to `timeout` for input and read all of it. `setup`: a
+    /// watcher the server closes is an error (else it is dropped).
+    fn pump(&mut self, events: &mut Events, timeout: Duration, setup: bool) -> Result<(), String> {
+        if let Err(e) = self.poll.poll(events, Some(timeout))
+            && e.kind() != io::ErrorKind::Interrupted
+        {
+            return Err(format!("poll: {e}"));
+        }
+        let tokens: Vec<usize> = events.iter().map(|e| e.token().0).collect();
+        for w in tokens {
+            if w < self.watchers.len() && !self.watchers[w].gone {
+                self.read(w, setup)?;
+            }
+        }
+        if let Some((&least, _)) = self.at.first_key_value()
+            && least > self.frontier
+        {
+            self.frontier = least;
+            self.history.push_back((least, Instant::now()));
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, w: usize, setup: bool) -> Result<(), String> {
+        loop {
+            let n = match self.watchers[w].stream.read(&mut self.scratch) {
+                Ok(0) => {
+                    if setup {
+                        return Err(format!("the server closed watcher {w}"));
+                    }
+                    self.drop_watcher(w);
+                    return Ok(());
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if !setup => {
+                    let _ = e;
+                    self.drop_watcher(w);
+                    return Ok(());
+                }
+                Err(e) => return Err(format!("watcher {w}: read: {e}")),
+            };
+            let mut buf = std::mem::take(&mut self.watchers[w].partial);
+            buf.extend_from_slice(&self.scratch[..n]);
+            let mut used = 0;
+            while let Some((message, len)) =
+                wire::parse_watched(self.redis, &self.key, &buf[used..])
+                    .map_err(|e| format!("watcher {w}: {e}"))?
+            {
+                used += len;
+                self.on_message(w, message);
+            }
+            buf.drain(..used);
+            self.watchers[w].partial = buf;
+            if n < self.scratch.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    fn on_message(&mut self, w: usize, message: Watched) {
+        let watcher = &mut self.watchers[w];
+        if !watcher.live {
+            watcher.live = true;
+            watcher.seen = match message {
+                Watched::State(id) => id,
+                Watched::Subscribed => 0,
+            };
+            *self.at.entry(watcher.seen).or_default() += 1;
+            self.live += 1;
+            return;
+        }
+        let Watched::State(id) = message else {
+            return;
+        };
+        if id == 0 {
+            // baton: nobody holds the key; no change's id.
+            return;
+        }
+        self.lines += 1;
+        if id > watcher.seen {
+            let old = watcher.seen;
+            watcher.seen = id;
+            self.leave(old);
+            *self.at.entry(id).or_default() += 1;
+        }
+    }
+
+    fn leave(&mut self, id: u64) {
+        if let Some(count) = self.at.get_mut(&id) {
+            *count -= 1;
+            if *count == 0 {
+                self.at.remove(&id);
+            }
+        }
+    }
+
+    fn drop_watcher(&mut self, w: usize) {
+        let watcher = &mut self.watchers[w];
+        watcher.gone = true;
+        let seen = watcher.seen;
+        let _ = self.poll.registry().deregister(&mut watcher.stream);
+        if watcher.live {
+            self.live -= 1;
+            self.leave(seen);
+        }
+        self.dropped += 1;
+    }
+
+    /// Read every watcher and match the logged changes to the frontier
+    /// until `stop` is set and the window's changes have reached everyone
+    /// (or `GRACE` ran out).
+    fn follow(mut self, log: &ChangeLog, stop: &AtomicBool) -> Result<Followed, String> {
+        let mut pending: VecDeque<Change> = VecDeque::new();
+        let mut out = Followed {
+            to_last: Histogram::new_with_bounds(1, 100_000_000_000, 3)
+                .expect("valid histogram bounds"),
+            reached: 0,
+            unreached: 0,
+            changes: 0,
+            lines: 0,
+            dropped: 0,
+        };
+        let mut events = Events::with_capacity(1024);
+        let mut stop_by: Option<Instant> = None;
+        loop {
+            self.pump(&mut events, Duration::from_millis(2), false)?;
+            {
+                let mut log = log.lock();
+                out.changes += log.len() as u64;
+                pending.extend(log.drain(..));
+            }
+            while let Some(change) = pending.front().copied() {
+                if self.at.is_empty() {
+                    // No watchers (the baseline, or all dropped): nothing
+                    // to reach.
+                    pending.pop_front();
+                    continue;
+                }
+                while self.history.front().is_some_and(|&(f, _)| f < change.id) {
+                    self.history.pop_front();
+                }
+                let Some(&(_, when)) = self.history.front() else {
+                    break;
+                };
+                pending.pop_front();
+                if change.in_window {
+                    out.reached += 1;
+                    let ns = when.saturating_duration_since(change.cause).as_nanos() as u64;
+                    out.to_last.saturating_record(ns.max(1));
+                }
+            }
+            if stop.load(Ordering::Relaxed) {
+                let now = Instant::now();
+                let by = *stop_by.get_or_insert(now + GRACE);
+                if now >= by || !pending.iter().any(|c| c.in_window) {
+                    break;
+                }
+            }
+        }
+        out.unreached = pending.iter().filter(|c| c.in_window).count() as u64;
+        out.lines = self.lines;
+        out.dropped = self.dropped;
+        Ok(out)
+    }
+}
+
+/// Close with a reset, not a FIN: no TIME_WAIT left on this side.
+fn no_linger(stream: &std::net::TcpStream) -> Result<(), String> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a fully initialised `linger` of the size
+    // passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(format!("SO_LINGER: {}", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Raise the soft open-file limit to the hard one; the soft limit now.
+fn raise_fd_limit() -> libc::rlim_t {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 1024;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
+fn render(
+    options: &WatchOptions,
+    systems: &[Sys],
+    counts: &[usize],
+    outcomes: &[Vec<Option<WatchOutcome>>],
+    extra_notes: &[String],
+) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "\n### Watches: watchers of one key that a closed loop of {} clients changes as fast \
+         as it can (acquire → release, hold 0)\n\n",
+        options.clients
+    );
+    out.push_str(
+        "| watchers | system | handoffs/s | ×no watchers | change → last watcher p50 | p99 | max | \
+         changes measured | not reached | states delivered | watchers dropped | notes |\n",
+    );
+    out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    let handoffs = |o: &WatchOutcome| rate(o.owner.grants, o.owner.secs);
+    let mut targets = Vec::new();
+    for (r, &n) in counts.iter().enumerate() {
+        for (i, &sys) in systems.iter().enumerate() {
+            let Some(o) = &outcomes[r][i] else {
+                continue;
+            };
+            let baseline = outcomes[0][i].as_ref();
+            let vs = if n == 0 {
+                String::new()
+            } else {
+                baseline.map_or_else(String::new, |b| ratio(handoffs(o), handoffs(b)))
+            };
+            let (p50, p99, max, delivered) = if n == 0 {
+                (String::new(), String::new(), String::new(), String::new())
+            } else {
+                let want = o.changes as f64 * n as f64;
+                (
+                    fmt_ns(o.to_last.value_at_quantile(0.5)),
+                    fmt_ns(o.to_last.value_at_quantile(0.99)),
+                    fmt_ns(o.to_last.max()),
+                    if want > 0.0 {
+                        format!("{:.1}%", 100.0 * o.lines as f64 / want)
+                    } else {
+                        String::new()
+                    },
+                )
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {vs} | {p50} | {p99} | {max} | {} | {} | {delivered} | {} | {} |",
+                fmt_count(n as u64),
+                sys.name(),
+                fmt_rate(handoffs(o)),
+                if n == 0 {
+                    String::new()
+                } else {
+                    o.reached.to_string()
+                },
+                if n == 0 {
+                    String::new()
+                } else {
+                    o.unreached.to_string()
+                },
+                if n == 0 {
+                    String::new()
+                } else {
+                    o.dropped.to_string()
+                },
+                notes(&o.owner),
+            );
+            if n > 0 && sys == Sys::Baton {
+                let v = baseline.map(|b| handoffs(o) / handoffs(b).max(1e-9));
+                targets.push((n, v));
+            }
+        }
+    }
+    out.push_str(
+        "\nA change is a grant of the key; its time is when the request that made it was \
+         sent (the release a handoff followed, else the acquire; for Redis the new holder's \
+         `PUBLISH` of the change's id, sent with its release). Change → last watcher: until \
+         every watcher has read a line with that change's state or a newer one (a baton \
+         watcher that reads slowly skips states and ends on the latest). states delivered = \
+         watcher lines read with a new state ÷ (changes × watchers). The Redis rows are the \
+         `SET NX` lock whose every new holder publishes on the key's channel to `SUBSCRIBE`d \
+         connections; the same loop publishes to nobody in its 0 row. One thread reads every \
+         watcher, next to the load generator's.\n",
+    );
+    for note in extra_notes {
+        let _ = writeln!(out, "\n{note}");
+    }
+    out.push_str(
+        "\n#### Targets, watches (ratios from this interleaved run)\n\n\
+         | target | goal | value | |\n|---|---|---:|---|\n",
+    );
+    for (n, v) in targets {
+        let cell = v.map_or_else(
+            || "n/a | ".to_string(),
+            |v| format!("{v:.3} | {}", if v >= 0.9 { "PASS" } else { "**MISS**" }),
+        );
+        let _ = writeln!(
+            out,
+            "| {} watchers: the owner's handoffs/s / with no watchers | ≥ 0.9 | {cell} |",
+            fmt_count(n as u64)
+        );
+    }
+    out
+}
