@@ -38,9 +38,6 @@ mod cluster_key;
 #[path = "../tests/chaos_harness/schedule.rs"]
 mod schedule;
 #[allow(dead_code)]
-#[path = "../tests/chaos_harness/wire.rs"]
-mod wire;
-#[allow(dead_code)]
 #[path = "../tests/chaos_harness/workers.rs"]
 mod workers;
 

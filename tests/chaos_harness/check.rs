@@ -231,8 +231,8 @@ pub struct SemCheck {
     /// The most writes in flight at once.
     pub most_in_flight: u32,
     /// Crowds (over the limit, or a slot twice) that began in a fault
-    /// window, but in no lossy one: with a semaphore's holders replicated, a
-    /// graceful handoff keeps them, and these must not happen.
+    /// window, but in no lossy one: a graceful handoff keeps the holders,
+    /// so these must not happen.
     pub crowds_graceful: Vec<Crowd>,
     /// Releases answered "not held": the active did not know the grant.
     pub lost: usize,
@@ -240,7 +240,7 @@ pub struct SemCheck {
     /// holder lost with no fault at all.
     pub lost_outside: Vec<LostGrant>,
     /// Those whose span met a fault window but no lossy one: lost in a
-    /// graceful handoff, which keeps replicated holders.
+    /// graceful handoff, which keeps every holder: must not happen.
     pub lost_graceful: Vec<LostGrant>,
 }
 

@@ -417,36 +417,34 @@ fn sem_violations(o: &Options, at: &Timing, sem: &SemCheck) -> Vec<String> {
             .iter()
             .map(|g| lost(g, "with no fault window from its grant to its release")),
     );
-    if o.sem_replicated {
-        list(
-            sem.lost_graceful.len(),
-            "semaphore grants lost in graceful handoffs",
-            &mut sem.lost_graceful.iter().map(|g| {
-                lost(
-                    g,
-                    "in graceful handoffs only (SIGTERM, no SIGKILL or SIGSTOP from its grant to \
-                     its release)",
-                )
-            }),
-        );
-        list(
-            sem.crowds_graceful.len(),
-            "semaphore crowds in graceful handoffs",
-            &mut sem.crowds_graceful.iter().map(|c| {
-                format!(
-                    "in graceful handoffs only (SIGTERM, no SIGKILL or SIGSTOP): worker {} began \
-                     writing {name} slot {} with token {} at {:.3}s with {} writes in flight \
-                     (limit {limit}), {} on its slot",
-                    c.worker,
-                    c.slot,
-                    c.token,
-                    at.s(c.at),
-                    c.holders,
-                    c.slot_holders
-                )
-            }),
-        );
-    }
+    list(
+        sem.lost_graceful.len(),
+        "semaphore grants lost in graceful handoffs",
+        &mut sem.lost_graceful.iter().map(|g| {
+            lost(
+                g,
+                "in graceful handoffs only (SIGTERM, no SIGKILL or SIGSTOP from its grant to its \
+                 release)",
+            )
+        }),
+    );
+    list(
+        sem.crowds_graceful.len(),
+        "semaphore crowds in graceful handoffs",
+        &mut sem.crowds_graceful.iter().map(|c| {
+            format!(
+                "in graceful handoffs only (SIGTERM, no SIGKILL or SIGSTOP): worker {} began \
+                 writing {name} slot {} with token {} at {:.3}s with {} writes in flight (limit \
+                 {limit}), {} on its slot",
+                c.worker,
+                c.slot,
+                c.token,
+                at.s(c.at),
+                c.holders,
+                c.slot_holders
+            )
+        }),
+    );
     list(
         sem.over_limit_outside.len(),
         "over-limit moments outside fault windows",
@@ -472,7 +470,7 @@ fn print_sem(o: &Options, r: &Report, out: &mut String) {
     say!(
         out,
         "semaphore {} (limit {}): operations {}; acquire timeouts {}; acquire errors {:?}; \
-         releases not held {} (a grant the active did not know: lost in a failover); release \
+         releases not held {} (a grant the active did not know); release \
          errors {:?}",
         workers::SEM_NAME,
         o.workload.sem_limit,
@@ -504,14 +502,9 @@ fn print_sem(o: &Options, r: &Report, out: &mut String) {
     );
     say!(
         out,
-        "semaphore holders across handoffs (semaphores {}): {} grants lost (release answered \
-         not held), {} with no fault window from grant to release, {} in graceful handoffs \
-         only (SIGTERM, no SIGKILL or SIGSTOP); {} crowds in graceful handoffs only",
-        if o.sem_replicated {
-            "replicated: a graceful handoff must keep every holder"
-        } else {
-            "not replicated: reported, not failed, but for losses with no fault"
-        },
+        "semaphore holders across handoffs: {} grants lost (release answered not held), {} \
+         with no fault window from grant to release, {} in graceful handoffs only (SIGTERM, no \
+         SIGKILL or SIGSTOP); {} crowds in graceful handoffs only",
         s.release_not_held,
         r.sem_lost_outside,
         r.sem_lost_graceful,

@@ -13,7 +13,7 @@
 //! sections (from the moment its acquire returned to the moment it started
 //! the release), how long every acquire and release took, and its errors.
 //! Each worker runs on its own thread with its own [`Client`] connected to
-//! all three nodes, and its own [`WireClient`] for the semaphore key.
+//! all three nodes, for every key.
 //!
 //! Never does: share a client between workers, or loop without bound: a
 //! worker stops at its stop flag, and after `MAX_OPS` operations.
@@ -24,12 +24,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use baton::client::{Client, Error, ReleaseOutcome};
-use baton::protocol::Key;
+use baton::client::{AcquireOptions, Client, Error, ReleaseOutcome};
 use parking_lot::Mutex;
 
 use super::schedule::Rng;
-use super::wire::{Acquired, Released, WireClient};
 
 /// Operations one worker does at most.
 const MAX_OPS: usize = 10_000_000;
@@ -451,24 +449,28 @@ impl Worker {
 
     /// Acquire the semaphore key with its limit, write to its slot, work,
     /// release.
-    fn sem_op(&mut self, client: &mut WireClient, resource: &SemResource, key: &Key) {
+    fn sem_op(&mut self, client: &Client, resource: &SemResource, options: &AcquireOptions) {
         let w = self.workload.clone();
         let asked = Instant::now();
-        let result = client.acquire(key, w.lease, w.wait, w.sem_limit);
+        let result = client.acquire_with(SEM_NAME, w.lease, Some(w.wait), options);
         let at = Instant::now();
-        self.timed("acquire", SEM_KEY, asked, || format!("{result:?}"));
-        let (token, slot) = match result {
-            Ok(Acquired::Granted { token, slot }) => (token, slot),
-            Ok(Acquired::Timeout) => {
+        self.timed("acquire", SEM_KEY, asked, || match &result {
+            Ok(g) => format!("granted {} slot {}", g.token(), g.slot()),
+            Err(e) => e.to_string(),
+        });
+        let grant = match result {
+            Ok(grant) => grant,
+            Err(Error::Timeout) => {
                 self.log.sem.acquire_timeouts += 1;
                 return;
             }
             Err(e) => {
-                *self.log.sem.acquire_errors.entry(e.kind()).or_default() += 1;
+                *self.log.sem.acquire_errors.entry(kind(&e)).or_default() += 1;
                 self.back_off();
                 return;
             }
         };
+        let (token, slot) = (grant.token(), grant.slot());
         self.log.sem_grants.push(SemGrant {
             worker: self.index,
             token,
@@ -480,11 +482,11 @@ impl Worker {
             resource.done(slot);
         }
         let end = Instant::now();
-        let released = client.release(key, token, baton::client::RELEASE_RETRY_WINDOW);
+        let released = client.release(&grant);
         self.timed("release", SEM_KEY, end, || format!("{released:?}"));
         match released {
-            Ok(Released::Released) => {}
-            Ok(Released::NotHeld) => {
+            Ok(ReleaseOutcome::Released) => {}
+            Ok(ReleaseOutcome::NotHeld) => {
                 self.log.sem.release_not_held += 1;
                 self.log.sem_lost.push(LostGrant {
                     worker: self.index,
@@ -494,7 +496,7 @@ impl Worker {
                     released: Instant::now(),
                 });
             }
-            Err(e) => *self.log.sem.release_errors.entry(e.kind()).or_default() += 1,
+            Err(e) => *self.log.sem.release_errors.entry(kind(&e)).or_default() += 1,
         }
         self.log.sem.cycles += 1;
     }
@@ -515,12 +517,7 @@ pub fn run(
         .request_timeout(workload.request_timeout)
         .connect()
         .expect("client for the cluster");
-    let mut sem_client = WireClient::new(
-        servers,
-        Duration::from_millis(500),
-        workload.request_timeout,
-    );
-    let sem_key = Key::new(SEM_NAME.as_bytes()).expect("the semaphore key is a valid key");
+    let sem_options = AcquireOptions::new().limit(workload.sem_limit);
     let mut worker = Worker {
         index,
         rng: Rng::new(seed ^ (u64::from(index) + 1).wrapping_mul(0x2545_F491_4F6C_DD1D)),
@@ -536,7 +533,7 @@ pub fn run(
             break;
         }
         if worker.rng.chance(worker.workload.sem_share) {
-            worker.sem_op(&mut sem_client, &resources.sem, &sem_key);
+            worker.sem_op(&client, &resources.sem, &sem_options);
             continue;
         }
         let key = if worker.rng.chance(worker.workload.hot_share) {
