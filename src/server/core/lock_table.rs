@@ -18,9 +18,9 @@
 //! `limit-mismatch`.
 //!
 //! Layout (memory per held key is what a lock server is judged by): a
-//! key's first grant lives in its [`KeyState`] (token, expiry, lease timer);
+//! key's first grant lives in its `KeyState` (token, expiry, lease timer);
 //! a key that is more than a plain mutex without a value (limit above 1, or
-//! a value given) has a [`Sem`] in a side slab holding its limit, the first
+//! a value given) has a `Sem` in a side slab holding its limit, the first
 //! grant's slot and value, its other grants and which slots are taken. A
 //! plain mutex key pays 4 bytes for the link to it.
 //!
