@@ -304,7 +304,8 @@ protocol_tables! {
     /// one test case that must be added.
     ///
     /// Declarations, in this file:
-    /// 1. a row in `ops` below: letter, fields, keyed, label, its answers;
+    /// 1. a row in `ops` below: letter, fields, optional, keyed, label, its
+    ///    answers;
     /// 2. a row in `answers` below per new kind of answer: tag, label (the
     ///    metrics list it where its row is);
     /// 3. a [`Request`] variant named after the op;
@@ -334,7 +335,7 @@ protocol_tables! {
     /// Tests: a case per new answer in `every_answer_with_text` below (the
     /// table tests fail without it), and the arms the compiler asks for in
     /// `tests/hostile.rs` (`arbitrary_request`, `arbitrary_answer`). Docs:
-    /// the README's protocol section and this module's doc.
+    /// `docs/protocol.md` and this module's doc.
     ///
     /// Nothing else: which request an answer belongs to is
     /// [`Answer::request`] for the I/O loop's budget, the client's matching
