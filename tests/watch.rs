@@ -46,7 +46,15 @@ fn a_watch_answers_the_state_then_one_line_per_change_in_order() {
     // Waiters change no holder: no line.
     let mut d = node.client();
     b.send("A k 30 0");
+    // b is in line before d asks (two connections, maybe two I/O loops:
+    // without the wait, d could be first in line).
+    common::wait_for("b in line", DEADLINE, || {
+        (a.query("k").waiting == 1).then_some(())
+    });
     d.send("A k 30 0");
+    common::wait_for("d in line", DEADLINE, || {
+        (a.query("k").waiting == 2).then_some(())
+    });
     watcher.assert_silent_for(QUIET);
     // A handoff is one change: the next waiter's token, one still waiting.
     assert_eq!(a.ask(&format!("R k {t1}")), "R k");
