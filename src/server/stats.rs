@@ -63,9 +63,10 @@ impl IoCounters {
         self.watch_lines.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// A change line for a slow watcher replaced by a newer one unwritten.
-    pub fn watch_line_skipped(&self) {
-        self.watch_lines_skipped.fetch_add(1, Ordering::Relaxed);
+    /// `n` states of a watched key a watcher never got: it was given a
+    /// newer one instead.
+    pub fn watch_lines_skipped(&self, n: u64) {
+        self.watch_lines_skipped.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Add the `W` lines counted here to the owner's snapshot.

@@ -12,8 +12,8 @@
 //! `--max-watches` of them). The owner keeps only, per watched key, which
 //! loops watch it ([`Watchers`], a 256-bit set per key: loops are at most
 //! 256), and sends each of those loops one line per change, which the loop
-//! copies to its watchers. Unwatched traffic pays one `is_empty` check per
-//! change.
+//! fans out to its watchers ([`Fanout`]). Unwatched traffic pays one
+//! `is_empty` check per change.
 //!
 //! - **Interest.** A loop tells the owner when its count of connections
 //!   watching a key goes from 0 to 1 (before the `W` that did it) and from
@@ -42,15 +42,28 @@
 //!   second `W` for a key already watched answers its state again and
 //!   subscribes nothing more; `X` of a key not watched is answered all the
 //!   same.
+//! - **The fan-out in a loop** ([`Fanout`]) costs O(1) per change,
+//!   whatever the watchers: the loop keeps, per watched key, its newest
+//!   change line (encoded once) and a version (changes seen since the key
+//!   was first watched in the loop), and each watch the version it was
+//!   last given (its `W` answer takes the key's version when it is
+//!   written, so no line older than the answer follows it). The lines go
+//!   out in sweeps, after the round's answers, of a bounded number of lines
+//!   each: keys in turn, each key's watchers in turn, each watcher behind
+//!   given the newest line, whatever came in between (a watcher's version
+//!   jumping by more than one counts the states it skipped). While the loop
+//!   serves clients the sweeps are paced ([`Pace`]) to a bounded share of
+//!   its time, so 10,000 watchers of a key the clients change as fast as
+//!   they can cost the clients little: the watchers get fewer, newer
+//!   states. An idle loop sweeps back to back.
 //! - **Slow watchers.** The loop never waits on a watcher and never grows
-//!   memory for one: a change line is written into the connection's output
-//!   only while that output holds less than [`WATCH_ROOM`] bytes unsent;
-//!   otherwise it is kept as the (connection, key)'s one pending state,
-//!   replaced by any newer one (each replacement counted as a skipped
-//!   line), and written once the output drains. A `W` answer supersedes
-//!   the key's pending line. So a connection costs at most one pending line
-//!   per watched key beyond `WATCH_ROOM`, and a slow reader skips
-//!   intermediate states but always ends on the latest.
+//!   memory for one: a line is written into the connection's output only
+//!   while that output holds less than [`WATCH_ROOM`] bytes unsent;
+//!   otherwise the watch is marked stalled (once), the sweep passes it by,
+//!   and when the output drains the connection is given each stalled
+//!   key's newest line. A `W` answer supersedes a stalled state. So a
+//!   connection costs one mark per watched key beyond `WATCH_ROOM`, and a
+//!   slow reader skips intermediate states but always ends on the latest.
 //! - **Roles.** A standby answers `W` like every keyed request (`M <active>
 //!   W <key>`); the loop then drops the watch it had marked. When the node
 //!   stops being active (failover, hand-over, retire), the owner tells each
@@ -62,15 +75,16 @@
 //!   replicated.
 //!
 //! Run by the lock-owner thread (`Watchers`, inside the lock table) and
-//! by the I/O loops (`WatchQueue`, one per connection that watches).
+//! by the I/O loops (`Fanout` and `Pace`, one each per loop; `WatchQueue`,
+//! one per connection that watches).
 //!
-//! Never does: I/O, clock reads, or keep more than one undelivered line
-//! per (connection, key).
+//! Never does: I/O, clock reads (the pace is told the time), or keep
+//! more than one state per watched key in a loop, whatever its watchers.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 
-use crate::protocol::{Key, WatchState};
+use crate::protocol::Key;
 
 /// The most I/O loops a node has (`ConnId` names a loop in 8 bits).
 pub const MAX_LOOPS: usize = 256;
@@ -193,8 +207,12 @@ struct Watch {
     subscribed: bool,
     /// Change lines are copied to the connection.
     live: bool,
-    /// The newest state not written yet (the output was full).
-    pending: Option<WatchState>,
+    /// The version of the key's state the connection has last been given
+    /// (its `W` answer or a change line), in its loop's [`Fanout`].
+    delivered: u64,
+    /// A newer state was offered while the output was full: it is given
+    /// (the newest then) once the output drains.
+    stalled: bool,
 }
 
 /// What the loop must do after a request line was parsed.
@@ -217,17 +235,22 @@ pub enum WatchStep {
     },
 }
 
-/// What became of a change line for one connection.
+/// What to do with a key's newest state for one connection.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Delivery {
     /// The connection does not take it (not live).
     Dropped,
-    /// Write it now.
-    Write,
-    /// Kept as the watch's pending state (the output is full).
-    Kept,
-    /// Replaced the pending state kept before (a skipped line).
-    Replaced,
+    /// It has that state already (or a newer answer).
+    Current,
+    /// Write it now; `skipped`: states it never got between its last one
+    /// and this.
+    Write {
+        /// Intermediate states replaced before delivery.
+        skipped: u64,
+    },
+    /// The output is full: it is given the newest state once it drains
+    /// ([`WatchQueue::take_stalled`]).
+    Stalled,
 }
 
 /// A connection's watches, in its I/O loop: the rule of what change lines
@@ -237,8 +260,9 @@ pub struct WatchQueue {
     watches: HashMap<Key, Watch>,
     /// Watches that are subscribed (counted against `--max-watches`).
     subscribed: usize,
-    /// Keys with a pending line, in no particular order (each once).
-    pending: Vec<Key>,
+    /// Keys offered while the output was full, in no particular order
+    /// (each once).
+    stalled: Vec<Key>,
 }
 
 impl WatchQueue {
@@ -297,20 +321,22 @@ impl WatchQueue {
         }
         watch.subscribed = false;
         watch.live = false;
-        watch.pending = None;
+        watch.stalled = false;
         watch.x_in_flight += 1;
         WatchStep::Unwatched { was_watcher }
     }
 
-    /// The owner's `W` answer for `key` is being written: the watch is
-    /// live from here on (unless an `X` sent after that `W` is in
-    /// flight), and its pending line, older than the answer, goes.
-    pub fn answered_watch(&mut self, key: &Key) {
+    /// The owner's `W` answer for `key` is being written, when the loop's
+    /// state of the key is at `version`: the watch is live from here on
+    /// (unless an `X` sent after that `W` is in flight), and has that
+    /// version (the answer is as new), so no older line follows it.
+    pub fn answered_watch(&mut self, key: &Key, version: u64) {
         let Some(watch) = self.watches.get_mut(key) else {
             return;
         };
         watch.w_in_flight = watch.w_in_flight.saturating_sub(1);
-        watch.pending = None;
+        watch.delivered = version;
+        watch.stalled = false;
         watch.live = watch.subscribed && watch.x_in_flight == 0;
         self.forget_if_done(key);
     }
@@ -350,24 +376,20 @@ impl WatchQueue {
             if watch.live && watch.w_in_flight == 0 {
                 watch.live = false;
                 watch.subscribed = false;
-                watch.pending = None;
+                watch.stalled = false;
                 ended.push(key.clone());
             } else if watch.live {
                 // Its answer (an `M`, or a `W` if the role came back) is
                 // coming: no line until then.
                 watch.live = false;
-                watch.pending = None;
+                watch.stalled = false;
             }
         }
         self.subscribed -= ended.len();
         for key in &ended {
             self.forget_if_done(key);
         }
-        self.pending.retain(|key| {
-            self.watches
-                .get(key)
-                .is_some_and(|watch| watch.pending.is_some())
-        });
+        self.stalled.clear();
         ended
     }
 
@@ -381,44 +403,49 @@ impl WatchQueue {
             .map(|(key, _)| key)
             .collect();
         self.subscribed = 0;
-        self.pending.clear();
+        self.stalled.clear();
         keys
     }
 
-    /// A change of `key` to `state`; `has_room`: the connection's output
-    /// is below [`WATCH_ROOM`]. A line kept pending is written by
-    /// [`WatchQueue::take_pending`] when the output has room.
-    pub fn change(&mut self, key: &Key, state: &WatchState, has_room: bool) -> Delivery {
+    /// The newest state of `key` is at `version`; `has_room`: the
+    /// connection's output is below [`WATCH_ROOM`]. A watch offered its
+    /// key while the output was full is named by
+    /// [`WatchQueue::take_stalled`] once it has room, to be offered again.
+    pub fn offer(&mut self, key: &Key, version: u64, has_room: bool) -> Delivery {
         let Some(watch) = self.watches.get_mut(key) else {
             return Delivery::Dropped;
         };
         if !watch.live {
             return Delivery::Dropped;
         }
-        match &mut watch.pending {
-            Some(pending) => {
-                *pending = state.clone();
-                Delivery::Replaced
-            }
-            None if has_room => Delivery::Write,
-            None => {
-                watch.pending = Some(state.clone());
-                self.pending.push(key.clone());
-                Delivery::Kept
-            }
+        if watch.delivered >= version {
+            return Delivery::Current;
         }
+        if !has_room {
+            if !watch.stalled {
+                watch.stalled = true;
+                self.stalled.push(key.clone());
+            }
+            return Delivery::Stalled;
+        }
+        let skipped = version - watch.delivered - 1;
+        watch.delivered = version;
+        Delivery::Write { skipped }
     }
 
-    /// Some line waits for room.
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+    /// Some watch waits for room.
+    pub fn has_stalled(&self) -> bool {
+        !self.stalled.is_empty()
     }
 
-    /// The next pending line to write (the output has room again).
-    pub fn take_pending(&mut self) -> Option<(Key, WatchState)> {
-        while let Some(key) = self.pending.pop() {
-            if let Some(state) = self.watches.get_mut(&key).and_then(|w| w.pending.take()) {
-                return Some((key, state));
+    /// The next key whose newest state waits for room (the output has
+    /// room again): offer it again.
+    pub fn take_stalled(&mut self) -> Option<Key> {
+        while let Some(key) = self.stalled.pop() {
+            if let Some(watch) = self.watches.get_mut(&key)
+                && std::mem::take(&mut watch.stalled)
+            {
+                return Some(key);
             }
         }
         None
@@ -436,21 +463,218 @@ impl WatchQueue {
     }
 }
 
+/// One watched key in one loop: its newest state and the loop's
+/// connections that watch it.
+#[derive(Debug, Default)]
+struct Feed {
+    /// Changes of the key seen by the loop since the feed began.
+    version: u64,
+    /// The newest change line, encoded once for every watcher.
+    line: Vec<u8>,
+    /// The watching connections (loop slots), in the sweep's order.
+    members: Vec<usize>,
+    /// Where each member is in `members`.
+    at: HashMap<usize, usize>,
+    /// The next member the sweep looks at.
+    cursor: usize,
+    /// Members the sweep still has to look at since the last change: the
+    /// key is up to date for every watcher with room when this is 0.
+    remaining: usize,
+    /// The key is in the loop's round-robin of keys to sweep.
+    queued: bool,
+}
+
+/// A loop's side of the fan-out: per watched key, the newest state (one
+/// line and a version) and its watchers, and the keys whose watchers are
+/// behind. A change costs O(1) ([`Fanout::change`]); the lines go out in
+/// bounded sweeps ([`Fanout::sweep`]), each watcher given the newest
+/// state, whatever it skipped. See the module doc.
+#[derive(Debug, Default)]
+pub struct Fanout {
+    feeds: HashMap<Key, Feed>,
+    /// Keys with members still to look at, in round-robin order (an entry
+    /// of a key no longer watched is dropped when it comes up).
+    sweeping: std::collections::VecDeque<Key>,
+}
+
+impl Fanout {
+    /// Connection `slot` watches `key`; true if it is the loop's first
+    /// watcher of it (the owner is to be told).
+    pub fn add(&mut self, key: &Key, slot: usize) -> bool {
+        let feed = self.feeds.entry(key.clone()).or_default();
+        let first = feed.members.is_empty();
+        if let Entry::Vacant(entry) = feed.at.entry(slot) {
+            entry.insert(feed.members.len());
+            feed.members.push(slot);
+        }
+        first
+    }
+
+    /// Connection `slot` no longer watches `key`: `None` if it did not,
+    /// else whether it was the loop's last watcher of it (the owner is to
+    /// be told).
+    pub fn remove(&mut self, key: &Key, slot: usize) -> Option<bool> {
+        let feed = self.feeds.get_mut(key)?;
+        let i = feed.at.remove(&slot)?;
+        feed.members.swap_remove(i);
+        if let Some(&moved) = feed.members.get(i) {
+            feed.at.insert(moved, i);
+        }
+        if feed.members.is_empty() {
+            self.feeds.remove(key);
+            return Some(true);
+        }
+        if feed.cursor >= feed.members.len() {
+            feed.cursor = 0;
+        }
+        if feed.remaining > 0 {
+            // The swap may have moved a member not yet looked at behind
+            // the cursor: look at every one again (those up to date cost
+            // a comparison).
+            feed.remaining = feed.members.len();
+        }
+        Some(false)
+    }
+
+    /// A change of `key`: `write` encodes its line. Nothing if the loop
+    /// has no watcher of it. O(1), whatever the watchers.
+    pub fn change(&mut self, key: &Key, write: impl FnOnce(&mut Vec<u8>)) {
+        let Some(feed) = self.feeds.get_mut(key) else {
+            return;
+        };
+        feed.version += 1;
+        feed.line.clear();
+        write(&mut feed.line);
+        feed.remaining = feed.members.len();
+        if !feed.queued {
+            feed.queued = true;
+            self.sweeping.push_back(key.clone());
+        }
+    }
+
+    /// The version of `key`'s newest state here (0 before any change).
+    pub fn version(&self, key: &Key) -> u64 {
+        self.feeds.get(key).map_or(0, |feed| feed.version)
+    }
+
+    /// `key`'s newest change line and its version, if it is watched and
+    /// has changed.
+    pub fn latest(&self, key: &Key) -> Option<(u64, &[u8])> {
+        self.feeds
+            .get(key)
+            .filter(|feed| feed.version > 0)
+            .map(|feed| (feed.version, &feed.line[..]))
+    }
+
+    /// Some watcher may be behind: the loop must sweep again (and not
+    /// sleep).
+    pub fn has_work(&self) -> bool {
+        !self.sweeping.is_empty()
+    }
+
+    /// The loop's watchers of `key`.
+    pub fn watchers(&self, key: &Key) -> usize {
+        self.feeds.get(key).map_or(0, |feed| feed.members.len())
+    }
+
+    /// Look at watchers behind, key by key in turn and each key's
+    /// watchers in turn, until `max_lines` lines are written or
+    /// `max_looks` watchers looked at. `offer(slot, key, version, line)`
+    /// writes the line if the connection takes it (true). A key whose
+    /// every watcher has been looked at since its last change leaves the
+    /// round-robin; a watcher whose output was full is not looked at
+    /// again (its connection offers it the newest when it drains). The
+    /// lines written.
+    pub fn sweep(
+        &mut self,
+        max_lines: usize,
+        max_looks: usize,
+        mut offer: impl FnMut(usize, &Key, u64, &[u8]) -> bool,
+    ) -> usize {
+        let (mut lines, mut looks) = (0, 0);
+        while lines < max_lines && looks < max_looks {
+            let Some(key) = self.sweeping.pop_front() else {
+                break;
+            };
+            let Some(feed) = self.feeds.get_mut(&key) else {
+                continue;
+            };
+            while feed.remaining > 0 && lines < max_lines && looks < max_looks {
+                let slot = feed.members[feed.cursor];
+                feed.cursor = (feed.cursor + 1) % feed.members.len();
+                feed.remaining -= 1;
+                looks += 1;
+                if offer(slot, &key, feed.version, &feed.line) {
+                    lines += 1;
+                }
+            }
+            if feed.remaining > 0 {
+                self.sweeping.push_back(key);
+            } else {
+                feed.queued = false;
+            }
+        }
+        lines
+    }
+}
+
+/// A loop serving clients gives its fan-out at most one part in this of
+/// its time: after a sweep that took `t`, the next waits `t × (this − 1)`.
+pub const FANOUT_SHARE_DIV: u64 = 10;
+/// A loop that served a client within this many µs is serving: its
+/// fan-out is paced. One that has not sweeps back to back.
+pub const SERVING_US: u64 = 1_000;
+
+/// When a loop may sweep its watchers next ([`Fanout::sweep`]), so that
+/// the fan-out never holds up the clients: while they are served, sweeps
+/// take at most `1 / FANOUT_SHARE_DIV` of the loop's time (each sweep is
+/// bounded, so a request waits at most one); when the loop has nothing
+/// else to do, they run back to back. Times are µs on the loop's clock,
+/// passed in.
+#[derive(Debug, Default)]
+pub struct Pace {
+    /// No sweep before this.
+    next_us: u64,
+    /// When the loop last served a client.
+    served_us: Option<u64>,
+}
+
+impl Pace {
+    /// The loop served a client (sent requests on, wrote answers) at `now_us`.
+    pub fn served(&mut self, now_us: u64) {
+        self.served_us = Some(now_us);
+    }
+
+    /// A sweep may run at `now_us`.
+    pub fn ready(&self, now_us: u64) -> bool {
+        now_us >= self.next_us
+    }
+
+    /// When the next sweep may run.
+    pub fn next_us(&self) -> u64 {
+        self.next_us
+    }
+
+    /// A sweep ran from `start_us` to `end_us`.
+    pub fn swept(&mut self, start_us: u64, end_us: u64) {
+        let serving = self
+            .served_us
+            .is_some_and(|served| end_us.saturating_sub(served) < SERVING_US);
+        let spent = end_us.saturating_sub(start_us);
+        self.next_us = if serving {
+            end_us + spent * (FANOUT_SHARE_DIV - 1)
+        } else {
+            end_us
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn key(k: &str) -> Key {
         Key::new(k.as_bytes()).expect("valid key")
-    }
-
-    fn state(token: u64) -> WatchState {
-        WatchState {
-            token,
-            holders: u64::from(token != 0),
-            waiting: 0,
-            value: None,
-        }
     }
 
     #[test]
@@ -486,17 +710,25 @@ mod tests {
         assert!(w.is_empty());
     }
 
+    const W: Delivery = Delivery::Write { skipped: 0 };
+
     #[test]
     fn a_watch_is_live_from_its_answer_until_its_x_is_parsed() {
         let mut q = WatchQueue::default();
         let k = key("k");
         assert_eq!(q.watch(&k, 8), WatchStep::Forward { new_watcher: true });
         // Before the answer: dropped (the answer is newer).
-        assert_eq!(q.change(&k, &state(1), true), Delivery::Dropped);
-        q.answered_watch(&k);
-        assert_eq!(q.change(&k, &state(2), true), Delivery::Write);
+        assert_eq!(q.offer(&k, 1, true), Delivery::Dropped);
+        q.answered_watch(&k, 1);
+        assert_eq!(
+            q.offer(&k, 1, true),
+            Delivery::Current,
+            "the answer is as new"
+        );
+        assert_eq!(q.offer(&k, 2, true), W);
+        assert_eq!(q.offer(&k, 2, true), Delivery::Current, "given once");
         assert_eq!(q.unwatch(&k), WatchStep::Unwatched { was_watcher: true });
-        assert_eq!(q.change(&k, &state(3), true), Delivery::Dropped);
+        assert_eq!(q.offer(&k, 3, true), Delivery::Dropped);
         q.answered_unwatch(&k);
         assert!(q.is_empty());
         // X of a key not watched.
@@ -513,12 +745,12 @@ mod tests {
         q.unwatch(&k);
         // W, X, W pipelined: the first W's answer comes while the X is in flight.
         assert_eq!(q.watch(&k, 8), WatchStep::Forward { new_watcher: true });
-        q.answered_watch(&k);
-        assert_eq!(q.change(&k, &state(1), true), Delivery::Dropped);
+        q.answered_watch(&k, 0);
+        assert_eq!(q.offer(&k, 1, true), Delivery::Dropped);
         q.answered_unwatch(&k);
-        assert_eq!(q.change(&k, &state(2), true), Delivery::Dropped);
-        q.answered_watch(&k);
-        assert_eq!(q.change(&k, &state(3), true), Delivery::Write);
+        assert_eq!(q.offer(&k, 2, true), Delivery::Dropped);
+        q.answered_watch(&k, 2);
+        assert_eq!(q.offer(&k, 3, true), W);
     }
 
     #[test]
@@ -526,12 +758,12 @@ mod tests {
         let mut q = WatchQueue::default();
         let k = key("k");
         q.watch(&k, 1);
-        q.answered_watch(&k);
+        q.answered_watch(&k, 0);
         assert_eq!(q.watch(&k, 1), WatchStep::Forward { new_watcher: false });
         assert_eq!(q.watching(), 1);
-        assert_eq!(q.change(&k, &state(1), true), Delivery::Write);
-        q.answered_watch(&k);
-        assert_eq!(q.change(&k, &state(2), true), Delivery::Write);
+        assert_eq!(q.offer(&k, 1, true), W);
+        q.answered_watch(&k, 1);
+        assert_eq!(q.offer(&k, 2, true), W);
         assert_eq!(q.watch(&key("j"), 1), WatchStep::TooMany);
         q.unwatch(&k);
         assert_eq!(
@@ -541,41 +773,43 @@ mod tests {
     }
 
     #[test]
-    fn a_slow_watcher_keeps_one_pending_line_per_key_the_newest() {
+    fn a_slow_watcher_waits_once_per_key_and_gets_the_newest_counting_the_skipped() {
         let mut q = WatchQueue::default();
         let (k, j) = (key("k"), key("j"));
         for key in [&k, &j] {
             q.watch(key, 8);
-            q.answered_watch(key);
+            q.answered_watch(key, 0);
         }
-        assert_eq!(q.change(&k, &state(1), false), Delivery::Kept);
-        for token in 2..1000 {
-            assert_eq!(q.change(&k, &state(token), false), Delivery::Replaced);
+        assert_eq!(q.offer(&k, 1, true), W);
+        for version in 2..1000 {
+            assert_eq!(q.offer(&k, version, false), Delivery::Stalled);
         }
-        // Room again, but a line waits: the new one replaces it, never
-        // overtakes it.
-        assert_eq!(q.change(&k, &state(1000), true), Delivery::Replaced);
-        assert_eq!(q.change(&j, &state(7), false), Delivery::Kept);
-        let mut taken = Vec::new();
-        while let Some(line) = q.take_pending() {
-            taken.push(line);
+        assert_eq!(q.offer(&j, 7, false), Delivery::Stalled);
+        let mut stalled = Vec::new();
+        while let Some(key) = q.take_stalled() {
+            stalled.push(key);
         }
-        taken.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(taken, [(j.clone(), state(7)), (k.clone(), state(1000))]);
-        assert!(!q.has_pending());
-        assert_eq!(q.change(&k, &state(1001), true), Delivery::Write);
+        stalled.sort();
+        assert_eq!(stalled, [j.clone(), k.clone()], "each key once");
+        assert!(!q.has_stalled());
+        // Offered again when it drains: the newest then, once.
+        assert_eq!(q.offer(&k, 1000, true), Delivery::Write { skipped: 998 });
+        assert_eq!(q.offer(&j, 7, true), Delivery::Write { skipped: 6 });
+        assert_eq!(q.offer(&k, 1000, true), Delivery::Current);
+        assert_eq!(q.offer(&k, 1001, true), W);
     }
 
     #[test]
-    fn a_w_answer_supersedes_the_pending_line() {
+    fn a_w_answer_supersedes_the_state_waiting_for_room() {
         let mut q = WatchQueue::default();
         let k = key("k");
         q.watch(&k, 8);
-        q.answered_watch(&k);
-        assert_eq!(q.change(&k, &state(1), false), Delivery::Kept);
+        q.answered_watch(&k, 0);
+        assert_eq!(q.offer(&k, 1, false), Delivery::Stalled);
         q.watch(&k, 8);
-        q.answered_watch(&k);
-        assert_eq!(q.take_pending(), None);
+        q.answered_watch(&k, 1);
+        assert_eq!(q.take_stalled(), None);
+        assert_eq!(q.offer(&k, 1, true), Delivery::Current);
     }
 
     #[test]
@@ -587,22 +821,172 @@ mod tests {
         assert!(q.is_empty());
         // A live watch, and one whose W is unanswered.
         q.watch(&k, 8);
-        q.answered_watch(&k);
+        q.answered_watch(&k, 0);
         q.watch(&j, 8);
-        assert_eq!(q.change(&k, &state(1), false), Delivery::Kept);
+        assert_eq!(q.offer(&k, 1, false), Delivery::Stalled);
         assert_eq!(q.end_live(), std::slice::from_ref(&k));
-        assert!(!q.has_pending());
+        assert!(!q.has_stalled());
         assert_eq!(q.watching(), 1);
         assert!(q.moved_watch(&j));
         assert!(q.is_empty());
         // A live watch with a second W in flight waits for that answer.
         q.watch(&k, 8);
-        q.answered_watch(&k);
+        q.answered_watch(&k, 0);
         q.watch(&k, 8);
         assert!(q.end_live().is_empty());
-        assert_eq!(q.change(&k, &state(2), true), Delivery::Dropped);
+        assert_eq!(q.offer(&k, 2, true), Delivery::Dropped);
         assert!(q.moved_watch(&k));
         assert!(q.is_empty());
+    }
+
+    /// A loop's fan-out with `n` connections that watch `k`, each with
+    /// its queue answered at version 0 and an output that has room unless
+    /// its slot is in `full`.
+    struct Loop {
+        fanout: Fanout,
+        queues: Vec<WatchQueue>,
+        full: Vec<bool>,
+        /// What each connection was written, in order.
+        out: Vec<Vec<Vec<u8>>>,
+    }
+
+    impl Loop {
+        fn new(n: usize, k: &Key) -> Loop {
+            let mut l = Loop {
+                fanout: Fanout::default(),
+                queues: (0..n).map(|_| WatchQueue::default()).collect(),
+                full: vec![false; n],
+                out: vec![Vec::new(); n],
+            };
+            for slot in 0..n {
+                l.queues[slot].watch(k, 8);
+                assert_eq!(l.fanout.add(k, slot), slot == 0);
+                l.queues[slot].answered_watch(k, l.fanout.version(k));
+            }
+            l
+        }
+
+        fn change(&mut self, k: &Key, token: u64) {
+            self.fanout.change(k, |line| {
+                line.extend_from_slice(token.to_string().as_bytes())
+            });
+        }
+
+        /// One sweep; the lines written and the states skipped.
+        fn sweep(&mut self, max_lines: usize, max_looks: usize) -> (usize, u64) {
+            let mut skipped = 0;
+            let (queues, full, out) = (&mut self.queues, &self.full, &mut self.out);
+            let lines =
+                self.fanout.sweep(
+                    max_lines,
+                    max_looks,
+                    |slot, key, version, line| match queues[slot].offer(key, version, !full[slot]) {
+                        Delivery::Write { skipped: s } => {
+                            skipped += s;
+                            out[slot].push(line.to_vec());
+                            true
+                        }
+                        _ => false,
+                    },
+                );
+            (lines, skipped)
+        }
+
+        /// A connection drained: its stalled watches get the newest.
+        fn drain(&mut self, slot: usize) {
+            self.full[slot] = false;
+            while let Some(key) = self.queues[slot].take_stalled() {
+                let (version, line) = self.fanout.latest(&key).expect("changed");
+                if let Delivery::Write { .. } = self.queues[slot].offer(&key, version, true) {
+                    self.out[slot].push(line.to_vec());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_change_costs_nothing_per_watcher_and_sweeps_go_round_robin_in_bounded_steps() {
+        let k = key("k");
+        let mut l = Loop::new(10, &k);
+        l.change(&k, 1);
+        assert!(l.fanout.has_work());
+        assert_eq!(l.sweep(4, 100), (4, 0));
+        assert_eq!(l.sweep(4, 100), (4, 0));
+        // A newer change before the sweep is done: every watcher gets
+        // the newest, the first eight skipping nothing they had not
+        // been given, the last two skipping state 1.
+        l.change(&k, 2);
+        assert_eq!(l.sweep(100, 100), (10, 2));
+        assert!(!l.fanout.has_work(), "every watcher is up to date");
+        assert_eq!(l.sweep(100, 100), (0, 0));
+        for (slot, out) in l.out.iter().enumerate() {
+            let want: &[&[u8]] = if slot < 8 { &[b"1", b"2"] } else { &[b"2"] };
+            assert_eq!(out, want, "slot {slot}");
+        }
+        // Looks are bounded too (here every look finds work to do).
+        l.change(&k, 3);
+        assert_eq!(l.sweep(100, 3), (3, 0));
+        assert_eq!(l.sweep(100, 100), (7, 0));
+    }
+
+    #[test]
+    fn a_watcher_with_a_full_output_is_not_looked_at_again_and_gets_the_newest_when_it_drains() {
+        let k = key("k");
+        let mut l = Loop::new(3, &k);
+        l.full[1] = true;
+        for token in 1..=50 {
+            l.change(&k, token);
+            l.sweep(100, 100);
+        }
+        assert!(!l.fanout.has_work(), "a blocked watcher is no work");
+        assert!(l.out[1].is_empty());
+        assert_eq!(l.out[0].len(), 50);
+        l.drain(1);
+        assert_eq!(l.out[1], [b"50".to_vec()], "only the newest");
+        l.change(&k, 51);
+        assert_eq!(l.sweep(100, 100), (3, 0));
+    }
+
+    #[test]
+    fn watchers_leaving_mid_sweep_leave_no_one_behind() {
+        let k = key("k");
+        let mut l = Loop::new(6, &k);
+        l.change(&k, 1);
+        assert_eq!(l.sweep(2, 100), (2, 0));
+        // The first one leaves: the last takes its place in the order.
+        assert_eq!(l.fanout.remove(&k, 0), Some(false));
+        assert_eq!(l.fanout.remove(&k, 0), None);
+        assert_eq!(l.sweep(100, 100), (4, 0));
+        assert!(l.out[1..].iter().all(|out| out == &[b"1".to_vec()]));
+        for slot in 1..5 {
+            assert_eq!(l.fanout.remove(&k, slot), Some(false));
+        }
+        assert_eq!(l.fanout.remove(&k, 5), Some(true), "the last one");
+        assert_eq!(l.fanout.watchers(&k), 0);
+        assert_eq!(l.fanout.version(&k), 0);
+        // A stale round-robin entry does nothing; an unwatched change is
+        // nothing.
+        l.change(&k, 2);
+        assert_eq!(l.sweep(100, 100), (0, 0));
+        assert!(!l.fanout.has_work());
+    }
+
+    #[test]
+    fn sweeps_take_a_bounded_share_of_a_serving_loop_and_run_back_to_back_when_it_is_idle() {
+        let mut pace = Pace::default();
+        assert!(pace.ready(0));
+        // Idle: back to back.
+        pace.swept(100, 150);
+        assert!(pace.ready(150));
+        // Serving: a sweep of 50 µs is followed by 450 µs for the clients.
+        pace.served(200);
+        pace.swept(200, 250);
+        assert_eq!(pace.next_us(), 250 + 50 * (FANOUT_SHARE_DIV - 1));
+        assert!(!pace.ready(600));
+        assert!(pace.ready(700));
+        // No client for SERVING_US: idle again.
+        pace.swept(200 + SERVING_US, 200 + SERVING_US + 50);
+        assert!(pace.ready(200 + SERVING_US + 50));
     }
 
     #[test]

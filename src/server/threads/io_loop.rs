@@ -51,6 +51,12 @@
 //!   grow past it is cut off;
 //! - `MAX_OWNER_BATCHES` answer batches taken in per round, so one flooded
 //!   loop still gets back to its other clients;
+//! - `FANOUT_LINES` change lines written to watchers per sweep, at most one
+//!   sweep per round, after the round's answers, paced while clients are
+//!   served (`Pace`, core/watchers.rs): a loop with watchers behind does
+//!   not sleep past its next sweep, and one whose watchers behind all have
+//!   full outputs waits for them to drain (a writable event) instead of
+//!   sweeping;
 //! - `--max-conns`: a connection past it gets `E - - too-many-connections` and
 //!   is closed at once (under TLS it is closed without a word: it has no
 //!   TLS session to carry one); on a cluster node a few slots past it are
@@ -113,7 +119,6 @@
 //!
 //! Never does: block, touch lock state, or panic on anything a client sends.
 
-use std::collections::{HashMap, HashSet};
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -134,7 +139,7 @@ use crate::server::core::connection::{
 };
 use crate::server::core::deadlines::Deadlines;
 use crate::server::core::lock_table::ConnId;
-use crate::server::core::watchers::{Delivery, WATCH_ROOM, WatchQueue, WatchStep};
+use crate::server::core::watchers::{Delivery, Fanout, Pace, WATCH_ROOM, WatchQueue, WatchStep};
 use crate::server::messages::{Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room};
 use crate::server::shared::{Gauges, Settings};
 use crate::server::trust::tls::{HANDSHAKE_MS, Stream};
@@ -163,6 +168,16 @@ const IDLE_OUTPUT_CAPACITY: usize = 4 * 1024;
 const EVENTS_CAPACITY: usize = 1024;
 /// Answer batches from the owner taken in per round.
 const MAX_OWNER_BATCHES: usize = 64;
+/// Change lines written to watchers per sweep (`Fanout::sweep`), at most
+/// one sweep a round, after the round's answers are flushed, and paced
+/// (`Pace`) while clients are served: a change with thousands of watchers
+/// goes out over many rounds, each still reading and answering every
+/// client, and a watcher behind is given the newest state, skipping what
+/// came in between. Small, since a request that comes during a sweep
+/// waits for it.
+const FANOUT_LINES: usize = 8;
+/// Watchers looked at per round, those already up to date included.
+const FANOUT_LOOKS: usize = 1024;
 /// How long a connection the server ends lingers (`LINGER_MS`, see
 /// core/connection.rs); also the most a stopping loop waits for its
 /// connections to take their last answers.
@@ -195,21 +210,28 @@ impl Conn {
         self.output.len() - self.written
     }
 
-    /// Write the change lines kept for this connection while its output
-    /// has room; how many were written.
-    fn fill_watch_lines(&mut self) -> u64 {
-        let mut written = 0;
+    /// Give the watches offered while the output was full their key's
+    /// newest state, while the output has room; the lines written and the
+    /// states they skipped.
+    fn fill_stalled(&mut self, fanout: &Fanout) -> (u64, u64) {
+        let (mut written, mut skipped) = (0, 0);
         let Some(queue) = self.watches.as_deref_mut() else {
-            return 0;
+            return (0, 0);
         };
         while self.output.len() - self.written < WATCH_ROOM {
-            let Some((key, state)) = queue.take_pending() else {
+            let Some(key) = queue.take_stalled() else {
                 break;
             };
-            Answer::Watched { key, state }.write_to(&mut self.output);
-            written += 1;
+            let Some((version, line)) = fanout.latest(&key) else {
+                continue;
+            };
+            if let Delivery::Write { skipped: s } = queue.offer(&key, version, true) {
+                self.output.extend_from_slice(line);
+                written += 1;
+                skipped += s;
+            }
         }
-        written
+        (written, skipped)
     }
 }
 
@@ -254,11 +276,12 @@ pub struct IoLoop {
     deadlines: Deadlines<ConnId>,
     /// The loop is stopping (`end_all`): nothing more is parsed.
     stopping: bool,
-    /// Per watched key, the slots of this loop's connections that watch
-    /// it (core/watchers.rs); the owner knows only that this loop does.
-    watchers: HashMap<protocol::Key, HashSet<usize>>,
-    /// A change line, encoded once for all its watchers.
-    line: Vec<u8>,
+    /// Per watched key, its newest state and this loop's connections that
+    /// watch it (core/watchers.rs); the owner knows only that this loop
+    /// does.
+    fanout: Fanout,
+    /// When the next sweep of `fanout` may run.
+    pace: Pace,
 }
 
 impl IoLoop {
@@ -304,8 +327,8 @@ impl IoLoop {
             clock: Clock::new(),
             deadlines: Deadlines::default(),
             stopping: false,
-            watchers: HashMap::new(),
-            line: Vec::new(),
+            fanout: Fanout::default(),
+            pace: Pace::default(),
         };
         Ok((io_loop, waker, awake))
     }
@@ -452,11 +475,22 @@ impl IoLoop {
         }
     }
 
+    /// µs on the loop's clock (for the fan-out's pace).
+    fn micros(&self) -> u64 {
+        let origin = self.clock.instant_of(0);
+        u64::try_from(Instant::now().saturating_duration_since(origin).as_micros())
+            .unwrap_or(u64::MAX)
+    }
+
     /// Send the round's requests to the owner. A full channel keeps them
     /// for the next round; a gone owner stops the node.
     fn send_batch(&mut self) {
         if self.batch.is_empty() {
             return;
+        }
+        if self.fanout.has_work() {
+            // Clients are served: the fan-out is paced.
+            self.pace.served(self.micros());
         }
         // The next batch starts with room for as many requests as the
         // recent rounds had (no step-by-step growth, and copies, every
@@ -495,6 +529,14 @@ impl IoLoop {
         self.send_batch();
         self.take_answers();
         self.flush_dirty();
+        if self.fanout.has_work() && self.pace.ready(self.micros()) {
+            // After the answers: watchers behind get the newest states,
+            // a bounded share of the loop's time.
+            let start = self.micros();
+            self.fan_out();
+            self.flush_dirty();
+            self.pace.swept(start, self.micros());
+        }
     }
 
     /// How long the next `poll` may block: not at all while there is work
@@ -505,7 +547,8 @@ impl IoLoop {
         let busy = self.accept_pending
             || self.answers_pending
             || !self.backlog.is_empty()
-            || !self.batch.is_empty();
+            || !self.batch.is_empty()
+            || (self.fanout.has_work() && self.pace.ready(self.micros()));
         if busy {
             self.idle.restart();
             self.stop_polling();
@@ -520,7 +563,12 @@ impl IoLoop {
             return Some(Duration::ZERO);
         }
         self.stop_polling();
-        let sleep = self.may_sleep();
+        let mut sleep = self.may_sleep();
+        if self.fanout.has_work() {
+            // Watchers are behind: come back for them when the pace allows.
+            let until = Duration::from_micros(self.pace.next_us().saturating_sub(self.micros()));
+            sleep = Some(sleep.map_or(until, |s| s.min(until)));
+        }
         // Wake for the first deadline of a connection (see `deadlines`).
         match self.deadlines.next() {
             Some(deadline) => {
@@ -1119,29 +1167,23 @@ impl IoLoop {
 
     /// Connection `slot` watches `key` now.
     fn add_watcher(&mut self, slot: usize, key: &protocol::Key) {
-        let slots = self.watchers.entry(key.clone()).or_default();
-        if slots.is_empty() {
+        if self.fanout.add(key, slot) {
             self.batch.push(Inbound::Watching {
                 worker: self.index,
                 key: key.clone(),
                 on: true,
             });
         }
-        slots.insert(slot);
         self.gauges.watches.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Connection `slot` no longer watches `key`.
     fn remove_watcher(&mut self, slot: usize, key: &protocol::Key) {
-        let Some(slots) = self.watchers.get_mut(key) else {
+        let Some(last) = self.fanout.remove(key, slot) else {
             return;
         };
-        if !slots.remove(&slot) {
-            return;
-        }
         self.gauges.watches.fetch_sub(1, Ordering::Relaxed);
-        if slots.is_empty() {
-            self.watchers.remove(key);
+        if last {
             self.batch.push(Inbound::Watching {
                 worker: self.index,
                 key: key.clone(),
@@ -1160,47 +1202,13 @@ impl IoLoop {
         }
     }
 
-    /// An entry for this loop's watchers: a change line for every live
-    /// watch of its key, or (`M <active> W -`) the end of every live watch
-    /// as the node stops being active.
+    /// An entry for this loop's watchers: a change of a watched key (its
+    /// newest state, swept out to the watchers by `fan_out`), or (`M
+    /// <active> W -`) the end of every live watch as the node stops being
+    /// active.
     fn watchers_entry(&mut self, answer: &Answer) {
         match answer {
-            Answer::Watched { key, state } => {
-                let Some(slots) = self.watchers.get(key) else {
-                    return;
-                };
-                self.line.clear();
-                answer.write_to(&mut self.line);
-                let (mut written, mut skipped) = (0, 0);
-                for &slot in slots {
-                    let Some(conn) = self.conns.get_mut(slot) else {
-                        continue;
-                    };
-                    let has_room = conn.pending_output() < WATCH_ROOM;
-                    let Some(queue) = conn.watches.as_deref_mut() else {
-                        continue;
-                    };
-                    match queue.change(key, state, has_room) {
-                        Delivery::Write => {
-                            conn.output.extend_from_slice(&self.line);
-                            written += 1;
-                            if !conn.dirty {
-                                conn.dirty = true;
-                                self.dirty.push(slot);
-                            }
-                        }
-                        Delivery::Replaced => skipped += 1,
-                        Delivery::Kept | Delivery::Dropped => {}
-                    }
-                }
-                let counters = &self.gauges.io_counters;
-                if written > 0 {
-                    counters.watch_lines(written);
-                }
-                for _ in 0..skipped {
-                    counters.watch_line_skipped();
-                }
-            }
+            Answer::Watched { key, .. } => self.fanout.change(key, |line| answer.write_to(line)),
             Answer::Moved { active, .. } => {
                 let slots: Vec<usize> = self
                     .conns
@@ -1234,7 +1242,7 @@ impl IoLoop {
         };
         match answer {
             Answer::Watched { key, .. } => {
-                queue.answered_watch(key);
+                queue.answered_watch(key, self.fanout.version(key));
                 self.gauges.io_counters.watch_lines(1);
             }
             Answer::Unwatched { key } => queue.answered_unwatch(key),
@@ -1247,6 +1255,45 @@ impl IoLoop {
                 self.remove_watcher(slot, &key);
             }
             _ => {}
+        }
+    }
+
+    /// Write the newest state of changed keys to watchers behind, at most
+    /// `FANOUT_LINES` of them (see `Fanout::sweep`).
+    fn fan_out(&mut self) {
+        let (conns, dirty) = (&mut self.conns, &mut self.dirty);
+        let mut skipped = 0;
+        let written = self
+            .fanout
+            .sweep(FANOUT_LINES, FANOUT_LOOKS, |slot, key, version, line| {
+                let Some(conn) = conns.get_mut(slot) else {
+                    return false;
+                };
+                let has_room = conn.pending_output() < WATCH_ROOM;
+                let Some(queue) = conn.watches.as_deref_mut() else {
+                    return false;
+                };
+                let Delivery::Write { skipped: s } = queue.offer(key, version, has_room) else {
+                    return false;
+                };
+                skipped += s;
+                conn.output.extend_from_slice(line);
+                if !conn.dirty {
+                    conn.dirty = true;
+                    dirty.push(slot);
+                }
+                true
+            });
+        self.count_watch_lines(written as u64, skipped);
+    }
+
+    fn count_watch_lines(&self, written: u64, skipped: u64) {
+        let counters = &self.gauges.io_counters;
+        if written > 0 {
+            counters.watch_lines(written);
+        }
+        if skipped > 0 {
+            counters.watch_lines_skipped(skipped);
         }
     }
 
@@ -1337,10 +1384,13 @@ impl IoLoop {
     fn flush(&mut self, slot: usize) {
         let conn = &mut self.conns[slot];
         let mut failed = false;
-        let mut watch_lines = 0;
+        let (mut watch_lines, mut skipped) = (0, 0);
         loop {
-            // Change lines kept while the output was full go as it drains.
-            watch_lines += conn.fill_watch_lines();
+            // Watches offered while the output was full get their newest
+            // state as it drains.
+            let (written, s) = conn.fill_stalled(&self.fanout);
+            watch_lines += written;
+            skipped += s;
             let before = conn.written;
             while conn.pending_output() > 0 {
                 match conn.stream.write(&conn.output[conn.written..]) {
@@ -1357,13 +1407,16 @@ impl IoLoop {
                     }
                 }
             }
-            let more = conn.watches.as_ref().is_some_and(|q| q.has_pending());
+            let more = conn.watches.as_ref().is_some_and(|q| q.has_stalled());
             if failed || !more || conn.written == before {
                 break;
             }
         }
         if watch_lines > 0 {
             self.gauges.io_counters.watch_lines(watch_lines);
+        }
+        if skipped > 0 {
+            self.gauges.io_counters.watch_lines_skipped(skipped);
         }
         // TLS: records rustls still holds (a handshake, or what the socket
         // would not take) go out on the writable event too.
