@@ -138,15 +138,17 @@ impl Ord for Key {
 }
 
 /// A holder's value: 1 to [`MAX_VALUE`] bytes, the same bytes a key may
-/// have (no space, control byte or 0x7F). Kept on the heap: most grants
+/// have (no space, control byte or 0x7F), but not `-` alone, which is how
+/// a `W` line says "no value". Kept on the heap: most grants
 /// carry none, and `Option<Value>` costs them one pointer's worth.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Value(Box<[u8]>);
 
 impl Value {
-    /// Validates: 1..=MAX_VALUE bytes, each a key byte. Err(BadValue) otherwise.
+    /// Validates: 1..=MAX_VALUE bytes, each a key byte, not `-` alone.
+    /// Err(BadValue) otherwise.
     pub fn new(bytes: &[u8]) -> Result<Value, Reason> {
-        if bytes.len() <= MAX_VALUE && is_printable_field(bytes) {
+        if bytes.len() <= MAX_VALUE && is_printable_field(bytes) && bytes != b"-" {
             Ok(Value(Box::from(bytes)))
         } else {
             Err(Reason::BadValue)
@@ -3945,6 +3947,12 @@ mod tests {
             "UTF-8 is fine"
         );
         assert_eq!(Value::new(b"a b"), Err(Reason::BadValue));
+        assert_eq!(
+            Value::new(b"-"),
+            Err(Reason::BadValue),
+            "- is no value on a W line"
+        );
+        assert!(Value::new(b"--").is_ok());
     }
 
     #[test]

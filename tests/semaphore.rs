@@ -137,6 +137,8 @@ fn bad_limits_and_bad_values_are_refused_and_the_connection_stays() {
     assert_eq!(a.ask(&format!("A k 30 0 1 {too_long}")), "E A k bad-value");
     a.send_raw(b"A k 30 0 1 a\x7fb\n");
     assert_eq!(a.recv(), "E A k bad-value");
+    // `-` alone is how a watch line says "no value": never a value.
+    assert_eq!(a.ask("A k 30 0 2 -"), "E A k bad-value");
     assert_eq!(
         a.ask("A k 30 0 1 v extra"),
         "E A k extra-fields",

@@ -56,7 +56,7 @@ UNWATCHED = "X"
 MAX_LIMIT = 10000
 MAX_VALUE = 250
 LIMIT_RULE = "a whole number from 1 to %d" % MAX_LIMIT
-VALUE_RULE = "str or bytes of 1 to %d bytes without spaces or control characters" % MAX_VALUE
+VALUE_RULE = "str or bytes of 1 to %d bytes without spaces or control characters, not \"-\" alone" % MAX_VALUE
 
 
 class WireError(Exception):
@@ -178,7 +178,11 @@ def check_value(value: object) -> Optional[bytes]:
     if not isinstance(value, (bytes, bytearray)):
         raise TypeError("value must be None or %s, not %s" % (VALUE_RULE, type(value).__name__))
     raw = bytes(value)
-    if not 1 <= len(raw) <= MAX_VALUE or any(b <= 0x20 or b == 0x7F for b in raw):
+    if (
+        not 1 <= len(raw) <= MAX_VALUE
+        or any(b <= 0x20 or b == 0x7F for b in raw)
+        or raw == b"-"
+    ):
         raise ValueError("value must be None or %s, not %r" % (VALUE_RULE, raw))
     return raw
 

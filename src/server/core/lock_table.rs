@@ -473,7 +473,9 @@ struct Sem {
     first_value: Option<Value>,
     /// The key's other grants, in no order.
     more: Vec<Grant>,
-    /// The slots taken, a bit each (empty for limit 1: its slot is 0).
+    /// The slots taken, a bit each, as far as the highest word with a slot
+    /// taken (empty for limit 1: its slot is 0), so that a key of a large
+    /// limit with few holders costs what its holders need, not its limit.
     taken: Vec<u64>,
 }
 
@@ -490,40 +492,63 @@ impl Sem {
             first_slot: slot,
             first_value: value,
             more: Vec::new(),
-            taken: if limit > 1 {
-                vec![0; (limit as usize).div_ceil(64)]
-            } else {
-                Vec::new()
-            },
+            taken: Vec::new(),
         };
         sem.take_slot(slot);
         Some(sem)
     }
 
     fn take_slot(&mut self, slot: u32) {
-        if let Some(word) = self.taken.get_mut(slot as usize / 64) {
-            debug_assert_eq!(*word & (1 << (slot % 64)), 0, "a slot is taken once");
-            *word |= 1 << (slot % 64);
+        if self.limit <= 1 {
+            return;
         }
+        let word = slot as usize / 64;
+        if word >= self.taken.len() {
+            self.taken.resize(word + 1, 0);
+        }
+        debug_assert_eq!(
+            self.taken[word] & (1 << (slot % 64)),
+            0,
+            "a slot is taken once"
+        );
+        self.taken[word] |= 1 << (slot % 64);
     }
 
     fn free_slot(&mut self, slot: u32) {
         if let Some(word) = self.taken.get_mut(slot as usize / 64) {
             *word &= !(1 << (slot % 64));
         }
+        while self.taken.last() == Some(&0) {
+            self.taken.pop();
+        }
+        if self.taken.capacity() > 4 * self.taken.len().max(1) {
+            self.taken.shrink_to_fit();
+        }
     }
 
-    /// The lowest slot no grant holds (there must be one).
+    /// Whether `slot` is taken.
+    fn is_taken(&self, slot: u32) -> bool {
+        self.taken
+            .get(slot as usize / 64)
+            .is_some_and(|word| word & (1 << (slot % 64)) != 0)
+    }
+
+    /// The lowest slot no grant holds (there must be one, below the limit).
     fn lowest_free(&self) -> u32 {
-        let (i, word) = self
-            .taken
-            .iter()
-            .enumerate()
-            .find(|(_, w)| **w != u64::MAX)
-            .expect("a free slot");
-        let slot = i as u32 * 64 + word.trailing_ones();
+        let slot = match self.taken.iter().position(|w| *w != u64::MAX) {
+            Some(i) => i as u32 * 64 + self.taken[i].trailing_ones(),
+            None => self.taken.len() as u32 * 64,
+        };
         debug_assert!(slot < self.limit);
         slot
+    }
+
+    /// A grant of `more` left: give back room a key's many past holders
+    /// took, so that `--max-keys` bounds memory by the grants held now.
+    fn shrink_more(&mut self) {
+        if self.more.capacity() > 8 && self.more.capacity() > 4 * self.more.len() {
+            self.more.shrink_to(2 * self.more.len());
+        }
     }
 }
 
@@ -1444,6 +1469,7 @@ impl LockTable {
                 slot
             }
         };
+        self.sems[sem_idx as usize].shrink_more();
         self.grants -= 1;
         self.note_grant_freed(idx, token, slot);
         self.holders_changed(idx);
@@ -1848,8 +1874,10 @@ impl LockTable {
                         // The key held here with another limit (this node
                         // was active before, or the key was freed and
                         // registered afresh): the active's replaces it.
-                        self.drop_key(idx);
+                        // Watchers are told while the key is still
+                        // there to be named.
                         self.holders_changed(idx);
+                        self.drop_key(idx);
                         self.index.find(&self.keys, &key)
                     }
                     found => found,
@@ -2165,7 +2193,7 @@ impl LockTable {
             );
             if let Some(sem) = sem.filter(|s| s.limit > 1) {
                 for slot in 0..limit {
-                    let taken = sem.taken[slot as usize / 64] & (1 << (slot % 64)) != 0;
+                    let taken = sem.is_taken(slot);
                     assert_eq!(taken, slots.contains(&slot), "the slot map is exact");
                 }
             }
@@ -3885,6 +3913,77 @@ mod tests {
         );
         assert_eq!(standby.holders("s"), [(112, 1, None)]);
         assert_eq!(standby.table.stats().holders, 2);
+    }
+
+    #[test]
+    fn a_watched_key_replaced_by_the_actives_limit_tells_its_watchers_and_lives() {
+        // A standby whose loop watches `s` (a W on its way to its `M`) is
+        // told by its active that `s` has another limit: the key it held
+        // is replaced, and the watchers hear of it while it is still there
+        // to be named (before, the lookup of the removed key panicked).
+        let mut standby = Harness::new();
+        standby.table.watchers_mut().set(0, key("s"), true);
+        assert_eq!(
+            standby
+                .table
+                .apply_delta(0, sem_grant("s", 16, 10, 2, 1, None)),
+            Ok(())
+        );
+        assert_eq!(
+            standby
+                .table
+                .apply_delta(0, sem_grant("s", 32, 10, 3, 0, Some("a"))),
+            Ok(())
+        );
+        standby.table.check_invariants();
+        assert_eq!(standby.holders("s"), [(32, 0, Some("a".to_string()))]);
+        let mut out = Outbox::default();
+        standby.table.take_watch_lines(&mut out);
+        assert!(
+            !out.answers.is_empty(),
+            "the watching loop is told of the change"
+        );
+    }
+
+    #[test]
+    fn a_semaphores_room_follows_its_holders_not_its_past_or_its_limit() {
+        // Many holders of a key of limit 10000 come and go; one stays. The
+        // key then costs what one holder needs: --max-keys bounds memory by
+        // the grants held now.
+        let mut h = Harness::new();
+        let mut tokens = Vec::new();
+        for i in 0..2000u64 {
+            let answers = h.acquire_with(
+                0,
+                C1,
+                "big",
+                100_000 + i,
+                0,
+                Ask {
+                    limit: Some(10_000),
+                    value: None,
+                },
+            );
+            tokens.push(granted(&answers)[0].1);
+        }
+        for &t in &tokens[1..] {
+            h.release(1, C1, "big", t);
+        }
+        h.table.check_invariants();
+        let view = h.table.key_view(&key("big")).expect("held");
+        assert_eq!(view.holders().count(), 1);
+        let idx = h
+            .table
+            .index
+            .get(&h.table.keys, &key("big"))
+            .expect("indexed");
+        let sem = h.table.sem(idx).expect("a semaphore");
+        assert!(
+            sem.more.capacity() <= 8,
+            "room for {} grants kept",
+            sem.more.capacity()
+        );
+        assert!(sem.taken.len() <= 1, "{} slot words kept", sem.taken.len());
     }
 
     #[test]
