@@ -71,3 +71,9 @@ pub mod protocol;
 pub mod server;
 #[cfg(feature = "tls")]
 pub mod tls;
+
+/// The Rust examples of docs/clients.md, compiled by `cargo test --doc` so
+/// that what a user copies from the docs builds.
+#[cfg(all(doctest, feature = "client"))]
+#[doc = include_str!("../docs/clients.md")]
+pub struct ClientsDocExamples;
