@@ -1618,6 +1618,33 @@ mod tests {
         Now::at(io_loop.clock.now_ms() + ms, 0)
     }
 
+    /// A loop with `settings` on a fresh loopback listener: the loop, the
+    /// listener, and the owner's ends of its channels.
+    fn loop_with(
+        settings: Settings,
+    ) -> (
+        IoLoop,
+        std::net::TcpListener,
+        Receiver<ToOwner>,
+        Sender<OwnerBatch>,
+    ) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let (to_owner, inbound) = crossbeam_channel::unbounded();
+        let (answers, from_owner) = crossbeam_channel::unbounded();
+        let (io_loop, _waker, _awake) = IoLoop::new(
+            0,
+            &listener,
+            to_owner,
+            from_owner,
+            None,
+            Arc::new(settings),
+            Arc::default(),
+        )
+        .expect("a loop");
+        (io_loop, listener, inbound, answers)
+    }
+
     /// A loop on a fresh loopback listener, with the owner's ends of its
     /// channels; its first round is done (nothing to accept).
     fn idle_loop(busy_poll_us: u64) -> (IoLoop, Receiver<ToOwner>, Sender<OwnerBatch>) {
@@ -1625,21 +1652,8 @@ mod tests {
             busy_poll_us,
             ..Config::default()
         };
-        let settings = Arc::new(Settings::new(&config, "test".into()));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-        listener.set_nonblocking(true).expect("non-blocking");
-        let (to_owner, inbound) = crossbeam_channel::unbounded();
-        let (answers, from_owner) = crossbeam_channel::unbounded();
-        let (mut io_loop, _waker, _awake) = IoLoop::new(
-            0,
-            &listener,
-            to_owner,
-            from_owner,
-            None,
-            settings,
-            Arc::default(),
-        )
-        .expect("a loop");
+        let (mut io_loop, _listener, inbound, answers) =
+            loop_with(Settings::new(&config, "test".into()));
         io_loop.round();
         (io_loop, inbound, answers)
     }
@@ -1674,20 +1688,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let mut settings = Settings::new(&config, "test".into());
         settings.tls = tls.map(Arc::new);
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-        listener.set_nonblocking(true).expect("non-blocking");
-        let (to_owner, inbound) = crossbeam_channel::unbounded();
-        let (answers, from_owner) = crossbeam_channel::unbounded();
-        let (io_loop, _waker, _awake) = IoLoop::new(
-            0,
-            &listener,
-            to_owner,
-            from_owner,
-            None,
-            Arc::new(settings),
-            Arc::default(),
-        )
-        .expect("a loop");
+        let (io_loop, listener, inbound, answers) = loop_with(settings);
         (io_loop, inbound, answers, listener, cert.der().clone())
     }
 
@@ -1897,21 +1898,8 @@ mod tests {
         let mut settings = Settings::new(&Config::default(), "test".into());
         let secrets = SecretSet::from_file_contents(SECRET.as_bytes()).expect("a secret");
         settings.auth = Some(Arc::new(ClientAuth::new("/unused".into(), secrets)));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-        listener.set_nonblocking(true).expect("non-blocking");
+        let (io_loop, listener, inbound, _answers) = loop_with(settings);
         let addr = listener.local_addr().expect("addr");
-        let (to_owner, inbound) = crossbeam_channel::unbounded();
-        let (_answers, from_owner) = crossbeam_channel::unbounded();
-        let (io_loop, _waker, _awake) = IoLoop::new(
-            0,
-            &listener,
-            to_owner,
-            from_owner,
-            None,
-            Arc::new(settings),
-            Arc::default(),
-        )
-        .expect("a loop");
         (io_loop, addr, inbound)
     }
 
@@ -1920,22 +1908,9 @@ mod tests {
     /// A loop with no gate on a fresh listener: its address, and the
     /// owner's ends of its channels.
     fn open_loop() -> (IoLoop, SocketAddr, Receiver<ToOwner>, Sender<OwnerBatch>) {
-        let settings = Arc::new(Settings::new(&Config::default(), "test".into()));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-        listener.set_nonblocking(true).expect("non-blocking");
+        let (io_loop, listener, inbound, answers) =
+            loop_with(Settings::new(&Config::default(), "test".into()));
         let addr = listener.local_addr().expect("addr");
-        let (to_owner, inbound) = crossbeam_channel::unbounded();
-        let (answers, from_owner) = crossbeam_channel::unbounded();
-        let (io_loop, _waker, _awake) = IoLoop::new(
-            0,
-            &listener,
-            to_owner,
-            from_owner,
-            None,
-            settings,
-            Arc::default(),
-        )
-        .expect("a loop");
         (io_loop, addr, inbound, answers)
     }
 
