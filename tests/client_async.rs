@@ -6,14 +6,11 @@
 mod common;
 
 use std::future::Future;
-use std::pin::pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use baton::client::{Client, Error, ReleaseOutcome};
 use common::faults::FakeServer;
-use common::{DEADLINE, Node, wait_for};
+use common::{DEADLINE, Node, block_on, wait_for};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -200,25 +197,6 @@ fn an_async_guard_releases_when_dropped_without_blocking_the_task() {
         );
     });
     wait_free(&c, "job");
-}
-
-/// The smallest executor: poll, park the thread until woken.
-fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let mut future = pin!(future);
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::thread::park();
-    }
 }
 
 #[test]

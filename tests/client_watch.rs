@@ -13,17 +13,14 @@ mod common;
 
 use std::future::Future;
 use std::io::{BufRead, BufReader};
-use std::pin::pin;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::mpsc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use baton::client::{AcquireOptions, Client, Error, ReleaseOutcome, Watch, WatchState};
 use baton::protocol::Reason;
 use common::nodes::{Nodes, deref_to_nodes};
-use common::{DEADLINE, Node, baton_path, wait_for};
+use common::{DEADLINE, Node, baton_path, block_on, wait_for};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -235,25 +232,6 @@ fn an_async_watch_under_tokio_sees_grants_and_releases() {
             free()
         );
     });
-}
-
-/// The smallest executor: poll, park the thread until woken.
-fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let mut future = pin!(future);
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::thread::park();
-    }
 }
 
 #[test]
