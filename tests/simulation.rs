@@ -26,6 +26,16 @@
 //!
 //! Client traffic is mutexes and two semaphores (limits 2 and 3, holders
 //! with and without values), whose grants replicate a `G` per holder.
+//! Besides, in the random runs, three watchers each watch two or three of
+//! those keys as the client library does: on one connection to whichever
+//! node they were last sent to (or any node), following a standby's or a
+//! demoted active's `M <active> W <key>`, watching again when their node
+//! dies or restarts, now and then `X`-ing a key, watching one again, or
+//! reconnecting elsewhere. Each node's I/O loop keeps their watches with the
+//! node's own `WatchQueue` and `Fanout` (simulation/watch.rs), fed with the
+//! owner's answers and its change lines for the loop's watchers, and gives
+//! every watcher each line (newest state wins; a real loop may skip
+//! intermediate states, which the check allows for).
 //!
 //! Checked after every step, on every node that runs:
 //! - the lock table's own invariants (`check_invariants`);
@@ -36,12 +46,23 @@
 //! - no connection gets more answers for an (op, key) than it sent requests,
 //!   and none after the owner forgot it;
 //! - a serving node has answered every request but its waiters (nothing is
-//!   lost or stuck), and a standby none are left waiting.
+//!   lost or stuck), and a standby none are left waiting;
+//! - every line a watcher is shown keeps the watch rule (simulation/watch.rs):
+//!   within one node's session a key's holders change only as one serving
+//!   node can change them (new grants above every earlier token, a grant
+//!   that left never back, a mutex's holders' tokens only growing); across
+//!   its re-watches after failovers and hand-overs, no line shows a token
+//!   below one it was shown before and granted after it (an older holder
+//!   or none after a lost grant is allowed, the documented caveat), except
+//!   across a split brain, where that order is not promised.
 //!
 //! Checked at the end of every random run, once faults stop and everything
 //! heals: the cluster converges within a bound to exactly one active node,
 //! the highest-priority one, and the first token it issues is above every
-//! token issued before by any node.
+//! token issued before by any node; every watcher then watches its keys on
+//! that node and has been shown each key's state there. Over all the runs,
+//! watchers compared tokens across moves between nodes, lower ones among
+//! them (a check that never compares cannot fail).
 //!
 //! A failure prints its seed; `BATON_SIM_SEED=<seed>` replays exactly it
 //! (add `BATON_SIM_TRACE=1` to see every role change and link event);
@@ -50,10 +71,13 @@
 
 #[path = "common/rng.rs"]
 mod rng;
+#[path = "simulation/watch.rs"]
+mod watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use baton::protocol::{Answer, Key, Op, Reason, Request, Value};
+use baton::protocol::{Answer, Key, Op, Reason, Request, Value, WatchState};
 use baton::server::core::cluster_core::{
     ClusterCore, ClusterParams, HANDSHAKE_MS, LinkId, MAX_PENDING_IN, OutDown,
 };
@@ -68,6 +92,7 @@ use baton::server::rounds::{self, Gone, OwnerPorts, OwnerRound, ReplShell};
 use baton::server::shared::Gauges;
 use baton::server::trust::tls::Stream;
 use rng::Rng;
+use watch::{LoopWatches, WatchCheck};
 
 const DETECT_MS: u64 = 400;
 /// A crashed node stays down at least this long (a real restart takes
@@ -192,8 +217,10 @@ struct Node {
     answers: Vec<(ConnId, Answer)>,
     /// Every answer, by connection, when a scenario keeps them.
     answer_log: Option<Vec<(u64, Answer)>>,
-    /// Open client connections.
+    /// Open client connections (the watchers' apart: `Sim::watchers`).
     conns: Vec<u64>,
+    /// The I/O loop's side of the watches.
+    watches: LoopWatches,
     books: BTreeMap<u64, ConnBook>,
     owed: Owed,
     forgotten: HashSet<u64>,
@@ -228,7 +255,8 @@ struct Sim {
     next_link: LinkId,
     /// Directed pairs whose packets are lost (a black hole).
     cut: HashSet<(usize, usize)>,
-    all_tokens: HashSet<u64>,
+    /// Every token granted, with its place in the order of grants.
+    all_tokens: HashMap<u64, u64>,
     max_token: u64,
     next_conn: u64,
     /// The run's seed (each node's reconnect jitter derives from it).
@@ -246,6 +274,20 @@ struct Sim {
     /// Every peer message sent (from, to, message), when a scenario keeps
     /// them.
     send_log: Option<Vec<(usize, usize, PeerMsg)>>,
+    /// Clients that watch keys.
+    watchers: Vec<Watcher>,
+    /// The watchers' draws, a stream of their own (so that the network's
+    /// and the other clients' draws do not depend on them).
+    watch_rng: Rng,
+    /// The watchers only keep their watches up (no X, no moves of their own).
+    watch_quiet: bool,
+    /// Steps in which two nodes served at once, counted (the watchers'
+    /// order of tokens across sessions is forgotten at each: watch.rs).
+    split_epoch: u64,
+    /// Two nodes served at once at some point of this step.
+    dual_this_step: bool,
+    /// Lines the watchers were shown.
+    watch_lines: u64,
 }
 
 impl Sim {
@@ -259,7 +301,7 @@ impl Sim {
             out_of: BTreeMap::new(),
             next_link: 1,
             cut: HashSet::new(),
-            all_tokens: HashSet::new(),
+            all_tokens: HashMap::new(),
             max_token: 0,
             next_conn: 1,
             rng_seed: seed,
@@ -271,6 +313,12 @@ impl Sim {
             order_rng: Rng::new(seed ^ 0x0de5),
             io_first: None,
             send_log: None,
+            watchers: Vec::new(),
+            watch_rng: Rng::new(seed ^ 0x3a7c),
+            watch_quiet: false,
+            split_epoch: 0,
+            dual_this_step: false,
+            watch_lines: 0,
         };
         let skews: Vec<i64> = (0..n)
             .map(|_| sim.rng.between(0, 2 * MAX_SKEW_MS) as i64 - MAX_SKEW_MS as i64)
@@ -318,6 +366,7 @@ impl Sim {
             answers: Vec::new(),
             answer_log: None,
             conns: Vec::new(),
+            watches: LoopWatches::default(),
             books: BTreeMap::new(),
             owed: Owed::default(),
             forgotten: HashSet::new(),
@@ -349,11 +398,22 @@ impl Sim {
                 self.nodes[i].paused_until = None;
             }
         }
+        let watching = !self.watchers.is_empty();
+        if watching {
+            self.note_dual();
+            self.watchers_step();
+        }
         self.net_step();
         for i in 0..self.nodes.len() {
             if self.runs(i) {
                 self.node_step(i);
+                if watching {
+                    self.note_dual();
+                }
             }
+        }
+        if std::mem::take(&mut self.dual_this_step) {
+            self.split_epoch += 1;
         }
     }
 
@@ -433,11 +493,35 @@ impl Sim {
         };
         node.owner.take_more(&mut ports);
         node.owner.round(now, &node.gauges, &mut ports);
+        // What the I/O loop writes to the watchers' connections, in order.
+        let mut writes = Vec::new();
         for (conn, answer) in answers.drain(..) {
             if let Some(log) = &mut self.nodes[i].answer_log {
                 log.push((conn.0, answer.clone()));
             }
+            let node = &mut self.nodes[i];
+            if conn.is_watchers() {
+                node.watches
+                    .watchers_entry(&answer, &mut node.client_in, &mut writes);
+                continue;
+            }
+            if node.watches.has(conn.0)
+                && matches!(
+                    answer,
+                    Answer::Watched { .. }
+                        | Answer::Unwatched { .. }
+                        | Answer::Moved { op: Op::Watch, .. }
+                )
+            {
+                node.watches
+                    .watch_answer(conn.0, &answer, &mut node.client_in);
+                writes.push((conn.0, answer.clone()));
+            }
             self.check_answer(i, conn, answer);
+        }
+        self.nodes[i].watches.fan_out(&mut writes);
+        for (conn, answer) in writes {
+            self.watcher_reads(i, conn, answer);
         }
         let node = &mut self.nodes[i];
         node.answers = answers;
@@ -958,7 +1042,11 @@ impl Sim {
                 node.last_granted
             );
             node.last_granted = token;
-            assert!(self.all_tokens.insert(token), "token {token} issued twice");
+            let order = self.all_tokens.len() as u64;
+            assert!(
+                self.all_tokens.insert(token, order).is_none(),
+                "token {token} issued twice"
+            );
             self.max_token = self.max_token.max(token);
             self.held.push_back((i, key, token));
             if self.held.len() > 64 {
@@ -1074,6 +1162,304 @@ impl Sim {
         let after = self.nodes[i].last_granted;
         assert!(after > before, "node {i} granted nothing");
         after
+    }
+}
+
+/// A watcher gives a node this long to answer its `W` before it closes the
+/// connection and watches elsewhere (the client library's request
+/// timeout: a paused node accepts connections and answers nothing).
+const WATCH_TIMEOUT_MS: u64 = 1_000;
+
+/// A client that watches keys, as the client library's watches do: on one
+/// connection at a time, to the node it was last sent to (an `M` names
+/// it) or any node; when the watch ends (an `M`, the connection's end) it
+/// watches again there.
+struct Watcher {
+    /// Its connection: the node, that node's boot time (a restart ends the
+    /// connection), the connection's id.
+    conn: Option<(usize, u64, u64)>,
+    /// The node an `M` named: the next connection goes there.
+    next: Option<usize>,
+    /// Since when a `W` it sent has had no answer.
+    asked_at: Option<u64>,
+    keys: Vec<WatchedKey>,
+    /// Every line shown (node, key, state), when a scenario keeps them.
+    log: Option<Vec<(usize, Key, WatchState)>>,
+}
+
+struct WatchedKey {
+    key: Key,
+    /// It wants the key watched (false after its `X`, until its next `W`).
+    want: bool,
+    /// A `W` is sent on this connection and no line has come.
+    asked: bool,
+    check: WatchCheck,
+}
+
+/// The limit the clients use for a key: `s2` and `s3` are semaphores of
+/// limits 2 and 3, the rest mutexes.
+fn limit_of(key: &str) -> u32 {
+    match key {
+        "s2" => 2,
+        "s3" => 3,
+        _ => 1,
+    }
+}
+
+impl Sim {
+    /// `count` watchers, each of two or three of the clients' keys.
+    fn add_watchers(&mut self, count: usize) {
+        const KEYS: [&str; 5] = ["k0", "k1", "k2", "s2", "s3"];
+        for _ in 0..count {
+            let mut keys: Vec<&str> = KEYS.to_vec();
+            let take = 2 + self.watch_rng.index(2);
+            while keys.len() > take {
+                keys.swap_remove(self.watch_rng.index(keys.len()));
+            }
+            self.add_watcher(&keys);
+        }
+    }
+
+    /// A watcher of `keys`; its index.
+    fn add_watcher(&mut self, keys: &[&str]) -> usize {
+        self.watchers.push(Watcher {
+            conn: None,
+            next: None,
+            asked_at: None,
+            keys: keys
+                .iter()
+                .map(|k| WatchedKey {
+                    key: Key::new(k.as_bytes()).expect("key"),
+                    want: true,
+                    asked: false,
+                    check: WatchCheck::new(limit_of(k)),
+                })
+                .collect(),
+            log: None,
+        });
+        self.watchers.len() - 1
+    }
+
+    /// Nodes that serve (and so grant) now: up, paused or not.
+    fn serving(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.up && n.owner.core.is_serving())
+            .count()
+    }
+
+    fn note_dual(&mut self) {
+        if !self.dual_this_step && self.serving() >= 2 {
+            self.dual_this_step = true;
+        }
+    }
+
+    /// The split-brain epoch a line shown now belongs to (None: two nodes
+    /// serve, or did in this step).
+    fn watch_epoch(&mut self) -> Option<u64> {
+        self.note_dual();
+        (!self.dual_this_step).then_some(self.split_epoch)
+    }
+
+    /// Each watcher's turn, now and then (every step once they are quiet).
+    fn watchers_step(&mut self) {
+        for w in 0..self.watchers.len() {
+            if self.watch_quiet || self.watch_rng.chance(1, 16) {
+                self.watcher_turn(w);
+            }
+        }
+    }
+
+    fn watcher_turn(&mut self, w: usize) {
+        if let Some((n, boot, _)) = self.watchers[w].conn
+            && (!self.nodes[n].up || self.nodes[n].boot_ms != boot)
+        {
+            // Its node died: the connection is reset.
+            self.watcher_lost(w);
+        }
+        if self.watchers[w].conn.is_none() {
+            return self.watcher_connects(w);
+        }
+        if self.watchers[w]
+            .asked_at
+            .is_some_and(|t| self.now >= t + WATCH_TIMEOUT_MS)
+        {
+            if trace() {
+                eprintln!("{:>6} watcher {w}: no answer, gives up", self.now);
+            }
+            return self.watcher_closes(w, None);
+        }
+        if self.watch_quiet {
+            return;
+        }
+        let keys = self.watchers[w].keys.len();
+        match self.watch_rng.below(64) {
+            // Stop watching a key, or watch one (again: a second W).
+            0 => {
+                let k = self.watch_rng.index(keys);
+                if self.watchers[w].keys[k].want {
+                    self.send_unwatch(w, k);
+                }
+            }
+            1 => {
+                let k = self.watch_rng.index(keys);
+                self.watchers[w].keys[k].want = true;
+                self.send_watch(w, k);
+            }
+            // Reconnect, to any node.
+            2 if self.watch_rng.chance(1, 4) => self.watcher_closes(w, None),
+            _ => {}
+        }
+    }
+
+    /// A new connection, to the node an `M` named or else any node that is
+    /// up, and a `W` for each key it wants.
+    fn watcher_connects(&mut self, w: usize) {
+        let target = match self.watchers[w].next.take() {
+            Some(n) if self.nodes[n].up => n,
+            _ => {
+                let up = self.nodes.iter().filter(|n| n.up).count();
+                if up == 0 {
+                    return;
+                }
+                let pick = self.watch_rng.index(up);
+                (0..self.nodes.len())
+                    .filter(|&i| self.nodes[i].up)
+                    .nth(pick)
+                    .expect("a node that is up")
+            }
+        };
+        let conn = self.next_conn;
+        self.next_conn += 1;
+        self.nodes[target].books.insert(conn, ConnBook::default());
+        self.watchers[w].conn = Some((target, self.nodes[target].boot_ms, conn));
+        for k in 0..self.watchers[w].keys.len() {
+            if self.watchers[w].keys[k].want {
+                self.send_watch(w, k);
+            }
+        }
+    }
+
+    fn send_watch(&mut self, w: usize, k: usize) {
+        let (n, _, conn) = self.watchers[w].conn.expect("a connection");
+        let watcher = &mut self.watchers[w];
+        watcher.asked_at.get_or_insert(self.now);
+        let wk = &mut watcher.keys[k];
+        wk.asked = true;
+        let node = &mut self.nodes[n];
+        node.expect(conn, Op::Watch, Some(wk.key.clone()));
+        node.watches
+            .parsed_watch(conn, &wk.key, &mut node.client_in);
+    }
+
+    fn send_unwatch(&mut self, w: usize, k: usize) {
+        let (n, _, conn) = self.watchers[w].conn.expect("a connection");
+        let wk = &mut self.watchers[w].keys[k];
+        wk.want = false;
+        wk.asked = false;
+        wk.check.end();
+        let node = &mut self.nodes[n];
+        node.expect(conn, Op::Unwatch, Some(wk.key.clone()));
+        node.watches
+            .parsed_unwatch(conn, &wk.key, &mut node.client_in);
+    }
+
+    /// The watcher closes its connection; it watches on `next` (or any
+    /// node) on its next turn.
+    fn watcher_closes(&mut self, w: usize, next: Option<usize>) {
+        if let Some((n, _, conn)) = self.watchers[w].conn {
+            let node = &mut self.nodes[n];
+            node.watches.close(conn, &mut node.client_in);
+            node.client_in.push(Inbound::Closed(ConnId(conn)));
+        }
+        self.watcher_lost(w);
+        self.watchers[w].next = next;
+    }
+
+    /// The watcher's connection is gone: every watch on it ends.
+    fn watcher_lost(&mut self, w: usize) {
+        let watcher = &mut self.watchers[w];
+        watcher.conn = None;
+        watcher.asked_at = None;
+        for wk in &mut watcher.keys {
+            wk.asked = false;
+            wk.check.end();
+        }
+    }
+
+    /// Node `i`'s I/O loop wrote `answer` on connection `conn`: the watcher
+    /// of that connection, if it still has it, reads it.
+    fn watcher_reads(&mut self, i: usize, conn: u64, answer: Answer) {
+        let Some(w) = self
+            .watchers
+            .iter()
+            .position(|x| x.conn.is_some_and(|(n, _, c)| n == i && c == conn))
+        else {
+            return;
+        };
+        match answer {
+            Answer::Watched { key, state } => {
+                let Some(k) = self.watchers[w].keys.iter().position(|x| x.key == key) else {
+                    panic!("watcher {w}: a line for {key:?}, which it never watched");
+                };
+                // The answer to a W sent before its X: no longer watched.
+                if !self.watchers[w].keys[k].want {
+                    return;
+                }
+                let granted = self.all_tokens.get(&state.token).copied();
+                let epoch = self.watch_epoch();
+                self.watch_lines += 1;
+                let now = self.now;
+                if trace() {
+                    eprintln!("{now:>6} watcher {w}: node {i} shows {key:?} {state:?}");
+                }
+                let watcher = &mut self.watchers[w];
+                let wk = &mut watcher.keys[k];
+                wk.asked = false;
+                if let Err(why) = wk.check.line(i, &state, granted, epoch) {
+                    panic!(
+                        "watcher {w} of {key:?}, shown {state:?} by node {i} at {now} ms: {why}"
+                    );
+                }
+                if !watcher.keys.iter().any(|x| x.asked) {
+                    watcher.asked_at = None;
+                }
+                if let Some(log) = &mut watcher.log {
+                    log.push((i, key, state));
+                }
+            }
+            Answer::Moved {
+                op: Op::Watch,
+                active,
+                ..
+            } => {
+                if trace() {
+                    eprintln!(
+                        "{:>6} watcher {w}: node {i} sends it to {active:?}",
+                        self.now
+                    );
+                }
+                let next = active.and_then(|a| self.names.iter().position(|n| *n == a));
+                self.watcher_closes(w, next);
+            }
+            Answer::Unwatched { .. } => {}
+            other => panic!("watcher {w}: {other:?} from node {i}"),
+        }
+    }
+
+    /// Every watcher watches each key it wants on node `i`, shown the
+    /// key's state there now.
+    fn watchers_current(&self, i: usize) -> bool {
+        let table = self.nodes[i].owner.core.table();
+        self.watchers.iter().all(|watcher| {
+            watcher.keys.iter().filter(|wk| wk.want).all(|wk| {
+                watcher.conn.is_some_and(|(n, _, _)| n == i)
+                    && wk
+                        .check
+                        .last()
+                        .is_some_and(|(n, last)| n == i && *last == table.watch_state(&wk.key))
+            })
+        })
     }
 }
 
@@ -1232,6 +1618,7 @@ fn run(seed: u64) {
     let mut rng = Rng::new(seed ^ 0x5eed);
     let n = 2 + rng.index(2);
     let mut sim = Sim::new(seed, n);
+    sim.add_watchers(3);
     sim.faults = Faults {
         reset_ppm: rng.below(3) * 500,
         duplicate_ppm: rng.below(3) * 2_000,
@@ -1280,6 +1667,46 @@ fn run(seed: u64) {
         first > before,
         "seed {seed}: token {first} after convergence is not above {before}"
     );
+    // Every watcher ends on the latest state, watched on node 0.
+    sim.watch_quiet = true;
+    sim.run_until(
+        2 * DETECT_MS,
+        &format!("seed {seed}: every watcher shows node 0's state"),
+        |s| s.watchers_current(0),
+    );
+    assert!(
+        sim.watch_lines >= 20,
+        "seed {seed}: the watchers were shown only {} lines",
+        sim.watch_lines
+    );
+    WATCHES.count(&sim);
+}
+
+/// What the watchers of every random run were shown, summed: the test
+/// checks that the runs moved watchers between nodes and compared tokens
+/// across those moves, lower ones included (the lost-grant caveat).
+struct WatchTotals {
+    lines: AtomicU64,
+    compared_across: AtomicU64,
+    lower_after_move: AtomicU64,
+}
+
+static WATCHES: WatchTotals = WatchTotals {
+    lines: AtomicU64::new(0),
+    compared_across: AtomicU64::new(0),
+    lower_after_move: AtomicU64::new(0),
+};
+
+impl WatchTotals {
+    fn count(&self, sim: &Sim) {
+        let checks = sim.watchers.iter().flat_map(|w| &w.keys).map(|k| &k.check);
+        let (across, lower) = checks.fold((0, 0), |(a, l), c| {
+            (a + c.compared_across, l + c.lower_after_move)
+        });
+        self.lines.fetch_add(sim.watch_lines, Ordering::Relaxed);
+        self.compared_across.fetch_add(across, Ordering::Relaxed);
+        self.lower_after_move.fetch_add(lower, Ordering::Relaxed);
+    }
 }
 
 fn run_seed_reporting(seed: u64) {
@@ -1312,6 +1739,20 @@ fn random_faults_never_repeat_a_token_and_the_cluster_converges_to_the_first_nod
             });
         }
     });
+    let (lines, across, lower) = (
+        WATCHES.lines.load(Ordering::Relaxed),
+        WATCHES.compared_across.load(Ordering::Relaxed),
+        WATCHES.lower_after_move.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "watchers: {lines} lines, {across} compared with another node's, {lower} of them lower"
+    );
+    if seeds >= 500 {
+        assert!(
+            across > 0 && lower > 0,
+            "the watchers never compared tokens across a move ({across}), or never saw a lower one after it ({lower})"
+        );
+    }
 }
 
 #[test]

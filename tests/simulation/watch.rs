@@ -1,0 +1,533 @@
+//! Watches in the cluster simulation: what a node's I/O loop does with
+//! them ([`LoopWatches`]: the bookkeeping `threads/io_loop.rs` keeps around
+//! the real `WatchQueue` and `Fanout` of `core/watchers.rs`, with the
+//! sockets left out), and the rule a watcher's lines must keep
+//! ([`WatchCheck`]). Runs on the simulation's thread; decides nothing the
+//! node decides (the queue and the fan-out are the node's own types).
+//!
+//! The rule, for one watcher of one key. A *session* is the lines one node
+//! sends on one connection from its `W` answer until the watch ends (an
+//! `M <active> W <key>`, an `X`, the connection's end); the watcher then
+//! watches again, on the node active now, as the client library does.
+//!
+//! - **Within a session** (what one serving node promises, always, a split
+//!   brain included): the line's token is 0 exactly when it shows no
+//!   holder, and its holders are at most the key's limit. A line shows the
+//!   largest token holding the key (its *top*) and how many hold it. A
+//!   node grants only new tokens, above every token it holds, and a grant
+//!   that left never comes back; so a grant holding now whose token is at
+//!   most the largest an earlier line had shown (that line's *max*) held
+//!   at that line too. Hence for each earlier line whose max is at least
+//!   this line's top: the top held then (it is at most that line's top),
+//!   and the holders now, all at or below it, are at most that line's
+//!   holders, one fewer if that line's top has left since (it is above
+//!   this one). A top above every earlier max is a new grant. For a mutex
+//!   that is: each new holder's token is above every earlier one, the same
+//!   grant may be shown again (a second `W`), and a grant once replaced or
+//!   freed never comes back. It holds however many states the watcher
+//!   skips (a real loop gives a slow watcher only the newest; one step of
+//!   the node is one line however many grants it made), so the
+//!   simulation, which delivers every line, asks no more than the node
+//!   promises.
+//! - **Across sessions** (a re-watch after a failover or a hand-over): the
+//!   new active's first line may show an older holder than the old
+//!   active's last line, or none, when a grant or a release was lost (made
+//!   just before the failover and never replicated, docs/cluster.md). What
+//!   still holds is the fencing order: *no line shows a token below one the
+//!   watcher was shown before and granted after it*. So a watcher that saw
+//!   a lost grant sees only higher tokens from the next grant on. The
+//!   simulation knows the order in which every token was granted, which
+//!   tells an older holder (allowed) from a newer, lower one (a fencing
+//!   failure); a token never granted at all is refused too.
+//! - **The scope of the second rule**: it is promised while one node at a
+//!   time serves. While two do (a partition, or an active paused long
+//!   enough to be replaced, then resumed), each grants from its own
+//!   counter: a watcher of each side sees that side's holders, and after
+//!   the heal the survivor's holders granted during the split may be below
+//!   the tokens the other side showed, granted later (the survivor goes
+//!   above them only from the heartbeat in which it hears that side). So
+//!   the order across sessions is forgotten at a split brain: a line shown
+//!   while two nodes serve, or before, is not compared with later ones, and
+//!   the rule starts afresh from the next line shown while one node serves
+//!   (the caller says which lines those are: [`WatchCheck::line`]'s
+//!   `epoch`). The first rule still applies to every session.
+
+use std::collections::BTreeMap;
+
+use baton::protocol::{Answer, Key, Op, Parsed, Reason, Request, WatchState, parse_answer};
+use baton::server::core::lock_table::ConnId;
+use baton::server::core::watchers::{Delivery, Fanout, WatchQueue, WatchStep};
+use baton::server::messages::Inbound;
+
+/// `--max-watches` of the simulated loops (the default).
+const MAX_WATCHES: usize = 1024;
+
+/// One node's I/O loop as far as watches go: per watched key its newest
+/// state and watchers (`Fanout`), per connection its watches
+/// (`WatchQueue`), fed as `threads/io_loop.rs` feeds them. What the loop
+/// tells the owner goes into its next batch (`batch`); what it writes to
+/// a connection into `writes`, in order.
+#[derive(Default)]
+pub struct LoopWatches {
+    fanout: Fanout,
+    /// Connections that ever watched, by id (ordered: a run replays).
+    queues: BTreeMap<u64, WatchQueue>,
+}
+
+/// A connection's id as the loop's slot (the simulation's ids are small).
+fn slot(conn: u64) -> usize {
+    conn as usize
+}
+
+impl LoopWatches {
+    /// Connection `conn` has ever watched (its watch answers are looked at).
+    pub fn has(&self, conn: u64) -> bool {
+        self.queues.contains_key(&conn)
+    }
+
+    /// `W <key>` parsed on `conn`.
+    pub fn parsed_watch(&mut self, conn: u64, key: &Key, batch: &mut Vec<Inbound>) {
+        let queue = self.queues.entry(conn).or_default();
+        match queue.watch(key, MAX_WATCHES) {
+            WatchStep::Forward { new_watcher } => {
+                if new_watcher {
+                    self.add_watcher(conn, key, batch);
+                }
+                batch.push(Inbound::Request(
+                    ConnId(conn),
+                    Request::Watch { key: key.clone() },
+                ));
+            }
+            WatchStep::TooMany | WatchStep::Unwatched { .. } => batch.push(Inbound::Refused(
+                ConnId(conn),
+                Op::Watch,
+                Some(key.clone()),
+                Reason::TooManyWatches,
+            )),
+        }
+    }
+
+    /// `X <key>` parsed on `conn`.
+    pub fn parsed_unwatch(&mut self, conn: u64, key: &Key, batch: &mut Vec<Inbound>) {
+        let was_watcher = self.queues.get_mut(&conn).is_some_and(|queue| {
+            matches!(
+                queue.unwatch(key),
+                WatchStep::Unwatched { was_watcher: true }
+            )
+        });
+        batch.push(Inbound::Request(
+            ConnId(conn),
+            Request::Unwatch { key: key.clone() },
+        ));
+        if was_watcher {
+            self.remove_watcher(conn, key, batch);
+        }
+    }
+
+    /// `conn` closes: its watches end.
+    pub fn close(&mut self, conn: u64, batch: &mut Vec<Inbound>) {
+        let Some(mut queue) = self.queues.remove(&conn) else {
+            return;
+        };
+        let mut keys = queue.close();
+        keys.sort();
+        for key in keys {
+            self.remove_watcher(conn, &key, batch);
+        }
+    }
+
+    fn add_watcher(&mut self, conn: u64, key: &Key, batch: &mut Vec<Inbound>) {
+        if self.fanout.add(key, slot(conn)) {
+            batch.push(Inbound::Watching {
+                worker: ConnId(conn).worker(),
+                key: key.clone(),
+                on: true,
+            });
+        }
+    }
+
+    fn remove_watcher(&mut self, conn: u64, key: &Key, batch: &mut Vec<Inbound>) {
+        if self.fanout.remove(key, slot(conn)) == Some(true) {
+            batch.push(Inbound::Watching {
+                worker: ConnId(conn).worker(),
+                key: key.clone(),
+                on: false,
+            });
+        }
+    }
+
+    /// An entry the owner addressed to the loop's watchers: a change of a
+    /// key, or (`M <active> W -`) the end of every live watch.
+    pub fn watchers_entry(
+        &mut self,
+        answer: &Answer,
+        batch: &mut Vec<Inbound>,
+        writes: &mut Vec<(u64, Answer)>,
+    ) {
+        match answer {
+            Answer::Watched { key, .. } => self.fanout.change(key, |line| answer.write_to(line)),
+            Answer::Moved { active, .. } => {
+                let conns: Vec<u64> = self.queues.keys().copied().collect();
+                for conn in conns {
+                    let Some(queue) = self.queues.get_mut(&conn) else {
+                        continue;
+                    };
+                    let mut ended = queue.end_live();
+                    ended.sort();
+                    for key in ended {
+                        writes.push((
+                            conn,
+                            Answer::Moved {
+                                active: active.clone(),
+                                op: Op::Watch,
+                                key: Some(key.clone()),
+                            },
+                        ));
+                        self.remove_watcher(conn, &key, batch);
+                    }
+                }
+            }
+            other => panic!("an entry for the watchers that is no watch line: {other:?}"),
+        }
+    }
+
+    /// An answer about a watch on its way to `conn` (written after this).
+    pub fn watch_answer(&mut self, conn: u64, answer: &Answer, batch: &mut Vec<Inbound>) {
+        let Some(queue) = self.queues.get_mut(&conn) else {
+            return;
+        };
+        match answer {
+            Answer::Watched { key, .. } => queue.answered_watch(key, self.fanout.version(key)),
+            Answer::Unwatched { key } => queue.answered_unwatch(key),
+            Answer::Moved {
+                op: Op::Watch,
+                key: Some(key),
+                ..
+            } if queue.moved_watch(key) => self.remove_watcher(conn, key, batch),
+            _ => {}
+        }
+    }
+
+    /// The sweep after the owner's batch: every watcher behind is given
+    /// its key's newest line (the simulated outputs always have room).
+    pub fn fan_out(&mut self, writes: &mut Vec<(u64, Answer)>) {
+        if !self.fanout.has_work() {
+            return;
+        }
+        let queues = &mut self.queues;
+        self.fanout
+            .sweep(usize::MAX, usize::MAX, |slot, key, version, line| {
+                let conn = slot as u64;
+                let Some(queue) = queues.get_mut(&conn) else {
+                    return false;
+                };
+                let Delivery::Write { .. } = queue.offer(key, version, true) else {
+                    return false;
+                };
+                match parse_answer(line) {
+                    Parsed::Line {
+                        used,
+                        result: Ok(answer),
+                    } if used == line.len() => writes.push((conn, answer)),
+                    other => panic!("a change line that does not parse back: {other:?}"),
+                }
+                true
+            });
+    }
+}
+
+/// One line of a session: its top, its holders, and the largest token
+/// shown up to it (its max).
+#[derive(Clone, Copy, Debug)]
+struct Line {
+    top: u64,
+    holders: u64,
+    max: u64,
+}
+
+/// The lines one node has sent since the watch's `W` answer.
+#[derive(Debug)]
+struct Session {
+    node: usize,
+    /// The lines that still bound the next: a line whose max is at least a
+    /// later line's top is implied by that later line and dropped, so
+    /// each line's top is above the max of the one before it.
+    lines: Vec<Line>,
+    /// The largest token shown in the session.
+    max: u64,
+    last: WatchState,
+}
+
+/// What one watcher has been shown of one key, and the rules its next line
+/// must keep (see the module doc).
+#[derive(Debug)]
+pub struct WatchCheck {
+    limit: u64,
+    session: Option<Session>,
+    /// The largest token shown since the order across sessions was last
+    /// forgotten: the token, its place in the order of grants, the node
+    /// whose line showed it.
+    top: Option<(u64, u64, usize)>,
+    /// The split-brain epoch `top` was shown in (`None`: while two nodes
+    /// served, so the next line starts afresh).
+    epoch: Option<u64>,
+    /// Lines compared with a token shown by another node.
+    pub compared_across: u64,
+    /// Of those, lines whose token was below it: an older holder or none
+    /// after a move (a lost grant or release; granted before it, allowed).
+    pub lower_after_move: u64,
+}
+
+impl WatchCheck {
+    /// A watcher of a key of this limit (1: a mutex).
+    pub fn new(limit: u32) -> WatchCheck {
+        WatchCheck {
+            limit: u64::from(limit),
+            session: None,
+            top: None,
+            epoch: None,
+            compared_across: 0,
+            lower_after_move: 0,
+        }
+    }
+
+    /// The watch ended (its node's `M`, an `X`, the connection's end).
+    pub fn end(&mut self) {
+        self.session = None;
+    }
+
+    /// The live session's node and the last state it showed.
+    pub fn last(&self) -> Option<(usize, &WatchState)> {
+        self.session.as_ref().map(|s| (s.node, &s.last))
+    }
+
+    /// A line from `node` (the first one of a session is its `W` answer):
+    /// `granted`, where its token stands in the order of grants (`None`:
+    /// never granted); `epoch`, the split-brain epoch now (`None` while two
+    /// nodes serve, or have in this step). Err says which rule it broke.
+    pub fn line(
+        &mut self,
+        node: usize,
+        state: &WatchState,
+        granted: Option<u64>,
+        epoch: Option<u64>,
+    ) -> Result<(), String> {
+        let (t, h) = (state.token, state.holders);
+        if (t == 0) != (h == 0) || h > self.limit {
+            return Err(format!("token {t} with {h} holders (limit {})", self.limit));
+        }
+        let session = self.session.get_or_insert_with(|| Session {
+            node,
+            lines: Vec::new(),
+            max: 0,
+            last: WatchState::default(),
+        });
+        if session.node != node {
+            return Err(format!(
+                "a line from node {node} in a session of node {}",
+                session.node
+            ));
+        }
+        session_rule(session, t, h).map_err(|why| format!("within the session: {why}"))?;
+        session.last = state.clone();
+        self.fencing_rule(node, t, granted, epoch)
+            .map_err(|why| format!("across sessions: {why}"))
+    }
+
+    fn fencing_rule(
+        &mut self,
+        node: usize,
+        t: u64,
+        granted: Option<u64>,
+        epoch: Option<u64>,
+    ) -> Result<(), String> {
+        if epoch.is_none() || epoch != self.epoch {
+            self.top = None;
+        }
+        self.epoch = epoch;
+        if let Some((top, _, top_node)) = self.top
+            && top_node != node
+        {
+            self.compared_across += 1;
+            if t < top {
+                self.lower_after_move += 1;
+            }
+        }
+        if t == 0 {
+            return Ok(());
+        }
+        let Some(order) = granted else {
+            return Err(format!("token {t} was never granted"));
+        };
+        match self.top {
+            Some((top, top_order, top_node)) if t < top && order > top_order => Err(format!(
+                "token {t} was granted after {top} (shown by node {top_node}) and is below it"
+            )),
+            Some((top, ..)) if t <= top => Ok(()),
+            _ => {
+                self.top = Some((t, order, node));
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The rule within a session (module doc): top `t` with `h` holders,
+/// against each earlier line whose max is at least `t` (the last ones).
+fn session_rule(session: &mut Session, t: u64, h: u64) -> Result<(), String> {
+    while let Some(&then) = session.lines.last()
+        && then.max >= t
+    {
+        if t > then.top {
+            return Err(format!(
+                "top {t} did not hold at a line of top {} though tokens up to {} were granted",
+                then.top, then.max
+            ));
+        }
+        let left = u64::from(t < then.top);
+        if h + left > then.holders {
+            return Err(format!(
+                "{h} holders at top {t}, after a line of {} holders at top {}",
+                then.holders, then.top
+            ));
+        }
+        session.lines.pop();
+    }
+    session.max = session.max.max(t);
+    session.lines.push(Line {
+        top: t,
+        holders: h,
+        max: session.max,
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(token: u64, holders: u64) -> WatchState {
+        WatchState {
+            token,
+            holders,
+            ..WatchState::default()
+        }
+    }
+
+    /// Lines of one session of node 0, each token granted in the order of
+    /// its value (as one node grants them), outside any split brain.
+    fn session(limit: u32, lines: &[(u64, u64)]) -> Result<(), String> {
+        let mut check = WatchCheck::new(limit);
+        lines
+            .iter()
+            .try_for_each(|&(t, h)| check.line(0, &st(t, h), Some(t), Some(0)))
+    }
+
+    #[test]
+    fn a_mutex_session_takes_new_holders_above_and_the_same_grant_again() {
+        session(
+            1,
+            &[(0, 0), (10, 1), (10, 1), (0, 0), (20, 1), (30, 1), (0, 0)],
+        )
+        .expect("valid");
+    }
+
+    #[test]
+    fn a_mutex_session_refuses_a_lower_holder_and_a_freed_one_back() {
+        for bad in [
+            vec![(10, 1), (8, 1)],
+            vec![(10, 1), (0, 0), (10, 1)],
+            vec![(10, 1), (20, 1), (10, 1)],
+            vec![(10, 1), (20, 1), (0, 0), (15, 1)],
+            vec![(10, 2)],
+            vec![(10, 0)],
+            vec![(0, 1)],
+        ] {
+            assert!(session(1, &bad).is_err(), "{bad:?} passed");
+        }
+    }
+
+    #[test]
+    fn a_semaphore_session_shows_older_holders_as_the_newer_ones_leave() {
+        // 5 and 8 hold (5 never the top shown); 8 leaves: 5 shows; 12
+        // comes and goes; 5 leaves.
+        session(3, &[(8, 2), (5, 1), (12, 2), (5, 1), (0, 0)]).expect("valid");
+        // Older holders one by one as the newer leave, then a new grant.
+        session(3, &[(8, 3), (5, 2), (3, 1), (9, 2)]).expect("valid");
+        // 9 was granted and 5 left in states skipped between the lines: 9
+        // and 12 held, then 12 left.
+        session(3, &[(5, 1), (12, 2), (9, 1)]).expect("valid");
+    }
+
+    #[test]
+    fn a_semaphore_session_refuses_a_grant_back_and_holders_that_do_not_shrink() {
+        for bad in [
+            // The top left, yet as many hold.
+            vec![(8, 2), (5, 2)],
+            // 8 left (5 showed): it cannot come back.
+            vec![(8, 2), (5, 1), (8, 2)],
+            // 10 did not hold when 9 alone did, and had been granted.
+            vec![(5, 1), (12, 2), (9, 1), (10, 1)],
+            // The same top with more holders: a new grant would be the top.
+            vec![(8, 1), (8, 2)],
+            // Seen free: nothing older comes back.
+            vec![(8, 2), (0, 0), (5, 1)],
+            // 12 alone holds: 5 left, it cannot come back.
+            vec![(5, 1), (12, 2), (12, 1), (5, 1)],
+            // 4 held alone below 10 and 12: once they left, nothing else.
+            vec![(4, 1), (10, 3), (12, 3), (4, 1), (3, 1)],
+            vec![(10, 4)],
+        ] {
+            assert!(session(3, &bad).is_err(), "{bad:?} passed");
+        }
+    }
+
+    #[test]
+    fn after_a_move_an_older_holder_or_none_is_allowed_and_a_newer_lower_token_is_not() {
+        // Node 0 showed 10 (granted 2nd); node 1's state lost it: its first
+        // line shows 8 (granted 1st) or none, then a grant above.
+        for first in [(8, 1), (0, 0)] {
+            let mut check = WatchCheck::new(1);
+            check.line(0, &st(10, 1), Some(2), Some(0)).expect("first");
+            check.end();
+            let granted = (first.0 == 8).then_some(1);
+            check
+                .line(1, &st(first.0, first.1), granted, Some(0))
+                .expect("an older holder or none");
+            check.line(1, &st(0, 0), None, Some(0)).expect("freed");
+            check.line(1, &st(30, 1), Some(3), Some(0)).expect("above");
+            // Its first two lines were below 10 (shown by node 0).
+            assert_eq!((check.compared_across, check.lower_after_move), (3, 2));
+        }
+        // Node 1 shows 8 granted after node 0's 10: the fencing order broke.
+        let mut check = WatchCheck::new(1);
+        check.line(0, &st(10, 1), Some(2), Some(0)).expect("first");
+        check.end();
+        let err = check.line(1, &st(8, 1), Some(3), Some(0)).unwrap_err();
+        assert!(err.contains("granted after 10"), "{err}");
+        // And a token nobody granted.
+        let mut check = WatchCheck::new(1);
+        assert!(check.line(0, &st(8, 1), None, Some(0)).is_err());
+    }
+
+    #[test]
+    fn a_split_brain_forgets_the_order_across_sessions_but_not_within_one() {
+        // 20 shown while two nodes served (epoch None): a later, lower
+        // token on another node is not compared with it.
+        let mut check = WatchCheck::new(1);
+        check.line(1, &st(20, 1), Some(1), None).expect("split");
+        check.end();
+        check
+            .line(0, &st(8, 1), Some(2), Some(3))
+            .expect("forgotten");
+        // Nor across an epoch: 30 was shown before the split (epoch 3),
+        // the next line is in epoch 4.
+        check.line(0, &st(30, 1), Some(3), Some(3)).expect("above");
+        check.end();
+        check
+            .line(1, &st(25, 1), Some(4), Some(4))
+            .expect("a new epoch");
+        // Within one session the rule holds, split or not.
+        assert!(check.line(1, &st(24, 1), Some(5), None).is_err());
+    }
+}
