@@ -18,6 +18,8 @@
 mod deployed;
 #[path = "lockbench/engine.rs"]
 mod engine;
+#[path = "lockbench/placement.rs"]
+mod placement;
 #[path = "lockbench/report.rs"]
 mod report;
 #[path = "lockbench/semaphore_rows.rs"]
@@ -62,9 +64,10 @@ SERVERS (each optional; rows of a server not given are left out):
                          standby attached): the deployed rows
   --redis-repl ADDR --redis-repl-pids MASTER,REPLICA
                          a redis-server master with one replica attached
-  --baton-pid PID, --echo-pid PID, --redis-pid PID
-                         the processes of --baton, --echo, --redis, for the
-                         CPU time per pair of the deployed rows
+  --baton-pid PID, --baton1-pid PID, --echo-pid PID, --echo1-pid PID,
+  --redis-pid PID        the processes of --baton, --baton1, --echo, --echo1,
+                         --redis, for the CPU time per pair of the
+                         uncontended and deployed rows
   --default-threads N    batond's default --threads here (for the labels)
   --redis-note TEXT      why there is no --redis (printed under the tables)
   --baton-tls ADDR --tls-ca PATH
@@ -298,7 +301,9 @@ fn parse_options(mut args: pico_args::Arguments) -> Result<Options, String> {
     }
     for (flag, system) in [
         ("--baton-pid", System::Baton),
+        ("--baton1-pid", System::Baton1),
         ("--echo-pid", System::Echo),
+        ("--echo1-pid", System::Echo1),
         ("--redis-pid", System::Redis),
     ] {
         if let Some(pid) = args.opt_value_from_str::<_, u32>(flag).map_err(err)? {
@@ -445,6 +450,7 @@ fn plan_rows(options: &Options) -> Vec<Row> {
         hold_us,
         keys: 0,
         lease_ms: LEASE_MS,
+        split: false,
     };
     if options.wants("sweep") {
         for &c in &options.sweep {
@@ -472,6 +478,7 @@ fn plan_rows(options: &Options) -> Vec<Row> {
             hold_us: 0,
             keys: EXPIRY_KEYS,
             lease_ms: EXPIRY_LEASE_MS,
+            split: false,
         });
     }
     rows
@@ -603,8 +610,17 @@ fn run_spec(
         },
         (Section::Deployed, _) => Workload::Uncontended { depth: row.depth },
     };
+    // The server's CPU time per pair: the deployed rows and every
+    // uncontended row (PING's server is the Redis of the lock rows).
     let cpu_pids = match row.section {
-        Section::Deployed => options.pids.get(&system).cloned().unwrap_or_default(),
+        Section::Deployed | Section::Sweep | Section::Pipelined => {
+            let of = if system == System::Ping {
+                System::Redis
+            } else {
+                system
+            };
+            options.pids.get(&of).cloned().unwrap_or_default()
+        }
         _ => Vec::new(),
     };
     RunSpec {
@@ -622,6 +638,11 @@ fn run_spec(
         sha: sha.to_vec(),
         seed: options.seed ^ run_no.wrapping_mul(0x9E37_79B9_7F4A_7C15),
         tls: None,
+        split: if row.split {
+            placement::Split::of_this_machine()
+        } else {
+            None
+        },
         cpu_pids,
         limit: None,
         changes: None,
@@ -683,6 +704,7 @@ fn fill_keys(
         seed: options.seed,
         tls: None,
         cpu_pids: Vec::new(),
+        split: None,
         limit: None,
         changes: None,
     };

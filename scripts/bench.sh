@@ -146,13 +146,13 @@ start_batond baton
 args+=(--baton "$last_addr" --baton-pid "$last_pid")
 if [ "$threads" -ne 1 ]; then # else the default is --threads 1
   start_batond baton1 --threads 1
-  args+=(--baton1 "$last_addr")
+  args+=(--baton1 "$last_addr" --baton1-pid "$last_pid")
 fi
 start_batond echo --echo
 args+=(--echo "$last_addr" --echo-pid "$last_pid")
 if [ "$threads" -ne 1 ]; then
   start_batond echo1 --echo --threads 1
-  args+=(--echo1 "$last_addr")
+  args+=(--echo1 "$last_addr" --echo1-pid "$last_pid")
 fi
 start_batond mem-baton
 args+=(--mem-baton "$last_addr" --mem-baton-pid "$last_pid")

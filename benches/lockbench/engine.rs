@@ -117,6 +117,9 @@ pub struct RunSpec {
     /// Server processes whose CPU time is read over the measure window
     /// (the load generator's own is read too, last).
     pub cpu_pids: Vec<u32>,
+    /// Pin the load generator and `cpu_pids` to separate cores for the run
+    /// (placement.rs); None: wherever the kernel puts them.
+    pub split: Option<crate::placement::Split>,
     /// A semaphore's limit, sent with every acquire (baton: the limit
     /// field; the Redis semaphore: its script's argument). `None`: a mutex,
     /// and baton's acquire has no limit field.
@@ -270,6 +273,16 @@ pub fn run(spec: &RunSpec) -> Result<Outcome, String> {
         _ => 0,
     };
     let shared = Arc::new(Mutex::new(vec![KeyShared::default(); keys]));
+    // Pinned before the load threads start (they inherit it), let go when
+    // the run returns.
+    let _pinned = match &spec.split {
+        Some(split) => Some(
+            split
+                .apply(&spec.cpu_pids)
+                .map_err(|e| format!("cannot pin the run to {}: {e}", split.describe()))?,
+        ),
+        None => None,
+    };
     let mut streams = Vec::with_capacity(spec.conns);
     for _ in 0..spec.conns {
         streams.push(connect(spec.addr, spec.tls.as_ref())?);

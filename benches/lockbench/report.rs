@@ -109,6 +109,9 @@ pub struct Row {
     /// Expiry: keys (conns / keys clients on each) and lease.
     pub keys: usize,
     pub lease_ms: u64,
+    /// Run with the load generator and the servers on separate cores
+    /// (placement.rs); the other rows let the kernel place them.
+    pub split: bool,
 }
 
 /// The memory rows.
@@ -195,8 +198,8 @@ impl Results {
             return;
         }
         out.push_str("\n### Uncontended: acquire + release of a random key (acquire latency)\n\n");
-        out.push_str("| C | depth | system | pairs/s | p50 | p99 | p99.9 | max | ×redis | ×floor | notes |\n");
-        out.push_str("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        out.push_str("| C | depth | system | pairs/s | p50 | p99 | p99.9 | max | ×redis | ×floor | server CPU µs/pair | CPU ×floor | notes |\n");
+        out.push_str("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
         let order = [
             System::Baton,
             System::Baton1,
@@ -216,13 +219,19 @@ impl Results {
                     Some(r) if system.is_baton() => ratio(rate, rate_of(r)),
                     _ => String::new(),
                 };
-                let vs_floor = match system.floor().and_then(|f| self.get(i, f)) {
+                let floor = system.floor().and_then(|f| self.get(i, f));
+                let vs_floor = match floor {
                     Some(f) => ratio(rate, rate_of(f)),
                     None => String::new(),
                 };
+                let cpu = server_cpu_us(o);
+                let cpu_vs_floor = match (cpu, floor.and_then(server_cpu_us)) {
+                    (Some(c), Some(f)) if f > 0.0 => format!("{:.2}", c / f),
+                    _ => String::new(),
+                };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     row.conns,
                     row.depth,
                     self.name(system),
@@ -233,10 +242,18 @@ impl Results {
                     fmt_ns(o.acquire.max()),
                     vs_redis,
                     vs_floor,
+                    cpu.map_or_else(String::new, |c| format!("{c:.2}")),
+                    cpu_vs_floor,
                     notes(o),
                 );
             }
         }
+        out.push_str(
+            "\nserver CPU µs/pair = the server process's user + system CPU time over the \
+             measure window (/proc/PID/stat, all its threads) ÷ pairs done in it (blank where \
+             its PID was not given); CPU ×floor = that against the row's floor (baton: the echo \
+             at the same --threads; Redis: PING).\n",
+        );
     }
 
     fn render_contended(&self, out: &mut String) {
@@ -593,6 +610,12 @@ struct Target {
 
 pub(crate) fn rate(count: u64, secs: f64) -> f64 {
     if secs > 0.0 { count as f64 / secs } else { 0.0 }
+}
+
+/// The server's CPU µs per pair over the window, if its CPU was read.
+fn server_cpu_us(o: &Outcome) -> Option<f64> {
+    // `cpu` holds the server's seconds first, the load generator's last.
+    (o.cpu.len() >= 2 && o.pairs > 0).then(|| o.cpu[0] * 1e6 / o.pairs as f64)
 }
 
 pub(crate) fn rate_of(o: &Outcome) -> f64 {

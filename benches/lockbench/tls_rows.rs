@@ -184,6 +184,7 @@ pub fn run(
                     seed: shape.seed ^ run_no.wrapping_mul(0x9E37_79B9_7F4A_7C15),
                     tls: matches!(sys, Sys::BatonTls | Sys::RedisTls).then(|| config.clone()),
                     cpu_pids: Vec::new(),
+                    split: None,
                     limit: None,
                     changes: None,
                 };

@@ -60,6 +60,13 @@ pub trait OwnerPorts {
     fn queue_for_repl(&mut self, msg: TableToCluster);
     /// Queue an answer for its connection's I/O loop.
     fn answer(&mut self, conn: ConnId, answer: Answer);
+    /// Queue every answer of `answers`, in order, leaving it empty. A shell
+    /// may take the vector whole (one loop: no answer copied).
+    fn answers(&mut self, answers: &mut Vec<(ConnId, Answer)>) {
+        for (conn, answer) in answers.drain(..) {
+            self.answer(conn, answer);
+        }
+    }
     /// Queue word that a connection is forgotten, behind its answers.
     fn forget(&mut self, conn: ConnId);
     /// Clients were answered this round.
@@ -173,14 +180,14 @@ impl OwnerRound {
             }
         }
         if answered {
-            for (conn, answer) in effects.answers.drain(..) {
+            for (conn, answer) in &effects.answers {
                 // A loop's watchers' entry (change lines, the end of the
                 // watches) answers no request: the loop counts its lines.
                 if !conn.is_watchers() {
-                    self.stats.count_answer(&answer);
+                    self.stats.count_answer(answer);
                 }
-                ports.answer(conn, answer);
             }
+            ports.answers(&mut effects.answers);
         }
         if !effects.forgotten.is_empty() {
             for conn in effects.forgotten.drain(..) {

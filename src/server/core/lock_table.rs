@@ -704,10 +704,16 @@ impl LockTable {
     /// watchers (`ConnId::watchers`) in the ordered answers. The table
     /// core calls it after every step that may change holders, so the
     /// lines follow the answers of the step that made the change.
+    #[inline]
     pub fn take_watch_lines(&mut self, out: &mut Outbox) {
-        if self.watch_changed.is_empty() {
-            return;
+        // Called after every request: the common case (nothing watched
+        // changed) is one check at the call, no call.
+        if !self.watch_changed.is_empty() {
+            self.write_watch_lines(out);
         }
+    }
+
+    fn write_watch_lines(&mut self, out: &mut Outbox) {
         let mut changed = std::mem::take(&mut self.watch_changed);
         for (i, key) in changed.iter().enumerate() {
             if changed[..i].contains(key) {
@@ -1214,11 +1220,15 @@ impl LockTable {
     /// `idx` is still in the table. If an I/O loop watches the key, it is
     /// noted for [`LockTable::take_watch_lines`]; nothing watched costs one
     /// check.
+    #[inline]
     fn holders_changed(&mut self, idx: u32) {
         self.holder_changes += 1;
-        if self.watchers.is_empty() {
-            return;
+        if !self.watchers.is_empty() {
+            self.note_watched_change(idx);
         }
+    }
+
+    fn note_watched_change(&mut self, idx: u32) {
         let key = &self.keys[idx as usize].key;
         if self.watchers.loops(key).is_some() {
             self.watch_changed.push(key.clone());

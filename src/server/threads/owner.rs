@@ -293,6 +293,21 @@ impl OwnerPorts for Links {
         }
     }
 
+    fn answers(&mut self, answers: &mut Vec<(ConnId, Answer)>) {
+        // One I/O loop whose batch is empty (the usual case under load):
+        // the round's answers become its batch as they are, no copy.
+        if let [round] = self.rounds.as_mut_slice()
+            && round.answers.is_empty()
+            && answers.iter().all(|(conn, _)| conn.worker() == 0)
+        {
+            std::mem::swap(&mut round.answers, answers);
+            return;
+        }
+        for (conn, answer) in answers.drain(..) {
+            self.answer(conn, answer);
+        }
+    }
+
     fn forget(&mut self, conn: ConnId) {
         if let Some(round) = self.rounds.get_mut(conn.worker()) {
             round.forgotten.push(conn);
