@@ -83,6 +83,13 @@ pub struct Change {
     pub cause: Instant,
     /// `cause` is inside the run's measure window.
     pub in_window: bool,
+    /// Nobody was in line when the release before this grant was sent
+    /// (its acquire was sent after that release; or it is the run's first
+    /// grant): the key was free between the two grants, so a watcher may
+    /// have been told it was free (a `0` line) in between. With one load
+    /// thread the sends reach the server in this order, so a free spell
+    /// is never taken for a handoff.
+    pub after_free: bool,
 }
 
 /// The grants of a contended run's key, in order, for the watch rows.
@@ -879,7 +886,7 @@ impl Worker {
             Workload::Contended { hold } => {
                 let handoff = self.note_shared_grant(group, token, started, now, in_window);
                 if self.changes.is_some() {
-                    self.log_change(s, token, handoff.unwrap_or(started), now);
+                    self.log_change(s, token, handoff, started, now);
                 }
                 if hold.is_zero() || self.draining {
                     self.release(s, now);
@@ -904,10 +911,20 @@ impl Worker {
 
     /// The watch rows: log the grant; against Redis, publish its id on the
     /// key's channel (before the release the caller sends next).
-    fn log_change(&mut self, s: usize, token: u64, cause: Instant, now: Instant) {
+    /// `handoff`: the release this grant was the handoff of, if it was one
+    /// (else the key was free and `started`, the acquire, made it).
+    fn log_change(
+        &mut self,
+        s: usize,
+        token: u64,
+        handoff: Option<Instant>,
+        started: Instant,
+        now: Instant,
+    ) {
         let Some(log) = self.changes.clone() else {
             return;
         };
+        let cause = handoff.unwrap_or(started);
         let (id, cause) = if self.proto.server_tokens() {
             (token, cause)
         } else {
@@ -926,6 +943,7 @@ impl Worker {
             id,
             cause,
             in_window,
+            after_free: handoff.is_none(),
         });
     }
 

@@ -18,11 +18,26 @@
 //! that skipped the change's own state but got a newer one counts: that is
 //! what a baton watcher that reads slowly gets).
 //!
+//! A baton `0` line (nobody holds the key) names no grant, but it is newer
+//! than the watcher's line before it (the server only ever sends a watcher
+//! a newer state), so it is the free spell after some grant at or after
+//! the one that line named. The load generator marks each grant that came
+//! to a free key (`Change::after_free`: its acquire was sent after the
+//! release before it), so the free spells are known: one after the grant
+//! before each such grant, and one after the run's last grant (the drain
+//! releases everything). A `0` line counts as the first free spell that
+//! is newer than the watcher's line before it: never later than its true
+//! one, so no change is taken for reached too early. When that spell is
+//! not known yet (the grant after it not logged yet: at most about a
+//! client's round trip), the watcher counts as at its line before until it
+//! is, and the frontier moves when it is learned (a little late, never
+//! early).
+//!
 //! Never does: start a server, write to a watcher after its `W` or
 //! `SUBSCRIBE`, or leave TIME_WAIT sockets behind (watcher sockets close
 //! with SO_LINGER 0: 10,000 of them per run would use up the ports).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Write as _;
 use std::io::{self, Read, Write as _};
 use std::net::SocketAddr;
@@ -126,9 +141,10 @@ struct WatchOutcome {
     /// before the grace ran out.
     reached: u64,
     unreached: u64,
-    /// Changes logged (the whole run) and watcher lines read with a newer
-    /// state (the whole run), for the delivered share.
-    changes: u64,
+    /// States the key went through (the whole run: changes logged, and
+    /// the free spells between them) and watcher lines read after each
+    /// watcher's first (each a newer state), for the delivered share.
+    states: u64,
     lines: u64,
     /// Watchers whose connection the server closed.
     dropped: u64,
@@ -142,7 +158,7 @@ impl WatchOutcome {
             .expect("same histogram bounds");
         self.reached += other.reached;
         self.unreached += other.unreached;
-        self.changes += other.changes;
+        self.states += other.states;
         self.lines += other.lines;
         self.dropped += other.dropped;
     }
@@ -259,7 +275,7 @@ fn run_one(
         changes: Some(log),
     };
     let owner = engine::run(&spec);
-    stop.store(true, Ordering::Relaxed);
+    stop.store(true, Ordering::Release);
     let followed = follower
         .join()
         .map_err(|_| "the fan-out reader panicked".to_string())?;
@@ -270,7 +286,7 @@ fn run_one(
         to_last: f.to_last,
         reached: f.reached,
         unreached: f.unreached,
-        changes: f.changes,
+        states: f.states,
         lines: f.lines,
         dropped: f.dropped,
     })
@@ -281,7 +297,7 @@ struct Followed {
     to_last: Histogram<u64>,
     reached: u64,
     unreached: u64,
-    changes: u64,
+    states: u64,
     lines: u64,
     dropped: u64,
 }
@@ -289,11 +305,27 @@ struct Followed {
 struct Watcher {
     stream: TcpStream,
     partial: Vec<u8>,
-    /// The newest id seen (0 until a state with one).
+    /// Every change up to this id has reached the watcher: the id of its
+    /// newest line, or of the grant its newest line's free spell followed
+    /// (0 before the first grant).
     seen: u64,
+    /// What its newest line was.
+    at: Seen,
     /// The first answer (the state at `W`, or the subscription) came.
     live: bool,
     gone: bool,
+}
+
+/// What a watcher's newest line was (baton: a `0` line names no grant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    /// A state naming its id (`seen`).
+    Id,
+    /// The key free, in the spell after grant `seen` (0: before any grant).
+    Free,
+    /// The key free, in a spell not known yet: the first one after a grant
+    /// at or after this id. `seen` holds the id of the line before.
+    FreeFrom(u64),
 }
 
 /// Every watcher connection of a run, on one poll.
@@ -304,6 +336,11 @@ struct FanOut {
     watchers: Vec<Watcher>,
     /// How many live watchers have seen each id as their newest.
     at: BTreeMap<u64, u32>,
+    /// The grants a free spell followed (baton), as far as logged.
+    frees: BTreeSet<u64>,
+    /// Watchers at a free spell not known yet, by the least grant it may
+    /// follow (an entry is stale once the watcher has moved on or gone).
+    unknown_free: BTreeMap<u64, Vec<usize>>,
     frontier: u64,
     /// (frontier, when it got there), oldest first.
     history: VecDeque<(u64, Instant)>,
@@ -323,6 +360,8 @@ impl FanOut {
             poll: Poll::new().map_err(|e| format!("poll: {e}"))?,
             watchers: Vec::with_capacity(n),
             at: BTreeMap::new(),
+            frees: BTreeSet::new(),
+            unknown_free: BTreeMap::new(),
             frontier: 0,
             history: VecDeque::new(),
             live: 0,
@@ -361,6 +400,7 @@ impl FanOut {
                     stream,
                     partial: Vec::new(),
                     seen: 0,
+                    at: Seen::Id,
                     live: false,
                     gone: false,
                 });
@@ -394,13 +434,18 @@ impl FanOut {
                 self.read(w, setup)?;
             }
         }
+        self.advance();
+        Ok(())
+    }
+
+    /// Note where the frontier is now, if it moved.
+    fn advance(&mut self) {
         if let Some((&least, _)) = self.at.first_key_value()
             && least > self.frontier
         {
             self.frontier = least;
             self.history.push_back((least, Instant::now()));
         }
-        Ok(())
     }
 
     fn read(&mut self, w: usize, setup: bool) -> Result<(), String> {
@@ -445,9 +490,12 @@ impl FanOut {
         let watcher = &mut self.watchers[w];
         if !watcher.live {
             watcher.live = true;
-            watcher.seen = match message {
-                Watched::State(id) => id,
-                Watched::Subscribed => 0,
+            (watcher.seen, watcher.at) = match message {
+                // The state at `W`: before the run's first grant, so a `0`
+                // is the free spell before any grant.
+                Watched::State(0) => (0, Seen::Free),
+                Watched::State(id) => (id, Seen::Id),
+                Watched::Subscribed => (0, Seen::Id),
             };
             *self.at.entry(watcher.seen).or_default() += 1;
             self.live += 1;
@@ -456,17 +504,66 @@ impl FanOut {
         let Watched::State(id) = message else {
             return;
         };
-        if id == 0 {
-            // baton: nobody holds the key; no change's id.
+        // The server sends a watcher only states newer than its last one.
+        self.lines += 1;
+        if id != 0 {
+            watcher.at = Seen::Id;
+            if id > watcher.seen {
+                let old = watcher.seen;
+                watcher.seen = id;
+                self.leave(old);
+                *self.at.entry(id).or_default() += 1;
+            }
             return;
         }
-        self.lines += 1;
-        if id > watcher.seen {
-            let old = watcher.seen;
-            watcher.seen = id;
-            self.leave(old);
-            *self.at.entry(id).or_default() += 1;
+        // baton: the key is free, in a spell after the watcher's last
+        // state: the first one after a grant at or after `from`.
+        let from = match watcher.at {
+            Seen::Id => watcher.seen,
+            Seen::Free => watcher.seen + 1,
+            // Two free spells in a row, the first not known yet: the
+            // first one known from there is no later than this one.
+            Seen::FreeFrom(from) => from,
+        };
+        match self.frees.range(from..).next() {
+            Some(&after) => self.move_to_free(w, after),
+            None => {
+                watcher.at = Seen::FreeFrom(from);
+                self.unknown_free.entry(from).or_default().push(w);
+            }
         }
+    }
+
+    /// Watcher `w` is in the free spell after grant `after`.
+    fn move_to_free(&mut self, w: usize, after: u64) {
+        let watcher = &mut self.watchers[w];
+        watcher.at = Seen::Free;
+        if after > watcher.seen {
+            let old = watcher.seen;
+            watcher.seen = after;
+            self.leave(old);
+            *self.at.entry(after).or_default() += 1;
+        }
+    }
+
+    /// The key was free after grant `after` (logged in order): the
+    /// watchers waiting to know their spell that this one is the first for
+    /// move to it.
+    fn learn_free(&mut self, after: u64) {
+        if !self.frees.insert(after) {
+            return;
+        }
+        let later = self.unknown_free.split_off(&(after + 1));
+        let known = std::mem::replace(&mut self.unknown_free, later);
+        for (from, waiting) in known {
+            for w in waiting {
+                let watcher = &self.watchers[w];
+                if !watcher.gone && watcher.at == Seen::FreeFrom(from) {
+                    self.move_to_free(w, after);
+                }
+            }
+        }
+        self.advance();
     }
 
     fn leave(&mut self, id: u64) {
@@ -500,18 +597,39 @@ impl FanOut {
                 .expect("valid histogram bounds"),
             reached: 0,
             unreached: 0,
-            changes: 0,
+            states: 0,
             lines: 0,
             dropped: 0,
         };
         let mut events = Events::with_capacity(1024);
         let mut stop_by: Option<Instant> = None;
+        // The last change logged, and whether the free spell after it (the
+        // run's end: the drain released everything) has been noted.
+        let mut last: Option<u64> = None;
+        let mut ended = false;
         loop {
             self.pump(&mut events, Duration::from_millis(2), false)?;
+            // Read before the log: once set, every change is in the log.
+            let stopped = stop.load(Ordering::Acquire);
+            let logged: Vec<Change> = log.lock().drain(..).collect();
+            out.states += logged.len() as u64;
+            for change in &logged {
+                if !self.redis
+                    && change.after_free
+                    && let Some(before) = last
+                {
+                    self.learn_free(before);
+                }
+                last = Some(change.id);
+            }
+            pending.extend(logged);
+            if stopped
+                && !ended
+                && !self.redis
+                && let Some(before) = last
             {
-                let mut log = log.lock();
-                out.changes += log.len() as u64;
-                pending.extend(log.drain(..));
+                ended = true;
+                self.learn_free(before);
             }
             while let Some(change) = pending.front().copied() {
                 if self.at.is_empty() {
@@ -533,7 +651,7 @@ impl FanOut {
                     out.to_last.saturating_record(ns.max(1));
                 }
             }
-            if stop.load(Ordering::Relaxed) {
+            if stopped {
                 let now = Instant::now();
                 let by = *stop_by.get_or_insert(now + GRACE);
                 if now >= by || !pending.iter().any(|c| c.in_window) {
@@ -541,6 +659,7 @@ impl FanOut {
                 }
             }
         }
+        out.states += self.frees.len() as u64;
         out.unreached = pending.iter().filter(|c| c.in_window).count() as u64;
         out.lines = self.lines;
         out.dropped = self.dropped;
@@ -595,6 +714,16 @@ fn raise_fd_limit() -> libc::rlim_t {
     limit.rlim_cur
 }
 
+/// A share in percent: one decimal, or three under 1% (a baton watcher of a
+/// key changing 20,000 times a second gets a small share of its states).
+fn percent(p: f64) -> String {
+    if p < 1.0 {
+        format!("{p:.3}%")
+    } else {
+        format!("{p:.1}%")
+    }
+}
+
 fn render(
     options: &WatchOptions,
     systems: &[Sys],
@@ -630,13 +759,13 @@ fn render(
             let (p50, p99, max, delivered) = if n == 0 {
                 (String::new(), String::new(), String::new(), String::new())
             } else {
-                let want = o.changes as f64 * n as f64;
+                let want = o.states as f64 * n as f64;
                 (
                     fmt_ns(o.to_last.value_at_quantile(0.5)),
                     fmt_ns(o.to_last.value_at_quantile(0.99)),
                     fmt_ns(o.to_last.max()),
                     if want > 0.0 {
-                        format!("{:.1}%", 100.0 * o.lines as f64 / want)
+                        percent(100.0 * o.lines as f64 / want)
                     } else {
                         String::new()
                     },
@@ -676,8 +805,12 @@ fn render(
          sent (the release a handoff followed, else the acquire; for Redis the new holder's \
          `PUBLISH` of the change's id, sent with its release). Change → last watcher: until \
          every watcher has read a line with that change's state or a newer one (a baton \
-         watcher that reads slowly skips states and ends on the latest). states delivered = \
-         watcher lines read with a new state ÷ (changes × watchers). The Redis rows are the \
+         watcher that reads slowly skips states and ends on the latest; a `0` line, the key \
+         free, counts as the first free spell newer than the watcher's line before it, the \
+         spells known from the grants that came to a free key and the run's end). states \
+         delivered = watcher lines read after the first (each a newer state) ÷ (states the \
+         key went through × watchers), the states being the changes and, for baton, the free \
+         spells between them. The Redis rows are the \
          `SET NX` lock whose every new holder publishes on the key's channel to `SUBSCRIBE`d \
          connections; the same loop publishes to nobody in its 0 row. One thread reads every \
          watcher, next to the load generator's.\n",
