@@ -1160,6 +1160,25 @@ impl Sim {
     }
 
     /// Node `i` grants a fresh key; its token.
+    /// A new client connection `conn` on node `i` sends one acquire that
+    /// does not wait, expected back.
+    fn push_acquire(&mut self, i: usize, conn: u64, key: Key, lease_ms: u64, limit: Option<u32>) {
+        let node = &mut self.nodes[i];
+        node.conns.push(conn);
+        node.books.insert(conn, ConnBook::default());
+        node.expect(conn, Op::Acquire, Some(key.clone()));
+        node.client_in.push(Inbound::Request(
+            ConnId(conn),
+            Request::Acquire {
+                key,
+                lease_ms,
+                wait_ms: 0,
+                limit,
+                value: None,
+            },
+        ));
+    }
+
     fn fresh_token(&mut self, i: usize) -> u64 {
         let before = self.nodes[i].last_granted;
         self.grant_fresh(i);
@@ -1813,20 +1832,7 @@ fn a_request_that_reaches_the_owner_before_the_promotion_is_redirected_and_one_a
             let conn = sim.next_conn;
             sim.next_conn += 1;
             let key = Key::new(format!("promo-{conn}").as_bytes()).expect("key");
-            let node = &mut sim.nodes[1];
-            node.conns.push(conn);
-            node.books.insert(conn, ConnBook::default());
-            node.expect(conn, Op::Acquire, Some(key.clone()));
-            node.client_in.push(Inbound::Request(
-                ConnId(conn),
-                Request::Acquire {
-                    key,
-                    lease_ms: 1_000,
-                    wait_ms: 0,
-                    limit: None,
-                    value: None,
-                },
-            ));
+            sim.push_acquire(1, conn, key, 1_000, None);
             sim.step();
             if sim.nodes[1].owner.core.is_serving() {
                 break conn;
@@ -1879,6 +1885,19 @@ fn consecutive_delta_messages_reach_the_standbys_as_one_batch() {
     assert!(sim.converged_on(0));
 }
 
+/// Two nodes, node 1's clock a second ahead, settled on node 0 and then
+/// cut apart both ways: both serve their side.
+fn split_brain() -> Sim {
+    let mut sim = Sim::new(11, 2);
+    sim.boot(&[0, 1_000]);
+    sim.run_until(5 * DETECT_MS, "settles on node 0", |s| s.converged_on(0));
+    sim.partition(0, 1, true, false);
+    sim.run_until(3 * DETECT_MS, "node 1 serves its side", |s| {
+        s.actives().len() == 2
+    });
+    sim
+}
+
 /// Guards the path of the tokens from the lock owner to the heartbeats
 /// (the simulation once handed the replication core the table's figures by
 /// direct call; the node's owner stores them in the shared `Gauges` each
@@ -1889,13 +1908,7 @@ fn consecutive_delta_messages_reach_the_standbys_as_one_batch() {
 /// next token is above them only if they went through the gauges.
 #[test]
 fn after_a_split_brain_the_heartbeats_carry_the_other_sides_tokens() {
-    let mut sim = Sim::new(11, 2);
-    sim.boot(&[0, 1_000]);
-    sim.run_until(5 * DETECT_MS, "settles on node 0", |s| s.converged_on(0));
-    sim.partition(0, 1, true, false);
-    sim.run_until(3 * DETECT_MS, "node 1 serves its side", |s| {
-        s.actives().len() == 2
-    });
+    let mut sim = split_brain();
     let ahead = sim.fresh_token(1);
     assert!(
         ahead > tokens::clock_floor(sim.now_of(0).unix_ms + 500),
@@ -2452,20 +2465,7 @@ impl Sim {
             1 => None,
             n => Some(n),
         };
-        let node = &mut self.nodes[i];
-        node.conns.push(conn);
-        node.books.insert(conn, ConnBook::default());
-        node.expect(conn, Op::Acquire, Some(key.clone()));
-        node.client_in.push(Inbound::Request(
-            ConnId(conn),
-            Request::Acquire {
-                key,
-                lease_ms: 10_000,
-                wait_ms: 0,
-                limit,
-                value: None,
-            },
-        ));
+        self.push_acquire(i, conn, key, 10_000, limit);
         let before = self.nodes[i].last_granted;
         self.step();
         let after = self.nodes[i].last_granted;
@@ -2602,13 +2602,7 @@ fn a_watcher_that_saw_a_lost_grant_is_shown_only_higher_tokens_after_the_failove
 /// without the split brain's scope are refused.
 #[test]
 fn after_a_split_brain_a_watcher_may_see_a_lower_token_granted_later() {
-    let mut sim = Sim::new(11, 2);
-    sim.boot(&[0, 1_000]);
-    sim.run_until(5 * DETECT_MS, "settles on node 0", |s| s.converged_on(0));
-    sim.partition(0, 1, true, false);
-    sim.run_until(3 * DETECT_MS, "node 1 serves its side", |s| {
-        s.actives().len() == 2
-    });
+    let mut sim = split_brain();
     let w = sim.watcher_on(&["k0"], 1);
     let high = sim.grant(1, "k0");
     let low = sim.grant(0, "k0");
