@@ -4,9 +4,10 @@
 //! Owns: the `--watch-baton`, `--watch-redis`, `--watchers` and
 //! `--watch-clients` options; the fan-out reader (one thread, one
 //! `mio::Poll` over every watcher connection, run next to the load
-//! generator's threads); the schedule (for each watcher count, 0 first, a
-//! closed loop of a few clients on one key, baton and Redis interleaved,
-//! the order reversed every other round); and the Markdown table.
+//! generator's threads); the schedule (a closed loop of a few clients on
+//! one key; in every round each watcher count right after a run with none,
+//! the baseline it is compared with; baton and Redis interleaved, the
+//! order reversed every other round); and the Markdown table.
 //!
 //! A change is a grant of the key (baton: its token; Redis: the id the new
 //! holder publishes). Its time is when the request that made it was sent
@@ -60,7 +61,7 @@ use crate::wire::{self, Proto, Watched};
 pub struct WatchOptions {
     pub baton: Option<SocketAddr>,
     pub redis: Option<SocketAddr>,
-    /// Watcher counts (a 0 row, the baseline, is always run first).
+    /// Watcher counts (a 0 row, the baseline, is run before each).
     pub watchers: Vec<usize>,
     /// Clients of the closed loop that changes the key.
     pub clients: usize,
@@ -197,8 +198,19 @@ pub fn run(
     let mut outcomes: Vec<Vec<Option<WatchOutcome>>> =
         vec![vec![None; systems.len()]; counts.len()];
     let mut run_no = 3_000_000u64;
+    // Each count's runs come right after a run of the baseline, in every
+    // round (0, 1000, 0, 10000, ...): the baseline drifts with the
+    // machine, and is the noisiest row (a closed loop alone on the cores
+    // lands on them differently from run to run), so it gets as many runs
+    // as the other rows together, each next to the run it is compared with.
+    let schedule: Vec<usize> = if counts.len() == 1 {
+        vec![0]
+    } else {
+        (1..counts.len()).flat_map(|r| [0, r]).collect()
+    };
     for round in 0..shape.rounds {
-        for (r, &n) in counts.iter().enumerate() {
+        for &r in &schedule {
+            let n = counts[r];
             let mut order: Vec<usize> = (0..systems.len()).collect();
             if round % 2 == 1 {
                 order.reverse();

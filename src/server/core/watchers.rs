@@ -566,6 +566,11 @@ impl Fanout {
             .map(|feed| (feed.version, &feed.line[..]))
     }
 
+    /// The loop has watchers of some key.
+    pub fn is_watching(&self) -> bool {
+        !self.feeds.is_empty()
+    }
+
     /// Some watcher may be behind: the loop must sweep again (and not
     /// sleep).
     pub fn has_work(&self) -> bool {
@@ -648,6 +653,11 @@ impl Pace {
     /// A sweep may run at `now_us`.
     pub fn ready(&self, now_us: u64) -> bool {
         now_us >= self.next_us
+    }
+
+    /// When the loop last served a client, if it has.
+    pub fn served_us(&self) -> Option<u64> {
+        self.served_us
     }
 
     /// When the next sweep may run.

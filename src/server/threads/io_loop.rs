@@ -488,10 +488,7 @@ impl IoLoop {
         if self.batch.is_empty() {
             return;
         }
-        if self.fanout.has_work() {
-            // Clients are served: the fan-out is paced.
-            self.pace.served(self.micros());
-        }
+        self.note_served();
         // The next batch starts with room for as many requests as the
         // recent rounds had (no step-by-step growth, and copies, every
         // round).
@@ -1316,11 +1313,23 @@ impl IoLoop {
         self.answers_pending = true;
     }
 
+    /// Clients are served (requests sent on, answers taken in): while the
+    /// loop has watchers, the fan-out is paced. Noted whether or not a
+    /// sweep is due now, so that the first sweep after a change is paced
+    /// too.
+    fn note_served(&mut self) {
+        if self.fanout.is_watching() {
+            self.pace.served(self.micros());
+        }
+    }
+
     fn apply_owner_batch(&mut self, batch: OwnerBatch) {
+        let mut answered = false;
         for (id, answer) in &batch.answers {
             if id.is_watchers() {
                 self.watchers_entry(answer);
             } else if let Some(slot) = self.live_slot(*id) {
+                answered = true;
                 self.conns[slot].state.answered(answer_owed(answer));
                 if matches!(
                     answer,
@@ -1332,6 +1341,9 @@ impl IoLoop {
                 }
                 self.write_answer(slot, answer);
             }
+        }
+        if answered {
+            self.note_served();
         }
         for id in batch.forgotten {
             if let Some(slot) = self.live_slot(id) {
@@ -2074,6 +2086,15 @@ mod tests {
     }
 
     /// Run the loop as `run` does (poll, events, round) once.
+    fn listener_addr(io_loop: &IoLoop) -> std::net::SocketAddr {
+        io_loop
+            .listener
+            .as_ref()
+            .expect("listening")
+            .local_addr()
+            .expect("addr")
+    }
+
     fn turn(io_loop: &mut IoLoop) {
         let mut events = Events::with_capacity(16);
         io_loop
@@ -2082,6 +2103,121 @@ mod tests {
             .expect("poll");
         io_loop.handle_events(&events);
         io_loop.round();
+    }
+
+    #[test]
+    fn a_loop_with_watchers_notes_every_client_served_so_the_first_sweep_after_a_change_is_paced() {
+        let (mut io_loop, inbound, answers) = idle_loop(0);
+        let addr = listener_addr(&io_loop);
+        let mut watcher = std::net::TcpStream::connect(addr).expect("connect");
+        let mut client = std::net::TcpStream::connect(addr).expect("connect");
+        watcher.write_all(b"W k\n").expect("send");
+        let mut requests = Vec::new();
+        let start = Instant::now();
+        // The watcher's `W` reaches the owner (after the loop's `Watching`).
+        while !requests
+            .iter()
+            .any(|(_, r)| matches!(r, Request::Watch { .. }))
+        {
+            assert!(start.elapsed() < Duration::from_secs(10), "no W");
+            io_loop.accept_pending = true;
+            turn(&mut io_loop);
+            while let Ok(message) = inbound.try_recv() {
+                if let ToOwner::Clients(batch) = message {
+                    for event in batch {
+                        if let Inbound::Request(id, request) = event {
+                            requests.push((id, request));
+                        }
+                    }
+                }
+            }
+        }
+        let key = protocol::Key::new(b"k").expect("key");
+        let (watch_id, _) = requests.pop().expect("the W");
+        answers
+            .send(OwnerBatch {
+                answers: vec![(
+                    watch_id,
+                    Answer::Watched {
+                        key: key.clone(),
+                        state: protocol::WatchState::default(),
+                    },
+                )],
+                forgotten: Vec::new(),
+            })
+            .expect("send");
+        turn(&mut io_loop);
+        assert!(io_loop.fanout.is_watching() && !io_loop.fanout.has_work());
+        // No sweep is due, yet the loop is serving: the other client's
+        // request counts, and then its answer.
+        let before = io_loop.micros();
+        client.write_all(b"A x 10 30\n").expect("send");
+        let acquire = loop {
+            assert!(start.elapsed() < Duration::from_secs(10), "no A");
+            io_loop.accept_pending = true;
+            turn(&mut io_loop);
+            if let Ok(ToOwner::Clients(batch)) = inbound.try_recv()
+                && let Some(Inbound::Request(id, _)) = batch.into_iter().next()
+            {
+                break id;
+            }
+        };
+        let sent = io_loop
+            .pace
+            .served_us()
+            .expect("sending a request is serving");
+        assert!(sent >= before);
+        answers
+            .send(OwnerBatch {
+                answers: vec![(
+                    acquire,
+                    Answer::Granted {
+                        token: 7,
+                        key: protocol::Key::new(b"x").expect("key"),
+                        slot: None,
+                    },
+                )],
+                forgotten: Vec::new(),
+            })
+            .expect("send");
+        turn(&mut io_loop);
+        assert!(io_loop.pace.served_us().expect("served") >= sent);
+        // A change now: its first sweep is paced, the next one waits.
+        answers
+            .send(OwnerBatch {
+                answers: vec![(
+                    ConnId::watchers(io_loop.index),
+                    Answer::Watched {
+                        key,
+                        state: protocol::WatchState {
+                            token: 7,
+                            holders: 1,
+                            ..protocol::WatchState::default()
+                        },
+                    },
+                )],
+                forgotten: Vec::new(),
+            })
+            .expect("send");
+        turn(&mut io_loop);
+        let served = io_loop.pace.served_us().expect("served");
+        if io_loop.micros() < served + crate::server::core::watchers::SERVING_US {
+            assert!(
+                io_loop.pace.next_us() > io_loop.micros() || !io_loop.fanout.has_work(),
+                "a sweep right after serving a client is paced"
+            );
+        }
+        // A loop with no watchers reads no clock for the pace.
+        let (mut bare, bare_inbound, _bare_answers) = idle_loop(0);
+        let mut other = std::net::TcpStream::connect(listener_addr(&bare)).expect("connect");
+        other.write_all(b"I\n").expect("send");
+        let start = Instant::now();
+        while bare_inbound.try_recv().is_err() {
+            assert!(start.elapsed() < Duration::from_secs(10), "no I");
+            bare.accept_pending = true;
+            turn(&mut bare);
+        }
+        assert_eq!(bare.pace.served_us(), None);
     }
 
     #[test]
