@@ -53,9 +53,11 @@
 //!   given the newest line, whatever came in between (a watcher's version
 //!   jumping by more than one counts the states it skipped). While the loop
 //!   serves clients the sweeps are paced ([`Pace`]) to a bounded share of
-//!   its time, so 10,000 watchers of a key the clients change as fast as
-//!   they can cost the clients little: the watchers get fewer, newer
-//!   states. An idle loop sweeps back to back.
+//!   its time (5%, with a burst of 10 ms after a quiet spell), so 10,000
+//!   watchers of a key the clients change as fast as they can cost the
+//!   clients little: the watchers get fewer, newer states; and the first
+//!   change in a while (a leader elected) reaches thousands of watchers at
+//!   once. An idle loop sweeps back to back.
 //! - **Slow watchers.** The loop never waits on a watcher and never grows
 //!   memory for one: a line is written into the connection's output only
 //!   while that output holds less than [`WATCH_ROOM`] bytes unsent;
@@ -624,22 +626,46 @@ impl Fanout {
 }
 
 /// A loop serving clients gives its fan-out at most one part in this of
-/// its time: after a sweep that took `t`, the next waits `t × (this − 1)`.
-pub const FANOUT_SHARE_DIV: u64 = 10;
+/// its time, over any stretch longer than a burst: in the long run, after
+/// a sweep that took `t`, the next waits `t × (this − 1)`. 5%: a key its
+/// clients change as fast as they can costs them about that much with
+/// 1,000 or 10,000 watchers (at 10% the owner's rate fell to 0.8–1.0 of
+/// its rate with none, run to run, on a 2-core machine with the clients
+/// on it); its watchers get fewer, newer states.
+pub const FANOUT_SHARE_DIV: u64 = 20;
+/// The sweep time a serving loop may spend at once, beyond its share,
+/// after a spell in which it used less than the share (a key that changes
+/// now and then, a leader elected): so the first change in a while
+/// reaches a few thousand watchers at once, and only a key that keeps
+/// changing is held to the share. Earned back at the share's rate.
+pub const FANOUT_BURST_US: u64 = 10_000;
 /// A loop that served a client within this many µs is serving: its
-/// fan-out is paced. One that has not sweeps back to back.
-pub const SERVING_US: u64 = 1_000;
+/// fan-out is paced. One that has not sweeps back to back. Longer than
+/// the gaps a busy loop's clients leave when the machine is loaded (a
+/// millisecond was not: sweeps then ran back to back in the middle of a
+/// closed loop), short beside a sweep of thousands of watchers.
+pub const SERVING_US: u64 = 5_000;
+
+/// How far the debt clock may run ahead of now and still let a sweep
+/// start: the burst, in wall time at the share's rate.
+const BURST_AHEAD_US: u64 = FANOUT_BURST_US * FANOUT_SHARE_DIV;
 
 /// When a loop may sweep its watchers next ([`Fanout::sweep`]), so that
 /// the fan-out never holds up the clients: while they are served, sweeps
-/// take at most `1 / FANOUT_SHARE_DIV` of the loop's time (each sweep is
-/// bounded, so a request waits at most one); when the loop has nothing
-/// else to do, they run back to back. Times are µs on the loop's clock,
+/// take at most `1 / FANOUT_SHARE_DIV` of the loop's time in the long
+/// run, and at most [`FANOUT_BURST_US`] more at once after a quiet spell
+/// (each sweep is bounded, so a request waits at most one); when the loop
+/// has nothing else to do, they run back to back. A token bucket kept as
+/// one debt clock (the generic cell rate algorithm): each sweep of `t`
+/// pushes the clock `t × FANOUT_SHARE_DIV` on from where it was (or from
+/// now, if it was behind), and a sweep may start while the clock is less
+/// than a burst's worth ahead of now. Times are µs on the loop's clock,
 /// passed in.
 #[derive(Debug, Default)]
 pub struct Pace {
-    /// No sweep before this.
-    next_us: u64,
+    /// The fan-out's debt clock: sweeps so far, each counted at
+    /// `FANOUT_SHARE_DIV` times its length.
+    owed_until_us: u64,
     /// When the loop last served a client.
     served_us: Option<u64>,
 }
@@ -652,7 +678,7 @@ impl Pace {
 
     /// A sweep may run at `now_us`.
     pub fn ready(&self, now_us: u64) -> bool {
-        now_us >= self.next_us
+        now_us >= self.next_us()
     }
 
     /// When the loop last served a client, if it has.
@@ -662,7 +688,7 @@ impl Pace {
 
     /// When the next sweep may run.
     pub fn next_us(&self) -> u64 {
-        self.next_us
+        self.owed_until_us.saturating_sub(BURST_AHEAD_US)
     }
 
     /// A sweep ran from `start_us` to `end_us`.
@@ -671,9 +697,12 @@ impl Pace {
             .served_us
             .is_some_and(|served| end_us.saturating_sub(served) < SERVING_US);
         let spent = end_us.saturating_sub(start_us);
-        self.next_us = if serving {
-            end_us + spent * (FANOUT_SHARE_DIV - 1)
+        self.owed_until_us = if serving {
+            self.owed_until_us
+                .max(start_us)
+                .saturating_add(spent.saturating_mul(FANOUT_SHARE_DIV))
         } else {
+            // Nobody to hold up: no debt.
             end_us
         };
     }
@@ -981,6 +1010,24 @@ mod tests {
         assert!(!l.fanout.has_work());
     }
 
+    /// A serving loop that sweeps, `sweep` µs each, whenever the pace lets
+    /// it, from `from` to `to`: the sweep time it spent.
+    fn sweep_whenever_ready(pace: &mut Pace, from: u64, to: u64, sweep: u64) -> u64 {
+        let (mut now, mut spent) = (from, 0);
+        while now < to {
+            pace.served(now);
+            if pace.ready(now) {
+                pace.swept(now, now + sweep);
+                spent += sweep;
+                now += sweep;
+            } else {
+                // The clients' round, then a look again.
+                now += 7;
+            }
+        }
+        spent
+    }
+
     #[test]
     fn sweeps_take_a_bounded_share_of_a_serving_loop_and_run_back_to_back_when_it_is_idle() {
         let mut pace = Pace::default();
@@ -988,15 +1035,72 @@ mod tests {
         // Idle: back to back.
         pace.swept(100, 150);
         assert!(pace.ready(150));
-        // Serving: a sweep of 50 µs is followed by 450 µs for the clients.
-        pace.served(200);
-        pace.swept(200, 250);
-        assert_eq!(pace.next_us(), 250 + 50 * (FANOUT_SHARE_DIV - 1));
-        assert!(!pace.ready(600));
-        assert!(pace.ready(700));
-        // No client for SERVING_US: idle again.
-        pace.swept(200 + SERVING_US, 200 + SERVING_US + 50);
-        assert!(pace.ready(200 + SERVING_US + 50));
+        // Serving from a standstill: a burst back to back, then each sweep
+        // of 50 µs followed by 50 × (share − 1) µs for the clients.
+        let start = 1_000;
+        let mut now = start;
+        pace.served(now);
+        while pace.ready(now) {
+            pace.served(now);
+            pace.swept(now, now + 50);
+            now += 50;
+        }
+        let burst = now - start;
+        assert!(
+            (FANOUT_BURST_US..=FANOUT_BURST_US + FANOUT_BURST_US / FANOUT_SHARE_DIV + 50)
+                .contains(&burst),
+            "{burst}"
+        );
+        let at = pace.next_us();
+        assert!(at > now && at <= now + 50 * (FANOUT_SHARE_DIV - 1), "{at}");
+        pace.served(at);
+        pace.swept(at, at + 50);
+        assert_eq!(pace.next_us(), at + 50 * FANOUT_SHARE_DIV);
+        assert!(!pace.ready(at + 50 * FANOUT_SHARE_DIV - 1));
+        // No client for SERVING_US: idle again, and no debt left.
+        let late = at + 50 + SERVING_US;
+        pace.swept(late, late + 50);
+        assert!(pace.ready(late + 50));
+    }
+
+    #[test]
+    fn a_loop_that_keeps_serving_gives_its_sweeps_the_share_and_one_burst_and_no_more() {
+        for sweep in [5, 50, 400] {
+            let mut pace = Pace::default();
+            let run = 2_000_000;
+            let spent = sweep_whenever_ready(&mut pace, 0, run, sweep);
+            let most = run / FANOUT_SHARE_DIV + FANOUT_BURST_US + sweep;
+            assert!(spent <= most, "{sweep}: {spent} > {most}");
+            assert!(
+                spent >= run / FANOUT_SHARE_DIV,
+                "{sweep}: {spent} too little"
+            );
+        }
+    }
+
+    #[test]
+    fn after_a_quiet_spell_the_burst_is_earned_back_at_the_shares_rate() {
+        let mut pace = Pace::default();
+        // A key that keeps changing: the burst is spent, the share holds.
+        sweep_whenever_ready(&mut pace, 0, 500_000, 50);
+        let quiet_from = pace.next_us();
+        // Quiet (clients served, no change) for half a burst's worth of
+        // wall time: half a burst back.
+        let half = quiet_from + BURST_AHEAD_US / 2;
+        pace.served(half);
+        let back = sweep_whenever_ready(&mut pace, half, half + FANOUT_BURST_US, 50);
+        assert!(
+            (FANOUT_BURST_US / 2..=FANOUT_BURST_US / 2 + FANOUT_BURST_US / FANOUT_SHARE_DIV + 100)
+                .contains(&back),
+            "{back}"
+        );
+        // Quiet for much longer: no more than one burst.
+        let long = pace.next_us() + 100 * BURST_AHEAD_US;
+        let back = sweep_whenever_ready(&mut pace, long, long + 2 * FANOUT_BURST_US, 50);
+        assert!(
+            back <= FANOUT_BURST_US + 2 * FANOUT_BURST_US / FANOUT_SHARE_DIV + 50,
+            "{back}"
+        );
     }
 
     #[test]
