@@ -7,7 +7,8 @@
 //! generator's threads); the schedule (a closed loop of a few clients on
 //! one key; in every round each watcher count right after a run with none,
 //! the baseline it is compared with; baton and Redis interleaved, the
-//! order reversed every other round); and the Markdown table.
+//! order reversed every other round; each run starts once the server has
+//! let go of the last one's connections); and the Markdown table.
 //!
 //! A change is a grant of the key (baton: its token; Redis: the id the new
 //! holder publishes). Its time is when the request that made it was sent
@@ -226,6 +227,10 @@ pub fn run(
                 );
                 let outcome = run_one(*sys, *addr, sha, n, options.clients, shape, run_no)
                     .map_err(|e| format!("watch {n} watchers {}: {e}", sys.name()))?;
+                eprintln!(
+                    "  {} handoffs/s",
+                    fmt_rate(rate(outcome.owner.grants, outcome.owner.secs))
+                );
                 let slot = &mut outcomes[r][i];
                 match slot {
                     Some(so_far) => so_far.merge(&outcome),
@@ -293,6 +298,7 @@ fn run_one(
         .map_err(|_| "the fan-out reader panicked".to_string())?;
     let owner = owner?;
     let f = followed?;
+    settle(sys, addr)?;
     Ok(WatchOutcome {
         owner,
         to_last: f.to_last,
@@ -302,6 +308,82 @@ fn run_one(
         lines: f.lines,
         dropped: f.dropped,
     })
+}
+
+/// The most connections a server may still have when the next run
+/// starts (the probe's own among them).
+const SETTLED_CONNS: u64 = 16;
+
+/// Wait until the server has let go of a run's connections (baton's `I`
+/// `conns=`, Redis's `INFO clients`): closing 10,000 watchers keeps a
+/// server busy for a while after the sockets are gone here, and the next
+/// run, of either system, is not to pay for it.
+fn settle(sys: Sys, addr: SocketAddr) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        let conns = server_conns(sys, addr)?;
+        if conns <= SETTLED_CONNS {
+            if start.elapsed() > Duration::from_millis(100) {
+                eprintln!(
+                    "  {} let go of the run's connections after {} ms",
+                    sys.name(),
+                    start.elapsed().as_millis()
+                );
+            }
+            return Ok(());
+        }
+        if start.elapsed() > SETUP_BOUND {
+            return Err(format!(
+                "{} still has {conns} connections {}s after a run",
+                sys.name(),
+                SETUP_BOUND.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many client connections the server has now.
+fn server_conns(sys: Sys, addr: SocketAddr) -> Result<u64, String> {
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    let (ask, field): (Vec<u8>, &str) = match sys {
+        Sys::Baton => (b"I\n".to_vec(), "conns="),
+        Sys::Redis => {
+            let mut command = Vec::new();
+            wire::resp_command(&mut command, &[b"INFO", b"clients"]);
+            (command, "connected_clients:")
+        }
+    };
+    conn.write_all(&ask).map_err(|e| e.to_string())?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let start = Instant::now();
+    loop {
+        let text = String::from_utf8_lossy(&got);
+        if let Some(at) = text.find(field) {
+            let digits: String = text[at + field.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            let rest = &text[at + field.len() + digits.len()..];
+            if !rest.is_empty() {
+                return digits
+                    .parse()
+                    .map_err(|_| format!("{}: no count in {text:?}", sys.name()));
+            }
+        }
+        if got.len() > 64 * 1024 || start.elapsed() > Duration::from_secs(5) {
+            return Err(format!("{}: no {field} in {text:?}", sys.name()));
+        }
+        let n = conn.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!("{}: closed before {field}", sys.name()));
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
 }
 
 /// What the fan-out reader measured.

@@ -56,8 +56,8 @@
 //!   its time (5%, with a burst of 10 ms after a quiet spell), so 10,000
 //!   watchers of a key the clients change as fast as they can cost the
 //!   clients little: the watchers get fewer, newer states; and the first
-//!   change in a while (a leader elected) reaches thousands of watchers at
-//!   once. An idle loop sweeps back to back.
+//!   change in a while (a leader elected) is not held to the share. An
+//!   idle loop sweeps back to back.
 //! - **Slow watchers.** The loop never waits on a watcher and never grows
 //!   memory for one: a line is written into the connection's output only
 //!   while that output holds less than [`WATCH_ROOM`] bytes unsent;
@@ -635,8 +635,9 @@ impl Fanout {
 pub const FANOUT_SHARE_DIV: u64 = 20;
 /// The sweep time a serving loop may spend at once, beyond its share,
 /// after a spell in which it used less than the share (a key that changes
-/// now and then, a leader elected): so the first change in a while
-/// reaches a few thousand watchers at once, and only a key that keeps
+/// now and then, a leader elected): so the first change in a while goes
+/// out at the loop's full speed for that long (about a thousand lines on
+/// a small VM, where a line costs ~10 µs), and only a key that keeps
 /// changing is held to the share. Earned back at the share's rate.
 pub const FANOUT_BURST_US: u64 = 10_000;
 /// A loop that served a client within this many µs is serving: its
