@@ -239,13 +239,205 @@ pub fn run(
             }
         }
     }
-    Ok(render(
+    let mut out = render(
         options,
         &systems.iter().map(|s| s.0).collect::<Vec<_>>(),
         &counts,
         &outcomes,
         &notes_out,
-    ))
+    );
+    if let Some(addr) = options.baton {
+        let mut rare = Vec::new();
+        for &n in counts.iter().filter(|&&n| n > 0) {
+            let mut merged: Option<RareOutcome> = None;
+            for _ in 0..shape.rounds {
+                run_no += 1;
+                eprintln!("watch: a change every {RARE_EVERY_MS} ms, {n} watchers, baton (W)");
+                let one = run_rare(addr, n, options.clients, shape, run_no)
+                    .map_err(|e| format!("watch rare {n} watchers: {e}"))?;
+                match &mut merged {
+                    Some(m) => m.merge(&one),
+                    None => merged = Some(one),
+                }
+            }
+            if let Some(m) = merged {
+                rare.push((n, m));
+            }
+        }
+        out.push_str(&render_rare(options, &rare));
+    }
+    Ok(out)
+}
+
+/// How often the rare-change rows change the watched key.
+const RARE_EVERY_MS: u64 = 1_000;
+/// How long each of those grants is held.
+const RARE_HOLD_MS: u64 = 500;
+
+/// What one run of the rare-change rows measured.
+struct RareOutcome {
+    /// The other clients' closed loop, which keeps the loop serving.
+    busy: Outcome,
+    followed: Followed,
+}
+
+impl RareOutcome {
+    fn merge(&mut self, other: &RareOutcome) {
+        self.busy.merge(&other.busy, false);
+        let (a, b) = (&mut self.followed, &other.followed);
+        a.to_last.add(&b.to_last).expect("same histogram bounds");
+        a.reached += b.reached;
+        a.unreached += b.unreached;
+        a.states += b.states;
+        a.lines += b.lines;
+        a.dropped += b.dropped;
+    }
+}
+
+/// A key that changes now and then (a grant every `RARE_EVERY_MS`, held
+/// `RARE_HOLD_MS`, as a leader key does) with `watchers` watchers, while
+/// `clients` other clients acquire and release random keys as fast as
+/// they can on the same node (so its loop is serving, and the fan-out
+/// paced): change → last watcher for each grant.
+fn run_rare(
+    addr: SocketAddr,
+    watchers: usize,
+    clients: usize,
+    shape: &Shape,
+    run_no: u64,
+) -> Result<RareOutcome, String> {
+    let key = format!("w{run_no}:rare");
+    let fan = FanOut::connect(addr, false, key.as_bytes(), watchers)?;
+    let log: ChangeLog = Arc::new(Mutex::new(VecDeque::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let follower = {
+        let (log, stop) = (log.clone(), stop.clone());
+        std::thread::spawn(move || fan.follow(&log, &stop))
+    };
+    let busy_done = Arc::new(AtomicBool::new(false));
+    let changer = {
+        let (log, done, key) = (log.clone(), busy_done.clone(), key.clone());
+        let warmup = shape.warmup;
+        std::thread::spawn(move || change_now_and_then(addr, &key, &log, &done, warmup))
+    };
+    let spec = RunSpec {
+        addr,
+        proto: Proto::Baton,
+        conns: clients,
+        workload: Workload::Uncontended { depth: 1 },
+        lease_ms: LEASE_MS,
+        wait_ms: WAIT_MS,
+        warmup: shape.warmup,
+        measure: shape.measure,
+        drain: Duration::from_secs(3),
+        key_prefix: format!("w{run_no}:busy:"),
+        threads: shape.threads,
+        sha: Vec::new(),
+        seed: shape.seed ^ run_no.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        tls: None,
+        cpu_pids: Vec::new(),
+        split: None,
+        limit: None,
+        changes: None,
+    };
+    let busy = engine::run(&spec);
+    busy_done.store(true, Ordering::Release);
+    let changed = changer
+        .join()
+        .map_err(|_| "the changer panicked".to_string());
+    stop.store(true, Ordering::Release);
+    let followed = follower
+        .join()
+        .map_err(|_| "the fan-out reader panicked".to_string())?;
+    changed??;
+    let busy = busy?;
+    let followed = followed?;
+    settle(Sys::Baton, addr)?;
+    Ok(RareOutcome { busy, followed })
+}
+
+/// Grant `key` every `RARE_EVERY_MS` and release it `RARE_HOLD_MS` later,
+/// logging each grant (the grants after the warm-up count), until `done`.
+fn change_now_and_then(
+    addr: SocketAddr,
+    key: &str,
+    log: &ChangeLog,
+    done: &AtomicBool,
+    warmup: Duration,
+) -> Result<(), String> {
+    let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    conn.set_nodelay(true).map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut reader = io::BufReader::new(conn.try_clone().map_err(|e| e.to_string())?);
+    let start = Instant::now();
+    let mut next = start;
+    let mut line = String::new();
+    while !done.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if now < next {
+            std::thread::sleep((next - now).min(Duration::from_millis(20)));
+            continue;
+        }
+        next += Duration::from_millis(RARE_EVERY_MS);
+        let cause = Instant::now();
+        conn.write_all(format!("A {key} {LEASE_MS} 1000\n").as_bytes())
+            .map_err(|e| e.to_string())?;
+        line.clear();
+        io::BufRead::read_line(&mut reader, &mut line).map_err(|e| e.to_string())?;
+        let token: u64 = match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["A", token, k] if k == key => token.parse().map_err(|_| format!("{line:?}"))?,
+            _ => return Err(format!("the changer's acquire got {line:?}")),
+        };
+        log.lock().push_back(Change {
+            id: token,
+            cause,
+            in_window: cause.duration_since(start) >= warmup,
+            after_free: true,
+        });
+        std::thread::sleep(Duration::from_millis(RARE_HOLD_MS));
+        conn.write_all(format!("R {key} {token}\n").as_bytes())
+            .map_err(|e| e.to_string())?;
+        line.clear();
+        io::BufRead::read_line(&mut reader, &mut line).map_err(|e| e.to_string())?;
+        if line.trim_end() != format!("R {key}") {
+            return Err(format!("the changer's release got {line:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// The rare-change rows' Markdown.
+fn render_rare(options: &WatchOptions, rows: &[(usize, RareOutcome)]) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "\n### Watches: a key changed every {RARE_EVERY_MS} ms (held {RARE_HOLD_MS} ms), \
+         while {} other clients acquire and release random keys as fast as they can\n\n",
+        options.clients
+    );
+    out.push_str(
+        "| watchers | system | other clients' pairs/s | changes measured | \
+         change → last watcher p50 | p99 | max | not reached | watchers dropped |\n",
+    );
+    out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (n, o) in rows {
+        let f = &o.followed;
+        let _ = writeln!(
+            out,
+            "| {} | baton (W) | {} | {} | {} | {} | {} | {} | {} |",
+            fmt_count(*n as u64),
+            fmt_rate(rate(o.busy.pairs, o.busy.secs)),
+            f.reached,
+            fmt_ns(f.to_last.value_at_quantile(0.5)),
+            fmt_ns(f.to_last.value_at_quantile(0.99)),
+            fmt_ns(f.to_last.max()),
+            f.unreached,
+            f.dropped,
+        );
+    }
+    out
 }
 
 fn run_one(

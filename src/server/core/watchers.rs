@@ -677,9 +677,16 @@ impl Pace {
         self.served_us = Some(now_us);
     }
 
-    /// A sweep may run at `now_us`.
+    /// A sweep may run at `now_us`: at once while no client is served,
+    /// else once the debt clock allows.
     pub fn ready(&self, now_us: u64) -> bool {
-        now_us >= self.next_us()
+        !self.serving(now_us) || now_us >= self.next_us()
+    }
+
+    /// A client was served less than `SERVING_US` before `now_us`.
+    fn serving(&self, now_us: u64) -> bool {
+        self.served_us
+            .is_some_and(|served| now_us.saturating_sub(served) < SERVING_US)
     }
 
     /// When the loop last served a client, if it has.
@@ -687,25 +694,24 @@ impl Pace {
         self.served_us
     }
 
-    /// When the next sweep may run.
+    /// When the next sweep may run while clients are served (at once if
+    /// none is).
     pub fn next_us(&self) -> u64 {
         self.owed_until_us.saturating_sub(BURST_AHEAD_US)
     }
 
-    /// A sweep ran from `start_us` to `end_us`.
+    /// A sweep ran from `start_us` to `end_us`. One while no client was
+    /// served held nobody up and is not charged; nor does it pay off what
+    /// is owed, so a loop that goes idle for a moment does not come back
+    /// with a fresh burst.
     pub fn swept(&mut self, start_us: u64, end_us: u64) {
-        let serving = self
-            .served_us
-            .is_some_and(|served| end_us.saturating_sub(served) < SERVING_US);
-        let spent = end_us.saturating_sub(start_us);
-        self.owed_until_us = if serving {
-            self.owed_until_us
+        if self.serving(end_us) {
+            let spent = end_us.saturating_sub(start_us);
+            self.owed_until_us = self
+                .owed_until_us
                 .max(start_us)
-                .saturating_add(spent.saturating_mul(FANOUT_SHARE_DIV))
-        } else {
-            // Nobody to hold up: no debt.
-            end_us
-        };
+                .saturating_add(spent.saturating_mul(FANOUT_SHARE_DIV));
+        }
     }
 }
 
@@ -1058,10 +1064,40 @@ mod tests {
         pace.swept(at, at + 50);
         assert_eq!(pace.next_us(), at + 50 * FANOUT_SHARE_DIV);
         assert!(!pace.ready(at + 50 * FANOUT_SHARE_DIV - 1));
-        // No client for SERVING_US: idle again, and no debt left.
+        // No client for SERVING_US: idle, back to back, and not charged.
         let late = at + 50 + SERVING_US;
+        let owed = pace.next_us();
+        assert!(pace.ready(late));
         pace.swept(late, late + 50);
         assert!(pace.ready(late + 50));
+        assert_eq!(pace.next_us(), owed);
+        // A client again: what was owed still holds, no fresh burst.
+        pace.served(late + 60);
+        assert_eq!(pace.ready(late + 60), late + 60 >= owed);
+    }
+
+    #[test]
+    fn a_loop_idle_for_moments_gets_no_fresh_burst_each_time() {
+        let mut pace = Pace::default();
+        // A key that keeps changing, its clients pausing SERVING_US every
+        // 50 ms: the share still holds, with one burst in all.
+        let (mut now, mut spent) = (0, 0);
+        while now < 2_000_000 {
+            let until = now + 50_000;
+            spent += sweep_whenever_ready(&mut pace, now, until, 50);
+            // The pause: nobody served, so the loop sweeps back to back.
+            now = until + SERVING_US;
+            let mut idle = now;
+            while idle < now + 1_000 {
+                assert!(pace.ready(idle));
+                pace.swept(idle, idle + 50);
+                idle += 50;
+            }
+            now = idle;
+        }
+        // The sweeps while serving, over the wall time, pauses included.
+        let most = now / FANOUT_SHARE_DIV + FANOUT_BURST_US + 50;
+        assert!(spent <= most, "{spent} > {most}");
     }
 
     #[test]
