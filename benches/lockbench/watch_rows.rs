@@ -8,7 +8,10 @@
 //! one key; in every round each watcher count right after a run with none,
 //! the baseline it is compared with; baton and Redis interleaved, the
 //! order reversed every other round; each run starts once the server has
-//! let go of the last one's connections); and the Markdown table.
+//! let go of the last one's connections); the rare-change rows (baton:
+//! the same watchers of a key granted every `RARE_EVERY_MS`, while the
+//! loop's clients keep it busy on other keys: how soon a leader change
+//! reaches them); and the Markdown tables.
 //!
 //! A change is a grant of the key (baton: its token; Redis: the id the new
 //! holder publishes). Its time is when the request that made it was sent
