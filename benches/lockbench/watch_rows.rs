@@ -538,20 +538,23 @@ fn settle(sys: Sys, addr: SocketAddr) -> Result<(), String> {
     }
 }
 
-/// How many client connections the server has now.
+/// How many client connections the server has now (baton: `I`'s
+/// `conns=`; Redis: `INFO clients`).
 fn server_conns(sys: Sys, addr: SocketAddr) -> Result<u64, String> {
+    if sys == Sys::Baton {
+        let info = crate::info(addr)?;
+        return info
+            .get("conns")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| format!("baton: no conns= in {info:?}"));
+    }
     let mut conn = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
         .map_err(|e| format!("connect {addr}: {e}"))?;
     conn.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
-    let (ask, field): (Vec<u8>, &str) = match sys {
-        Sys::Baton => (b"I\n".to_vec(), "conns="),
-        Sys::Redis => {
-            let mut command = Vec::new();
-            wire::resp_command(&mut command, &[b"INFO", b"clients"]);
-            (command, "connected_clients:")
-        }
-    };
+    let mut ask = Vec::new();
+    wire::resp_command(&mut ask, &[b"INFO", b"clients"]);
+    let field = "connected_clients:";
     conn.write_all(&ask).map_err(|e| e.to_string())?;
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];

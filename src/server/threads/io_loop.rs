@@ -2232,12 +2232,7 @@ mod tests {
     #[test]
     fn a_connection_owed_max_owed_is_parsed_no_further_until_answers_come_back() {
         let (mut io_loop, inbound, answers) = idle_loop(0);
-        let addr = io_loop
-            .listener
-            .as_ref()
-            .expect("listening")
-            .local_addr()
-            .expect("addr");
+        let addr = listener_addr(&io_loop);
         let mut client = std::net::TcpStream::connect(addr).expect("connect");
         const SENT: usize = 4000;
         client.write_all(&b"I\n".repeat(SENT)).expect("send");
