@@ -250,23 +250,30 @@ pub fn run(
         &notes_out,
     );
     if let Some(addr) = options.baton {
-        let mut rare = Vec::new();
-        for &n in counts.iter().filter(|&&n| n > 0) {
-            let mut merged: Option<RareOutcome> = None;
-            for _ in 0..shape.rounds {
+        // 0 watchers first in every round: the other clients' rate with
+        // no fan-out, next to the runs it is compared with.
+        let mut rare: Vec<(usize, Option<RareOutcome>)> =
+            counts.iter().map(|&n| (n, None)).collect();
+        for _ in 0..shape.rounds {
+            for (n, merged) in rare.iter_mut() {
                 run_no += 1;
                 eprintln!("watch: a change every {RARE_EVERY_MS} ms, {n} watchers, baton (W)");
-                let one = run_rare(addr, n, options.clients, shape, run_no)
+                let one = run_rare(addr, *n, options.clients, shape, run_no)
                     .map_err(|e| format!("watch rare {n} watchers: {e}"))?;
-                match &mut merged {
+                eprintln!(
+                    "  other clients {}/s",
+                    fmt_rate(rate(one.busy.pairs, one.busy.secs))
+                );
+                match merged {
                     Some(m) => m.merge(&one),
-                    None => merged = Some(one),
+                    None => *merged = Some(one),
                 }
             }
-            if let Some(m) = merged {
-                rare.push((n, m));
-            }
         }
+        let rare: Vec<(usize, RareOutcome)> = rare
+            .into_iter()
+            .filter_map(|(n, m)| m.map(|m| (n, m)))
+            .collect();
         out.push_str(&render_rare(options, &rare));
     }
     Ok(out)
@@ -421,17 +428,28 @@ fn render_rare(options: &WatchOptions, rows: &[(usize, RareOutcome)]) -> String 
         options.clients
     );
     out.push_str(
-        "| watchers | system | other clients' pairs/s | changes measured | \
+        "| watchers | system | other clients' pairs/s | ×no watchers | changes measured | \
          change → last watcher p50 | p99 | max | not reached | watchers dropped |\n",
     );
-    out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    out.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    let busy = |o: &RareOutcome| rate(o.busy.pairs, o.busy.secs);
+    let baseline = rows.iter().find(|(n, _)| *n == 0).map(|(_, o)| busy(o));
     for (n, o) in rows {
         let f = &o.followed;
+        if *n == 0 {
+            let _ = writeln!(
+                out,
+                "| 0 | baton (W) | {} |  |  |  |  |  |  |  |",
+                fmt_rate(busy(o))
+            );
+            continue;
+        }
         let _ = writeln!(
             out,
-            "| {} | baton (W) | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | baton (W) | {} | {} | {} | {} | {} | {} | {} | {} |",
             fmt_count(*n as u64),
-            fmt_rate(rate(o.busy.pairs, o.busy.secs)),
+            fmt_rate(busy(o)),
+            baseline.map_or_else(String::new, |b| ratio(busy(o), b)),
             f.reached,
             fmt_ns(f.to_last.value_at_quantile(0.5)),
             fmt_ns(f.to_last.value_at_quantile(0.99)),

@@ -53,11 +53,14 @@
 //!   given the newest line, whatever came in between (a watcher's version
 //!   jumping by more than one counts the states it skipped). While the loop
 //!   serves clients the sweeps are paced ([`Pace`]) to a bounded share of
-//!   its time (5%, with a burst of 10 ms after a quiet spell), so 10,000
-//!   watchers of a key the clients change as fast as they can cost the
-//!   clients little: the watchers get fewer, newer states; and the first
-//!   change in a while (a leader elected) is not held to the share. An
-//!   idle loop sweeps back to back.
+//!   its time. A key that changes again before its watchers have all been
+//!   looked at is outrunning its fan-out: its sweeps get 5% (with a burst
+//!   of 10 ms after a quiet spell), so 10,000 watchers of a key the
+//!   clients change as fast as they can cost the clients little, and the
+//!   watchers get fewer, newer states. A change that comes after the
+//!   key's last pass ended (a leader elected, a lock taken now and then)
+//!   is news its watchers wait for, and its pass, which ends, may take a
+//!   quarter of the loop. An idle loop sweeps back to back.
 //! - **Slow watchers.** The loop never waits on a watcher and never grows
 //!   memory for one: a line is written into the connection's output only
 //!   while that output holds less than [`WATCH_ROOM`] bytes unsent;
@@ -484,6 +487,23 @@ struct Feed {
     remaining: usize,
     /// The key is in the loop's round-robin of keys to sweep.
     queued: bool,
+    /// The key changed again before its watchers had all been looked at
+    /// since the change before: it changes faster than the loop fans it
+    /// out, so its sweeps are held to the share of a key that keeps
+    /// changing ([`FANOUT_SHARE_DIV`]) instead of a pass's
+    /// ([`PASS_SHARE_DIV`]).
+    outrun: bool,
+}
+
+/// What one [`Fanout::sweep`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Lines written.
+    pub lines: usize,
+    /// Every line written was of a key that is not outrunning its
+    /// fan-out (each its watchers' first news since their last line
+    /// caught up): the sweep is paced as part of a pass.
+    pub keeping_up: bool,
 }
 
 /// A loop's side of the fan-out: per watched key, the newest state (one
@@ -547,6 +567,7 @@ impl Fanout {
         feed.version += 1;
         feed.line.clear();
         write(&mut feed.line);
+        feed.outrun = feed.remaining > 0;
         feed.remaining = feed.members.len();
         if !feed.queued {
             feed.queued = true;
@@ -591,14 +612,14 @@ impl Fanout {
     /// every watcher has been looked at since its last change leaves the
     /// round-robin; a watcher whose output was full is not looked at
     /// again (its connection offers it the newest when it drains). The
-    /// lines written.
+    /// lines written, and whether all were of keys keeping up.
     pub fn sweep(
         &mut self,
         max_lines: usize,
         max_looks: usize,
         mut offer: impl FnMut(usize, &Key, u64, &[u8]) -> bool,
-    ) -> usize {
-        let (mut lines, mut looks) = (0, 0);
+    ) -> Swept {
+        let (mut lines, mut looks, mut keeping_up) = (0, 0, true);
         while lines < max_lines && looks < max_looks {
             let Some(key) = self.sweeping.pop_front() else {
                 break;
@@ -613,6 +634,7 @@ impl Fanout {
                 looks += 1;
                 if offer(slot, &key, feed.version, &feed.line) {
                     lines += 1;
+                    keeping_up &= !feed.outrun;
                 }
             }
             if feed.remaining > 0 {
@@ -621,24 +643,34 @@ impl Fanout {
                 feed.queued = false;
             }
         }
-        lines
+        Swept { lines, keeping_up }
     }
 }
 
-/// A loop serving clients gives its fan-out at most one part in this of
-/// its time, over any stretch longer than a burst: in the long run, after
-/// a sweep that took `t`, the next waits `t × (this − 1)`. 5%: a key its
-/// clients change as fast as they can costs them about that much with
-/// 1,000 or 10,000 watchers (at 10% the owner's rate fell to 0.8–1.0 of
-/// its rate with none, run to run, on a 2-core machine with the clients
-/// on it); its watchers get fewer, newer states.
+/// A loop serving clients gives the fan-out of keys that keep changing
+/// (each change before the last one had reached every watcher: a key its
+/// clients change as fast as they can) at most one part in this of its
+/// time, over any stretch longer than a burst: in the long run, after a
+/// sweep that took `t`, the next waits `t × (this − 1)`. 5%: such a key
+/// costs its clients about that much with 1,000 or 10,000 watchers (at
+/// 10% the owner's rate fell to 0.8–1.0 of its rate with none, run to
+/// run, on a 2-core machine with the clients on it); its watchers get
+/// fewer, newer states.
 pub const FANOUT_SHARE_DIV: u64 = 20;
+/// The share of a pass: the sweeps of a key whose watchers had all caught
+/// up before it changed (a leader elected, a lock taken now and then).
+/// Such a change is news every watcher waits for, and its pass ends: it
+/// may take a quarter of a serving loop's time (at 5%, a pass over 10,000
+/// watchers, ~100 ms of writing on a small VM, took 2 s or more while
+/// other clients kept the loop busy). A key that changes again before its
+/// pass is done is outrunning it, and is held to [`FANOUT_SHARE_DIV`].
+pub const PASS_SHARE_DIV: u64 = 4;
 /// The sweep time a serving loop may spend at once, beyond its share,
-/// after a spell in which it used less than the share (a key that changes
-/// now and then, a leader elected): so the first change in a while goes
-/// out at the loop's full speed for that long (about a thousand lines on
-/// a small VM, where a line costs ~10 µs), and only a key that keeps
-/// changing is held to the share. Earned back at the share's rate.
+/// after a spell in which it used less than the share, for a key that
+/// keeps changing (a pass may spend `FANOUT_SHARE_DIV / PASS_SHARE_DIV`
+/// times as much): so the first changes in a while go out at the loop's
+/// full speed for that long (about a thousand lines on a small VM, where
+/// a line costs ~10 µs). Earned back at the share's rate.
 pub const FANOUT_BURST_US: u64 = 10_000;
 /// A loop that served a client within this many µs is serving: its
 /// fan-out is paced. One that has not sweeps back to back. Longer than
@@ -652,20 +684,21 @@ pub const SERVING_US: u64 = 5_000;
 const BURST_AHEAD_US: u64 = FANOUT_BURST_US * FANOUT_SHARE_DIV;
 
 /// When a loop may sweep its watchers next ([`Fanout::sweep`]), so that
-/// the fan-out never holds up the clients: while they are served, sweeps
-/// take at most `1 / FANOUT_SHARE_DIV` of the loop's time in the long
-/// run, and at most [`FANOUT_BURST_US`] more at once after a quiet spell
-/// (each sweep is bounded, so a request waits at most one); when the loop
-/// has nothing else to do, they run back to back. A token bucket kept as
-/// one debt clock (the generic cell rate algorithm): each sweep of `t`
-/// pushes the clock `t × FANOUT_SHARE_DIV` on from where it was (or from
-/// now, if it was behind), and a sweep may start while the clock is less
-/// than a burst's worth ahead of now. Times are µs on the loop's clock,
-/// passed in.
+/// the fan-out never holds up the clients: while they are served, the
+/// sweeps of keys that keep changing take at most `1 / FANOUT_SHARE_DIV`
+/// of the loop's time in the long run, and a pass (the sweeps of a key
+/// its watchers had caught up with) at most `1 / PASS_SHARE_DIV`, with a
+/// burst beyond that after a quiet spell (each sweep is bounded, so a
+/// request waits at most one); when the loop has nothing else to do, they
+/// run back to back. A token bucket kept as one debt clock (the generic
+/// cell rate algorithm): each sweep of `t` pushes the clock `t × share
+/// divisor` on from where it was (or from now, if it was behind), and a
+/// sweep may start while the clock is less than [`BURST_AHEAD_US`] ahead
+/// of now. Times are µs on the loop's clock, passed in.
 #[derive(Debug, Default)]
 pub struct Pace {
-    /// The fan-out's debt clock: sweeps so far, each counted at
-    /// `FANOUT_SHARE_DIV` times its length.
+    /// The fan-out's debt clock: sweeps so far, each counted at its share
+    /// divisor times its length.
     owed_until_us: u64,
     /// When the loop last served a client.
     served_us: Option<u64>,
@@ -700,17 +733,23 @@ impl Pace {
         self.owed_until_us.saturating_sub(BURST_AHEAD_US)
     }
 
-    /// A sweep ran from `start_us` to `end_us`. One while no client was
+    /// A sweep ran from `start_us` to `end_us`, part of a pass
+    /// (`keeping_up`, see [`Swept`]) or not. One while no client was
     /// served held nobody up and is not charged; nor does it pay off what
     /// is owed, so a loop that goes idle for a moment does not come back
     /// with a fresh burst.
-    pub fn swept(&mut self, start_us: u64, end_us: u64) {
+    pub fn swept(&mut self, start_us: u64, end_us: u64, keeping_up: bool) {
         if self.serving(end_us) {
             let spent = end_us.saturating_sub(start_us);
+            let div = if keeping_up {
+                PASS_SHARE_DIV
+            } else {
+                FANOUT_SHARE_DIV
+            };
             self.owed_until_us = self
                 .owed_until_us
                 .max(start_us)
-                .saturating_add(spent.saturating_mul(FANOUT_SHARE_DIV));
+                .saturating_add(spent.saturating_mul(div));
         }
     }
 }
@@ -920,9 +959,15 @@ mod tests {
 
         /// One sweep; the lines written and the states skipped.
         fn sweep(&mut self, max_lines: usize, max_looks: usize) -> (usize, u64) {
+            let (swept, skipped) = self.sweep_all(max_lines, max_looks);
+            (swept.lines, skipped)
+        }
+
+        /// One sweep; what it did and the states skipped.
+        fn sweep_all(&mut self, max_lines: usize, max_looks: usize) -> (Swept, u64) {
             let mut skipped = 0;
             let (queues, full, out) = (&mut self.queues, &self.full, &mut self.out);
-            let lines =
+            let swept =
                 self.fanout.sweep(
                     max_lines,
                     max_looks,
@@ -935,7 +980,7 @@ mod tests {
                         _ => false,
                     },
                 );
-            (lines, skipped)
+            (swept, skipped)
         }
 
         /// A connection drained: its stalled watches get the newest.
@@ -973,6 +1018,48 @@ mod tests {
         l.change(&k, 3);
         assert_eq!(l.sweep(100, 3), (3, 0));
         assert_eq!(l.sweep(100, 100), (7, 0));
+    }
+
+    #[test]
+    fn a_key_that_changes_before_its_pass_ends_is_outrunning_it_until_a_pass_ends() {
+        let (k, j) = (key("k"), key("j"));
+        let mut l = Loop::new(10, &k);
+        let kept = |lines| Swept {
+            lines,
+            keeping_up: true,
+        };
+        let outrun = |lines| Swept {
+            lines,
+            keeping_up: false,
+        };
+        // The first change: a pass, however many sweeps it takes.
+        l.change(&k, 1);
+        assert_eq!(l.sweep_all(4, 100), (kept(4), 0));
+        // A change before the pass is done: outrun (the next three never
+        // got state 1).
+        l.change(&k, 2);
+        assert_eq!(l.sweep_all(3, 100), (outrun(3), 3));
+        // Still outrun while the key keeps changing before every watcher
+        // has been looked at...
+        l.change(&k, 3);
+        assert_eq!(l.sweep_all(100, 100).0, outrun(10));
+        assert!(!l.fanout.has_work());
+        // ...and a pass again once one ended before the next change.
+        l.change(&k, 4);
+        assert_eq!(l.sweep_all(100, 100).0, kept(10));
+        // A sweep over an outrun key and a key keeping up is not a pass.
+        for slot in 0..10 {
+            l.queues[slot].watch(&j, 8);
+            l.fanout.add(&j, slot);
+            l.queues[slot].answered_watch(&j, l.fanout.version(&j));
+        }
+        l.change(&k, 5);
+        assert_eq!(l.sweep_all(2, 100).0, kept(2));
+        l.change(&k, 6);
+        l.fanout.change(&j, |line| line.extend_from_slice(b"j1"));
+        assert_eq!(l.sweep_all(100, 100).0, outrun(20));
+        // A sweep that writes nothing is no sweep of an outrun key.
+        assert_eq!(l.sweep_all(100, 100).0, kept(0));
     }
 
     #[test]
@@ -1017,14 +1104,26 @@ mod tests {
         assert!(!l.fanout.has_work());
     }
 
-    /// A serving loop that sweeps, `sweep` µs each, whenever the pace lets
-    /// it, from `from` to `to`: the sweep time it spent.
+    /// A serving loop that sweeps a key that keeps changing, `sweep` µs
+    /// each, whenever the pace lets it, from `from` to `to`: the sweep
+    /// time it spent.
     fn sweep_whenever_ready(pace: &mut Pace, from: u64, to: u64, sweep: u64) -> u64 {
+        sweep_whenever_ready_as(pace, from, to, sweep, false)
+    }
+
+    /// The same, the sweeps part of a pass (`keeping_up`) or not.
+    fn sweep_whenever_ready_as(
+        pace: &mut Pace,
+        from: u64,
+        to: u64,
+        sweep: u64,
+        keeping_up: bool,
+    ) -> u64 {
         let (mut now, mut spent) = (from, 0);
         while now < to {
             pace.served(now);
             if pace.ready(now) {
-                pace.swept(now, now + sweep);
+                pace.swept(now, now + sweep, keeping_up);
                 spent += sweep;
                 now += sweep;
             } else {
@@ -1040,7 +1139,7 @@ mod tests {
         let mut pace = Pace::default();
         assert!(pace.ready(0));
         // Idle: back to back.
-        pace.swept(100, 150);
+        pace.swept(100, 150, false);
         assert!(pace.ready(150));
         // Serving from a standstill: a burst back to back, then each sweep
         // of 50 µs followed by 50 × (share − 1) µs for the clients.
@@ -1049,7 +1148,7 @@ mod tests {
         pace.served(now);
         while pace.ready(now) {
             pace.served(now);
-            pace.swept(now, now + 50);
+            pace.swept(now, now + 50, false);
             now += 50;
         }
         let burst = now - start;
@@ -1061,14 +1160,14 @@ mod tests {
         let at = pace.next_us();
         assert!(at > now && at <= now + 50 * (FANOUT_SHARE_DIV - 1), "{at}");
         pace.served(at);
-        pace.swept(at, at + 50);
+        pace.swept(at, at + 50, false);
         assert_eq!(pace.next_us(), at + 50 * FANOUT_SHARE_DIV);
         assert!(!pace.ready(at + 50 * FANOUT_SHARE_DIV - 1));
         // No client for SERVING_US: idle, back to back, and not charged.
         let late = at + 50 + SERVING_US;
         let owed = pace.next_us();
         assert!(pace.ready(late));
-        pace.swept(late, late + 50);
+        pace.swept(late, late + 50, false);
         assert!(pace.ready(late + 50));
         assert_eq!(pace.next_us(), owed);
         // A client again: what was owed still holds, no fresh burst.
@@ -1090,7 +1189,7 @@ mod tests {
             let mut idle = now;
             while idle < now + 1_000 {
                 assert!(pace.ready(idle));
-                pace.swept(idle, idle + 50);
+                pace.swept(idle, idle + 50, false);
                 idle += 50;
             }
             now = idle;
@@ -1138,6 +1237,27 @@ mod tests {
             back <= FANOUT_BURST_US + 2 * FANOUT_BURST_US / FANOUT_SHARE_DIV + 50,
             "{back}"
         );
+    }
+
+    #[test]
+    fn a_pass_may_take_a_quarter_of_a_serving_loop_and_shares_the_debt_with_the_rest() {
+        for sweep in [5, 50, 400] {
+            let mut pace = Pace::default();
+            let run = 2_000_000;
+            let spent = sweep_whenever_ready_as(&mut pace, 0, run, sweep, true);
+            let most = run / PASS_SHARE_DIV + BURST_AHEAD_US / PASS_SHARE_DIV + sweep;
+            assert!(spent <= most, "{sweep}: {spent} > {most}");
+            assert!(spent >= run / PASS_SHARE_DIV, "{sweep}: {spent} too little");
+            // A key that keeps changing right after: no burst of its own,
+            // the pass spent it, and it is held to its share from there.
+            let then = sweep_whenever_ready(&mut pace, run, 2 * run, sweep);
+            let most = run / FANOUT_SHARE_DIV + sweep;
+            assert!(then <= most, "{sweep}: {then} > {most}");
+            assert!(
+                then >= run / FANOUT_SHARE_DIV - BURST_AHEAD_US / FANOUT_SHARE_DIV,
+                "{sweep}: {then} too little"
+            );
+        }
     }
 
     #[test]

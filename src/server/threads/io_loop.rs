@@ -530,9 +530,9 @@ impl IoLoop {
             // After the answers: watchers behind get the newest states,
             // a bounded share of the loop's time.
             let start = self.micros();
-            self.fan_out();
+            let keeping_up = self.fan_out();
             self.flush_dirty();
-            self.pace.swept(start, self.micros());
+            self.pace.swept(start, self.micros(), keeping_up);
         }
     }
 
@@ -1256,11 +1256,12 @@ impl IoLoop {
     }
 
     /// Write the newest state of changed keys to watchers behind, at most
-    /// `FANOUT_LINES` of them (see `Fanout::sweep`).
-    fn fan_out(&mut self) {
+    /// `FANOUT_LINES` of them (see `Fanout::sweep`); whether every line
+    /// was part of a pass (see `Swept`).
+    fn fan_out(&mut self) -> bool {
         let (conns, dirty) = (&mut self.conns, &mut self.dirty);
         let mut skipped = 0;
-        let written = self
+        let swept = self
             .fanout
             .sweep(FANOUT_LINES, FANOUT_LOOKS, |slot, key, version, line| {
                 let Some(conn) = conns.get_mut(slot) else {
@@ -1281,7 +1282,8 @@ impl IoLoop {
                 }
                 true
             });
-        self.count_watch_lines(written as u64, skipped);
+        self.count_watch_lines(swept.lines as u64, skipped);
+        swept.keeping_up
     }
 
     fn count_watch_lines(&self, written: u64, skipped: u64) {
