@@ -32,17 +32,19 @@ impl Drop for Kill {
 }
 
 #[test]
-fn a_split_pins_the_server_and_this_process_apart_and_lets_both_go() {
+fn a_split_pins_the_server_and_this_process_apart_the_standby_beside_it_and_lets_all_go() {
     let Some(split) = placement::Split::of_this_machine() else {
         eprintln!("one CPU: nothing to split");
         return;
     };
     let child = Kill(Command::new("sleep").arg("30").spawn().expect("sleep"));
-    let pid = child.0.id();
+    let standby = Kill(Command::new("sleep").arg("30").spawn().expect("sleep"));
+    let (pid, other) = (child.0.id(), standby.0.id());
     let before_child = allowed(pid);
+    let before_other = allowed(other);
     let before_me = allowed(std::process::id());
     {
-        let _pinned = split.apply(&[pid]).expect("pin");
+        let _pinned = split.apply(&[pid], &[other]).expect("pin");
         let servers = split.describe();
         let want_server = servers.split(" | ").nth(1).expect("servers");
         let server_cpus = want_server
@@ -50,8 +52,14 @@ fn a_split_pins_the_server_and_this_process_apart_and_lets_both_go() {
             .trim_start_matches("CPU ");
         assert_eq!(allowed(pid), server_cpus);
         assert_eq!(allowed(std::process::id()), split.load_gen[0].to_string());
+        assert_eq!(
+            allowed(other),
+            split.load_gen[0].to_string(),
+            "a standby runs beside the load generator"
+        );
     }
     assert_eq!(allowed(pid), before_child, "the server is let go");
+    assert_eq!(allowed(other), before_other, "the standby is let go");
     assert_eq!(
         allowed(std::process::id()),
         before_me,

@@ -227,9 +227,10 @@ pub fn render(results: &Results, out: &mut String) {
          echo's in the same row. A load generator at ≥ 90% of a core is marked **bound**: \
          it, not the server, sets that row's rate, and the ratios of such a row say \
          little about the servers. The rows marked *split cores* run with the load generator \
-         pinned to one CPU and every server process (all its threads) to the others \
-         (SPLIT), as if the load came from another machine; the other rows let the kernel place \
-         every process.\n"
+         pinned to one CPU and the measured server process (all its threads) to the others \
+         (SPLIT), as if the load came from another machine, and a standby or replica beside \
+         the load generator, as if on a third; the other rows let the kernel place every \
+         process.\n"
             .replace("SPLIT", &split),
     );
     render_targets(results, &rows, out);

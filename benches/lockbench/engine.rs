@@ -122,10 +122,12 @@ pub struct RunSpec {
     /// 127.0.0.1): the handshake is done before the run starts.
     pub tls: Option<Arc<rustls::ClientConfig>>,
     /// Server processes whose CPU time is read over the measure window
-    /// (the load generator's own is read too, last).
+    /// (the load generator's own is read too, last): the server measured
+    /// first, then its standby or replica, if any.
     pub cpu_pids: Vec<u32>,
-    /// Pin the load generator and `cpu_pids` to separate cores for the run
-    /// (placement.rs); None: wherever the kernel puts them.
+    /// Pin the load generator and the first of `cpu_pids` to separate
+    /// cores for the run, the rest (a standby, a replica) beside the load
+    /// generator (placement.rs); None: wherever the kernel puts them.
     pub split: Option<crate::placement::Split>,
     /// A semaphore's limit, sent with every acquire (baton: the limit
     /// field; the Redis semaphore: its script's argument). `None`: a mutex,
@@ -285,7 +287,10 @@ pub fn run(spec: &RunSpec) -> Result<Outcome, String> {
     let _pinned = match &spec.split {
         Some(split) => Some(
             split
-                .apply(&spec.cpu_pids)
+                .apply(
+                    spec.cpu_pids.get(..1).unwrap_or_default(),
+                    spec.cpu_pids.get(1..).unwrap_or_default(),
+                )
                 .map_err(|e| format!("cannot pin the run to {}: {e}", split.describe()))?,
         ),
         None => None,

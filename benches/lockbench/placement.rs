@@ -5,7 +5,9 @@
 //!
 //! Owns: the CPU affinity of the load generator's threads and of the
 //! measured server processes (every thread, from /proc/PID/task) for the
-//! length of one run; [`Split::apply`] pins them, and the guard it returns
+//! length of one run (a cluster's standby, or Redis's replica, is placed
+//! beside the load generator: as deployed it has a machine of its own,
+//! and on the measured server's cores it would take their turns); [`Split::apply`] pins them, and the guard it returns
 //! gives every CPU back when dropped.
 //!
 //! Why: on a machine where the load generator shares the cores with the
@@ -41,19 +43,25 @@ impl Split {
         })
     }
 
-    /// Pin this process's threads and every thread of `pids`; the guard
-    /// lets them run anywhere again (on every CPU this process could use
-    /// before) when dropped. New threads of this process (the run's load
-    /// threads) inherit its pinning from the thread that spawns them.
-    pub fn apply(&self, pids: &[u32]) -> io::Result<Pinned> {
+    /// Pin this process's threads and every thread of `pids` apart, and
+    /// every thread of `beside_load` (a standby, a replica: as deployed,
+    /// on a machine of their own, not the measured server's) with this
+    /// process; the guard lets them all run anywhere again (on every CPU
+    /// this process could use before) when dropped. New threads of this
+    /// process (the run's load threads) inherit its pinning from the
+    /// thread that spawns them.
+    pub fn apply(&self, pids: &[u32], beside_load: &[u32]) -> io::Result<Pinned> {
         let all = allowed_cpus()?;
         let guard = Pinned {
-            pids: pids.to_vec(),
+            pids: pids.iter().chain(beside_load).copied().collect(),
             all,
         };
         set_process(std::process::id(), &self.load_gen)?;
         for &pid in pids {
             set_process(pid, &self.servers)?;
+        }
+        for &pid in beside_load {
+            set_process(pid, &self.load_gen)?;
         }
         Ok(guard)
     }
