@@ -165,7 +165,9 @@ impl LoopWatches {
         writes: &mut Vec<(u64, Answer)>,
     ) {
         match answer {
-            Answer::Watched { key, .. } => self.fanout.change(key, |line| answer.write_to(line)),
+            // No clock here: the time only paces sweeps, which the
+            // simulation runs whole.
+            Answer::Watched { key, .. } => self.fanout.change(key, 0, |line| answer.write_to(line)),
             Answer::Moved { active, .. } => {
                 let conns: Vec<u64> = self.queues.keys().copied().collect();
                 for conn in conns {

@@ -54,13 +54,15 @@
 //!   jumping by more than one counts the states it skipped). While the loop
 //!   serves clients the sweeps are paced ([`Pace`]) to a bounded share of
 //!   its time. A key that changes again before its watchers have all been
-//!   looked at is outrunning its fan-out: its sweeps get 5% (with a burst
+//!   looked at, or within 10 ms, is outrunning its fan-out: its sweeps get
+//!   5% (with a burst
 //!   of 10 ms after a quiet spell), so 10,000 watchers of a key the
 //!   clients change as fast as they can cost the clients little, and the
 //!   watchers get fewer, newer states. A change that comes after the
-//!   key's last pass ended (a leader elected, a lock taken now and then)
-//!   is news its watchers wait for, and its pass, which ends, may take a
-//!   quarter of the loop. An idle loop sweeps back to back.
+//!   key's last pass ended, and at least 10 ms after its last change (a
+//!   leader elected, a lock taken now and then), is news its watchers
+//!   wait for, and its pass, which ends, may take a quarter of the loop.
+//!   An idle loop sweeps back to back.
 //! - **Slow watchers.** The loop never waits on a watcher and never grows
 //!   memory for one: a line is written into the connection's output only
 //!   while that output holds less than [`WATCH_ROOM`] bytes unsent;
@@ -487,13 +489,23 @@ struct Feed {
     remaining: usize,
     /// The key is in the loop's round-robin of keys to sweep.
     queued: bool,
-    /// The key changed again before its watchers had all been looked at
-    /// since the change before: it changes faster than the loop fans it
-    /// out, so its sweeps are held to the share of a key that keeps
-    /// changing ([`FANOUT_SHARE_DIV`]) instead of a pass's
-    /// ([`PASS_SHARE_DIV`]).
+    /// The key's last change was no news: it came before its watchers had
+    /// all been looked at since the change before, or less than
+    /// [`NEWS_GAP_US`] after it. Such a key changes faster than its
+    /// watchers need to hear of each change, so its sweeps are held to the
+    /// share of a key that keeps changing ([`FANOUT_SHARE_DIV`]) instead of
+    /// a pass's ([`PASS_SHARE_DIV`]).
     outrun: bool,
+    /// When the key last changed (µs on the loop's clock), if it has.
+    changed_us: Option<u64>,
 }
+
+/// A change that comes less than this many µs after the key's last one is
+/// no news, even if that one's pass has ended: a key with a few watchers,
+/// whose passes end in microseconds, changed as fast as its clients can,
+/// is held to the hammered key's share. A leader elected, a lock taken now
+/// and then, change far less often than this.
+pub const NEWS_GAP_US: u64 = 10_000;
 
 /// What one [`Fanout::sweep`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -558,16 +570,20 @@ impl Fanout {
         Some(false)
     }
 
-    /// A change of `key`: `write` encodes its line. Nothing if the loop
-    /// has no watcher of it. O(1), whatever the watchers.
-    pub fn change(&mut self, key: &Key, write: impl FnOnce(&mut Vec<u8>)) {
+    /// A change of `key` at `now_us`: `write` encodes its line. Nothing if
+    /// the loop has no watcher of it. O(1), whatever the watchers.
+    pub fn change(&mut self, key: &Key, now_us: u64, write: impl FnOnce(&mut Vec<u8>)) {
         let Some(feed) = self.feeds.get_mut(key) else {
             return;
         };
         feed.version += 1;
         feed.line.clear();
         write(&mut feed.line);
-        feed.outrun = feed.remaining > 0;
+        let soon = feed
+            .changed_us
+            .is_some_and(|at| now_us.saturating_sub(at) < NEWS_GAP_US);
+        feed.outrun = feed.remaining > 0 || soon;
+        feed.changed_us = Some(now_us);
         feed.remaining = feed.members.len();
         if !feed.queued {
             feed.queued = true;
@@ -663,7 +679,8 @@ pub const FANOUT_SHARE_DIV: u64 = 20;
 /// may take a quarter of a serving loop's time (at 5%, a pass over 10,000
 /// watchers, ~100 ms of writing on a small VM, took 2 s or more while
 /// other clients kept the loop busy). A key that changes again before its
-/// pass is done is outrunning it, and is held to [`FANOUT_SHARE_DIV`].
+/// pass is done, or within [`NEWS_GAP_US`] of its last change, is
+/// outrunning it, and is held to [`FANOUT_SHARE_DIV`].
 pub const PASS_SHARE_DIV: u64 = 4;
 /// The sweep time a serving loop may spend at once, beyond its share,
 /// after a spell in which it used less than the share, for a key that
@@ -933,6 +950,8 @@ mod tests {
         full: Vec<bool>,
         /// What each connection was written, in order.
         out: Vec<Vec<Vec<u8>>>,
+        /// The time of the last change.
+        now_us: u64,
     }
 
     impl Loop {
@@ -942,6 +961,7 @@ mod tests {
                 queues: (0..n).map(|_| WatchQueue::default()).collect(),
                 full: vec![false; n],
                 out: vec![Vec::new(); n],
+                now_us: 0,
             };
             for slot in 0..n {
                 l.queues[slot].watch(k, 8);
@@ -951,8 +971,15 @@ mod tests {
             l
         }
 
+        /// A change, `NEWS_GAP_US` after the one before.
         fn change(&mut self, k: &Key, token: u64) {
-            self.fanout.change(k, |line| {
+            self.now_us += NEWS_GAP_US;
+            self.change_at(k, token, self.now_us);
+        }
+
+        fn change_at(&mut self, k: &Key, token: u64, now_us: u64) {
+            self.now_us = now_us;
+            self.fanout.change(k, now_us, |line| {
                 line.extend_from_slice(token.to_string().as_bytes())
             });
         }
@@ -1033,19 +1060,27 @@ mod tests {
             keeping_up: false,
         };
         // The first change: a pass, however many sweeps it takes.
-        l.change(&k, 1);
+        l.change_at(&k, 1, 0);
         assert_eq!(l.sweep_all(4, 100), (kept(4), 0));
         // A change before the pass is done: outrun (the next three never
-        // got state 1).
-        l.change(&k, 2);
+        // got state 1), however long after the one before.
+        l.change_at(&k, 2, 5 * NEWS_GAP_US);
         assert_eq!(l.sweep_all(3, 100), (outrun(3), 3));
         // Still outrun while the key keeps changing before every watcher
         // has been looked at...
         l.change(&k, 3);
         assert_eq!(l.sweep_all(100, 100).0, outrun(10));
         assert!(!l.fanout.has_work());
-        // ...and a pass again once one ended before the next change.
+        // ...and a pass again once one ended before the next change, that
+        // came a while after the last...
         l.change(&k, 4);
+        assert_eq!(l.sweep_all(100, 100).0, kept(10));
+        // ...but not if it came soon after it: a key whose passes end at
+        // once (few watchers) changed as fast as its clients can.
+        let soon = l.now_us + NEWS_GAP_US - 1;
+        l.change_at(&k, 5, soon);
+        assert_eq!(l.sweep_all(100, 100).0, outrun(10));
+        l.change_at(&k, 6, soon + NEWS_GAP_US);
         assert_eq!(l.sweep_all(100, 100).0, kept(10));
         // A sweep over an outrun key and a key keeping up is not a pass.
         for slot in 0..10 {
@@ -1053,10 +1088,12 @@ mod tests {
             l.fanout.add(&j, slot);
             l.queues[slot].answered_watch(&j, l.fanout.version(&j));
         }
-        l.change(&k, 5);
+        l.change(&k, 7);
         assert_eq!(l.sweep_all(2, 100).0, kept(2));
-        l.change(&k, 6);
-        l.fanout.change(&j, |line| line.extend_from_slice(b"j1"));
+        l.change(&k, 8);
+        let now = l.now_us;
+        l.fanout
+            .change(&j, now, |line| line.extend_from_slice(b"j1"));
         assert_eq!(l.sweep_all(100, 100).0, outrun(20));
         // A sweep that writes nothing is no sweep of an outrun key.
         assert_eq!(l.sweep_all(100, 100).0, kept(0));

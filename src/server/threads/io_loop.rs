@@ -1205,7 +1205,11 @@ impl IoLoop {
     /// active.
     fn watchers_entry(&mut self, answer: &Answer) {
         match answer {
-            Answer::Watched { key, .. } => self.fanout.change(key, |line| answer.write_to(line)),
+            Answer::Watched { key, .. } => {
+                let now_us = self.micros();
+                self.fanout
+                    .change(key, now_us, |line| answer.write_to(line));
+            }
             Answer::Moved { active, .. } => {
                 let slots: Vec<usize> = self
                     .conns
