@@ -710,7 +710,7 @@ const BURST_AHEAD_US: u64 = FANOUT_BURST_US * FANOUT_SHARE_DIV;
 /// run back to back. A token bucket kept as one debt clock (the generic
 /// cell rate algorithm): each sweep of `t` pushes the clock `t × share
 /// divisor` on from where it was (or from now, if it was behind), and a
-/// sweep may start while the clock is less than [`BURST_AHEAD_US`] ahead
+/// sweep may start while the clock is less than `BURST_AHEAD_US` ahead
 /// of now. Times are µs on the loop's clock, passed in.
 #[derive(Debug, Default)]
 pub struct Pace {
