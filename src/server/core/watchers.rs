@@ -54,11 +54,10 @@
 //!   jumping by more than one counts the states it skipped). While the loop
 //!   serves clients the sweeps are paced ([`Pace`]) to a bounded share of
 //!   its time. A key that changes again before its watchers have all been
-//!   looked at, or within 10 ms, is outrunning its fan-out: its sweeps get
-//!   5% (with a burst
-//!   of 10 ms after a quiet spell), so 10,000 watchers of a key the
-//!   clients change as fast as they can cost the clients little, and the
-//!   watchers get fewer, newer states. A change that comes after the
+//!   looked at, or within 10 ms, is outrunning its fan-out: its sweeps
+//!   get 5% (with a burst of 10 ms after a quiet spell), so 10,000
+//!   watchers of a key the clients change as fast as they can cost the
+//!   clients little, and the watchers get fewer, newer states. A change that comes after the
 //!   key's last pass ended, and at least 10 ms after its last change (a
 //!   leader elected, a lock taken now and then), is news its watchers
 //!   wait for, and its pass, which ends, may take a quarter of the loop.
@@ -512,9 +511,9 @@ pub const NEWS_GAP_US: u64 = 10_000;
 pub struct Swept {
     /// Lines written.
     pub lines: usize,
-    /// Every line written was of a key that is not outrunning its
-    /// fan-out (each its watchers' first news since their last line
-    /// caught up): the sweep is paced as part of a pass.
+    /// Every line written was of a key not outrunning its fan-out (its
+    /// last change came after its last pass ended, and not soon after
+    /// the change before): the sweep is paced as part of a pass.
     pub keeping_up: bool,
 }
 
