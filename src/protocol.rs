@@ -792,13 +792,12 @@ impl Key {
                 Err(Reason::BadKey)
             };
         }
-        // A short key is checked and copied in one pass (no calls).
+        // A short key is copied, then checked without a branch per byte
+        // (which the compiler turns into a few vector compares).
         let mut inline = [0u8; INLINE_KEY];
-        for (slot, &b) in inline.iter_mut().zip(bytes) {
-            if !is_key_byte(b) {
-                return Err(Reason::BadKey);
-            }
-            *slot = b;
+        inline[..bytes.len()].copy_from_slice(bytes);
+        if !all_key_bytes(bytes) {
+            return Err(Reason::BadKey);
         }
         Ok(Key(KeyRepr::Inline {
             len: bytes.len() as u8,
@@ -817,12 +816,18 @@ impl Key {
 
 /// Non-empty, and every byte allowed in a key (no space, control byte or 0x7F).
 fn is_printable_field(bytes: &[u8]) -> bool {
-    !bytes.is_empty() && bytes.iter().all(|&b| is_key_byte(b))
+    !bytes.is_empty() && all_key_bytes(bytes)
 }
 
 /// A byte a key may have: not a space, a control byte or 0x7F.
 fn is_key_byte(b: u8) -> bool {
     b >= 0x21 && b != 0x7F
+}
+
+/// Every byte is a key byte ([`is_key_byte`]); no early exit, so that it
+/// compiles to vector compares (a key is checked on every request).
+fn all_key_bytes(bytes: &[u8]) -> bool {
+    bytes.iter().fold(true, |ok, &b| ok & is_key_byte(b))
 }
 
 impl fmt::Display for Key {
@@ -2055,6 +2060,24 @@ mod tests {
                 refused_with(Op::Release, None, Reason::BadKey),
                 "byte {byte:#x}"
             );
+        }
+    }
+
+    #[test]
+    fn every_byte_at_every_place_of_short_and_long_keys_is_judged_by_the_byte_rule() {
+        for len in [1, 2, 7, 8, 9, 16, 17, INLINE_KEY, INLINE_KEY + 1, 40, MAX_KEY] {
+            for at in [0, len / 2, len - 1] {
+                for byte in 0..=u8::MAX {
+                    let mut bytes = vec![b'k'; len];
+                    bytes[at] = byte;
+                    let ok = byte >= 0x21 && byte != 0x7F;
+                    let key = Key::new(&bytes);
+                    assert_eq!(key.is_ok(), ok, "len {len} at {at} byte {byte:#x}");
+                    if let Ok(key) = key {
+                        assert_eq!(key.as_bytes(), &bytes[..]);
+                    }
+                }
+            }
         }
     }
 
