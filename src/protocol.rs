@@ -2065,7 +2065,10 @@ mod tests {
 
     #[test]
     fn every_byte_at_every_place_of_short_and_long_keys_is_judged_by_the_byte_rule() {
-        for len in [1, 2, 7, 8, 9, 16, 17, INLINE_KEY, INLINE_KEY + 1, 40, MAX_KEY] {
+        // Short of a word, around words, at the inline bound, long.
+        let lens = [1, 2, 7, 8, 9, 16, 17];
+        let bounds = [INLINE_KEY, INLINE_KEY + 1, 40, MAX_KEY];
+        for len in lens.into_iter().chain(bounds) {
             for at in [0, len / 2, len - 1] {
                 for byte in 0..=u8::MAX {
                     let mut bytes = vec![b'k'; len];
