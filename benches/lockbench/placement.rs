@@ -7,8 +7,9 @@
 //! measured server processes (every thread, from /proc/PID/task) for the
 //! length of one run (a cluster's standby, or Redis's replica, is placed
 //! beside the load generator: as deployed it has a machine of its own,
-//! and on the measured server's cores it would take their turns); [`Split::apply`] pins them, and the guard it returns
-//! gives every CPU back when dropped.
+//! and on the measured server's cores it would take their turns);
+//! [`Split::apply`] pins them, and the guard it returns gives every CPU
+//! back when dropped.
 //!
 //! Why: on a machine where the load generator shares the cores with the
 //! server, a server thread that busy-polls by yielding its CPU (as baton's

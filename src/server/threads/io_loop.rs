@@ -1202,11 +1202,12 @@ impl IoLoop {
     /// An entry for this loop's watchers: a change of a watched key (its
     /// newest state, swept out to the watchers by `fan_out`), or (`M
     /// <active> W -`) the end of every live watch as the node stops being
-    /// active.
-    fn watchers_entry(&mut self, answer: &Answer) {
+    /// active. `now_us`: the batch's time on the loop's clock, read once
+    /// for all its entries.
+    fn watchers_entry(&mut self, answer: &Answer, now_us: &mut Option<u64>) {
         match answer {
             Answer::Watched { key, .. } => {
-                let now_us = self.micros();
+                let now_us = *now_us.get_or_insert_with(|| self.micros());
                 self.fanout
                     .change(key, now_us, |line| answer.write_to(line));
             }
@@ -1331,9 +1332,10 @@ impl IoLoop {
 
     fn apply_owner_batch(&mut self, batch: OwnerBatch) {
         let mut answered = false;
+        let mut now_us = None;
         for (id, answer) in &batch.answers {
             if id.is_watchers() {
-                self.watchers_entry(answer);
+                self.watchers_entry(answer, &mut now_us);
             } else if let Some(slot) = self.live_slot(*id) {
                 answered = true;
                 self.conns[slot].state.answered(answer_owed(answer));
