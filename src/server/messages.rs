@@ -163,6 +163,13 @@ pub fn next_room(room: usize, used: usize) -> usize {
     used.max(room - room / 8).min(MAX_ROOM)
 }
 
+/// What a batch is allocated with for `room` entries: a quarter more, so
+/// that a round a little larger than the recent ones (the usual jitter of a
+/// steady load) does not grow the batch, which copies all of it.
+pub fn with_headroom(room: usize) -> usize {
+    room + room / 4
+}
+
 /// The most room a round's batch is made with (a larger round grows it as
 /// it goes, as every round once did).
 const MAX_ROOM: usize = 4096;
@@ -181,6 +188,8 @@ mod tests {
         for _ in 0..100 {
             room = next_room(room, 0);
         }
+        assert_eq!(with_headroom(800), 1000);
+        assert_eq!(with_headroom(0), 0);
         assert!(
             room < 8,
             "rounds with few requests give the room back: {room}"

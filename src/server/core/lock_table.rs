@@ -43,7 +43,6 @@
 //! Never does: I/O, clock reads, blocking, or trusting a request to be sane
 //! beyond what `protocol.rs` already checked.
 
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher, RandomState};
 
@@ -327,17 +326,16 @@ const NIL: u32 = u32::MAX;
 /// key is what a lock server is judged by). Hashing is keyed (SipHash with
 /// a random key), so keys chosen by clients cannot force collisions.
 ///
-/// A request hashes its key once (SipHash is the lock owner's largest cost
-/// per request after the answer itself): a miss hands its hash to the
-/// insert that follows ([`KeyIndex::find`]), and the last hit's hash is
-/// kept for the remove that usually follows it (a release freeing the key).
+/// A request hashes its key at most once (SipHash is the lock owner's
+/// largest cost per request after the answer itself): a miss hands its
+/// hash to the insert that follows ([`KeyIndex::find`]), and each key keeps
+/// its hash ([`KeyState::hash`], 32 bits, in what was padding), so taking
+/// it out, or moving it when the table grows, hashes nothing. A release or
+/// keep names its grant's token, which usually finds the key with no hash
+/// at all ([`RecentGrants`]).
 struct KeyIndex {
     table: HashTable<u32>,
     hasher: RandomState,
-    /// The slot of the last hit and its key's hash (slot NIL: none). Exact:
-    /// a slot's key never changes while it is indexed, and removing or
-    /// clearing forgets it.
-    last_hit: Cell<(u32, u64)>,
 }
 
 impl Default for KeyIndex {
@@ -345,32 +343,39 @@ impl Default for KeyIndex {
         KeyIndex {
             table: HashTable::new(),
             hasher: RandomState::new(),
-            last_hit: Cell::new((NIL, 0)),
         }
     }
 }
 
-/// One `write` of the key's bytes (a slice's `Hash` would add a second,
-/// for its length, which a single field does not need).
-fn key_hash(hasher: &RandomState, key: &Key) -> u64 {
+/// The 32 bits of a key's hash that it keeps ([`KeyState::hash`]): one
+/// `write` of the key's bytes (a slice's `Hash` would add a second, for its
+/// length, which a single field does not need).
+fn key_hash(hasher: &RandomState, key: &Key) -> u32 {
     let mut state = hasher.build_hasher();
     state.write(key.as_bytes());
-    state.finish()
+    state.finish() as u32
+}
+
+/// A kept hash as the index uses it: the same 32 bits in the low half
+/// (where the table's bucket comes from) and the high half (where its tag
+/// bits come from).
+fn spread(hash: u32) -> u64 {
+    u64::from(hash) | u64::from(hash) << 32
 }
 
 impl KeyIndex {
-    fn hash(&self, key: &Key) -> u64 {
+    fn hash(&self, key: &Key) -> u32 {
         key_hash(&self.hasher, key)
     }
 
     /// The key's slot, or, when it has none, its hash (for [`KeyIndex::insert`]).
-    fn find(&self, keys: &Slab<KeyState>, key: &Key) -> Result<u32, u64> {
+    fn find(&self, keys: &Slab<KeyState>, key: &Key) -> Result<u32, u32> {
         let hash = self.hash(key);
-        match self.table.find(hash, |&i| keys[i as usize].key == *key) {
-            Some(&idx) => {
-                self.last_hit.set((idx, hash));
-                Ok(idx)
-            }
+        match self
+            .table
+            .find(spread(hash), |&i| keys[i as usize].key == *key)
+        {
+            Some(&idx) => Ok(idx),
             None => Err(hash),
         }
     }
@@ -379,29 +384,23 @@ impl KeyIndex {
         self.find(keys, key).ok()
     }
 
-    /// Index slot `idx`, which must hold a key not indexed yet, whose hash
-    /// is `hash` (from [`KeyIndex::find`]'s miss).
-    fn insert(&mut self, keys: &Slab<KeyState>, idx: u32, hash: u64) {
+    /// Index slot `idx`, which must hold a key not indexed yet, with its
+    /// kept hash.
+    fn insert(&mut self, keys: &Slab<KeyState>, idx: u32) {
+        let hash = keys[idx as usize].hash;
         debug_assert_eq!(
             hash,
             self.hash(&keys[idx as usize].key),
             "the key's own hash"
         );
-        let hasher = &self.hasher;
         self.table
-            .insert_unique(hash, idx, |&i| key_hash(hasher, &keys[i as usize].key));
+            .insert_unique(spread(hash), idx, |&i| spread(keys[i as usize].hash));
     }
 
-    /// Forget slot `idx`, which held `key` (the slot may be gone already).
-    fn remove(&mut self, key: &Key, idx: u32) {
-        let (hit, hit_hash) = self.last_hit.replace((NIL, 0));
-        let hash = if hit == idx { hit_hash } else { self.hash(key) };
-        debug_assert_eq!(
-            hash,
-            self.hash(key),
-            "a slot's key never changes while indexed"
-        );
-        if let Ok(entry) = self.table.find_entry(hash, |&i| i == idx) {
+    /// Forget slot `idx`, whose key's kept hash is `hash` (the slot may be
+    /// gone already).
+    fn remove(&mut self, hash: u32, idx: u32) {
+        if let Ok(entry) = self.table.find_entry(spread(hash), |&i| i == idx) {
             entry.remove();
         }
     }
@@ -412,7 +411,46 @@ impl KeyIndex {
 
     fn clear(&mut self) {
         self.table.clear();
-        self.last_hit.set((NIL, 0));
+    }
+}
+
+/// Which slot of the table the recent grants were made in, by token, so
+/// that a release or keep (which names its grant's token) finds its key
+/// without hashing it. A hint, never trusted: it is used only when that
+/// slot holds the very key the request names (then it is that key's slot,
+/// since a key has one), and otherwise the index is asked. A grant's entry
+/// lasts until a later grant lands on the same entry (`RECENT_GRANTS` of
+/// them, spread by a multiplicative hash of the token), so a key held for
+/// a long while on a busy node is found by its hash as before.
+struct RecentGrants {
+    slots: Box<[u32]>,
+}
+
+/// Entries of [`RecentGrants`] (a power of two): 16 KiB.
+const RECENT_GRANTS: usize = 4096;
+
+impl RecentGrants {
+    fn new() -> RecentGrants {
+        RecentGrants {
+            slots: vec![NIL; RECENT_GRANTS].into_boxed_slice(),
+        }
+    }
+
+    fn entry(token: u64) -> usize {
+        // Fibonacci hashing: consecutive tokens land far apart; the top
+        // bits are the entry.
+        (token.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - RECENT_GRANTS.trailing_zeros()))
+            as usize
+    }
+
+    /// `token` was just granted in slot `idx`.
+    fn note(&mut self, token: u64, idx: u32) {
+        self.slots[Self::entry(token)] = idx;
+    }
+
+    /// The slot `token` was last noted in, or NIL.
+    fn get(&self, token: u64) -> u32 {
+        self.slots[Self::entry(token)]
     }
 }
 
@@ -439,6 +477,9 @@ pub struct TableStats {
 #[derive(Debug)]
 struct KeyState {
     key: Key,
+    /// The key's hash in the index (`KeyIndex`): kept so that taking the
+    /// key out hashes nothing. (It fits in what was padding.)
+    hash: u32,
     // The key's first grant (a key in the table always has one).
     token: u64,
     expiry_ms: u64,
@@ -606,6 +647,8 @@ enum Timer {
 pub struct LockTable {
     limits: TableLimits,
     index: KeyIndex,
+    /// Where recent grants were made, by token (a hint for `R` and `K`).
+    recent: RecentGrants,
     keys: Slab<KeyState>,
     /// The Sems of keys that have one (see [`KeyState::sem`]).
     sems: Slab<Sem>,
@@ -649,6 +692,7 @@ impl LockTable {
         LockTable {
             limits,
             index: KeyIndex::default(),
+            recent: RecentGrants::new(),
             keys: Slab::new(),
             sems: Slab::new(),
             grants: 0,
@@ -1036,7 +1080,7 @@ impl LockTable {
         out: &mut Outbox,
     ) {
         let found = self
-            .lookup_live(now_ms, &key, out)
+            .lookup_live_by_token(now_ms, &key, token, out)
             .ok()
             .and_then(|idx| Some((idx, self.find_grant(idx, token)?)));
         match found {
@@ -1072,7 +1116,7 @@ impl LockTable {
         out: &mut Outbox,
     ) {
         let found = self
-            .lookup_live(now_ms, &key, out)
+            .lookup_live_by_token(now_ms, &key, token, out)
             .ok()
             .and_then(|idx| Some((idx, self.find_grant(idx, token)?)));
         match found {
@@ -1316,8 +1360,39 @@ impl LockTable {
     /// whose timer has not fired yet is expired here first (every such
     /// grant of the key), so the answer is the same whenever the timer
     /// happens to run.
-    fn lookup_live(&mut self, now_ms: u64, key: &Key, out: &mut Outbox) -> Result<u32, u64> {
+    fn lookup_live(&mut self, now_ms: u64, key: &Key, out: &mut Outbox) -> Result<u32, u32> {
         let idx = self.index.find(&self.keys, key)?;
+        self.reclaim_lapsed(now_ms, idx, key, out)
+    }
+
+    /// As [`LockTable::lookup_live`], for a request that names a grant's
+    /// `token`: where that token was granted, if it is still the key's slot
+    /// ([`RecentGrants`]), is looked at before the index.
+    fn lookup_live_by_token(
+        &mut self,
+        now_ms: u64,
+        key: &Key,
+        token: u64,
+        out: &mut Outbox,
+    ) -> Result<u32, u32> {
+        let hint = self.recent.get(token);
+        let idx = match self.keys.get(hint as usize) {
+            Some(state) if state.key == *key => hint,
+            _ => self.index.find(&self.keys, key)?,
+        };
+        self.reclaim_lapsed(now_ms, idx, key, out)
+    }
+
+    /// Key `idx` (which is `key`'s slot) as [`LockTable::lookup_live`]
+    /// answers it: every grant of it whose lease ran out by `now_ms` is
+    /// reclaimed first.
+    fn reclaim_lapsed(
+        &mut self,
+        now_ms: u64,
+        idx: u32,
+        key: &Key,
+        out: &mut Outbox,
+    ) -> Result<u32, u32> {
         while let Some(at) = self.first_lapsed(idx, now_ms) {
             self.wheel.cancel(self.grant_timer(idx, at));
             let deadline = self.expire(idx, at, now_ms);
@@ -1364,7 +1439,7 @@ impl LockTable {
     fn insert_key(
         &mut self,
         key: Key,
-        hash: u64,
+        hash: u32,
         token: u64,
         expiry_ms: u64,
         limit: u32,
@@ -1380,6 +1455,7 @@ impl LockTable {
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
         entry.insert(KeyState {
             key,
+            hash,
             token,
             expiry_ms,
             lease_timer,
@@ -1389,7 +1465,7 @@ impl LockTable {
             pending: NIL,
             sem,
         });
-        self.index.insert(&self.keys, idx, hash);
+        self.index.insert(&self.keys, idx);
         self.grants += 1;
         if token != 0 {
             self.holders_changed(idx);
@@ -1401,7 +1477,7 @@ impl LockTable {
     /// cancelled) and its Sem; the caller records what replication needs.
     fn drop_key(&mut self, idx: u32) -> KeyState {
         let state = self.keys.remove(idx as usize);
-        self.index.remove(&state.key, idx);
+        self.index.remove(state.hash, idx);
         self.wheel.cancel(state.lease_timer);
         self.grants -= 1;
         if state.sem != NIL {
@@ -1424,6 +1500,7 @@ impl LockTable {
         value: Option<Value>,
     ) -> (u64, u32) {
         let token = self.tokens.issue();
+        self.recent.note(token, idx);
         let expiry_ms = now_ms.saturating_add(lease_ms);
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
         let sem = self.keys[idx as usize].sem;
@@ -1497,7 +1574,7 @@ impl LockTable {
         now_ms: u64,
         conn: ConnId,
         key: Key,
-        hash: u64,
+        hash: u32,
         lease_ms: u64,
         ask: Ask,
         out: &mut Outbox,
@@ -1506,6 +1583,7 @@ impl LockTable {
         let expiry_ms = now_ms.saturating_add(lease_ms);
         let limit = ask.limit.unwrap_or(1);
         let idx = self.insert_key(key.clone(), hash, token, expiry_ms, limit, 0, ask.value);
+        self.recent.note(token, idx);
         self.metrics.granted(0);
         self.note_held(idx, Some(now_ms));
         let slot = ask.limit.map(|_| 0);
@@ -1640,6 +1718,7 @@ impl LockTable {
             self.metrics.handed_off(expired_at_ms);
         }
         let token = self.tokens.issue();
+        self.recent.note(token, idx);
         debug_assert!(token > old_token, "tokens never decrease");
         let expiry_ms = now_ms.saturating_add(waiter.lease_ms);
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
@@ -2169,6 +2248,11 @@ impl LockTable {
         let mut sems = 0usize;
         for (idx, state) in &self.keys {
             assert_eq!(self.index.get(&self.keys, &state.key), Some(idx as u32));
+            assert_eq!(
+                state.hash,
+                self.index.hash(&state.key),
+                "a key keeps its hash"
+            );
             let limit = self.limit(idx as u32);
             assert!((1..=crate::protocol::MAX_LIMIT).contains(&limit));
             let sem = self.sem(idx as u32);
@@ -3319,6 +3403,72 @@ mod tests {
             [(_, Answer::Error { reason, .. })] => Some(*reason),
             _ => None,
         }
+    }
+
+    fn released(k: &str) -> Answer {
+        Answer::Released { key: key(k) }
+    }
+
+    fn not_held(k: &str) -> Answer {
+        Answer::NotHeld { key: key(k) }
+    }
+
+    fn kept(k: &str) -> Answer {
+        Answer::Kept { key: key(k) }
+    }
+
+    fn not_held_keep(k: &str) -> Answer {
+        Answer::Error {
+            op: Some(Op::Keep),
+            key: Some(key(k)),
+            reason: Reason::NotHeld,
+        }
+    }
+
+    #[test]
+    fn a_release_whose_token_was_granted_in_a_slot_now_holding_another_key_is_not_held() {
+        let mut h = Harness::new();
+        let t_a = h.grant(0, C1, "a", 1000);
+        assert_eq!(h.release(0, C1, "a", t_a), vec![(C1, released("a"))]);
+        // "b" takes the slot "a" had: the hint of `t_a` points at "b" now.
+        let t_b = h.grant(0, C2, "b", 1000);
+        let hint = h.table.recent.get(t_a) as usize;
+        assert_eq!(
+            h.table.keys[hint].key,
+            key("b"),
+            "the scenario: a stale hint"
+        );
+        assert_eq!(h.release(0, C1, "a", t_a), vec![(C1, not_held("a"))]);
+        assert_eq!(h.release(0, C1, "b", t_a), vec![(C1, not_held("b"))]);
+        assert_eq!(h.keep(0, C1, "b", t_a, 500), vec![(C1, not_held_keep("b"))]);
+        assert_eq!(h.release(0, C2, "b", t_b), vec![(C2, released("b"))]);
+    }
+
+    #[test]
+    fn a_grant_whose_hint_was_overwritten_by_later_grants_is_still_found() {
+        let mut h = Harness::new();
+        let t_old = h.grant(0, C1, "old", 100_000);
+        // More grants than the hint has entries: every entry is rewritten.
+        for i in 0..2 * RECENT_GRANTS {
+            let k = format!("k{i}");
+            let t = h.grant(0, C2, &k, 1000);
+            assert_eq!(h.release(0, C2, &k, t), vec![(C2, released(&k))]);
+        }
+        assert_eq!(
+            h.keep(1, C1, "old", t_old, 100_000),
+            vec![(C1, kept("old"))]
+        );
+        assert_eq!(h.release(1, C1, "old", t_old), vec![(C1, released("old"))]);
+    }
+
+    #[test]
+    fn a_token_not_granted_here_finds_nothing_whatever_its_hint_holds() {
+        let mut h = Harness::new();
+        let t = h.grant(0, C1, "a", 1000);
+        for forged in [1, t - 1, t + 1, u64::MAX, t ^ (1 << 40)] {
+            assert_eq!(h.release(0, C2, "a", forged), vec![(C2, not_held("a"))]);
+        }
+        assert_eq!(h.release(0, C1, "a", t), vec![(C1, released("a"))]);
     }
 
     #[test]

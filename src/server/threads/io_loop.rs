@@ -140,7 +140,9 @@ use crate::server::core::connection::{
 use crate::server::core::deadlines::Deadlines;
 use crate::server::core::lock_table::ConnId;
 use crate::server::core::watchers::{Delivery, Fanout, Pace, WATCH_ROOM, WatchQueue, WatchStep};
-use crate::server::messages::{Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room};
+use crate::server::messages::{
+    Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room, with_headroom,
+};
 use crate::server::shared::{Gauges, Settings};
 use crate::server::trust::tls::{HANDSHAKE_MS, Stream};
 
@@ -493,7 +495,10 @@ impl IoLoop {
         // recent rounds had (no step-by-step growth, and copies, every
         // round).
         self.batch_room = next_room(self.batch_room, self.batch.len());
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(self.batch_room));
+        let batch = std::mem::replace(
+            &mut self.batch,
+            Vec::with_capacity(with_headroom(self.batch_room)),
+        );
         match self.to_owner.try_send(ToOwner::Clients(batch)) {
             Ok(()) => {}
             // The owner's channel is full: keep the batch (it goes

@@ -59,6 +59,7 @@ use crate::server::core::lock_table::ConnId;
 use crate::server::core::table_core::TableCore;
 use crate::server::messages::{
     IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl, capacity, next_room,
+    with_headroom,
 };
 use crate::server::rounds::{Gone, OwnerPorts, OwnerRound};
 use crate::server::stats::MetricsSlot;
@@ -375,7 +376,7 @@ impl OwnerPorts for Links {
             let batch = std::mem::replace(
                 round,
                 OwnerBatch {
-                    answers: Vec::with_capacity(*room),
+                    answers: Vec::with_capacity(with_headroom(*room)),
                     forgotten: Vec::new(),
                 },
             );
