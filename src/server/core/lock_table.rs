@@ -24,6 +24,12 @@
 //! grant's slot and value, its other grants and which slots are taken. A
 //! plain mutex key pays 4 bytes for the link to it.
 //!
+//! Finding a key: an index of slot numbers by the key's keyed hash, hashed
+//! once per request at most (`KeyIndex`; each key keeps its 32-bit hash in
+//! what was padding); a release or keep first looks where its token was
+//! granted (`RecentGrants`, a hint used only when that slot holds the very
+//! key named), so the usual acquire-release pair hashes its key once.
+//!
 //! Invariants (checked by [`LockTable::check_invariants`] in tests and asserted
 //! where cheap):
 //! - a key in the table always has 1 to `limit` holders, in distinct slots
