@@ -282,6 +282,7 @@ impl TableCore {
     }
 
     /// One event from a client connection.
+    #[inline]
     pub fn handle_inbound(&mut self, now: Now, inbound: Inbound) {
         match inbound {
             // Nearly all traffic: a request to an active node, served at
@@ -345,6 +346,7 @@ impl TableCore {
         self.table.take_watch_lines(&mut self.outbox);
     }
 
+    #[inline]
     fn serve(&mut self, now: Now, conn: crate::server::core::lock_table::ConnId, request: Request) {
         let out = &mut self.outbox;
         let now_ms = now.ms_ceil;
