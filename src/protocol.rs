@@ -792,17 +792,50 @@ impl Key {
                 Err(Reason::BadKey)
             };
         }
-        // A short key is copied, then checked without a branch per byte
-        // (which the compiler turns into a few vector compares).
-        let mut inline = [0u8; INLINE_KEY];
-        inline[..bytes.len()].copy_from_slice(bytes);
+        // A short key is checked without a branch per byte (which the
+        // compiler turns into a few vector compares).
         if !all_key_bytes(bytes) {
             return Err(Reason::BadKey);
         }
-        Ok(Key(KeyRepr::Inline {
-            len: bytes.len() as u8,
+        Ok(Key::inline(bytes))
+    }
+
+    /// A key of bytes already known to be key bytes ([`first_non_key_byte`]
+    /// found none): only its length is checked. None if it is empty or too
+    /// long.
+    fn from_key_bytes(bytes: &[u8]) -> Option<Key> {
+        debug_assert!(all_key_bytes(bytes));
+        match bytes.len() {
+            0 => None,
+            1..=INLINE_KEY => Some(Key::inline(bytes)),
+            ..=MAX_KEY => Some(Key(KeyRepr::Heap(Box::from(bytes)))),
+            _ => None,
+        }
+    }
+
+    /// A short key (1 to `INLINE_KEY` bytes), copied in at most three
+    /// fixed-size moves rather than a call to `memcpy`.
+    fn inline(bytes: &[u8]) -> Key {
+        let n = bytes.len();
+        debug_assert!((1..=INLINE_KEY).contains(&n));
+        let mut inline = [0u8; INLINE_KEY];
+        if n >= 8 {
+            // The first eight, the next eight if the key is longer than
+            // sixteen, and the last eight (overlapping the others).
+            inline[..8].copy_from_slice(&bytes[..8]);
+            if n > 16 {
+                inline[8..16].copy_from_slice(&bytes[8..16]);
+            }
+            inline[n - 8..n].copy_from_slice(&bytes[n - 8..]);
+        } else {
+            for (to, from) in inline.iter_mut().zip(bytes) {
+                *to = *from;
+            }
+        }
+        Key(KeyRepr::Inline {
+            len: n as u8,
             bytes: inline,
-        }))
+        })
     }
 
     /// The key's bytes, as sent on the wire.
@@ -822,6 +855,33 @@ fn is_printable_field(bytes: &[u8]) -> bool {
 /// A byte a key may have: not a space, a control byte or 0x7F.
 fn is_key_byte(b: u8) -> bool {
     b >= 0x21 && b != 0x7F
+}
+
+/// Where the first byte of `bytes` that may not be in a key is (a space, a
+/// control byte or 0x7F: [`is_key_byte`]), eight bytes at a time; None if
+/// there is none. One pass both finds where a key field ends and checks it.
+fn first_non_key_byte(bytes: &[u8]) -> Option<usize> {
+    const LOW: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let mut base = 0;
+    let mut rest = bytes;
+    while let Some((chunk, more)) = rest.split_first_chunk::<8>() {
+        let word = u64::from_le_bytes(*chunk);
+        // The lowest marked byte of each is a real one (a false mark only
+        // ever lies above a real one): bytes below 0x21, and bytes 0x7F.
+        let below = word.wrapping_sub(LOW * 0x21) & !word & HIGH;
+        let del = word ^ (LOW * 0x7F);
+        let del = del.wrapping_sub(LOW) & !del & HIGH;
+        let marks = below | del;
+        if marks != 0 {
+            return Some(base + (marks.trailing_zeros() / 8) as usize);
+        }
+        base += 8;
+        rest = more;
+    }
+    rest.iter()
+        .position(|&b| !is_key_byte(b))
+        .map(|at| base + at)
 }
 
 /// Every byte is a key byte ([`is_key_byte`]); no early exit, so that it
@@ -1092,6 +1152,26 @@ fn op_field(field: &[u8]) -> Option<Op> {
 /// `DIGITS ( '.' DIGIT{1,3} )?`. No sign, no exponent, no leading or trailing
 /// '.', no spaces. Overflow -> None.
 pub fn parse_seconds(field: &[u8]) -> Option<u64> {
+    // Whole seconds of up to eight digits (`30`, `0`: nearly every lease
+    // and wait) in one pass; anything else (a point, more digits, a bad
+    // byte) the general way below.
+    if field.len() <= 8 {
+        let mut acc = 0u64;
+        let mut whole = true;
+        for &b in field {
+            let digit = b.wrapping_sub(b'0');
+            whole &= digit <= 9;
+            acc = acc * 10 + u64::from(digit);
+        }
+        if whole && !field.is_empty() {
+            return Some(acc * 1000);
+        }
+    }
+    parse_seconds_general(field)
+}
+
+/// [`parse_seconds`] for any field.
+fn parse_seconds_general(field: &[u8]) -> Option<u64> {
     let (whole, fraction) = match field.iter().position(|&b| b == b'.') {
         Some(dot) => (&field[..dot], Some(&field[dot + 1..])),
         None => (field, None),
@@ -1374,7 +1454,9 @@ fn request_from_line(line: &[u8], max_ms: u64) -> Result<Request, LineError> {
 fn common_request(line: &[u8], max_ms: u64) -> Option<Request> {
     let (&op, rest) = line.split_first()?;
     let rest = rest.strip_prefix(b" ")?;
-    let key_end = find_byte(rest, b' ')?;
+    // The key ends at its first byte that may not be in a key, which must
+    // be the space before the next field.
+    let key_end = first_non_key_byte(rest).filter(|&at| rest[at] == b' ')?;
     let (key, rest) = (&rest[..key_end], &rest[key_end + 1..]);
     match op {
         b'A' => {
@@ -1401,7 +1483,7 @@ fn common_request(line: &[u8], max_ms: u64) -> Option<Request> {
                     ),
                 },
             };
-            let key = Key::new(key).ok()?;
+            let key = Key::from_key_bytes(key)?;
             Some(Request::Acquire {
                 key,
                 lease_ms,
@@ -1412,7 +1494,7 @@ fn common_request(line: &[u8], max_ms: u64) -> Option<Request> {
         }
         b'R' => {
             let token = parse_u64(rest).filter(|&token| token != 0)?;
-            let key = Key::new(key).ok()?;
+            let key = Key::from_key_bytes(key)?;
             Some(Request::Release { key, token })
         }
         _ => None,
@@ -3754,6 +3836,70 @@ mod tests {
                 parse_u64(text.as_bytes()),
                 reference(text.as_bytes()),
                 "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn first_non_key_byte_finds_what_a_byte_loop_finds() {
+        let mut rng = Rng(0xc0ffee);
+        for _ in 0..50_000 {
+            let len = rng.below(40);
+            let mut bytes: Vec<u8> = (0..len).map(|_| 0x21 + rng.below(0x5e) as u8).collect();
+            // A few bytes of any value, the interesting ones included.
+            for _ in 0..rng.below(3) {
+                if len > 0 {
+                    let at = rng.below(len);
+                    bytes[at] = if rng.below(2) == 0 {
+                        rng.byte()
+                    } else {
+                        rng.next() as u8
+                    };
+                }
+            }
+            assert_eq!(
+                first_non_key_byte(&bytes),
+                bytes.iter().position(|&b| !is_key_byte(b)),
+                "{bytes:?}"
+            );
+        }
+        for b in 0..=255u8 {
+            for at in 0..17 {
+                let mut bytes = vec![b'k'; 17];
+                bytes[at] = b;
+                let expect = (!is_key_byte(b)).then_some(at);
+                assert_eq!(first_non_key_byte(&bytes), expect, "{b} at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_copied_inline_is_the_key_at_every_length() {
+        for len in 1..=MAX_KEY {
+            let bytes: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let key = Key::new(&bytes).expect("a valid key");
+            assert_eq!(key.as_bytes(), &bytes[..]);
+            assert_eq!(Key::from_key_bytes(&bytes), Some(key));
+        }
+        assert_eq!(Key::from_key_bytes(b""), None);
+        assert_eq!(Key::from_key_bytes(&[b'k'; MAX_KEY + 1]), None);
+    }
+
+    #[test]
+    fn parse_seconds_short_path_agrees_with_the_general_one() {
+        let mut rng = Rng(0x5ec);
+        for _ in 0..50_000 {
+            let len = rng.below(11);
+            let field: Vec<u8> = (0..len)
+                .map(|_| match rng.below(4) {
+                    0 => rng.byte(),
+                    _ => b'0' + rng.below(10) as u8,
+                })
+                .collect();
+            assert_eq!(
+                parse_seconds(&field),
+                parse_seconds_general(&field),
+                "{field:?}"
             );
         }
     }
