@@ -805,11 +805,13 @@ impl Key {
     /// long.
     fn from_key_bytes(bytes: &[u8]) -> Option<Key> {
         debug_assert!(all_key_bytes(bytes));
-        match bytes.len() {
-            0 => None,
-            1..=INLINE_KEY => Some(Key::inline(bytes)),
-            ..=MAX_KEY => Some(Key(KeyRepr::Heap(Box::from(bytes)))),
-            _ => None,
+        let n = bytes.len();
+        if n == 0 || n > MAX_KEY {
+            None
+        } else if n <= INLINE_KEY {
+            Some(Key::inline(bytes))
+        } else {
+            Some(Key(KeyRepr::Heap(Box::from(bytes))))
         }
     }
 
