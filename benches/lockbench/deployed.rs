@@ -238,13 +238,16 @@ pub fn render(results: &Results, out: &mut String) {
 
 fn render_targets(results: &Results, rows: &[usize], out: &mut String) {
     let mut lines = Vec::new();
-    let mut push = |name: String, goal: &str, v: Option<f64>, ok: &dyn Fn(f64) -> bool| {
-        let cell = v.map_or_else(
-            || "n/a | ".to_string(),
-            |v| format!("{v:.3} | {}", if ok(v) { "PASS" } else { "**MISS**" }),
-        );
+    // `ok` None: a figure shown beside a target, not judged.
+    let mut push = |name: String, goal: &str, v: Option<f64>, ok: Option<&dyn Fn(f64) -> bool>| {
+        let cell = match (v, ok) {
+            (None, _) => "n/a | ".to_string(),
+            (Some(v), None) => format!("{v:.3} | shown"),
+            (Some(v), Some(ok)) => format!("{v:.3} | {}", if ok(v) { "PASS" } else { "**MISS**" }),
+        };
         lines.push(format!("| {name} | {goal} | {cell} |"));
     };
+    let has_split = rows.iter().any(|&i| results.rows[i].split);
     for &i in rows {
         let row = &results.rows[i];
         let l = label(row);
@@ -258,7 +261,7 @@ fn render_targets(results: &Results, rows: &[usize], out: &mut String) {
             format!("{l}: active with a standby / single node, per s"),
             "≥ 0.9",
             rate_ratio,
-            &|v| v >= 0.9,
+            Some(&|v| v >= 0.9),
         );
         let cpu_ratio = match (single, cluster) {
             (Some(s), Some(c)) => match (cpu_us(row, c, 0), cpu_us(row, s, 0)) {
@@ -271,27 +274,33 @@ fn render_targets(results: &Results, rows: &[usize], out: &mut String) {
             format!("{l}: active's CPU per pair / single node's"),
             "≤ 1.15",
             cpu_ratio,
-            &|v| v <= 1.15,
+            Some(&|v| v <= 1.15),
         );
         let standby = cluster.and_then(|c| Some(cpu_us(row, c, 1)? / cpu_us(row, c, 0)?));
         push(
             format!("{l}: standby's CPU per pair / active's"),
             "≤ 0.25",
             standby,
-            &|v| v <= 0.25,
+            Some(&|v| v <= 0.25),
         );
         if !is_contended(row) {
+            // Judged where the load generator has a core of its own, as
+            // when clients run on other machines: sharing the server's
+            // cores, its scheduling is in the server's figure, and that
+            // does not travel (docs/performance.md, "CPU per request").
             let goal = cpu_goal(row);
             for (who, system) in [
                 ("single node", System::Baton),
                 ("active with a standby", System::Cluster),
             ] {
-                push(
-                    format!("{l}: {who}'s CPU per pair / echo's"),
-                    &format!("≤ {goal}"),
-                    cpu_vs_echo(results, i, system),
-                    &|v| v <= goal,
-                );
+                let name = format!("{l}: {who}'s CPU per pair / echo's");
+                let v = cpu_vs_echo(results, i, system);
+                if row.split || !has_split {
+                    push(name, &format!("≤ {goal}"), v, Some(&|v| v <= goal));
+                } else {
+                    // Shown beside the judged figure, not judged.
+                    push(name, &format!("(≤ {goal}: judged split)"), v, None);
+                }
             }
         }
         if is_contended(row) {
@@ -303,7 +312,7 @@ fn render_targets(results: &Results, rows: &[usize], out: &mut String) {
                 format!("{l}: acquire p99, active with a standby / single node"),
                 "(≤ 1.15)",
                 p,
-                &|v| v <= 1.15,
+                Some(&|v| v <= 1.15),
             );
         } else if row.depth > 1 {
             let floor = match (single, results.get(i, System::Echo)) {
@@ -314,7 +323,7 @@ fn render_targets(results: &Results, rows: &[usize], out: &mut String) {
                 format!("{l}: single node / echo floor, per s"),
                 "≥ 0.9",
                 floor,
-                &|v| v >= 0.9,
+                Some(&|v| v >= 0.9),
             );
         }
     }
