@@ -1,7 +1,7 @@
 //! The load generator's split placement (benches/lockbench/placement.rs):
 //! the bench target has no test harness, so this test crate includes the
 //! file. A real child process is pinned and let go, and its affinity is
-//! read back from /proc.
+//! read back from /proc; and the rule of which rows judge the CPU goals.
 
 #![cfg(target_os = "linux")]
 
@@ -65,4 +65,13 @@ fn a_split_pins_the_server_and_this_process_apart_the_standby_beside_it_and_lets
         before_me,
         "and so is the load generator"
     );
+}
+
+#[test]
+fn the_cpu_goals_are_judged_on_the_split_rows_and_on_the_shared_ones_only_without_them() {
+    // A run with split rows: they judge, the shared rows are shown.
+    assert!(placement::judges_cpu_goals(true, true));
+    assert!(!placement::judges_cpu_goals(false, true));
+    // A run without (one CPU): the shared rows judge.
+    assert!(placement::judges_cpu_goals(false, false));
 }

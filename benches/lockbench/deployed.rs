@@ -284,10 +284,8 @@ fn render_targets(results: &Results, rows: &[usize], out: &mut String) {
             Some(&|v| v <= 0.25),
         );
         if !is_contended(row) {
-            // Judged where the load generator has a core of its own, as
-            // when clients run on other machines: sharing the server's
-            // cores, its scheduling is in the server's figure, and that
-            // does not travel (docs/performance.md, "CPU per request").
+            // Which rows judge: placement.rs (docs/performance.md, "CPU
+            // per request").
             let goal = cpu_goal(row);
             for (who, system) in [
                 ("single node", System::Baton),
@@ -295,7 +293,7 @@ fn render_targets(results: &Results, rows: &[usize], out: &mut String) {
             ] {
                 let name = format!("{l}: {who}'s CPU per pair / echo's");
                 let v = cpu_vs_echo(results, i, system);
-                if row.split || !has_split {
+                if crate::placement::judges_cpu_goals(row.split, has_split) {
                     push(name, &format!("≤ {goal}"), v, Some(&|v| v <= goal));
                 } else {
                     // Shown beside the judged figure, not judged.

@@ -9,7 +9,8 @@
 //! beside the load generator: as deployed it has a machine of its own,
 //! and on the measured server's cores it would take their turns);
 //! [`Split::apply`] pins them, and the guard it returns gives every CPU
-//! back when dropped.
+//! back when dropped. Also the rule [`judges_cpu_goals`]: which rows'
+//! CPU per pair against the echo is judged.
 //!
 //! Why: on a machine where the load generator shares the cores with the
 //! server, a server thread that busy-polls by yielding its CPU (as baton's
@@ -24,6 +25,16 @@
 //! the row says so.
 
 use std::io;
+
+/// Whether a row's CPU-per-pair goal against the echo is judged (PASS or
+/// MISS) or only shown beside it: judged on the split rows, where the
+/// load generator has a core of its own as when clients run on other
+/// machines (sharing the server's cores, its scheduling is in the server's
+/// figure, and that does not travel); on the shared rows only when the run
+/// has no split rows (a machine with one CPU).
+pub fn judges_cpu_goals(row_is_split: bool, run_has_split: bool) -> bool {
+    row_is_split || !run_has_split
+}
 
 /// The CPUs of the load generator and of the servers.
 #[derive(Clone, Debug, PartialEq, Eq)]
