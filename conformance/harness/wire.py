@@ -22,6 +22,9 @@ Checks (parameters beside ``check`` in the step):
   retry that waited for a connection goes out as soon as one is up);
 - ``late_grant_released`` (``key``, ``gap_ms``): the node's newest grant
   of ``key`` was released with its token, that long after it was written;
+- ``after_grant`` (``key``, ``op``, ``gap_ms``): a request of ``op`` with the
+  token of the node's newest grant of ``key`` followed it that soon (a
+  grant that waited is confirmed with ``K``);
 - ``granted`` (``key``, ``token``): the node's newest grant of ``key``
   carries that token (so a client matched an answer to the right request);
 - ``gaps`` (``op``, ``key``, ``gap_ms``): every gap between two matching
@@ -158,6 +161,19 @@ def late_grant_released(node: ScriptedNode, p: dict[str, Any]) -> str | None:
         time.sleep(0.02)
 
 
+def after_grant(node: ScriptedNode, p: dict[str, Any]) -> str | None:
+    log = node.wire()
+    grant = _newest_grant(log, p["key"])
+    if grant is None:
+        return f"the node granted {p['key']} to nobody"
+    token = grant["line"].split(" ")[1]
+    follow = [e for e in _requests(log, p["op"], p["key"]) if e["line"].split(" ")[2:3] == [token]
+              and e["t"] >= grant["t"]]
+    if not follow:
+        return f"no {p['op']} {p['key']} {token} after the grant"
+    return mismatch(p["gap_ms"], _ms(grant["t"], follow[0]["t"]), f"grant to its {p['op']} (ms)")
+
+
 def granted(node: ScriptedNode, p: dict[str, Any]) -> str | None:
     grant = _newest_grant(node.wire(), p["key"])
     if grant is None:
@@ -204,6 +220,7 @@ CHECKS: dict[str, Callable[[ScriptedNode, dict[str, Any]], str | None]] = {
     "sent_after_open": sent_after_open,
     "late_grant_released": late_grant_released,
     "granted": granted,
+    "after_grant": after_grant,
     "gaps": gaps,
     "first_lines": first_lines,
     "closes": closes,
