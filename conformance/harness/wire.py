@@ -149,14 +149,15 @@ def late_grant_released(node: ScriptedNode, p: dict[str, Any]) -> str | None:
     while True:
         log = node.wire()
         grant = _newest_grant(log, p["key"])
-        if grant is None:
-            return f"the node granted {p['key']} to nobody"
-        token = grant["line"].split(" ")[1]
-        rel = [e for e in _requests(log, "R", p["key"]) if e["line"].split(" ")[2:3] == [token]
-               and e["t"] >= grant["t"]]
-        if rel:
-            return mismatch(p["gap_ms"], _ms(grant["t"], rel[0]["t"]), "grant to its release (ms)")
+        if grant is not None:
+            token = grant["line"].split(" ")[1]
+            rel = [e for e in _requests(log, "R", p["key"]) if e["line"].split(" ")[2:3] == [token]
+                   and e["t"] >= grant["t"]]
+            if rel:
+                return mismatch(p["gap_ms"], _ms(grant["t"], rel[0]["t"]), "grant to its release (ms)")
         if time.monotonic() >= deadline:
+            if grant is None:
+                return f"the node granted {p['key']} to nobody"
             return f"the late grant {token} of {p['key']} was never released"
         time.sleep(0.02)
 
