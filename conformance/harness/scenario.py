@@ -315,7 +315,11 @@ class Run:
             self._script(step)
         elif "wire" in step:
             params = resolve({k: v for k, v in step.items() if k not in ("wire", "check")}, self.lookup)
-            why = wire.CHECKS[step["check"]](self.scripted[step["wire"]], params)
+            check = wire.CHECKS[step["check"]]
+            node = self.scripted[step["wire"]]
+            end = time.monotonic() + params.get("within_ms", 0) / 1000
+            while (why := check(node, params)) and time.monotonic() < end:
+                time.sleep(0.02)
             if why:
                 raise StepFailed(f"wire check {step['check']}: {why}")
         elif "sleep_ms" in step:

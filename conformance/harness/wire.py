@@ -31,10 +31,15 @@ Checks (parameters beside ``check`` in the step):
   requests in a row;
 - ``closes`` (``by``: ``client`` or ``node``, ``count``): connections closed
   so far by that side;
+- ``quiet`` (``op``, ``key``, ``for_ms``): no such request comes for that
+  long (a keep-alive stopped; the one check that waits by design);
 - ``first_lines`` (``op``, ``line``): every connection's first line is that
   op (that line): ``U <secret>`` before anything else.
 
-Never does: wait, except ``open_conns``'s bounded poll.
+Any check given ``within_ms`` is tried again until it holds or that time
+passes (``open_conns`` always is, for 4 s by default).
+
+Never does: wait without a bound.
 """
 
 from __future__ import annotations
@@ -212,6 +217,14 @@ def closes(node: ScriptedNode, p: dict[str, Any]) -> str | None:
     return mismatch(p["count"], n, f"connections closed by the {p['by']}")
 
 
+def quiet(node: ScriptedNode, p: dict[str, Any]) -> str | None:
+    """No matching request comes for ``for_ms`` from now (a keep-alive that stopped)."""
+    start = time.monotonic()
+    time.sleep(p["for_ms"] / 1000)
+    late = [e for e in _requests(node.wire(), p.get("op"), p.get("key")) if e["t"] >= start]
+    return f"{len(late)} {p.get('op')} requests came: {late[0]['line']!r}" if late else None
+
+
 CHECKS: dict[str, Callable[[ScriptedNode, dict[str, Any]], str | None]] = {
     "open_conns": open_conns,
     "accepted": accepted,
@@ -225,4 +238,5 @@ CHECKS: dict[str, Callable[[ScriptedNode, dict[str, Any]], str | None]] = {
     "gaps": gaps,
     "first_lines": first_lines,
     "closes": closes,
+    "quiet": quiet,
 }

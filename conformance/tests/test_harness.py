@@ -101,6 +101,41 @@ class WireChecks(unittest.TestCase):
         self.assertIsNotNone(wire.late_grant_released(FakeNode(log), {"key": "k", "gap_ms": {"le": 100}}))
 
 
+STEP_KINDS = {"connect", "cmd", "await", "pending", "poll", "event", "no_event", "node", "wait_role",
+              "wait_info", "script", "wire", "sleep_ms", "repeat", "raw"}
+
+
+class Scenarios(unittest.TestCase):
+    """Every scenario file loads, says what it covers, and names only steps and checks that exist."""
+
+    def _steps(self, steps: list[dict[str, object]]) -> list[dict[str, object]]:
+        out = []
+        for step in steps:
+            out.append(step)
+            if "repeat" in step:
+                out += self._steps(step["steps"])  # type: ignore[arg-type]
+            if "poll" in step:
+                out += self._steps([step["poll"]])  # type: ignore[list-item]
+        return out
+
+    def test_every_scenario_is_well_formed(self) -> None:
+        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenarios")
+        names = sorted(f for f in os.listdir(here) if f.endswith(".json"))
+        self.assertGreater(len(names), 40)
+        for name in names:
+            sc = scenario.load(os.path.join(here, name))
+            self.assertTrue(sc.covers, name)
+            for cover in sc.covers:
+                self.assertRegex(cover, r"^[0-9]+(, [0-9]+)*: ", f"{name}: a cover names its section")
+            for step in self._steps(sc.steps):
+                kinds = STEP_KINDS & step.keys()
+                self.assertEqual(len(kinds), 1, f"{name}: one kind of step: {step}")
+                if "wire" in step:
+                    self.assertIn(step["check"], wire.CHECKS, name)
+                if "sleep_ms" in step:
+                    self.assertTrue(step.get("why"), f"{name}: a sleep says why")
+
+
 class Scripted(unittest.TestCase):
     def setUp(self) -> None:
         self.node = ScriptedNode("t", free_ports(1)[0])
