@@ -16,7 +16,7 @@
 //! (`in_the_namespace`, which does nothing outside it) starts the nodes and
 //! the clients there. The namespace ends with its last process: nothing is
 //! left to clean up. Where `unshare` cannot make one (no util-linux, user
-//! namespaces disabled) the test skips with a line on stderr, unless
+//! namespaces disabled), or there is no `ip` (iproute2), the test skips with a line on stderr, unless
 //! `BATON_REQUIRE_NETNS=1` (set by `.ci/run`, which runs as root).
 
 mod common;
@@ -53,9 +53,12 @@ fn a_far_client_is_refused_by_default_and_served_once_the_node_is_opened() {
     }
     // A namespace can be made at all? (`true` in it.)
     let probe = Command::new("unshare").args(&args).arg("true").output();
-    let usable = probe.as_ref().is_ok_and(|out| out.status.success());
+    let has_ip = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("ip").is_file()));
+    let usable = has_ip && probe.as_ref().is_ok_and(|out| out.status.success());
     if !usable {
         let why = match &probe {
+            _ if !has_ip => "no `ip` (iproute2)".to_string(),
             Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_string(),
             Err(e) => format!("unshare: {e}"),
         };
