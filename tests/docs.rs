@@ -739,3 +739,27 @@ fn the_local_cluster_commands_of_cluster_md_run_as_printed() {
     assert!(out.contains("baton_role{role=\"standby\"} 1"), "{out}");
     assert_eq!(out.matches(": stopped (pid ").count(), 6, "{out}");
 }
+
+#[test]
+fn the_async_rust_snippets_say_which_tokio_features_they_need() {
+    // The snippets of clients.md use #[tokio::main] and tokio::select!:
+    // rt-multi-thread and macros (checked by building them in a project
+    // with exactly this line when it was written).
+    let doc = read(Path::new("docs/clients.md"));
+    let lines = section(&doc, "### Async");
+    assert!(
+        lines.contains(&r#"tokio = { version = "1", features = ["rt-multi-thread", "macros"] }"#),
+        "docs/clients.md, Async: the tokio dependency line"
+    );
+    let uses: Vec<&str> = ["#[tokio::main]", "tokio::select!"]
+        .into_iter()
+        .filter(|u| doc.contains(u))
+        .collect();
+    assert_eq!(uses.len(), 2, "the snippets the line is for: {uses:?}");
+    for other in ["tokio::time", "tokio::spawn", "tokio::sync", "tokio::net"] {
+        assert!(
+            !doc.contains(other),
+            "docs/clients.md uses {other}: say which tokio feature it needs"
+        );
+    }
+}
