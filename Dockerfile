@@ -38,4 +38,7 @@ EXPOSE 7373
 # PID 1. Give it 3 x --detect + 5 s before a SIGKILL: `docker stop -t 15`.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/local/bin/batond"]
-CMD ["--port", "7373"]
+# Protected mode (docs/security.md) would refuse every client, since in a
+# container they all come through its network: the image opens the node,
+# and -p decides who reaches it (-p 127.0.0.1:7373:7373: the host only).
+CMD ["--bind", "0.0.0.0", "--port", "7373"]

@@ -4,17 +4,24 @@
 #
 #   scripts/cluster.sh start [N] [BASE_PORT]  start N nodes (1-16, default 3) on
 #                                             127.0.0.1:BASE_PORT.. (default 7373),
-#                                             and wait until each answers `I`
+#                                             wait until each answers `I`, then
+#                                             until the cluster is formed (one
+#                                             active, every other node its synced
+#                                             standby); exit 3 if it is not yet
 #   scripts/cluster.sh status                 each node's pid and its `I` answer
 #                                             (exit 1 if a node is down)
 #   scripts/cluster.sh stop                   SIGTERM every node (graceful), wait,
 #                                             SIGKILL what is left after 15 s
 #   scripts/cluster.sh kill NODE              SIGKILL node NODE (0-based)
-#   scripts/cluster.sh restart NODE           start node NODE again after a kill
+#   scripts/cluster.sh restart NODE           start node NODE again after a kill,
+#                                             and wait until it has rejoined
 #
 # Extra batond flags can be given in $BATOND_FLAGS (e.g. "--detect 0.5").
 # With "--auth-file PATH" there, set $BATON_AUTH_FILE=PATH too: the `I`
 # probes authenticate with its first secret.
+# Metrics: $BATON_METRICS_BASE=PORT (or ADDR:PORT; ADDR defaults to
+# 127.0.0.1) gives node i `--metrics ADDR:PORT+i`; a "--metrics ADDR:PORT"
+# in $BATOND_FLAGS is taken the same way (each node needs a port of its own).
 # $BATOND names a batond binary to use instead of building one with cargo.
 # State (pid files, logs, and the cluster key the nodes share, made on the
 # first start with 32 random bytes, mode 600) lives in
@@ -26,9 +33,10 @@ cd "$(dirname "$0")/.."
 dir=${BATON_CLUSTER_DIR:-/tmp/baton-cluster}
 bin=${BATOND:-target/release/batond}
 start_timeout=${BATON_START_TIMEOUT:-10}
+form_timeout=${BATON_FORM_TIMEOUT:-15}
 
 usage() {
-  sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -43,6 +51,7 @@ load() {
     die "no cluster started in $dir (start one with: scripts/cluster.sh start)"
   fi
   n=$(cat "$dir/n") base=$(cat "$dir/base")
+  metrics=$(cat "$dir/metrics" 2>/dev/null || true)
 }
 
 # NODE must be an index of the started cluster.
@@ -56,6 +65,47 @@ check_index() { # COMMAND NODE
   if ! [[ $i =~ ^[0-9]+$ ]] || ((i >= n)); then
     die "$command: no node '$i'; this cluster has nodes 0-$((n - 1))"
   fi
+}
+
+# $BATOND_FLAGS without any --metrics (in `flags`), and the metrics base
+# it or $BATON_METRICS_BASE asks for, as ADDR:PORT (in `metrics`; empty for
+# none). Checks that node i's port, PORT+i, is a port and no client port.
+split_metrics() {
+  local words word want="" take=0
+  flags=()
+  read -r -a words <<<"${BATOND_FLAGS:-}"
+  for word in "${words[@]}"; do
+    if ((take)); then want=$word take=0; continue; fi
+    case $word in
+    --metrics) take=1 ;;
+    --metrics=*) want=${word#--metrics=} ;;
+    *) flags+=("$word") ;;
+    esac
+  done
+  ((take == 0)) || die "--metrics in BATOND_FLAGS needs ADDR:PORT"
+  want=${want:-${BATON_METRICS_BASE:-}}
+  metrics=""
+  [ -n "$want" ] || return 0
+  [[ $want == *:* ]] || want=127.0.0.1:$want
+  local host=${want%:*} port=${want##*:}
+  [[ $port =~ ^[0-9]+$ ]] && ((port >= 1 && port + n - 1 <= 65535)) ||
+    die "metrics: expected PORT or ADDR:PORT with PORT 1-$((65536 - n)) for $n nodes, got '$want'"
+  if ((port <= base + n - 1 && base <= port + n - 1)); then
+    die "metrics: ports $port-$((port + n - 1)) overlap the client ports $base-$((base + n - 1))"
+  fi
+  metrics=$host:$port
+}
+
+# Node I's --metrics address, or nothing without metrics.
+metrics_of() { # I
+  [ -n "${metrics:-}" ] || return 0
+  echo "${metrics%:*}:$((${metrics##*:} + $1))"
+}
+
+# ", metrics http://ADDR:PORT/metrics" for node I's lines, or nothing.
+metrics_note() { # I
+  [ -n "${metrics:-}" ] || return 0
+  echo ", metrics http://$(metrics_of "$1")/metrics"
 }
 
 peers_of() { # N BASE
@@ -117,10 +167,12 @@ launch() { # I
   local i=$1 port=$((base + $1)) log="$dir/node$1.log"
   touch "$log"
   offset[i]=$(stat -c %s "$log")
-  # shellcheck disable=SC2086
-  "$bin" --bind 127.0.0.1 --port "$port" --peers "$(peers_of "$n" "$base")" \
-    --cluster-key-file "$dir/cluster.key" ${BATOND_FLAGS:-} \
-    >>"$log" 2>&1 </dev/null &
+  local more=()
+  # One node is a single node: a --peers list of one never elects it.
+  ((n == 1)) || more+=(--peers "$(peers_of "$n" "$base")" --cluster-key-file "$dir/cluster.key")
+  more+=("${flags[@]}")
+  [ -z "${metrics:-}" ] || more+=(--metrics "$(metrics_of "$i")")
+  "$bin" --bind 127.0.0.1 --port "$port" "${more[@]}" >>"$log" 2>&1 </dev/null &
   echo $! >"$dir/node$i.pid"
 }
 
@@ -143,7 +195,7 @@ await() { # I
     fi
     if tail -c +"$((offset[i] + 1))" "$log" | grep -q "listening on" &&
       answer=$(info "$port"); then
-      echo "node $i: 127.0.0.1:$port pid $pid log $log: ${answer%% node=*}"
+      echo "node $i: 127.0.0.1:$port pid $pid log $log: ${answer%% node=*}$(metrics_note "$i")"
       return 0
     fi
     if ((SECONDS >= deadline)); then
@@ -168,6 +220,63 @@ stop_node() { # I
   fi
   rm -f "$dir/node$i.pid"
   echo "node $i: stopped (pid $pid)"
+}
+
+# The value of NAME= in an `I` answer.
+field() { # ANSWER NAME
+  [[ " $1 " =~ \ $2=([^ ]*) ]] && echo "${BASH_REMATCH[1]}"
+}
+
+# Whether the running nodes form a cluster: each answers `I`, exactly one
+# is active, every other one is a standby that follows it, and the active
+# counts them all as standbys that hold its whole state. If not, `why`
+# says what is missing.
+formed() {
+  local i port answer role running=0 active="" active_node="" synced=0
+  local -a followers=()
+  why=""
+  for ((i = 0; i < n; i++)); do
+    pid_of "$i" >/dev/null 2>&1 || continue
+    running=$((running + 1))
+    port=$((base + i))
+    if ! answer=$(info "$port"); then
+      why="node $i does not answer I"
+      return 1
+    fi
+    role=$(field "$answer" role)
+    if [ "$role" = active ]; then
+      [ -z "$active" ] || { why="nodes $active and $i are both active"; return 1; }
+      active=$i active_node=$(field "$answer" node) synced=$(field "$answer" standbys)
+    else
+      followers+=("$i:$(field "$answer" active)")
+    fi
+  done
+  ((running > 0)) || { why="no node is running"; return 1; }
+  [ -n "$active" ] || { why="no node is active yet"; return 1; }
+  local f
+  for f in "${followers[@]}"; do
+    [ "${f#*:}" = "$active_node" ] || { why="node ${f%%:*} does not follow node $active yet"; return 1; }
+  done
+  if [ "$synced" != $((running - 1)) ]; then
+    why="node $active (active) has ${synced:-no} of $((running - 1)) standbys synced"
+    return 1
+  fi
+  formed_note="node $active active, $((running - 1)) standby(s) synced"
+}
+
+# Wait until the cluster is formed, for $form_timeout s at most. Formed:
+# one line saying so. Not yet: why, on stderr, and exit 3 (the nodes keep
+# running; `status` shows them).
+await_formed() {
+  local deadline=$((SECONDS + form_timeout))
+  while ! formed; do
+    if ((SECONDS >= deadline)); then
+      echo "cluster.sh: the nodes run, but the cluster is not formed yet after ${form_timeout} s: $why (see: scripts/cluster.sh status)" >&2
+      exit 3
+    fi
+    sleep 0.05
+  done
+  echo "cluster formed: $formed_note"
 }
 
 build() {
@@ -197,21 +306,24 @@ start)
     done
   fi
   n=$want_n base=$want_base
+  split_metrics
   if [ ! -s "$dir/cluster.key" ]; then
     (umask 077 && head -c 32 /dev/urandom | base64 >"$dir/cluster.key")
   fi
   build
   echo "$n" >"$dir/n"
   echo "$base" >"$dir/base"
+  if [ -n "$metrics" ]; then echo "$metrics" >"$dir/metrics"; else rm -f "$dir/metrics"; fi
   for ((i = 0; i < n; i++)); do launch "$i"; done
   failed=0
   for ((i = 0; i < n; i++)); do await "$i" || failed=1; done
   if ((failed)); then
     echo "cluster.sh: the cluster did not start; stopping the nodes that did" >&2
     for ((i = 0; i < n; i++)); do stop_node "$i" >/dev/null; done
-    rm -f "$dir/n" "$dir/base"
+    rm -f "$dir/n" "$dir/base" "$dir/metrics"
     exit 1
   fi
+  await_formed
   ;;
 status)
   [ $# -eq 1 ] || usage
@@ -221,7 +333,7 @@ status)
     port=$((base + i))
     if pid=$(pid_of "$i"); then
       if answer=$(info "$port"); then
-        echo "node $i: 127.0.0.1:$port pid $pid: $answer"
+        echo "node $i: 127.0.0.1:$port pid $pid: $answer$(metrics_note "$i")"
       else
         echo "node $i: 127.0.0.1:$port pid $pid: running but not answering I"
         down=1
@@ -241,7 +353,7 @@ stop)
   fi
   load
   for ((i = 0; i < n; i++)); do stop_node "$i"; done
-  rm -f "$dir/n" "$dir/base"
+  rm -f "$dir/n" "$dir/base" "$dir/metrics"
   ;;
 kill)
   [ $# -le 2 ] || usage
@@ -259,11 +371,14 @@ restart)
     die "restart: node $2 is still running (pid $pid); kill it first"
   fi
   [ -x "$bin" ] || build
+  split_metrics
+  metrics=$(cat "$dir/metrics" 2>/dev/null || true)
   launch "$2"
   await "$2" || exit 1
+  await_formed
   ;;
 -h | --help | help)
-  sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'
   ;;
 *)
   [ -z "${1:-}" ] || echo "cluster.sh: unknown command '$1'" >&2

@@ -573,6 +573,9 @@ pub enum Reason {
     LimitMismatch,
     /// The connection watches as many keys as it may (`--max-watches`).
     TooManyWatches,
+    /// A client not on loopback, on a node in protected mode (no `--bind`,
+    /// no client authentication, no cluster key: closes the connection).
+    ProtectedMode,
     /// A reason this version does not know (only produced when parsing answers).
     Other,
 }
@@ -981,7 +984,7 @@ impl fmt::Display for Op {
 }
 
 /// Every reason with a wire text of its own (all but `Other`).
-pub const KNOWN_REASONS: [Reason; 22] = [
+pub const KNOWN_REASONS: [Reason; 23] = [
     Reason::BadKey,
     Reason::BadLease,
     Reason::LeaseTooLong,
@@ -1004,6 +1007,7 @@ pub const KNOWN_REASONS: [Reason; 22] = [
     Reason::BadValue,
     Reason::LimitMismatch,
     Reason::TooManyWatches,
+    Reason::ProtectedMode,
 ];
 
 impl Reason {
@@ -1032,6 +1036,7 @@ impl Reason {
             Reason::BadValue => "bad-value",
             Reason::LimitMismatch => "limit-mismatch",
             Reason::TooManyWatches => "too-many-watches",
+            Reason::ProtectedMode => "protected-mode",
             Reason::Other => "other",
         }
     }
@@ -1054,6 +1059,7 @@ impl Reason {
                 | Reason::TooManyConnections
                 | Reason::BadAuth
                 | Reason::AuthRequired
+                | Reason::ProtectedMode
         )
     }
 }
@@ -2344,6 +2350,7 @@ mod tests {
             (Reason::AuthRequired, "auth-required"),
             (Reason::AuthDisabled, "auth-disabled"),
             (Reason::TooManyWatches, "too-many-watches"),
+            (Reason::ProtectedMode, "protected-mode"),
             (Reason::Other, "other"),
         ];
         for (reason, text) in expected {
@@ -2369,6 +2376,7 @@ mod tests {
             Reason::TooManyConnections,
             Reason::BadAuth,
             Reason::AuthRequired,
+            Reason::ProtectedMode,
         ];
         for reason in KNOWN_REASONS.into_iter().chain([Reason::Other]) {
             assert_eq!(

@@ -1,6 +1,7 @@
 //! `scripts/cluster.sh` run as a user would (docs/cluster.md):
 //! start, status, kill, restart and stop of a 2-node cluster on free
-//! loopback ports, and a start that fails because a port is taken.
+//! loopback ports, a start that fails because a port is taken, and a
+//! metrics port per node (start returning once the cluster is formed).
 //!
 //! The script gets the `batond` that cargo built (`BATOND`), its own state
 //! directory, and a deadline on every run; a guard stops the cluster and
@@ -232,4 +233,78 @@ fn a_cluster_with_client_authentication_starts_and_reports_status() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(out.stdout.contains("role=active"), "{out:?}");
     assert!(!out.stdout.contains("script-secret"), "{out:?}");
+}
+
+/// `GET /metrics` of the node serving metrics on `port`, through a plain
+/// TCP client (no curl needed).
+fn metrics_of(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the metrics port");
+    stream
+        .set_read_timeout(Some(common::DEADLINE))
+        .expect("read timeout");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .expect("send the request");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).expect("read the answer");
+    body
+}
+
+#[test]
+fn each_node_gets_a_metrics_port_of_its_own_and_start_waits_for_the_cluster_to_form() {
+    // The natural attempt, a --metrics in BATOND_FLAGS (once the second
+    // node could not bind it), and BATON_METRICS_BASE: node i gets base + i.
+    for how in ["flags", "base"] {
+        let mut cluster = ScriptCluster::new(&format!("metrics-{how}"));
+        let base = two_free_ports();
+        let metrics = two_free_ports();
+        cluster.env = vec![match how {
+            "flags" => format!("BATOND_FLAGS=--detect 0.5 --metrics 127.0.0.1:{metrics}"),
+            _ => format!("BATON_METRICS_BASE={metrics}"),
+        }];
+        let out = cluster.run(&["start", "2", &base.to_string()]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        for port in [metrics, metrics + 1] {
+            let url = format!("metrics http://127.0.0.1:{port}/metrics");
+            assert!(out.stdout.contains(&url), "{url} in {out:?}");
+        }
+        // Returned once formed: the active counts its standby at once.
+        assert!(
+            out.stdout
+                .contains("cluster formed: node 0 active, 1 standby(s) synced"),
+            "{out:?}"
+        );
+        let out = cluster.run(&["status"]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        assert!(out.stdout.contains("standbys=1"), "{out:?}");
+        assert!(
+            out.stdout
+                .contains(&format!("metrics http://127.0.0.1:{}/metrics", metrics + 1)),
+            "{out:?}"
+        );
+        assert!(metrics_of(metrics).contains("baton_role{role=\"active\"} 1"));
+        assert!(metrics_of(metrics + 1).contains("baton_role{role=\"standby\"} 1"));
+        // A restart keeps the node's metrics port, and waits for it to rejoin.
+        assert_eq!(cluster.run(&["kill", "1"]).code, Some(0));
+        let out = cluster.run(&["restart", "1"]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        assert!(out.stdout.contains("cluster formed"), "{out:?}");
+        assert!(metrics_of(metrics + 1).contains("baton_role{role=\"standby\"} 1"));
+        let out = cluster.run(&["stop"]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        assert!(!cluster.dir.join("metrics").exists(), "{out:?}");
+    }
+}
+
+#[test]
+fn metrics_ports_that_overlap_the_client_ports_are_refused_before_anything_starts() {
+    let mut cluster = ScriptCluster::new("metrics-overlap");
+    let base = two_free_ports();
+    cluster.env = vec![format!("BATON_METRICS_BASE={}", base + 1)];
+    let out = cluster.run(&["start", "2", &base.to_string()]);
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert!(out.stderr.contains("overlap the client ports"), "{out:?}");
+    assert_eq!((cluster.pid(0), cluster.pid(1)), (None, None), "{out:?}");
 }

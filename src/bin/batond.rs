@@ -7,7 +7,8 @@
 //! flag names is read and checked before the node starts, whether or not
 //! it will be used; a flag that does not work makes it exit 2 with one line
 //! on stderr naming the flag (a port in use included), and a flag a node
-//! without `--peers` does not use is warned about once it runs.
+//! without `--peers` does not use is warned about once it runs, and a node
+//! in protected mode says so and how to open it.
 //!
 //! Never does: anything the server module does itself.
 
@@ -79,6 +80,14 @@ fn main() -> ExitCode {
     // After every check, so that a node that does not start says one line.
     for flag in config.unused_without_peers() {
         log::warn!("{flag} is not used without --peers");
+    }
+    if config.protected_mode() {
+        log::info!(
+            "protected mode: serving clients on loopback (127.0.0.1, ::1) only; clients \
+             from other addresses get `E - - protected-mode` and are closed. To serve \
+             other machines, restart with --auth-file PATH (clients send a secret) or \
+             --bind 0.0.0.0 (any client that reaches the port; see docs/security.md)"
+        );
     }
     for signal in signals.forever() {
         if signal == SIGHUP {

@@ -540,7 +540,7 @@ impl Conn {
                 self.state.lock().auth_refused = true;
                 return Err(format!("the server refused the secret: {reason}"));
             }
-            Route::Fatal(reason) => return Err(format!("refused by the server: {reason}")),
+            Route::Fatal(reason) => return Err(refused_by_server(reason)),
         };
         let mut st = self.state.lock();
         let Some(slot) = st.pending.take(op, key) else {
@@ -730,8 +730,21 @@ fn auth_answer(answer: Result<Answer, LineError>) -> Result<(), AuthFailure> {
         }) => refused(true, format!("the server refused the secret: {reason}")),
         Ok(Answer::Error {
             op: None, reason, ..
-        }) => refused(false, format!("refused by the server: {reason}")),
+        }) => refused(false, refused_by_server(reason)),
         Ok(_) | Err(_) => refused(false, "the server's answer to U makes no sense".into()),
+    }
+}
+
+/// Why the server closed the connection, from its `E - - <reason>`; a
+/// protected-mode refusal says what it means, since the fix is on the
+/// server's side.
+fn refused_by_server(reason: Reason) -> String {
+    match reason {
+        Reason::ProtectedMode => format!(
+            "refused by the server: {reason} (it serves clients on its own machine only \
+             until it is started with --bind or --auth-file)"
+        ),
+        reason => format!("refused by the server: {reason}"),
     }
 }
 

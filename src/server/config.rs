@@ -104,7 +104,10 @@ USAGE:
          [--metrics ADDR:PORT]
 
 FLAGS:
-  --bind ADDR        address to listen on (default 0.0.0.0)
+  --bind ADDR        address to listen on (default 0.0.0.0, in protected
+                     mode: only loopback clients are served unless --bind,
+                     --auth-file, --tls-client-ca, or --peers with
+                     --cluster-key-file is given)
   --port PORT        client port (default 7373)
   --peers LIST       ordered client addresses of every node of the cluster,
                      the same on every node; first is highest priority
@@ -178,6 +181,10 @@ log).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     pub bind: IpAddr,
+    /// `--bind` was given: the operator chose the address, so clients
+    /// from any address that reaches it are served (no protected mode:
+    /// see [`Config::protected_mode`]).
+    pub bind_given: bool,
     pub port: u16,
     pub peers: Vec<String>,
     pub advertise: Option<String>,
@@ -234,6 +241,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            bind_given: false,
             port: DEFAULT_PORT,
             peers: Vec::new(),
             advertise: None,
@@ -293,6 +301,7 @@ impl Config {
         let a = &mut args;
         if let Some(bind) = flag(a, "--bind", EXPECT_BIND, |v| v.parse().ok())? {
             config.bind = bind;
+            config.bind_given = true;
         }
         if let Some(port) = flag(a, "--port", EXPECT_PORT, |v| v.parse().ok())? {
             config.port = port;
@@ -445,6 +454,20 @@ impl Config {
             ));
         }
         self.node_index().map(|_| ())
+    }
+
+    /// Protected mode: the node listens on the default address (0.0.0.0)
+    /// but serves only clients that connect from loopback (127.0.0.0/8,
+    /// ::1); any other gets `E - - protected-mode` and is closed at its
+    /// first line. On unless the operator said the node is meant to be
+    /// reached: `--bind` given (any address, 0.0.0.0 included), clients
+    /// authenticated (`--auth-file`, or `--tls-client-ca`), or `--peers`
+    /// with a `--cluster-key-file` (a cluster is run to be reached from
+    /// other machines). Peer links are never refused by it: a `P HELLO`
+    /// goes to the cluster-key handshake as before.
+    pub fn protected_mode(&self) -> bool {
+        let cluster = !self.peers.is_empty() && self.cluster_key_file.is_some();
+        !(self.bind_given || self.auth_file.is_some() || self.tls_client_ca.is_some() || cluster)
     }
 
     /// The flags given that a node without `--peers` does not use, in the
@@ -614,6 +637,38 @@ mod tests {
         assert!(c.peers.is_empty());
         assert_eq!(c.max_lease_ms, 86_400_000);
         assert!(c.threads >= 1);
+    }
+
+    #[test]
+    fn protected_mode_is_on_by_default_and_off_once_the_node_is_meant_to_be_reached() {
+        assert!(config(&[]).protected_mode());
+        assert!(config(&["--port", "7400", "--metrics", "127.0.0.1:9400"]).protected_mode());
+        // --insecure-peers proves nothing: its clients stay on loopback
+        // unless --bind says otherwise (its peer links still link).
+        assert!(
+            config(&[
+                "--peers",
+                "127.0.0.1:7373,127.0.0.1:7374",
+                "--insecure-peers"
+            ])
+            .protected_mode()
+        );
+        for open in [
+            &["--bind", "0.0.0.0"][..],
+            &["--bind", "127.0.0.1"],
+            &["--auth-file", "/secrets"],
+            &["--tls-cert", "c", "--tls-key", "k", "--tls-client-ca", "ca"],
+            &[
+                "--peers",
+                "127.0.0.1:7373,127.0.0.1:7374",
+                "--cluster-key-file",
+                "/key",
+            ],
+        ] {
+            assert!(!config(open).protected_mode(), "{open:?}");
+        }
+        assert!(config(&["--bind", "0.0.0.0"]).bind_given);
+        assert!(!config(&[]).bind_given);
     }
 
     #[test]

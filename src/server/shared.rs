@@ -44,6 +44,9 @@ pub struct Settings {
     pub auth: Option<Arc<ClientAuth>>,
     /// TLS on every connection (`--tls-cert`), reloadable.
     pub tls: Option<Arc<NodeTls>>,
+    /// Protected mode ([`Config::protected_mode`]): clients not on
+    /// loopback are refused (`E - - protected-mode`).
+    pub protected: bool,
 }
 
 impl Settings {
@@ -61,6 +64,7 @@ impl Settings {
             peer_slots: PEER_SLOTS_PER_PEER * config.peers.len().saturating_sub(1),
             auth: None,
             tls: None,
+            protected: config.protected_mode(),
         }
     }
 }

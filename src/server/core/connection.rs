@@ -25,6 +25,12 @@
 //!   checked again the same way, but one with extra fields there is
 //!   refused like any request (it offers no secret); without
 //!   `--auth-file` a `U` gets `E U - auth-disabled`;
+//! - in protected mode (no `--bind`, no client authentication, no cluster
+//!   key: `Config::protected_mode`) a client not on loopback starts
+//!   [`Gate::Protected`]: its first line but a blank one (a peer link's
+//!   `P HELLO` goes to replication before any line is parsed) ends the
+//!   connection with `E - - protected-mode`, and so does saying nothing
+//!   for [`AUTH_DEADLINE_MS`];
 //! - a connection admitted past `--max-conns` into a slot kept for peer
 //!   links may only become one: its first line must be a peer's, within
 //!   [`PEER_SLOT_MS`], or it is refused (`E - - too-many-connections`);
@@ -92,6 +98,9 @@ pub enum Gate {
     /// A wrong secret: nothing more is read; `E - - bad-auth` and the close
     /// come when its delay is up.
     Rejected,
+    /// Protected mode, a client not on loopback: its first line is
+    /// answered `E - - protected-mode` and the connection closed.
+    Protected,
 }
 
 /// What a connection is, from its accept on.
@@ -99,6 +108,9 @@ pub enum Gate {
 pub struct Opening {
     /// `--auth-file`: the connection starts at the gate.
     pub gated: bool,
+    /// Protected mode and a client not on loopback: refused at its first
+    /// line (a peer link is not a line: it is handed over before).
+    pub protected: bool,
     /// `--echo` (the benchmark floor): an open connection's lines are
     /// echoed, not forwarded.
     pub echo: bool,
@@ -235,6 +247,9 @@ pub enum Due {
     HandshakeLate,
     /// Not authenticated in time: end it with `E - - auth-required`.
     AuthRequired,
+    /// Protected mode: a client not on loopback said nothing in time: end
+    /// it with `E - - protected-mode`.
+    ProtectedMode,
     /// Lingered its time: free it.
     LingerOver,
 }
@@ -296,7 +311,9 @@ impl Connection {
     pub fn new(now: Now, opening: Opening) -> Connection {
         let at = |ms: u64| now.ms_ceil.saturating_add(ms);
         Connection {
-            gate: if opening.gated {
+            gate: if opening.protected {
+                Gate::Protected
+            } else if opening.gated {
                 Gate::Awaiting
             } else {
                 Gate::Open
@@ -317,7 +334,7 @@ impl Connection {
             owed: 0,
             peer_slot_due: opening.peer_only.then(|| at(PEER_SLOT_MS)),
             handshake_due: opening.handshake_ms.map(at),
-            auth_due: opening.gated.then(|| at(AUTH_DEADLINE_MS)),
+            auth_due: (opening.gated || opening.protected).then(|| at(AUTH_DEADLINE_MS)),
             bad_auth_due: None,
             linger_due: None,
             armed: None,
@@ -418,6 +435,12 @@ impl Connection {
         match self.gate {
             Gate::Open => {}
             Gate::Rejected => return Verdict::Rejected,
+            Gate::Protected => {
+                return match line {
+                    Line::Blank => Verdict::Skip,
+                    _ => Verdict::End(Reason::ProtectedMode),
+                };
+            }
             Gate::Awaiting => {
                 return match line {
                     Line::Blank => Verdict::Skip,
@@ -568,7 +591,7 @@ impl Connection {
                 .filter(|_| self.gate == Gate::Rejected && !self.forgotten),
             self.handshake_due.filter(|_| live),
             self.auth_due
-                .filter(|_| self.gate == Gate::Awaiting && live),
+                .filter(|_| matches!(self.gate, Gate::Awaiting | Gate::Protected) && live),
             self.linger_due.filter(|_| self.lingering),
         ]
         .into_iter()
@@ -618,8 +641,12 @@ impl Connection {
         if due(&mut self.handshake_due) && handshaking && !self.closing {
             return Some(Due::HandshakeLate);
         }
-        if due(&mut self.auth_due) && self.gate == Gate::Awaiting && !self.closing {
-            return Some(Due::AuthRequired);
+        if due(&mut self.auth_due) && !self.closing {
+            match self.gate {
+                Gate::Awaiting => return Some(Due::AuthRequired),
+                Gate::Protected => return Some(Due::ProtectedMode),
+                Gate::Open | Gate::Rejected => {}
+            }
         }
         if self.lingering && due(&mut self.linger_due) {
             return Some(Due::LingerOver);
@@ -720,6 +747,44 @@ mod tests {
         );
         assert_eq!(conn.line(|| at(2), extra), Verdict::Forward);
         assert_eq!(conn.inflight(), 1);
+    }
+
+    #[test]
+    fn protected_mode_ends_a_far_client_at_its_first_line_or_its_deadline() {
+        let protected = Opening {
+            protected: true,
+            takes_peers: true,
+            ..Opening::default()
+        };
+        // A peer link is handed over before any line is parsed.
+        let conn = Connection::new(at(0), protected);
+        assert_eq!(conn.on_input(b"P HELLO 0 2 x y\n"), Input::PeerLink);
+        for first in [
+            Line::Request { cost: 70 },
+            Line::Auth(Secret::Disabled),
+            Line::Fatal(Reason::UnknownOp),
+        ] {
+            let mut conn = Connection::new(at(0), protected);
+            assert_eq!(conn.gate(), Gate::Protected);
+            assert_eq!(conn.line(|| at(1), Line::Blank), Verdict::Skip);
+            assert_eq!(
+                conn.line(|| at(1), first),
+                Verdict::End(Reason::ProtectedMode),
+                "{first:?}"
+            );
+        }
+        let mut c = Driven::new(protected);
+        assert_eq!(
+            c.advance(AUTH_DEADLINE_MS + 10, false),
+            Some((AUTH_DEADLINE_MS, Due::ProtectedMode))
+        );
+        // Not protected (loopback, or the node is open): served as before.
+        let mut open = Connection::new(at(0), Opening::default());
+        assert_eq!(
+            open.line(|| at(1), Line::Request { cost: 70 }),
+            Verdict::Forward
+        );
+        assert_eq!(open.next_deadline(), None);
     }
 
     #[test]

@@ -284,6 +284,19 @@ pub struct IoLoop {
     fanout: Fanout,
     /// When the next sweep of `fanout` may run.
     pace: Pace,
+    /// When this loop last warned of a client refused by protected mode
+    /// (at most one warning per `PROTECTED_WARN_EVERY`).
+    protected_warned: Option<Instant>,
+}
+
+/// At most one warning of a client refused by protected mode this often,
+/// per I/O loop: a scan of the port cannot flood the log.
+const PROTECTED_WARN_EVERY: Duration = Duration::from_secs(30);
+
+/// Whether a client's address is this machine's loopback (127.0.0.0/8,
+/// ::1, or 127.x mapped into IPv6): the clients protected mode serves.
+fn is_loopback(addr: &SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
 }
 
 impl IoLoop {
@@ -331,6 +344,7 @@ impl IoLoop {
             stopping: false,
             fanout: Fanout::default(),
             pace: Pace::default(),
+            protected_warned: None,
         };
         Ok((io_loop, waker, awake))
     }
@@ -628,6 +642,15 @@ impl IoLoop {
                     self.gauges.io_counters.refused(Reason::AuthRequired);
                     self.close_with(slot, Reason::AuthRequired, "no U in time");
                 }
+                Due::ProtectedMode => {
+                    self.warn_protected(slot);
+                    self.gauges.io_counters.refused(Reason::ProtectedMode);
+                    self.close_with(
+                        slot,
+                        Reason::ProtectedMode,
+                        "protected mode: a client not on loopback, silent",
+                    );
+                }
                 Due::LingerOver => self.free(slot),
             }
             // Still here: what else it waits for (at once, if that is due
@@ -818,6 +841,7 @@ impl IoLoop {
         log::debug!("{id} ({addr}): connected");
         let opening = Opening {
             gated: self.settings.auth.is_some(),
+            protected: self.settings.protected && !is_loopback(&addr),
             echo: self.settings.echo,
             takes_peers: self.handover.is_some(),
             peer_only,
@@ -1041,6 +1065,10 @@ impl IoLoop {
                             );
                             reason.as_str()
                         }
+                        _ if reason == Reason::ProtectedMode => {
+                            self.warn_protected(slot);
+                            "protected mode: a client not on loopback"
+                        }
                         _ => "a request before U",
                     };
                     self.gauges.io_counters.refused(reason);
@@ -1073,6 +1101,27 @@ impl IoLoop {
             },
             Err(LineError::Fatal(reason)) => Line::Fatal(*reason),
         }
+    }
+
+    /// Tell the operator why a client was refused by protected mode, and
+    /// how to serve it: at most once per `PROTECTED_WARN_EVERY` per loop
+    /// (every refusal is counted in `baton_refusals_total`).
+    fn warn_protected(&mut self, slot: usize) {
+        let now = Instant::now();
+        if self
+            .protected_warned
+            .is_some_and(|at| now.duration_since(at) < PROTECTED_WARN_EVERY)
+        {
+            return;
+        }
+        self.protected_warned = Some(now);
+        log::warn!(
+            "{}: refused (E - - protected-mode): this node serves only clients on loopback, \
+             having neither --bind, --auth-file, --tls-client-ca nor --peers with \
+             --cluster-key-file; to serve other machines, restart it with --auth-file PATH \
+             (clients send a secret) or --bind 0.0.0.0 (any client that reaches the port)",
+            who(&self.conns[slot])
+        );
     }
 
     /// A peer link: the replication thread takes the socket and the bytes
