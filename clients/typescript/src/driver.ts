@@ -67,8 +67,19 @@ function granted(g: Grant): Json {
   return { grant: id, token: g.token.toString(), slot: g.slot };
 }
 
+/** `cancel_after_ms`: the caller gives up (aborts) after that long. */
+function cancelSignal(req: Json): AbortSignal | undefined {
+  const ms = optInt(req, 'cancel_after_ms');
+  if (ms === undefined) return undefined;
+  const controller = new AbortController();
+  setTimeout(() => controller.abort(), ms);
+  return controller.signal;
+}
+
 function acquireOptions(req: Json) {
-  const o: { leaseMs: number; waitMs?: number; limit?: number; value?: string } = { leaseMs: int(req, 'lease_ms') };
+  const o: { leaseMs: number; waitMs?: number; limit?: number; value?: string; signal?: AbortSignal } = { leaseMs: int(req, 'lease_ms') };
+  const signal = cancelSignal(req);
+  if (signal !== undefined) o.signal = signal;
   const waitMs = optInt(req, 'wait_ms');
   if (waitMs !== undefined) o.waitMs = waitMs;
   const limit = optInt(req, 'limit');
@@ -119,7 +130,9 @@ async function handle(req: Json): Promise<Json> {
     }
     case 'campaign': {
       const c = client(req);
-      const o: { leaseMs: number; waitMs?: number } = { leaseMs: int(req, 'lease_ms') };
+      const o: { leaseMs: number; waitMs?: number; signal?: AbortSignal } = { leaseMs: int(req, 'lease_ms') };
+      const signal = cancelSignal(req);
+      if (signal !== undefined) o.signal = signal;
       const waitMs = optInt(req, 'wait_ms');
       if (waitMs !== undefined) o.waitMs = waitMs;
       return granted(await c.campaign(str(req, 'key'), str(req, 'value'), o));
@@ -177,6 +190,7 @@ async function pump(id: string, entry: { watch: Watch; stopped: boolean }): Prom
 
 function errorJson(e: unknown): Json {
   if (e instanceof BadRequest) return { kind: 'bad-argument', detail: e.message };
+  if (e instanceof Error && e.name === 'AbortError') return { kind: 'timeout', detail: 'cancelled by the caller' };
   if (e instanceof BatonError) {
     const detail = e.code === 'refused' && 'reason' in e ? String((e as { reason: unknown }).reason) : e.message;
     return { kind: e.code, detail };
@@ -222,7 +236,7 @@ function onLine(line: string): void {
   );
 }
 
-emit({ ready: true, client: 'typescript', version: VERSION });
+emit({ ready: true, client: 'typescript', version: VERSION, cancel: true });
 const input = createInterface({ input: process.stdin, crlfDelay: Infinity });
 input.on('line', onLine);
 input.on('close', () => void exit());
