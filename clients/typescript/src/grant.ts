@@ -26,6 +26,7 @@ export interface Owner {
 
 type State = 'held' | 'releasing' | 'released' | 'lost';
 
+/** The events of a held grant: 'lost', once, with the LostError. */
 export interface GrantEvents {
   lost: [error: LostError];
 }
@@ -33,7 +34,7 @@ export interface GrantEvents {
 /** A grant of a key: its fencing token, its slot (0 for a mutex), and its
  * lease, counted by the client's clock from when the acquire was sent (so
  * it errs early). Release it with `release()`, or with `await using`. */
-export class Grant extends EventEmitter<GrantEvents> {
+export class Grant extends EventEmitter {
   /** The fencing token: hand it to the resource you protect. */
   readonly token: bigint;
   readonly key: string;
@@ -162,7 +163,12 @@ export class HeldGrant extends Grant {
     super(owner, data);
     this.lost = new Promise((resolve) => (this.resolveLost = resolve));
     owner.held.add(this);
-    void this.keepAlive();
+    // A 'lost' listener that throws surfaces as any listener's error does.
+    this.keepAlive().catch((e: unknown) =>
+      process.nextTick(() => {
+        throw e;
+      }),
+    );
   }
 
   /** Aborted (with the LostError as its reason) when the grant is lost:
@@ -236,4 +242,10 @@ export class HeldGrant extends Grant {
       }
     }
   }
+}
+
+export interface HeldGrant {
+  on(event: 'lost', listener: (error: LostError) => void): this;
+  once(event: 'lost', listener: (error: LostError) => void): this;
+  off(event: 'lost', listener: (error: LostError) => void): this;
 }
