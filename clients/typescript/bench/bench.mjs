@@ -2,13 +2,17 @@
 // ioredis, on this machine. Not a test. From clients/typescript, after
 // `npm run build` and `npm --prefix bench install`:
 //
-//   node bench/bench.mjs [seconds per row, default 3]
+//   node bench/bench.mjs [seconds per row, default 3]    (ROUNDS=3: rows are
+//   played in turn that many times, and each row's median is shown)
 //
 // Starts its own batond (BATON_BATOND, else <repo>/target/release/batond)
 // and redis-server (REDIS_SERVER, else redis-server on the PATH; the redis
 // rows are skipped without one) on free 127.0.0.1 ports, and stops them.
 // Rows: 16 concurrent holders on 16 distinct keys (acquire + release pairs
-// per second), and 16 on one key (handoffs per second: grants of the key).
+// per second), and 16 on one key (handoffs per second: grants of the key to
+// another holder than the one before; redlock lets a holder that releases
+// take the key again at once, which hands nothing over). The raw row is a
+// naive Node client of the protocol (no library, a write per line).
 
 import { spawn, spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
@@ -131,38 +135,36 @@ function row(name, value, unit) {
   console.log(`${name.padEnd(68)} ${Math.round(value).toString().padStart(8)} ${unit}`);
 }
 
+const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+
 async function main() {
   const batond = process.env.BATON_BATOND ?? join(repo, 'target', 'release', 'batond');
   const bport = await freePort();
   await startProcess(batond, ['--bind', '127.0.0.1', '--port', String(bport), '--threads', '1'], /listening on/);
   const addr = `127.0.0.1:${bport}`;
-  console.log(`node ${process.version}, ${WORKERS} concurrent holders, ${seconds} s per row; batond ${addr}`);
-  const results = {};
+  const rounds = Number(process.env.ROUNDS ?? 3);
+  console.log(`node ${process.version}, ${WORKERS} concurrent holders, ${seconds} s per row, median of ${rounds} rounds; batond ${addr}`);
 
+  const rows = [];
   const raw = await rawClient(addr);
-  results.rawPairs = await rate(async (i, held) => {
+  rows.push(['raw protocol, 1 socket, no library: pairs/s, distinct keys', 'pairs/s', 'rawPairs', async (i, held) => {
     await raw.pair(`raw-${i}`);
     held();
-  });
-  row('raw protocol, 1 socket: pairs/s, distinct keys', results.rawPairs, 'pairs/s');
-  raw.close();
-
+  }]);
   const client = connect(addr);
-  results.batonPairs = await rate(async (i, held) => {
+  rows.push(['baton-locks: pairs/s, distinct keys', 'pairs/s', 'batonPairs', async (i, held) => {
     const g = await client.acquire(`pairs-${i}`, { leaseMs: 10_000 });
     held();
     await g.release();
-  });
-  row('baton-locks: pairs/s, distinct keys', results.batonPairs, 'pairs/s');
-  results.batonHandoffs = await rate(async (i, held) => {
+  }]);
+  rows.push(['baton-locks: handoffs/s, one key (to another holder)', 'handoffs/s', 'batonHandoffs', async (i, held) => {
     const g = await client.acquire('hot', { leaseMs: 10_000 });
     held();
     await g.release();
-  }, true);
-  row('baton-locks: handoffs/s, one key (to another holder)', results.batonHandoffs, 'handoffs/s');
-  await client.close();
+  }, true]);
 
   const redisServer = process.env.REDIS_SERVER ?? 'redis-server';
+  let redis = null;
   if (spawnSync(redisServer, ['--version']).status !== 0) {
     console.log('no redis-server: the redlock rows are skipped');
   } else {
@@ -172,33 +174,45 @@ async function main() {
       Redis = require('ioredis');
       Redlock = require('redlock').default;
     } catch (e) {
-      console.log(`redlock/ioredis not installed (npm --prefix bench install): ${e.message}`);
-      return results;
+      console.log(`redlock/ioredis not installed (npm --prefix bench install): the redlock rows are skipped`);
     }
-    const rport = await freePort();
-    await startProcess(redisServer, ['--port', String(rport), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], /Ready to accept connections/);
-    const redis = new Redis({ port: rport, host: '127.0.0.1' });
-    // retryCount -1: wait without limit, as the baton rows do; a short retry
-    // delay is redlock's best case for handoffs (its default is 200 ms).
-    const redlock = new Redlock([redis], { retryCount: -1, retryDelay: 10, retryJitter: 10 });
-    redlock.on('error', () => {});
-    results.redlockPairs = await rate(async (i, held) => {
-      const lock = await redlock.acquire([`pairs-${i}`], 10_000);
-      held();
-      await lock.release();
-    });
-    row('redlock (ioredis, 1 redis): pairs/s, distinct keys', results.redlockPairs, 'pairs/s');
-    results.redlockHandoffs = await rate(async (i, held) => {
-      const lock = await redlock.acquire(['hot'], 10_000);
-      held();
-      await lock.release();
-    }, true);
-    row('redlock (ioredis, 1 redis): handoffs/s, one key (to another holder)', results.redlockHandoffs, 'handoffs/s');
-    redis.disconnect();
+    if (Redlock !== undefined) {
+      const rport = await freePort();
+      await startProcess(redisServer, ['--port', String(rport), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], /Ready to accept connections/);
+      redis = new Redis({ port: rport, host: '127.0.0.1' });
+      // retryCount -1: wait without limit, as the baton rows do; a short retry
+      // delay is redlock's best case for handoffs (its default is 200 ms).
+      const redlock = new Redlock([redis], { retryCount: -1, retryDelay: 10, retryJitter: 10 });
+      redlock.on('error', () => {});
+      rows.push(['redlock (ioredis, 1 redis): pairs/s, distinct keys', 'pairs/s', 'redlockPairs', async (i, held) => {
+        const lock = await redlock.acquire([`pairs-${i}`], 10_000);
+        held();
+        await lock.release();
+      }]);
+      rows.push(['redlock (ioredis, 1 redis): handoffs/s, one key (to another holder)', 'handoffs/s', 'redlockHandoffs', async (i, held) => {
+        const lock = await redlock.acquire(['hot'], 10_000);
+        held();
+        await lock.release();
+      }, true]);
+    }
+  }
+
+  const seen = {};
+  for (let r = 0; r < rounds; r++) {
+    for (const [, , name, one, handoffs] of rows) (seen[name] ??= []).push(await rate(one, handoffs));
+  }
+  const results = {};
+  for (const [label, unit, name] of rows) {
+    results[name] = median(seen[name]);
+    row(label, results[name], `${unit}  (${seen[name].map(Math.round).join(', ')})`);
+  }
+  raw.close();
+  await client.close();
+  redis?.disconnect();
+  if (results.redlockPairs !== undefined) {
     console.log(
       `ratios: baton-locks / redlock = ${(results.batonPairs / results.redlockPairs).toFixed(2)}x pairs, ` +
-        `${(results.batonHandoffs / results.redlockHandoffs).toFixed(2)}x handoffs; ` +
-        `baton-locks / raw protocol = ${(results.batonPairs / results.rawPairs).toFixed(2)}x pairs`,
+        `${(results.batonHandoffs / results.redlockHandoffs).toFixed(2)}x handoffs`,
     );
   }
   return results;
