@@ -34,6 +34,9 @@ test('acquire, query and release, with tokens above 2^53 kept exact', async () =
   // release by key and token; a second time the token holds nothing
   assert.equal(await client.release('job', next.token), true);
   assert.equal(await client.release('job', next.token), false);
+  const info = await client.info(node.addr);
+  assert.equal(info['role'], 'active');
+  assert.ok(BigInt(info['token']!) >= next.token);
 });
 
 test('a wait that runs out is TimeoutError; a wait of 0 is a try; await using releases', async () => {
