@@ -61,10 +61,20 @@ async function job(): Promise<bigint> {
 }
 void job;
 TS
+cat > typed-cjs.cts <<'TS'
+import baton = require('baton-locks');
+async function job(): Promise<bigint> {
+  const client = baton.connect('127.0.0.1:7373');
+  const grant: baton.Grant = await client.acquire('invoices', { leaseMs: 30_000 });
+  await client.close();
+  return grant.token;
+}
+void job;
+TS
 cat > tsconfig.json <<'JSON'
 { "compilerOptions": { "strict": true, "noEmit": true, "target": "ES2022", "lib": ["ES2022", "ESNext.Disposable"],
   "module": "NodeNext", "moduleResolution": "NodeNext", "types": ["node"], "typeRoots": ["__HERE__/node_modules/@types"] },
-  "files": ["typed.ts"] }
+  "files": ["typed.ts", "typed-cjs.cts"] }
 JSON
 sed -i "s#__HERE__#$here#" tsconfig.json
 "$here/node_modules/.bin/tsc" -p tsconfig.json
