@@ -346,3 +346,22 @@ test('close() releases held grants once and fails later calls closed', async () 
   assert.equal(lostEvent, false);
   await fake.close();
 });
+
+test('a grant answered after more than a third of its lease is confirmed at once with K', async () => {
+  const fake = await new FakeServer((conn, line) => {
+    const [op, key] = line.split(' ');
+    if (op === 'A') setTimeout(() => conn.send(`A 8 ${key}`), 500);
+    if (op === 'K') conn.send(`K ${key}`);
+  }).start();
+  const client = connect(fake.addr);
+  try {
+    const g = await client.acquire('slow', { leaseMs: 900 });
+    assert.equal(g.token, 8n);
+    const keeps = fake.seen.filter((s) => s.line.startsWith('K slow 8 '));
+    assert.equal(keeps.length, 1, 'confirmed before the grant was handed over');
+    assert.equal(keeps[0]!.line, 'K slow 8 0.9');
+  } finally {
+    await client.close();
+    await fake.close();
+  }
+});
