@@ -1,0 +1,235 @@
+// The servers and connections a client keeps, and the choice of a
+// connection for each request.
+//
+// One connection per address given, two when only one address is given,
+// one for a node first learned from an `M` redirect (at most MAX_SERVERS).
+// Choice (`choose`, pure): the preferred node's connections first (the
+// active one, after a redirect), if one is up or coming up; else any
+// connection that is up, round-robin. A caller waits only while some
+// connection it could use is connecting, bounded by its own deadline and
+// the connect timeout (+1 s), and fails at once when every one is down.
+
+import { Conn, type ConnOwner, type ConnSettings, type Phase } from './conn.js';
+import { BadArgumentError, ClosedError, RefusedError, UnavailableError } from './errors.js';
+import type { Request } from './wire.js';
+
+export const CONNECTIONS_FOR_ONE_SERVER = 2;
+export const MAX_SERVERS = 64;
+const CONNECT_SLACK_MS = 1000;
+
+/** Any node, or one node by its index. */
+export type Target = number | 'any';
+
+export type Choice = { use: number } | 'wait' | 'nothing';
+
+/** Which connection a request takes: `conns` are (node, phase) pairs. */
+export function choose(conns: readonly (readonly [number, Phase])[], target: Target, preferred: number | null, turn: number): Choice {
+  const among = (node: number | null): Choice => {
+    const fits = (n: number) => node === null || node === n;
+    const up: number[] = [];
+    for (let i = 0; i < conns.length; i++) {
+      const [n, phase] = conns[i]!;
+      if (fits(n) && phase === 'up') up.push(i);
+    }
+    if (up.length > 0) return { use: up[turn % up.length]! };
+    if (conns.some(([n, phase]) => fits(n) && phase === 'connecting')) return 'wait';
+    return 'nothing';
+  };
+  if (target !== 'any') return among(target);
+  if (preferred !== null) {
+    const choice = among(preferred);
+    if (choice !== 'nothing') return choice;
+  }
+  return among(null);
+}
+
+interface Node {
+  addr: string;
+  conns: Conn[];
+}
+
+export class Pool implements ConnOwner {
+  closed = false;
+  private readonly nodes: Node[] = [];
+  private all: Conn[] = [];
+  private preferred: number | null = null;
+  private turn = 0;
+  private readonly waiters = new Set<() => void>();
+
+  constructor(
+    servers: readonly string[],
+    readonly settings: ConnSettings,
+    readonly log: (message: string) => void,
+  ) {
+    const perNode = servers.length === 1 ? CONNECTIONS_FOR_ONE_SERVER : 1;
+    for (const addr of servers) this.addNode(addr, perNode);
+  }
+
+  get requestTimeoutMs(): number {
+    return this.settings.requestTimeoutMs;
+  }
+
+  get connectTimeoutMs(): number {
+    return this.settings.connectTimeoutMs;
+  }
+
+  private addNode(addr: string, count: number): number {
+    const index = this.nodes.length;
+    const conns: Conn[] = [];
+    for (let i = 0; i < count; i++) conns.push(new Conn(index, addr, this));
+    this.nodes.push({ addr, conns });
+    this.all = this.nodes.flatMap((n) => n.conns);
+    for (const c of conns) c.start();
+    this.bump();
+    return index;
+  }
+
+  /** Wake every caller waiting for a connection to change phase. */
+  bump(): void {
+    if (this.waiters.size === 0) return;
+    const waiters = [...this.waiters];
+    this.waiters.clear();
+    for (const w of waiters) w();
+  }
+
+  /** Call `listener` once at the next phase change; returns a canceller. */
+  onceChanged(listener: () => void): () => void {
+    this.waiters.add(listener);
+    return () => this.waiters.delete(listener);
+  }
+
+  /** The node with this address, registered (one connection) if new. */
+  nodeFor(addr: string): number {
+    const found = this.nodes.findIndex((n) => n.addr === addr);
+    if (found >= 0) return found;
+    if (this.nodes.length >= MAX_SERVERS) {
+      throw new UnavailableError(`redirected to ${addr}, but this client already knows ${MAX_SERVERS} servers`);
+    }
+    this.log(`learned of server ${addr} from a redirect`);
+    return this.addNode(addr, 1);
+  }
+
+  find(addr: string): number | null {
+    const found = this.nodes.findIndex((n) => n.addr === addr);
+    return found >= 0 ? found : null;
+  }
+
+  prefer(node: number): void {
+    this.preferred = node;
+  }
+
+  /** Some connection of the node is up or coming up. */
+  isReachable(node: number): boolean {
+    return this.nodes[node]?.conns.some((c) => c.phase !== 'down') ?? false;
+  }
+
+  connectionCount(target: Target): number {
+    if (target === 'any') return this.all.length;
+    return this.nodes[target]?.conns.length ?? 0;
+  }
+
+  /** A connection that is up now; null while one could come up soon;
+   * throws when none can (every one is down, or the client is closed). */
+  tryPick(target: Target): Conn | null {
+    if (this.closed) throw new ClosedError();
+    const conns = this.all;
+    const phases = conns.map((c) => [c.node, c.phase] as const);
+    const choice = choose(phases, target, this.preferred, this.turn++);
+    if (this.turn > 0x3fffffff) this.turn = 0;
+    if (choice === 'wait') return null;
+    if (choice === 'nothing') throw this.noConnection(target, '');
+    return conns[choice.use]!;
+  }
+
+  /** A connection that is up, waiting for one that is connecting until
+   * `due` (ms, performance.now) or the connect timeout. */
+  async pick(target: Target, due: number | null, signal?: AbortSignal): Promise<Conn> {
+    const patience = performance.now() + this.connectTimeoutMs + CONNECT_SLACK_MS;
+    const until = due === null ? patience : Math.min(due, patience);
+    for (;;) {
+      const conn = this.tryPick(target);
+      if (conn !== null) return conn;
+      const changed = await this.waitChange(until, signal);
+      if (!changed) {
+        if (this.closed) throw new ClosedError();
+        throw this.noConnection(target, 'still connecting: ');
+      }
+    }
+  }
+
+  /** True at the next phase change, false at `until`. */
+  waitChange(until: number, signal?: AbortSignal): Promise<boolean> {
+    return new Promise<boolean>((resolve, reject) => {
+      if (signal?.aborted) return reject(signal.reason);
+      const done = (value: boolean) => {
+        clearTimeout(timer);
+        cancel();
+        signal?.removeEventListener('abort', onAbort);
+        resolve(value);
+      };
+      const onAbort = () => {
+        clearTimeout(timer);
+        cancel();
+        reject(signal!.reason);
+      };
+      const cancel = this.onceChanged(() => done(true));
+      const timer = setTimeout(() => done(false), Math.max(0, until - performance.now()));
+      signal?.addEventListener('abort', onAbort, { once: true });
+    });
+  }
+
+  /** The error for "no connection could carry it": the server's refusal
+   * when it refused this client's secret. */
+  noConnection(target: Target, prefix: string): Error {
+    if (this.closed) return new ClosedError();
+    const refused = this.authRefused(target);
+    if (refused !== null) return new RefusedError(refused, `the server refused the secret: ${refused} (${this.describe(target)})`);
+    return new UnavailableError(`no connection: ${prefix}${this.describe(target)}`);
+  }
+
+  authRefused(target: Target): string | null {
+    for (const c of this.all) {
+      if ((target === 'any' || target === c.node) && c.authRefused !== null) return c.authRefused;
+    }
+    return null;
+  }
+
+  describe(target: Target): string {
+    const parts: string[] = [];
+    this.nodes.forEach((node, index) => {
+      if (target !== 'any' && target !== index) return;
+      const why = node.conns.find((c) => c.lastError !== null)?.lastError ?? 'not connected yet';
+      parts.push(`${node.addr} (${why})`);
+    });
+    return parts.join('; ');
+  }
+
+  servers(): string[] {
+    return this.nodes.map((n) => n.addr);
+  }
+
+  statuses(): { server: string; connected: boolean; lastError: string | null }[] {
+    return this.all.map((c) => ({ server: c.addr, connected: c.isUp, lastError: c.lastError }));
+  }
+
+  /** Close every connection; `farewell` (releases) is sent once on a
+   * connection that is up. Resolves when every socket is closed. */
+  async close(farewell: Request[]): Promise<void> {
+    if (this.closed) return;
+    let carrier: Conn | null = null;
+    try {
+      carrier = this.tryPick('any');
+    } catch {
+      carrier = null;
+    }
+    this.closed = true;
+    this.bump();
+    await Promise.all(this.all.map((c) => c.close(c === carrier ? farewell : [], this.connectTimeoutMs)));
+  }
+}
+
+export function checkServers(servers: readonly string[]): void {
+  if (servers.length > MAX_SERVERS) {
+    throw new BadArgumentError(`${servers.length} servers given; at most ${MAX_SERVERS} are supported`);
+  }
+}
