@@ -25,7 +25,7 @@ from typing import Any
 from .ports import free_ports
 
 CLUSTER_KEY = "conformance-cluster-key-not-a-secret-0123456789\n"
-DETECT_S = "0.5"
+DETECT_S = "1"
 START_TIMEOUT_S = 20.0
 
 
