@@ -12,8 +12,5 @@ if [ ! -x "$BATON_BATOND" ]; then
     echo "clients/java/ci.sh: no batond at $BATON_BATOND (cargo build --release first)" >&2
     exit 1
 fi
-offline=()
-if [ -d "${HOME}/.m2/repository/org/junit/jupiter/junit-jupiter/5.14.1" ]; then
-    offline=(-o)
-fi
-exec timeout 900 mvn -q -B "${offline[@]}" -f "$root/clients/java/pom.xml" verify
+# Maven asks Central only for what ~/.m2 lacks (no snapshots are used).
+exec timeout 900 mvn -q -B -f "$root/clients/java/pom.xml" verify

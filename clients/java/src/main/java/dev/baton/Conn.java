@@ -15,7 +15,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.locks.ReentrantLock;
 import javax.net.ssl.SSLParameters;
 import javax.net.ssl.SSLSocket;
 
@@ -94,7 +93,6 @@ final class Conn {
     final String addr;
     private final Pool pool;
     private final Object state = new Object();
-    private final ReentrantLock writeLock = new ReentrantLock();
     private Thread thread;
 
     // Under `state`:
@@ -103,6 +101,8 @@ final class Conn {
     private Socket socket;
     private OutputStream out;
     private final Pending<Ticket> pending = new Pending<>();
+    private final java.io.ByteArrayOutputStream outbox = new java.io.ByteArrayOutputStream(4096);
+    private boolean flushing;
     private final Map<String, Watchers> watches = new HashMap<>();
     private String lastError;
     private String killReason;
@@ -149,55 +149,75 @@ final class Conn {
     }
 
     private Ticket send(char op, String key, byte[] line, boolean wanted) {
-        writeLock.lock();
-        try {
-            Ticket ticket;
+        return enqueue(op, key, line, wanted, null, 0, true);
+    }
+
+    /**
+     * Append a line to the outbox under the state lock (so pending order is
+     * send order) and write the outbox unless another thread is writing it
+     * now: concurrent callers' lines go out together in one write.
+     */
+    private Ticket enqueue(char op, String key, byte[] line, boolean wanted, Watch watch, long epoch,
+                           boolean flushHere) {
+        Ticket ticket;
+        synchronized (state) {
+            if (phase != Phase.UP || out == null || pending.size() >= MAX_IN_FLIGHT) {
+                return null;
+            }
+            if (watch != null) {
+                watches.computeIfAbsent(key, k -> new Watchers()).awaiting.addLast(new Sub(watch, epoch));
+                ticket = new Ticket(this, generation);
+            } else {
+                ticket = new Ticket(this, wanted ? generation : -1);
+                pending.push(op, key, wanted ? ticket : null);
+            }
+            outbox.write(line, 0, line.length);
+            if (flushing) {
+                return ticket;
+            }
+            flushing = true;
+        }
+        if (flushHere) {
+            flush();
+        } else if (pool.schedule(this::flush, 0) == null) {
+            shut();
+        }
+        return ticket;
+    }
+
+    /** Write the outbox until it is empty (only the thread that set `flushing`). */
+    private void flush() {
+        while (true) {
+            byte[] data;
             OutputStream o;
             synchronized (state) {
-                if (phase != Phase.UP || out == null || pending.size() >= MAX_IN_FLIGHT) {
-                    return null;
+                if (outbox.size() == 0 || out == null) {
+                    outbox.reset();
+                    flushing = false;
+                    return;
                 }
-                ticket = wanted ? new Ticket(this, generation) : null;
-                pending.push(op, key, ticket);
+                data = outbox.toByteArray();
+                outbox.reset();
                 o = out;
             }
             try {
-                o.write(line);
+                o.write(data);
                 o.flush();
             } catch (IOException e) {
-                // The reader sees the socket end and fails the pending requests.
-                shut();
+                synchronized (state) {
+                    outbox.reset();
+                    flushing = false;
+                }
+                shut(); // the reader sees the socket end and fails the pending requests
+                return;
             }
-            return ticket == null ? new Ticket(this, -1) : ticket;
-        } finally {
-            writeLock.unlock();
         }
     }
 
     /** Subscribe a watch: send {@code W key}; the generation it went out on, or -1 when not up. */
     long watch(String key, Watch watch, long epoch) {
-        writeLock.lock();
-        try {
-            OutputStream o;
-            long gen;
-            synchronized (state) {
-                if (phase != Phase.UP || out == null) {
-                    return -1;
-                }
-                watches.computeIfAbsent(key, k -> new Watchers()).awaiting.addLast(new Sub(watch, epoch));
-                o = out;
-                gen = generation;
-            }
-            try {
-                o.write(Wire.watchLine(key));
-                o.flush();
-            } catch (IOException e) {
-                shut();
-            }
-            return gen;
-        } finally {
-            writeLock.unlock();
-        }
+        Ticket t = enqueue('W', key, Wire.watchLine(key), false, watch, epoch, true);
+        return t == null ? -1 : t.generation;
     }
 
     /** Give a subscription up; {@code X key} goes out when it was the key's last on this connection. */
@@ -470,14 +490,9 @@ final class Conn {
                 return false;
             }
         }
-        if (!writeLock.tryLock()) {
-            return true; // a write is stuck: no answer by the next silence closes it
-        }
-        try {
-            send('I', null, Wire.info().line(), false);
-        } finally {
-            writeLock.unlock();
-        }
+        Wire.Request info = Wire.info();
+        // Never written from this thread: a write stuck on a full socket would stop the reading.
+        enqueue(info.op(), null, info.line(), false, null, 0, false);
         return true;
     }
 
@@ -557,7 +572,7 @@ final class Conn {
     private void releaseOrphan(Wire.Answer a) {
         if (a.tag == 'A') {
             Wire.Request r = Wire.release(a.key, a.token);
-            send(r.op(), r.key(), r.line(), false);
+            enqueue(r.op(), r.key(), r.line(), false, null, 0, false);
         }
     }
 
@@ -575,6 +590,7 @@ final class Conn {
                 killReason = null;
             }
             lastError = why;
+            outbox.reset();
             for (Watchers w : watches.values()) {
                 subs.addAll(w.every());
             }
