@@ -298,7 +298,7 @@ final class Calls {
             this.waitMs = waitMs;
             this.limit = limit;
             this.value = value;
-            this.waitEnd = waitMs == 0 ? Pool.NONE : System.nanoTime() + ms(waitMs);
+            this.waitEnd = waitMs == 0 ? Pool.NONE : deadline(System.nanoTime(), ms(waitMs));
             result.whenComplete((g, e) -> {
                 if (result.isCancelled()) {
                     CompletableFuture<Exchanged> c = current;

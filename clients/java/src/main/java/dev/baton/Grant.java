@@ -106,14 +106,14 @@ public class Grant implements AutoCloseable {
      */
     public Duration timeLeft() {
         synchronized (lock) {
-            long left = leaseStart + TimeUnit.MILLISECONDS.toNanos(leaseMs) - System.nanoTime();
+            long left = Calls.deadline(leaseStart, TimeUnit.MILLISECONDS.toNanos(leaseMs)) - System.nanoTime();
             return left <= 0 ? Duration.ZERO : Duration.ofNanos(left);
         }
     }
 
     long expiresAtNanos() {
         synchronized (lock) {
-            return leaseStart + TimeUnit.MILLISECONDS.toNanos(leaseMs);
+            return Calls.deadline(leaseStart, TimeUnit.MILLISECONDS.toNanos(leaseMs));
         }
     }
 

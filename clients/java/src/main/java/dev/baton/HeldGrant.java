@@ -45,7 +45,7 @@ public final class HeldGrant extends Grant {
 
     void start() {
         synchronized (lock) {
-            schedule(leaseStart + Calls.ms(leaseMs) / 3);
+            schedule(Calls.deadline(leaseStart, Calls.ms(leaseMs)) / 3);
         }
     }
 
@@ -64,7 +64,7 @@ public final class HeldGrant extends Grant {
                 return;
             }
             ms = leaseMs;
-            due = leaseStart + Calls.ms(leaseMs);
+            due = Calls.deadline(leaseStart, Calls.ms(leaseMs));
         }
         if (System.nanoTime() - due >= 0) {
             lose(new LostException("lost " + key() + " (token " + tokenString()
@@ -86,7 +86,7 @@ public final class HeldGrant extends Grant {
             BatonException e = Calls.error(err);
             if (e instanceof UnavailableException) {
                 synchronized (lock) {
-                    long expiry = leaseStart + Calls.ms(leaseMs);
+                    long expiry = Calls.deadline(leaseStart, Calls.ms(leaseMs));
                     if (System.nanoTime() - expiry < 0) {
                         schedule(Math.min(System.nanoTime() + Calls.ms(KEEP_RETRY_MS), expiry));
                         return;

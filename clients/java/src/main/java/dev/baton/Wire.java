@@ -92,11 +92,8 @@ final class Wire {
         if (lease == null || lease.isNegative() || lease.isZero()) {
             throw new BatonArgumentException("the lease must be above 0, got " + lease);
         }
-        long ms = millisCeil(lease);
-        if (ms > 365L * 86400 * 1000) {
-            throw new BatonArgumentException("the lease must be at most a year, got " + lease);
-        }
-        return ms;
+        // No upper bound here: the server's --max-lease decides (lease-too-long).
+        return millisCeil(lease);
     }
 
     /** The wire's wait in ms for a wait asked for: null waits without limit (0 on the wire), ZERO is the shortest, 1 ms. */
@@ -107,11 +104,7 @@ final class Wire {
         if (wait.isNegative()) {
             throw new BatonArgumentException("the wait must be 0 or more (null: without limit), got " + wait);
         }
-        long ms = millisCeil(wait);
-        if (ms > 365L * 86400 * 1000) {
-            throw new BatonArgumentException("the wait must be at most a year, got " + wait);
-        }
-        return Math.max(1, ms);
+        return Math.max(1, millisCeil(wait));
     }
 
     static void checkLimit(Integer limit) {
