@@ -1,0 +1,510 @@
+package dev.baton;
+
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Supplier;
+
+/**
+ * The calls: how one request becomes one result, across dropped
+ * connections, redirects and deadlines. Every call is a small state machine
+ * driven by completions (an answer, a dropped connection, a deadline or a
+ * pause on the scheduler); the blocking API waits on its future, so each
+ * rule is written once:
+ * <ul>
+ * <li>an attempt whose connection drops moves to the next connection; the
+ * call fails only after as many failed attempts as there are registered
+ * connections ({@code E <op> <key> shutting-down} counts as failed);</li>
+ * <li>{@code M host:port}: prefer that node (registering it if new) and send
+ * again; {@code M -}, or a node that is down: wait 100 ms and send again, for
+ * up to the request timeout; at most 8 redirects per call;</li>
+ * <li>a connection has the request timeout to answer (an acquire: its wait
+ * plus the request timeout; one without a wait limit: no limit), else it is
+ * closed and the call fails unavailable;</li>
+ * <li>a grant answered after more than a third of its lease is confirmed at
+ * once with {@code K};</li>
+ * <li>a release is retried for 5 s at 200 ms while no connection can carry
+ * it; {@code N} after an attempt that may have reached the server counts as
+ * released.</li>
+ * </ul>
+ */
+final class Calls {
+    private Calls() {}
+
+    static final long RELEASE_RETRY_WINDOW_MS = 5000;
+    static final long RELEASE_RETRY_INTERVAL_MS = 200;
+    static final long NO_ACTIVE_RETRY_MS = 100;
+    static final int MAX_REDIRECTS = 8;
+    static final int ACQUIRE_ROUNDS = 3;
+
+    static long ms(long millis) {
+        return TimeUnit.MILLISECONDS.toNanos(millis);
+    }
+
+    /** A final answer, when its request was sent, and whether an earlier attempt may have reached a server. */
+    record Exchanged(Wire.Answer answer, long sentAt, boolean earlierMaybeDelivered) {}
+
+    /** A call that got no final answer. */
+    static final class Failure extends RuntimeException {
+        private static final long serialVersionUID = 1L;
+        final BatonException error;
+        final boolean maybeDelivered;
+
+        Failure(BatonException error, boolean maybeDelivered) {
+            super(error.getMessage(), null, false, false);
+            this.error = error;
+            this.maybeDelivered = maybeDelivered;
+        }
+    }
+
+    /** The BatonException inside whatever a future failed with. */
+    static BatonException error(Throwable e) {
+        while ((e instanceof CompletionException || e instanceof java.util.concurrent.ExecutionException)
+            && e.getCause() != null) {
+            e = e.getCause();
+        }
+        if (e instanceof Failure) {
+            return ((Failure) e).error;
+        }
+        if (e instanceof BatonException) {
+            return (BatonException) e;
+        }
+        if (e instanceof java.util.concurrent.CancellationException) {
+            return new BatonException("cancelled", e);
+        }
+        return new BatonException("unexpected: " + e, e);
+    }
+
+    static BatonException unexpected(Wire.Answer a) {
+        return new UnavailableException("unexpected answer: " + Wire.abbreviate(a.text));
+    }
+
+    static long deadline(long fromNanos, long addNanos) {
+        return fromNanos + addNanos < fromNanos ? Pool.NONE : fromNanos + addNanos;
+    }
+
+    /** One exchange: send the request {@code make} builds (again on each attempt) until a final answer comes. */
+    static final class Exchange {
+        private final Pool pool;
+        private final long due;
+        private final Supplier<Wire.Request> make;
+        private int failures;
+        private boolean delivered;
+        private int hops;
+        private long waitingSince = -1;
+        private volatile Conn.Ticket current;
+        final CompletableFuture<Exchanged> result = new CompletableFuture<>();
+
+        Exchange(Pool pool, long due, Supplier<Wire.Request> make) {
+            this.pool = pool;
+            this.due = due;
+            this.make = make;
+            result.whenComplete((v, e) -> {
+                if (result.isCancelled()) {
+                    Conn.Ticket t = current;
+                    if (t != null) {
+                        t.future.cancel(false);
+                    }
+                }
+            });
+        }
+
+        CompletableFuture<Exchanged> start() {
+            next();
+            return result;
+        }
+
+        private void fail(BatonException e) {
+            result.completeExceptionally(new Failure(e, delivered));
+        }
+
+        private void next() {
+            if (result.isDone()) {
+                return;
+            }
+            if (pool.isClosed()) {
+                fail(new ClosedException("the client is closed"));
+                return;
+            }
+            Wire.Request request;
+            try {
+                request = make.get();
+            } catch (BatonException e) {
+                fail(e);
+                return;
+            }
+            pool.pick(due).whenComplete((conn, err) -> {
+                if (err != null) {
+                    fail(error(err));
+                } else {
+                    send(conn, request);
+                }
+            });
+        }
+
+        private void send(Conn conn, Wire.Request request) {
+            if (result.isDone()) {
+                return;
+            }
+            Conn.Ticket t = conn.send(request);
+            if (t == null) {
+                lost(false);
+                return;
+            }
+            current = t;
+            if (result.isCancelled()) {
+                t.future.cancel(false);
+            }
+            long budget = request.budgetMs(pool.requestTimeoutMs);
+            long connDue = budget < 0 ? Pool.NONE : deadline(t.sentAt, ms(budget));
+            long until = Math.min(connDue, due);
+            ScheduledFuture<?> timer = until == Pool.NONE ? null
+                : pool.schedule(() -> overdue(t, connDue), until - System.nanoTime());
+            t.future.whenComplete((answer, e) -> {
+                if (timer != null) {
+                    timer.cancel(false);
+                }
+                if (e == null) {
+                    answered(answer, t.sentAt);
+                } else if (!t.future.isCancelled()) {
+                    lost(true);
+                }
+            });
+        }
+
+        private void overdue(Conn.Ticket t, long connDue) {
+            if (!t.future.cancel(false)) {
+                return; // answered after all
+            }
+            long waited = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t.sentAt);
+            String why = t.conn.addr + " did not answer within " + waited + " ms";
+            if (System.nanoTime() - connDue >= 0) {
+                t.conn.kill(t.generation, "no answer within " + waited + " ms");
+            }
+            delivered = true;
+            fail(new UnavailableException("no answer: " + why));
+        }
+
+        private void answered(Wire.Answer a, long sentAt) {
+            if (a.tag == 'M') {
+                follow(a.active);
+                return;
+            }
+            if (a.tag == 'E' && "shutting-down".equals(a.reason)) {
+                failures++;
+                afterFailure();
+                return;
+            }
+            result.complete(new Exchanged(a, sentAt, delivered));
+        }
+
+        private void lost(boolean sent) {
+            delivered |= sent;
+            failures++;
+            afterFailure();
+        }
+
+        private void afterFailure() {
+            if (pool.isClosed()) {
+                fail(new ClosedException("the client is closed"));
+                return;
+            }
+            if (failures < pool.connectionCount()) {
+                next();
+                return;
+            }
+            fail(pool.noConnection("the connection failed on each of " + failures + " attempts: "));
+        }
+
+        private void follow(String active) {
+            if (active != null) {
+                int node;
+                try {
+                    node = pool.nodeFor(active);
+                } catch (BatonException e) {
+                    fail(e);
+                    return;
+                }
+                if (pool.isReachable(node)) {
+                    hops++;
+                    if (hops > MAX_REDIRECTS) {
+                        fail(new UnavailableException("no active node: redirected " + MAX_REDIRECTS
+                            + " times without reaching the active node (last: " + active + ")"));
+                        return;
+                    }
+                    pool.prefer(node);
+                    waitingSince = -1;
+                    next();
+                    return;
+                }
+            }
+            long now = System.nanoTime();
+            if (waitingSince < 0) {
+                waitingSince = now;
+            }
+            long wake = now + ms(NO_ACTIVE_RETRY_MS);
+            if (now - waitingSince >= ms(pool.requestTimeoutMs) || wake - due >= 0 && due != Pool.NONE) {
+                fail(new UnavailableException(active != null
+                    ? "no active node: redirected to " + active + ", which cannot be reached"
+                    : "no active node: the servers know no active node (waited "
+                        + TimeUnit.NANOSECONDS.toMillis(now - waitingSince) + " ms)"));
+                return;
+            }
+            pool.schedule(this::next, ms(NO_ACTIVE_RETRY_MS));
+        }
+    }
+
+    static CompletableFuture<Exchanged> exchange(Pool pool, long due, Supplier<Wire.Request> make) {
+        return new Exchange(pool, due, make).start();
+    }
+
+    // ---- acquire ----
+
+    /** A grant as it arrived: key, token, slot, lease and when the request that got it was sent. */
+    static final class Granted {
+        final String key;
+        final long token;
+        final int slot;
+        final long leaseMs;
+        long leaseStart;
+
+        Granted(String key, long token, int slot, long leaseMs, long leaseStart) {
+            this.key = key;
+            this.token = token;
+            this.slot = slot;
+            this.leaseMs = leaseMs;
+            this.leaseStart = leaseStart;
+        }
+    }
+
+    /** {@code A key lease wait [limit [value]]}; a re-sent acquire asks only for the wait that is left. */
+    static final class Acquire {
+        private final Pool pool;
+        private final String key;
+        private final long leaseMs;
+        private final long waitMs;
+        private final Integer limit;
+        private final String value;
+        private final long waitEnd;
+        private int rounds;
+        private volatile CompletableFuture<Exchanged> current;
+        final CompletableFuture<Granted> result = new CompletableFuture<>();
+
+        Acquire(Pool pool, String key, long leaseMs, long waitMs, Integer limit, String value) {
+            this.pool = pool;
+            this.key = key;
+            this.leaseMs = leaseMs;
+            this.waitMs = waitMs;
+            this.limit = limit;
+            this.value = value;
+            this.waitEnd = waitMs == 0 ? Pool.NONE : deadline(System.nanoTime(), ms(waitMs));
+            result.whenComplete((g, e) -> {
+                if (result.isCancelled()) {
+                    CompletableFuture<Exchanged> c = current;
+                    if (c != null) {
+                        c.cancel(false);
+                    }
+                }
+            });
+        }
+
+        CompletableFuture<Granted> start() {
+            round();
+            return result;
+        }
+
+        private Wire.Request request() {
+            long left = 0;
+            if (waitMs != 0) {
+                long nanos = waitEnd - System.nanoTime();
+                if (nanos <= 0) {
+                    throw new BatonTimeoutException("timed out: " + key + " was not granted within the wait");
+                }
+                left = Math.max(1, (nanos + 999_999) / 1_000_000);
+            }
+            return Wire.acquire(key, leaseMs, left, limit, value);
+        }
+
+        private void round() {
+            if (rounds++ >= ACQUIRE_ROUNDS) {
+                result.completeExceptionally(new UnavailableException(
+                    "grants of " + key + " ran out before they arrived, " + ACQUIRE_ROUNDS + " times"));
+                return;
+            }
+            long due = waitEnd == Pool.NONE ? Pool.NONE : deadline(waitEnd, ms(pool.requestTimeoutMs));
+            Exchange ex = new Exchange(pool, due, this::request);
+            current = ex.result;
+            if (result.isCancelled()) {
+                ex.result.cancel(false);
+                return;
+            }
+            ex.start().whenComplete((done, err) -> {
+                if (err != null) {
+                    result.completeExceptionally(error(err));
+                } else {
+                    answered(done);
+                }
+            });
+        }
+
+        private void answered(Exchanged done) {
+            Wire.Answer a = done.answer();
+            switch (a.tag) {
+                case 'A':
+                    Granted g = new Granted(a.key, a.token, Math.max(0, a.slot), leaseMs, done.sentAt());
+                    if (System.nanoTime() - g.leaseStart > ms(leaseMs) / 3) {
+                        confirm(g);
+                    } else {
+                        deliver(g);
+                    }
+                    return;
+                case 'T':
+                    result.completeExceptionally(
+                        new BatonTimeoutException("timed out: " + key + " was not granted within the wait"));
+                    return;
+                case 'E':
+                    result.completeExceptionally(new RefusedException(a.reason, "refused by the server: " + a.reason));
+                    return;
+                default:
+                    result.completeExceptionally(unexpected(a));
+            }
+        }
+
+        /** A grant that waited in line: restart its lease with K before the caller gets it. */
+        private void confirm(Granted g) {
+            if (result.isDone()) {
+                unwanted(pool, g);
+                return;
+            }
+            long due = System.nanoTime() + ms(pool.requestTimeoutMs);
+            exchange(pool, due, () -> Wire.keep(g.key, g.token, leaseMs)).whenComplete((done, err) -> {
+                if (err == null && done.answer().tag == 'K') {
+                    g.leaseStart = done.sentAt();
+                } else if (err == null && done.answer().tag == 'E' && "not-held".equals(done.answer().reason)) {
+                    round(); // it ran out before it arrived: ask again
+                    return;
+                }
+                deliver(g);
+            });
+        }
+
+        private void deliver(Granted g) {
+            if (!result.complete(g)) {
+                unwanted(pool, g);
+            }
+        }
+    }
+
+    /** A grant nobody wants any more (its caller gave up): release it at once, in the background. */
+    static void unwanted(Pool pool, Granted g) {
+        release(pool, g.key, g.token);
+    }
+
+    // ---- release ----
+
+    /** {@code R key token}, retried while no connection can carry it; true: released, false: not held. */
+    static CompletableFuture<Boolean> release(Pool pool, String key, long token) {
+        return new Release(pool, key, token).attempt();
+    }
+
+    private static final class Release {
+        private final Pool pool;
+        private final String key;
+        private final long token;
+        private final long retryEnd = System.nanoTime() + ms(RELEASE_RETRY_WINDOW_MS);
+        private boolean delivered;
+        final CompletableFuture<Boolean> result = new CompletableFuture<>();
+
+        Release(Pool pool, String key, long token) {
+            this.pool = pool;
+            this.key = key;
+            this.token = token;
+        }
+
+        CompletableFuture<Boolean> attempt() {
+            long due = deadline(retryEnd, ms(pool.requestTimeoutMs));
+            exchange(pool, due, () -> Wire.release(key, token)).whenComplete((done, err) -> {
+                if (err == null) {
+                    outcome(done);
+                    return;
+                }
+                Failure f = err instanceof Failure ? (Failure) err : new Failure(error(err), true);
+                delivered |= f.maybeDelivered;
+                boolean late = System.nanoTime() + ms(RELEASE_RETRY_INTERVAL_MS) - retryEnd > 0;
+                if (late || !(f.error instanceof UnavailableException)) {
+                    result.completeExceptionally(f.error);
+                    return;
+                }
+                if (pool.schedule(this::attempt, ms(RELEASE_RETRY_INTERVAL_MS)) == null) {
+                    result.completeExceptionally(new ClosedException("the client is closed"));
+                }
+            });
+            return result;
+        }
+
+        private void outcome(Exchanged done) {
+            boolean maybe = delivered || done.earlierMaybeDelivered();
+            Wire.Answer a = done.answer();
+            switch (a.tag) {
+                case 'R':
+                    result.complete(true);
+                    return;
+                case 'N':
+                    result.complete(maybe);
+                    return;
+                case 'E':
+                    result.completeExceptionally(new RefusedException(a.reason, "refused by the server: " + a.reason));
+                    return;
+                default:
+                    result.completeExceptionally(unexpected(a));
+            }
+        }
+    }
+
+    /** The release outcome rule, for tests: N counts as released after an attempt that may have got through. */
+    static boolean releasedBy(char tag, boolean maybeDelivered) {
+        return tag == 'R' || (tag == 'N' && maybeDelivered);
+    }
+
+    // ---- keep, query ----
+
+    /** {@code K key token lease}, answered until {@code due}; completes with when the keep that got through was sent. */
+    static CompletableFuture<Long> keep(Pool pool, String key, long token, long leaseMs, long due) {
+        return exchange(pool, due, () -> Wire.keep(key, token, leaseMs)).handle((done, err) -> {
+            if (err != null) {
+                throw error(err);
+            }
+            Wire.Answer a = done.answer();
+            if (a.tag == 'K') {
+                return done.sentAt();
+            }
+            if (a.tag == 'E' && "not-held".equals(a.reason)) {
+                throw new LostException("lost " + key + " (token " + Long.toUnsignedString(token)
+                    + "): the server no longer holds it");
+            }
+            if (a.tag == 'E') {
+                throw new RefusedException(a.reason, "refused by the server: " + a.reason);
+            }
+            throw unexpected(a);
+        });
+    }
+
+    /** {@code Q key}. */
+    static CompletableFuture<KeyStatus> query(Pool pool, String key) {
+        long due = System.nanoTime() + ms(pool.requestTimeoutMs);
+        return exchange(pool, due, () -> Wire.query(key)).handle((done, err) -> {
+            if (err != null) {
+                throw error(err);
+            }
+            Wire.Answer a = done.answer();
+            if (a.tag == 'Q') {
+                return new KeyStatus(a.key, a.token, java.time.Duration.ofMillis(a.msLeft), a.waiting);
+            }
+            if (a.tag == 'E') {
+                throw new RefusedException(a.reason, "refused by the server: " + a.reason);
+            }
+            throw unexpected(a);
+        });
+    }
+}

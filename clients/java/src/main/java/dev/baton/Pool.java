@@ -1,0 +1,394 @@
+package dev.baton;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executor;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import javax.net.ssl.SSLContext;
+
+/**
+ * The servers and connections a client keeps, the choice of a connection
+ * for each request, the scheduler thread ("baton-scheduler": deadlines,
+ * pauses between retries, keep-alives) and the signal of connection phase
+ * changes that callers waiting for a connection wait on.
+ * Choice ({@link #choose}, pure): the preferred node's connections first, if
+ * one is up; else any connection that is up, round-robin. A caller waits only
+ * while some connection it could use is connecting, bounded by its own
+ * deadline and the connect timeout (+1 s), and fails at once when every one
+ * is down. Never does: send, retry or interpret answers.
+ */
+final class Pool {
+    static final int CONNECTIONS_FOR_ONE_SERVER = 2;
+    static final int MAX_SERVERS = 64;
+    static final long CONNECT_SLACK_MS = 1000;
+    static final int WAIT = -1;
+    static final int NOTHING = -2;
+    static final long NONE = Long.MAX_VALUE;
+
+    final long connectTimeoutMs;
+    final long requestTimeoutMs;
+    final String secret;
+    final SSLContext tls;
+    final Executor executor;
+    private final ScheduledThreadPoolExecutor scheduler;
+
+    private final Object nodesLock = new Object();
+    private final List<String> addrs = new ArrayList<>();
+    private volatile Conn[] conns = new Conn[0];
+    private final AtomicInteger preferred = new AtomicInteger(-1);
+    private final AtomicInteger turn = new AtomicInteger();
+
+    private final Object notifyLock = new Object();
+    private long version;
+    private List<Runnable> waiters = new ArrayList<>();
+
+    private final Object sleepLock = new Object();
+    private volatile boolean closed;
+
+    Pool(List<String> servers, long connectTimeoutMs, long requestTimeoutMs, String secret, SSLContext tls,
+         Executor executor) {
+        this.connectTimeoutMs = connectTimeoutMs;
+        this.requestTimeoutMs = requestTimeoutMs;
+        this.secret = secret;
+        this.tls = tls;
+        this.executor = executor;
+        this.scheduler = new ScheduledThreadPoolExecutor(1, r -> {
+            Thread t = new Thread(r, "baton-scheduler");
+            t.setDaemon(true);
+            return t;
+        });
+        scheduler.setRemoveOnCancelPolicy(true);
+        scheduler.setExecuteExistingDelayedTasksAfterShutdownPolicy(false);
+        int perNode = servers.size() == 1 ? CONNECTIONS_FOR_ONE_SERVER : 1;
+        synchronized (nodesLock) {
+            for (String addr : servers) {
+                addNode(addr, perNode);
+            }
+        }
+    }
+
+    private int addNode(String addr, int count) {
+        int index = addrs.size();
+        addrs.add(addr);
+        Conn[] now = conns;
+        Conn[] next = java.util.Arrays.copyOf(now, now.length + count);
+        for (int i = 0; i < count; i++) {
+            Conn c = new Conn(this, index, addr);
+            next[now.length + i] = c;
+        }
+        conns = next;
+        for (int i = 0; i < count; i++) {
+            next[now.length + i].start();
+        }
+        bump();
+        return index;
+    }
+
+    boolean isClosed() {
+        return closed;
+    }
+
+    Conn[] conns() {
+        return conns;
+    }
+
+    List<String> servers() {
+        synchronized (nodesLock) {
+            return List.copyOf(addrs);
+        }
+    }
+
+    ScheduledFuture<?> schedule(Runnable task, long delayNanos) {
+        try {
+            return scheduler.schedule(() -> {
+                try {
+                    task.run();
+                } catch (RuntimeException e) {
+                    System.err.println("baton: a scheduled task failed: " + e);
+                }
+            }, Math.max(0, delayNanos), TimeUnit.NANOSECONDS);
+        } catch (java.util.concurrent.RejectedExecutionException e) {
+            return null; // closed
+        }
+    }
+
+    /** The node with this address, registered (with one connection) if it is new. */
+    int nodeFor(String addr) {
+        String normal;
+        try {
+            normal = Wire.normalise(addr);
+        } catch (BatonArgumentException e) {
+            throw new UnavailableException("redirected to '" + addr + "', which is not host:port");
+        }
+        synchronized (nodesLock) {
+            int i = addrs.indexOf(normal);
+            if (i >= 0) {
+                return i;
+            }
+            if (addrs.size() >= MAX_SERVERS) {
+                throw new UnavailableException("redirected to " + normal + ", but this client already knows "
+                    + MAX_SERVERS + " servers");
+            }
+            if (closed) {
+                throw new ClosedException("the client is closed");
+            }
+            return addNode(normal, 1);
+        }
+    }
+
+    void prefer(int node) {
+        preferred.set(node);
+    }
+
+    boolean isReachable(int node) {
+        for (Conn c : conns) {
+            if (c.node == node && c.phase() != Conn.Phase.DOWN) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    int connectionCount() {
+        return conns.length;
+    }
+
+    /**
+     * Pick among (node, phase) pairs: the preferred node's up connections
+     * first; while the preferred node is connecting and none of it is up,
+     * wait for it; else any up connection, round-robin by {@code turn}.
+     *
+     * @return the index to use, {@link #WAIT}, or {@link #NOTHING}
+     */
+    static int choose(int[] nodes, Conn.Phase[] phases, int preferred, int turn) {
+        if (preferred >= 0) {
+            int c = among(nodes, phases, preferred, turn);
+            if (c != NOTHING) {
+                return c;
+            }
+        }
+        return among(nodes, phases, -1, turn);
+    }
+
+    private static int among(int[] nodes, Conn.Phase[] phases, int node, int turn) {
+        int up = 0;
+        boolean connecting = false;
+        for (int i = 0; i < nodes.length; i++) {
+            if (node < 0 || nodes[i] == node) {
+                if (phases[i] == Conn.Phase.UP) {
+                    up++;
+                } else if (phases[i] == Conn.Phase.CONNECTING) {
+                    connecting = true;
+                }
+            }
+        }
+        if (up > 0) {
+            int want = Math.floorMod(turn, up);
+            for (int i = 0; i < nodes.length; i++) {
+                if ((node < 0 || nodes[i] == node) && phases[i] == Conn.Phase.UP && want-- == 0) {
+                    return i;
+                }
+            }
+        }
+        return connecting ? WAIT : NOTHING;
+    }
+
+    /** A connection up now; null while one is connecting; throws when none can be had. */
+    Conn chooseNow() {
+        if (closed) {
+            throw new ClosedException("the client is closed");
+        }
+        Conn[] all = conns;
+        int[] nodes = new int[all.length];
+        Conn.Phase[] phases = new Conn.Phase[all.length];
+        for (int i = 0; i < all.length; i++) {
+            nodes[i] = all[i].node;
+            phases[i] = all[i].phase();
+        }
+        int c = choose(nodes, phases, preferred.get(), turn.getAndIncrement());
+        if (c >= 0) {
+            return all[c];
+        }
+        if (c == WAIT) {
+            return null;
+        }
+        throw noConnection("no connection: ");
+    }
+
+    BatonException noConnection(String prefix) {
+        String refused = authRefused();
+        if (refused != null) {
+            return new RefusedException(refused, "the server refused the secret: " + refused + " (" + describe() + ")");
+        }
+        return new UnavailableException(prefix + describe());
+    }
+
+    /** The reason word when a server refused this client's secret. */
+    String authRefused() {
+        for (Conn c : conns) {
+            String r = c.authRefused();
+            if (r != null) {
+                return r;
+            }
+        }
+        return null;
+    }
+
+    /** "a:1 (connection refused); b:2 (not connected yet)". */
+    String describe() {
+        StringBuilder b = new StringBuilder();
+        List<String> names = servers();
+        for (int n = 0; n < names.size(); n++) {
+            String why = null;
+            for (Conn c : conns) {
+                if (c.node == n && why == null) {
+                    why = c.lastError();
+                }
+            }
+            if (b.length() > 0) {
+                b.append("; ");
+            }
+            b.append(names.get(n)).append(" (").append(why == null ? "not connected yet" : why).append(')');
+        }
+        return b.toString();
+    }
+
+    /** A connection that is up, waiting until {@code dueNanos} at most while one is connecting. */
+    CompletableFuture<Conn> pick(long dueNanos) {
+        Conn c;
+        long seen = version();
+        try {
+            c = chooseNow();
+        } catch (BatonException e) {
+            return CompletableFuture.failedFuture(e);
+        }
+        if (c != null) {
+            return CompletableFuture.completedFuture(c);
+        }
+        long patience = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(connectTimeoutMs + CONNECT_SLACK_MS);
+        long until = Math.min(dueNanos, patience);
+        CompletableFuture<Conn> f = new CompletableFuture<>();
+        ScheduledFuture<?> timer = schedule(() -> f.completeExceptionally(
+            noConnection("still connecting: ")), until - System.nanoTime());
+        f.whenComplete((x, e) -> {
+            if (timer != null) {
+                timer.cancel(false);
+            }
+        });
+        retryPick(f, seen);
+        return f;
+    }
+
+    private void retryPick(CompletableFuture<Conn> f, long seen) {
+        while (!f.isDone()) {
+            Conn c;
+            try {
+                c = chooseNow();
+            } catch (BatonException e) {
+                f.completeExceptionally(e);
+                return;
+            }
+            if (c != null) {
+                f.complete(c);
+                return;
+            }
+            final long now = seen;
+            if (onChange(now, () -> retryPick(f, version()))) {
+                return;
+            }
+            seen = version();
+        }
+    }
+
+    long version() {
+        synchronized (notifyLock) {
+            return version;
+        }
+    }
+
+    /** Run {@code task} at the next phase change after {@code seen}; false (and nothing registered) when one came already. */
+    boolean onChange(long seen, Runnable task) {
+        synchronized (notifyLock) {
+            if (version != seen) {
+                return false;
+            }
+            waiters.add(task);
+            return true;
+        }
+    }
+
+    /** A connection's phase changed: wake whoever waits for one. */
+    void bump() {
+        List<Runnable> run;
+        synchronized (notifyLock) {
+            version++;
+            if (waiters.isEmpty()) {
+                return;
+            }
+            run = waiters;
+            waiters = new ArrayList<>();
+        }
+        for (Runnable r : run) {
+            try {
+                r.run();
+            } catch (RuntimeException e) {
+                System.err.println("baton: a waiter failed: " + e);
+            }
+        }
+    }
+
+    /** Sleep before reconnecting; true when the client closed meanwhile. */
+    boolean sleepReconnect(long ms) {
+        long end = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ms);
+        synchronized (sleepLock) {
+            while (!closed) {
+                long left = end - System.nanoTime();
+                if (left <= 0) {
+                    return false;
+                }
+                try {
+                    TimeUnit.NANOSECONDS.timedWait(sleepLock, left);
+                } catch (InterruptedException e) {
+                    return true;
+                }
+            }
+            return true;
+        }
+    }
+
+    /** Stop every connection and the scheduler; wait (bounded) for their threads to end. */
+    void close(long waitMs) {
+        closed = true;
+        synchronized (sleepLock) {
+            sleepLock.notifyAll();
+        }
+        for (Conn c : conns) {
+            c.shut();
+        }
+        bump();
+        scheduler.shutdownNow();
+        long end = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(waitMs);
+        Thread self = Thread.currentThread();
+        for (Conn c : conns) {
+            Thread t = c.thread();
+            if (t != null && t != self) {
+                try {
+                    t.join(Math.max(1, TimeUnit.NANOSECONDS.toMillis(end - System.nanoTime())));
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    return;
+                }
+            }
+        }
+        try {
+            scheduler.awaitTermination(Math.max(1, TimeUnit.NANOSECONDS.toMillis(end - System.nanoTime())),
+                TimeUnit.MILLISECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+}

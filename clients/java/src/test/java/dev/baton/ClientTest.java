@@ -1,0 +1,273 @@
+package dev.baton;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.time.Duration;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.Flow;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Collectors;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.Timeout;
+
+/** The client against a real batond. */
+@Timeout(60)
+class ClientTest {
+    private static Batond node;
+    private static final Duration LEASE = Duration.ofSeconds(30);
+
+    @BeforeAll
+    static void start() throws Exception {
+        node = Batond.start();
+    }
+
+    @AfterAll
+    static void stop() throws Exception {
+        node.close();
+    }
+
+    private static BatonClient client() {
+        return BatonClient.connect(node.addr);
+    }
+
+    private static String key(String name) {
+        return name + "-" + System.nanoTime();
+    }
+
+    @Test
+    void acquireReleaseAndTryAcquire() throws Exception {
+        try (BatonClient c = client()) {
+            String k = key("job");
+            Grant g = c.acquire(k, LEASE, Duration.ofSeconds(5));
+            assertEquals(k, g.key());
+            assertEquals(0, g.slot());
+            assertTrue(Long.compareUnsigned(g.token(), 0) > 0);
+            KeyStatus s = c.query(k);
+            assertEquals(g.token(), s.token());
+            assertThrows(BatonTimeoutException.class, () -> c.tryAcquire(k, LEASE));
+            assertThrows(BatonTimeoutException.class, () -> c.acquire(k, LEASE, Duration.ofMillis(200)));
+            g.release();
+            assertTrue(c.query(k).isFree());
+            try (Grant again = c.tryAcquire(k, LEASE)) {
+                assertTrue(Long.compareUnsigned(again.token(), g.token()) > 0, "tokens grow");
+            }
+            assertTrue(c.query(k).isFree(), "try-with-resources released it");
+        }
+    }
+
+    @Test
+    void theNextInLineGetsTheKeyOnRelease() throws Exception {
+        try (BatonClient c = client()) {
+            String k = key("line");
+            Grant first = c.acquire(k, LEASE);
+            CompletableFuture<Grant> second = c.acquireAsync(k, LEASE, null);
+            Thread.sleep(100);
+            assertFalse(second.isDone());
+            assertEquals(1, c.query(k).waiting());
+            first.release();
+            Grant g = second.get(10, TimeUnit.SECONDS);
+            assertTrue(Long.compareUnsigned(g.token(), first.token()) > 0);
+            g.releaseAsync().get(10, TimeUnit.SECONDS);
+        }
+    }
+
+    @Test
+    void semaphoresGiveSlotsAndRefuseAnotherLimit() throws Exception {
+        try (BatonClient c = client()) {
+            String k = key("gpu");
+            AcquireOptions two = AcquireOptions.none().limit(2).value("host-a");
+            Grant a = c.acquire(k, LEASE, null, two);
+            Grant b = c.acquire(k, LEASE, null, two);
+            assertEquals(Set.of(0, 1), Set.of(a.slot(), b.slot()));
+            assertThrows(BatonTimeoutException.class, () -> c.acquire(k, LEASE, Duration.ZERO, two));
+            RefusedException e = assertThrows(RefusedException.class,
+                () -> c.acquire(k, LEASE, Duration.ZERO, AcquireOptions.none().limit(3)));
+            assertEquals("limit-mismatch", e.reason());
+            int freed = a.slot();
+            a.release();
+            Grant c3 = c.acquire(k, LEASE, Duration.ofSeconds(1), two);
+            assertEquals(freed, c3.slot());
+            b.release();
+            c3.release();
+        }
+    }
+
+    @Test
+    void theServersRefusalCarriesItsReason() throws Exception {
+        try (BatonClient c = client()) {
+            RefusedException e = assertThrows(RefusedException.class,
+                () -> c.acquire(key("long"), Duration.ofDays(300)));
+            assertTrue(e.reason().contains("lease"), e.reason());
+            assertThrows(BatonArgumentException.class, () -> c.acquire("a b", LEASE));
+        }
+    }
+
+    @Test
+    void aHeldGrantOutlivesItsLeaseAndSaysAtOnceWhenLost() throws Exception {
+        try (BatonClient c = client(); BatonClient other = client()) {
+            String k = key("held");
+            LinkedBlockingQueue<LostException> lost = new LinkedBlockingQueue<>();
+            HeldGrant h = c.hold(k, Duration.ofMillis(600), null, AcquireOptions.none(), lost::add);
+            Thread.sleep(1500); // more than two leases: kept alive
+            assertEquals(h.token(), c.query(k).token());
+            assertFalse(h.isLost());
+            // Someone else releases it (a grant is not tied to a connection): the next keep is answered not-held.
+            assertTrue(other.releaseToken(k, h.token()));
+            LostException why = lost.poll(5, TimeUnit.SECONDS);
+            assertTrue(why != null, "onLost ran");
+            assertTrue(h.lost().isDone());
+            assertTrue(h.isLost());
+            assertThrows(LostException.class, h::release);
+            assertThrows(LostException.class, () -> h.keep(LEASE));
+        }
+    }
+
+    @Test
+    void aHeldGrantReleasedFromAnotherThread() throws Exception {
+        try (BatonClient c = client()) {
+            String k = key("any-thread");
+            HeldGrant h = c.hold(k, Duration.ofSeconds(3));
+            CompletableFuture.runAsync(() -> {
+                try {
+                    h.release();
+                } catch (InterruptedException e) {
+                    throw new RuntimeException(e);
+                }
+            }).get(10, TimeUnit.SECONDS);
+            assertTrue(c.query(k).isFree());
+            assertFalse(h.lost().isDone());
+        }
+    }
+
+    @Test
+    void watchesSeeEveryChangeAndCloseCleanly() throws Exception {
+        try (BatonClient c = client()) {
+            String k = key("watched");
+            LinkedBlockingQueue<WatchState> states = new LinkedBlockingQueue<>();
+            Watch w = c.watch(k, states::add);
+            WatchState first = states.poll(5, TimeUnit.SECONDS);
+            assertTrue(first != null && first.isFree());
+            Grant g = c.acquire(k, LEASE, null, AcquireOptions.none().value("me"));
+            WatchState held = states.poll(5, TimeUnit.SECONDS);
+            assertEquals(g.token(), held.token());
+            assertEquals("me", held.value());
+            g.release();
+            WatchState free = states.poll(5, TimeUnit.SECONDS);
+            assertEquals(0, free.token());
+            assertNull(free.value());
+            w.close();
+            c.acquire(k, LEASE).release();
+            assertNull(states.poll(300, TimeUnit.MILLISECONDS), "nothing after close");
+        }
+    }
+
+    @Test
+    void anElection() throws Exception {
+        try (BatonClient a = client(); BatonClient b = client()) {
+            String k = key("election");
+            LinkedBlockingQueue<WatchState> leaders = new LinkedBlockingQueue<>();
+            Watch observer = b.observe(k, leaders::add);
+            assertEquals(0, leaders.poll(5, TimeUnit.SECONDS).token());
+            HeldGrant lead = a.campaign(k, "10.0.0.1:80", Duration.ofSeconds(3));
+            CompletableFuture<HeldGrant> next = b.campaignAsync(k, "10.0.0.2:80", Duration.ofSeconds(3), null, null);
+            WatchState now = leaders.poll(5, TimeUnit.SECONDS);
+            assertEquals("10.0.0.1:80", now.value());
+            assertEquals("10.0.0.1:80", b.leader(k).value());
+            lead.resign();
+            HeldGrant second = next.get(10, TimeUnit.SECONDS);
+            WatchState after = null;
+            while (after == null || after.token() == 0) {
+                after = leaders.poll(5, TimeUnit.SECONDS);
+            }
+            assertEquals("10.0.0.2:80", after.value());
+            assertTrue(Long.compareUnsigned(after.token(), now.token()) > 0);
+            assertEquals(second.token(), b.leaderAsync(k).get(10, TimeUnit.SECONDS).token());
+            observer.close();
+            second.resign();
+        }
+    }
+
+    @Test
+    void aPublisherDeliversOnDemand() throws Exception {
+        try (BatonClient c = client()) {
+            String k = key("published");
+            LinkedBlockingQueue<WatchState> got = new LinkedBlockingQueue<>();
+            CountDownLatch subscribed = new CountDownLatch(1);
+            Flow.Subscription[] sub = new Flow.Subscription[1];
+            c.watchPublisher(k).subscribe(new Flow.Subscriber<>() {
+                @Override
+                public void onSubscribe(Flow.Subscription s) {
+                    sub[0] = s;
+                    subscribed.countDown();
+                    s.request(1);
+                }
+
+                @Override
+                public void onNext(WatchState item) {
+                    got.add(item);
+                }
+
+                @Override
+                public void onError(Throwable t) {}
+
+                @Override
+                public void onComplete() {}
+            });
+            assertTrue(subscribed.await(5, TimeUnit.SECONDS));
+            assertTrue(got.poll(5, TimeUnit.SECONDS).isFree());
+            c.acquire(k, LEASE).release();
+            assertNull(got.poll(300, TimeUnit.MILLISECONDS), "no demand, nothing delivered");
+            sub[0].request(5);
+            assertTrue(got.poll(5, TimeUnit.SECONDS) != null);
+            sub[0].cancel();
+        }
+    }
+
+    private static Set<String> batonThreads() {
+        return Thread.getAllStackTraces().keySet().stream()
+            .filter(Thread::isAlive)
+            .map(Thread::getName)
+            .filter(n -> n.startsWith("baton-"))
+            .collect(Collectors.toSet());
+    }
+
+    @Test
+    void closeStopsEveryThreadItStartedAndReleasesHeldGrants() throws Exception {
+        Set<String> before = batonThreads();
+        BatonClient c = client();
+        String k = key("closing");
+        HeldGrant h = c.hold(k, Duration.ofSeconds(10));
+        Watch w = c.watch(k, s -> {});
+        Grant plain = c.acquire(key("plain"), LEASE);
+        Set<String> during = batonThreads();
+        assertTrue(during.containsAll(List.of("baton-scheduler", "baton-conn " + node.addr)), during.toString());
+        c.close();
+        assertEquals(before, batonThreads(), "no thread of the client is left");
+        assertTrue(w.isClosed());
+        assertThrows(ClosedException.class, h::release);
+        assertThrows(ClosedException.class, plain::release);
+        assertThrows(ClosedException.class, () -> c.query(k));
+        try (BatonClient other = client()) {
+            assertTrue(other.query(k).isFree(), "close released the held grant");
+        }
+    }
+
+    @Test
+    void aClientStartsWithNoServerUpAndFailsUnavailable() throws Exception {
+        int port = Batond.freePort();
+        try (BatonClient c = BatonClient.connect("127.0.0.1:" + port)) {
+            assertThrows(UnavailableException.class, () -> c.query("k"));
+            assertThrows(UnavailableException.class, () -> c.acquire("k", LEASE));
+        }
+    }
+}

@@ -1,0 +1,45 @@
+package dev.baton;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import org.junit.jupiter.api.Test;
+
+class PendingTest {
+    @Test
+    void answersForOneOpAndKeyAreMatchedInSendOrder() {
+        Pending<Integer> p = new Pending<>();
+        p.push('A', "a", 1);
+        p.push('A', "b", 2);
+        p.push('A', "a", 3);
+        p.push('R', "a", 4);
+        Object[] out = new Object[1];
+        assertTrue(p.take('R', "a", out));
+        assertEquals(4, out[0]);
+        assertTrue(p.take('A', "a", out));
+        assertEquals(1, out[0]);
+        assertTrue(p.take('A', "a", out));
+        assertEquals(3, out[0]);
+        assertFalse(p.take('A', "a", out));
+        assertTrue(p.take('A', "b", out));
+        assertEquals(2, out[0]);
+        assertTrue(p.isEmpty());
+    }
+
+    @Test
+    void requestsNobodyWaitsForKeepTheirPlace() {
+        Pending<Integer> p = new Pending<>();
+        p.push('R', "a", null);
+        p.push('R', "a", 9);
+        Object[] out = new Object[1];
+        assertTrue(p.take('R', "a", out));
+        assertEquals(null, out[0]);
+        assertTrue(p.take('R', "a", out));
+        assertEquals(9, out[0]);
+        p.push('I', null, 5);
+        p.push('Q', "k", null);
+        assertEquals(java.util.List.of(5), p.drain());
+        assertEquals(0, p.size());
+    }
+}
