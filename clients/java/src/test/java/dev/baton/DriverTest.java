@@ -34,7 +34,7 @@ class DriverTest {
                 OutputStream in = p.getOutputStream();
                 BufferedReader out = new BufferedReader(new InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8));
                 String ready = out.readLine();
-                assertEquals("{\"ready\":true,\"client\":\"" + (async ? "java-async" : "java") + "\",\"version\":\"0.1.0\"}", ready);
+                assertEquals("{\"ready\":true,\"client\":\"" + (async ? "java-async" : "java") + "\",\"version\":\"0.1.0\",\"cancel\":true}", ready);
                 send(in, "{\"id\":1,\"cmd\":\"connect\",\"addrs\":[\"" + node.addr + "\"]}");
                 assertEquals("{\"id\":1,\"ok\":{\"client\":\"c1\"}}", out.readLine());
                 send(in, "{\"id\":2,\"cmd\":\"acquire\",\"client\":\"c1\",\"key\":\"k\",\"lease_ms\":5000,\"limit\":2,\"value\":\"v\"}");

@@ -31,6 +31,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Consumer;
@@ -56,6 +57,13 @@ public final class Driver {
         return t;
     });
 
+    /** Gives calls up at their {@code cancel_after_ms}. */
+    private final ScheduledExecutorService canceller = Executors.newSingleThreadScheduledExecutor(r -> {
+        Thread t = new Thread(r, "driver-cancel");
+        t.setDaemon(true);
+        return t;
+    });
+
     private Driver(boolean async, OutputStream stdout) {
         this.async = async;
         this.out = new PrintStream(stdout, false, StandardCharsets.UTF_8);
@@ -70,7 +78,8 @@ public final class Driver {
     public static void main(String[] args) throws IOException {
         boolean async = List.of(args).contains("--async");
         Driver d = new Driver(async, new java.io.FileOutputStream(java.io.FileDescriptor.out));
-        d.emit(Json.obj("ready", true, "client", async ? "java-async" : "java", "version", BatonClient.VERSION));
+        d.emit(Json.obj("ready", true, "client", async ? "java-async" : "java", "version", BatonClient.VERSION,
+            "cancel", true));
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         String line;
         while ((line = in.readLine()) != null) {
@@ -105,7 +114,9 @@ public final class Driver {
         while (e instanceof java.util.concurrent.CompletionException && e.getCause() != null) {
             e = e.getCause();
         }
-        if (e instanceof RefusedException) {
+        if (e instanceof java.util.concurrent.CancellationException) {
+            error(id, "timeout", "cancelled");
+        } else if (e instanceof RefusedException) {
             error(id, "refused", ((RefusedException) e).reason());
         } else if (e instanceof BatonTimeoutException) {
             error(id, "timeout", e.getMessage());
@@ -357,6 +368,7 @@ public final class Driver {
         if (value != null && !"campaign".equals(cmd)) {
             options = options.value(value);
         }
+        Long cancelAfter = integer(req, "cancel_after_ms", false);
         String name = "g" + ids.incrementAndGet();
         Gate gate = new Gate();
         Consumer<LostException> onLost = e -> gate.event(Json.obj("event", "lost", "grant", name));
@@ -372,6 +384,10 @@ public final class Driver {
                 default:
                     f = c.campaignAsync(key, value, lease, wait, onLost);
             }
+            if (cancelAfter != null) {
+                // The future's own cancel: a grant that arrives later is the client's to release.
+                canceller.schedule(() -> f.cancel(true), cancelAfter, TimeUnit.MILLISECONDS);
+            }
             f.whenComplete((g, e) -> {
                 if (e != null) {
                     fail(id, e);
@@ -383,20 +399,68 @@ public final class Driver {
             return;
         }
         Grant g;
-        switch (cmd) {
-            case "acquire":
-                g = c.acquire(key, lease, wait, options);
-                break;
-            case "hold":
-                g = c.hold(key, lease, wait, options, onLost);
-                break;
-            default:
-                HeldGrant h = c.campaign(key, value, lease, wait, onLost);
-                g = h;
+        Interrupter interrupter = cancelAfter == null ? null : new Interrupter(Thread.currentThread());
+        if (interrupter != null) {
+            canceller.schedule(interrupter::fire, cancelAfter, TimeUnit.MILLISECONDS);
+        }
+        try {
+            switch (cmd) {
+                case "acquire":
+                    g = c.acquire(key, lease, wait, options);
+                    break;
+                case "hold":
+                    g = c.hold(key, lease, wait, options, onLost);
+                    break;
+                default:
+                    HeldGrant h = c.campaign(key, value, lease, wait, onLost);
+                    g = h;
+            }
+        } catch (InterruptedException e) {
+            if (interrupter != null && interrupter.fired()) {
+                error(id, "timeout", "cancelled");
+                return;
+            }
+            throw e;
+        } finally {
+            if (interrupter != null) {
+                interrupter.disarm();
+            }
         }
         grants.put(name, g);
         Grant done = g;
         gate.open(() -> ok(id, granted(name, done)));
+    }
+
+    /**
+     * Interrupts a blocking call's thread at its {@code cancel_after_ms}, only while that call
+     * runs: the worker thread goes back to the pool afterwards and must not be interrupted then.
+     */
+    private static final class Interrupter {
+        private final Thread thread;
+        private boolean armed = true;
+        private boolean fired;
+
+        Interrupter(Thread thread) {
+            this.thread = thread;
+        }
+
+        synchronized void fire() {
+            if (armed) {
+                fired = true;
+                thread.interrupt();
+            }
+        }
+
+        synchronized boolean fired() {
+            return fired;
+        }
+
+        synchronized void disarm() {
+            armed = false;
+            if (fired) {
+                Thread.interrupted(); // clear a flag the call did not consume
+            }
+        }
     }
 
     private static Map<String, Object> granted(String name, Grant g) {
