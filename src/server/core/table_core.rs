@@ -665,7 +665,8 @@ impl TableCore {
     /// what is asked, never to all keys. A standby shows its replicated
     /// holders (its table has no waiters).
     pub fn keys_view(&self, now: Now, ask: &KeysAsk) -> KeysView {
-        let mut view = self.table.contention_view(now.ms, now.unix_ms, ask);
+        // Requests are stamped with `ms_ceil` (leases and waits count from it).
+        let mut view = self.table.contention_view(now.ms_ceil, now.unix_ms, ask);
         view.role = match self.mode {
             Mode::Standby { .. } => "standby",
             Mode::Active | Mode::Transferring { .. } => "active",

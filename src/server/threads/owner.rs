@@ -164,7 +164,7 @@ impl Owner {
     }
 
     /// After the round's answers left: count its handoffs and role, and
-    /// publish a snapshot if one was asked for.
+    /// publish a snapshot, or a contention view, if one was asked for.
     fn end_round_metrics(&mut self, now: crate::server::clock::Now) {
         let done = Instant::now();
         let round_us = done.duration_since(self.round_start).as_micros() as u64;
@@ -179,6 +179,17 @@ impl Owner {
                     .as_micros() as u64
             },
         );
+        if let Some(ask) = &stats.keys_wanted {
+            match &self.metrics {
+                Some(slot) => {
+                    let view = Arc::new(core.keys_view(now, ask));
+                    if slot.try_publish_keys(view).is_ok() {
+                        stats.keys_wanted = None;
+                    }
+                }
+                None => stats.keys_wanted = None,
+            }
+        }
         if !stats.scrape_wanted {
             return;
         }
