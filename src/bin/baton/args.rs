@@ -62,6 +62,8 @@ pub enum Takes {
     Number,
     /// A holder's value (`V`).
     Value,
+    /// The order of `top`'s keys (`ORDER`: `waiting` or `age`).
+    Order,
 }
 
 impl Takes {
@@ -74,6 +76,7 @@ impl Takes {
             Takes::Path => Some("PATH"),
             Takes::Number => Some("N"),
             Takes::Value => Some("V"),
+            Takes::Order => Some("ORDER"),
         }
     }
 }
@@ -130,7 +133,7 @@ impl Flag {
 }
 
 /// The commands, in the order `--help` lists them.
-pub const COMMANDS: [Sub; 8] = [
+pub const COMMANDS: [Sub; 9] = [
     Sub {
         name: "acquire",
         usage: "[FLAGS] acquire KEY [--lease S] [--wait S | -n] [--limit N] [--value V]",
@@ -177,6 +180,18 @@ pub const COMMANDS: [Sub; 8] = [
                change of its holders (TOKEN 0 and VALUE - when nobody holds\n\
                it), watching again on the new active node across a failover;\n\
                runs until Ctrl+C (exit 0)",
+    },
+    Sub {
+        name: "top",
+        usage: "top --metrics LIST [--by waiting|age] [--interval S] [--once | --json]",
+        summary: "a live view of the contended keys, their holders and waiters",
+        help: "fill the terminal with the nodes' roles and rates and the\n\
+               contended keys (waiting, oldest wait, holders with value,\n\
+               time held, lease left), refreshed every --interval; keys q\n\
+               quit, w/a sort by waiting/oldest wait. --metrics lists every\n\
+               node's metrics address (batond --metrics): the keys are the\n\
+               active's. --once prints one snapshot as a plain table, --json\n\
+               as JSON (rates are measured over one --interval)",
     },
     Sub {
         name: "status",
@@ -255,9 +270,45 @@ const ONCE: Flag = Flag {
     long: "--once",
     short: None,
     takes: Takes::Nothing,
-    scope: Scope::Only(&["watch"]),
+    scope: Scope::Only(&["watch", "top"]),
     summary: "print the state now and exit",
-    help: "print the first line (the state now) and exit",
+    help: "print the state now and exit (watch: the first line; top: one\n\
+           snapshot as a plain table)",
+};
+const METRICS: Flag = Flag {
+    long: "--metrics",
+    short: None,
+    takes: Takes::Servers,
+    scope: Scope::Only(&["top"]),
+    summary: "the nodes' metrics addresses, comma-separated host:port",
+    help: "the nodes' metrics addresses (batond --metrics),\n\
+           comma-separated host:port",
+};
+const BY: Flag = Flag {
+    long: "--by",
+    short: None,
+    takes: Takes::Order,
+    scope: Scope::Only(&["top"]),
+    summary: "sort keys by waiting requests or by oldest wait",
+    help: "sort the keys by `waiting` requests (default) or by the\n\
+           `age` of their oldest waiter",
+};
+const INTERVAL: Flag = Flag {
+    long: "--interval",
+    short: None,
+    takes: Takes::Seconds,
+    scope: Scope::Only(&["top"]),
+    summary: "seconds between refreshes (default 1)",
+    help: "seconds between refreshes, and that rates are measured over\n\
+           (default 1)",
+};
+const JSON: Flag = Flag {
+    long: "--json",
+    short: None,
+    takes: Takes::Nothing,
+    scope: Scope::Only(&["top"]),
+    summary: "print one snapshot as JSON and exit",
+    help: "print one snapshot as JSON and exit",
 };
 const QUIET: Flag = Flag {
     long: "--quiet",
@@ -339,9 +390,9 @@ const VERSION: Flag = Flag {
 
 /// Every flag `baton` reads before `--`, in the order `--help` lists
 /// them. Each may be given once: a second one is an error that names it.
-pub const FLAGS: [&Flag; 16] = [
-    &SERVERS, &LEASE, &WAIT, &NONBLOCK, &LIMIT, &VALUE, &ONCE, &QUIET, &TIMEOUT, &AUTH_FILE, &TLS,
-    &TLS_CA, &TLS_CERT, &TLS_KEY, &HELP, &VERSION,
+pub const FLAGS: [&Flag; 20] = [
+    &SERVERS, &LEASE, &WAIT, &NONBLOCK, &LIMIT, &VALUE, &ONCE, &METRICS, &BY, &INTERVAL, &JSON,
+    &QUIET, &TIMEOUT, &AUTH_FILE, &TLS, &TLS_CA, &TLS_CERT, &TLS_KEY, &HELP, &VERSION,
 ];
 
 /// The column the text of a command starts at in `--help`.
@@ -466,6 +517,8 @@ pub enum Command {
         once: bool,
     },
     Status,
+    /// `top --metrics LIST ...`.
+    Top(TopArgs),
     /// `completions SHELL`: one of [`SHELLS`].
     Completions(&'static str),
     Help,
@@ -478,9 +531,32 @@ impl Command {
     pub fn needs_servers(&self) -> bool {
         !matches!(
             self,
-            Command::Completions(_) | Command::Help | Command::Version
+            Command::Completions(_) | Command::Help | Command::Version | Command::Top(_)
         )
     }
+}
+
+/// What `top` shows, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopArgs {
+    /// Every node's metrics address (`host:port`).
+    pub metrics: Vec<String>,
+    /// `--by age` (else by waiting).
+    pub by_age: bool,
+    /// Between refreshes, and what rates are measured over.
+    pub interval: Duration,
+    /// How it shows.
+    pub output: TopOutput,
+}
+
+/// `top`'s output: the live screen, or one snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopOutput {
+    Screen,
+    /// `--once`: a plain table.
+    Table,
+    /// `--json`.
+    Json,
 }
 
 /// The parsed command line.
@@ -796,6 +872,10 @@ fn command_from(
             let [] = positional(rest, [], &name)?;
             Ok(Command::Status)
         }
+        "top" => {
+            let [] = positional(rest, [], &name)?;
+            read_top(given).map(Command::Top)
+        }
         "completions" => {
             let [shell] = positional(rest, ["SHELL"], &name)?;
             let shell = shell.to_string_lossy();
@@ -871,6 +951,45 @@ fn read_holding(given: &Given) -> Result<Holding, String> {
         }
     };
     Ok(Holding { limit, value })
+}
+
+/// `top`'s flags.
+fn read_top(given: &Given) -> Result<TopArgs, String> {
+    let Some(list) = given.text(&METRICS)? else {
+        return Err(
+            "top needs --metrics: every node's metrics address, like 127.0.0.1:9373".into(),
+        );
+    };
+    let entries: Vec<&str> = list.split(',').collect();
+    let metrics = parse_servers(&entries).map_err(|e| format!("--metrics: {e}"))?;
+    let by_age = match given.text(&BY)?.as_deref() {
+        None | Some("waiting") => false,
+        Some("age") => true,
+        Some(other) => return Err(format!("--by: expected waiting or age, got '{other}'")),
+    };
+    let interval = match given.text(&INTERVAL)? {
+        None => Duration::from_secs(1),
+        Some(text) => match parse_seconds_saturating(text.as_bytes()) {
+            Some(ms) if ms > 0 => Duration::from_millis(ms),
+            _ => {
+                return Err(format!(
+                    "--interval: expected {EXPECT_TIMEOUT}, got '{text}'"
+                ));
+            }
+        },
+    };
+    let output = match (given.has(&ONCE), given.has(&JSON)) {
+        (false, false) => TopOutput::Screen,
+        (true, false) => TopOutput::Table,
+        (false, true) => TopOutput::Json,
+        (true, true) => return Err("give either --once or --json, not both".into()),
+    };
+    Ok(TopArgs {
+        metrics,
+        by_age,
+        interval,
+        output,
+    })
 }
 
 /// Exactly the named positional arguments.
