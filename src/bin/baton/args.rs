@@ -961,6 +961,17 @@ fn read_top(given: &Given) -> Result<TopArgs, String> {
         );
     };
     let entries: Vec<&str> = list.split(',').collect();
+    // A metrics port has no default (7373 is the lock port's).
+    if let Some(bare) = entries.iter().find(|e| {
+        !e.trim()
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.ends_with(':') && port.parse::<u16>().is_ok())
+    }) {
+        return Err(format!(
+            "--metrics: '{}' has no port; give each node's metrics address as host:port",
+            bare.trim()
+        ));
+    }
     let metrics = parse_servers(&entries).map_err(|e| format!("--metrics: {e}"))?;
     let by_age = match given.text(&BY)?.as_deref() {
         None | Some("waiting") => false,
@@ -1208,7 +1219,7 @@ mod tests {
             }
         );
         let err = parse_with(&["acquire", "k", "--once"], None).expect_err("not acquire");
-        assert_eq!(err, "--once is for watch, not `acquire`");
+        assert_eq!(err, "--once is for watch and top, not `acquire`");
         let err = parse_with(&["watch"], None).expect_err("a key");
         assert!(err.starts_with("missing KEY"), "{err}");
     }
@@ -1386,6 +1397,7 @@ mod tests {
             Takes::Path => Some("/f"),
             Takes::Number => Some("2"),
             Takes::Value => Some("v"),
+            Takes::Order => Some("age"),
         }
     }
 
@@ -1398,6 +1410,7 @@ mod tests {
             "release" | "keep" => &["k", "1"],
             "run" => &["k", "--", "true"],
             "completions" => &["bash"],
+            "top" if !extra.contains(&"--metrics") => &["--metrics", "a:1"],
             _ => &[],
         });
         args
@@ -1473,13 +1486,76 @@ mod tests {
     }
 
     #[test]
+    fn top_takes_metrics_addresses_an_order_an_interval_and_one_output() {
+        let top = |args: &[&str]| parse_with(args, None).map(|cli| cli.command);
+        assert_eq!(
+            top(&["top", "--metrics", "a:1,b:2"]),
+            Ok(Command::Top(TopArgs {
+                metrics: vec!["a:1".into(), "b:2".into()],
+                by_age: false,
+                interval: Duration::from_secs(1),
+                output: TopOutput::Screen,
+            }))
+        );
+        assert_eq!(
+            top(&[
+                "top",
+                "--metrics",
+                "a:1",
+                "--by",
+                "age",
+                "--interval",
+                "0.25",
+                "--json"
+            ]),
+            Ok(Command::Top(TopArgs {
+                metrics: vec!["a:1".into()],
+                by_age: true,
+                interval: Duration::from_millis(250),
+                output: TopOutput::Json,
+            }))
+        );
+        let once = top(&["top", "--once", "--metrics", "a:1", "--by", "waiting"]);
+        assert!(matches!(
+            once,
+            Ok(Command::Top(TopArgs {
+                output: TopOutput::Table,
+                by_age: false,
+                ..
+            }))
+        ));
+        for (args, says) in [
+            (&["top"][..], "top needs --metrics"),
+            (&["top", "--metrics", "nohost"], "--metrics"),
+            (
+                &["top", "--metrics", "a:1", "--by", "size"],
+                "--by: expected waiting or age",
+            ),
+            (
+                &["top", "--metrics", "a:1", "--interval", "0"],
+                "--interval",
+            ),
+            (
+                &["top", "--metrics", "a:1", "--once", "--json"],
+                "either --once or --json",
+            ),
+            (&["top", "--metrics", "a:1", "extra"], "unexpected argument"),
+            (&["status", "--json"], "--json is for top"),
+        ] {
+            let err = top(args).expect_err("refused");
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
     fn an_unknown_flag_is_named_with_every_flag_that_is_accepted() {
         let err = parse_with(&["acquire", "k", "--leas", "3"], None).expect_err("unknown");
         assert_eq!(
             err,
             "unknown flag --leas; accepted: --servers, --lease, --wait, -n/--nonblock, \
-             --limit, --value, --once, -q/--quiet, --timeout, --auth-file, --tls, --tls-ca, \
-             --tls-cert, --tls-key, -h/--help, -V/--version"
+             --limit, --value, --once, --metrics, --by, --interval, --json, -q/--quiet, \
+             --timeout, --auth-file, --tls, --tls-ca, --tls-cert, --tls-key, -h/--help, \
+             -V/--version"
         );
         for flag in FLAGS {
             assert!(err.contains(&flag.shown()), "{}", flag.long);

@@ -37,7 +37,8 @@
 //! Counts requests, answers and handoff times as plain fields (stats.rs)
 //! and, when the metrics thread asks (`ToOwner::Scrape`), leaves a snapshot
 //! in its slot if the slot is free at that instant; else it tries again
-//! next round.
+//! next round. A contention view (`ToOwner::Keys`, for `GET /keys`) is
+//! built and left the same way, between two rounds.
 //!
 //! Never does: socket I/O, lock decisions, or blocking on anything but its
 //! own input channel.
