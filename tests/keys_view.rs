@@ -296,3 +296,24 @@ fn a_standby_shows_its_replicated_holders_and_no_waiters() {
         (Some("standby"), Some(0))
     );
 }
+
+#[test]
+fn back_to_back_views_each_see_every_waiter_queued_before_them() {
+    // The owner is asked for a view at most once per 100 ms, but a request
+    // still waits for a view taken after it arrived: never an older one.
+    let (node, metrics) = metrics_node();
+    let mut holder = node.client();
+    let mut waiters = Vec::new();
+    for i in 1..=6 {
+        let key = format!("k{i}");
+        holder.acquire_now(&key, "60");
+        let mut waiter = node.client();
+        waiter.send(&format!("A {key} 60 0"));
+        wait_for("the waiter in line", DEADLINE, || {
+            (holder.query(&key).waiting == 1).then_some(())
+        });
+        waiters.push(waiter);
+        assert_eq!(get_ok(metrics, "/keys?top=1")["contended"], i, "view {i}");
+        assert_eq!(get_ok(metrics, &format!("/keys/{key}"))["waiting"], 1);
+    }
+}
