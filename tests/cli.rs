@@ -398,7 +398,8 @@ fn an_unknown_flag_is_named_with_every_flag_each_tool_accepts() {
     assert_eq!(
         out.stderr,
         "baton: unknown flag --leas; accepted: --servers, --lease, --wait, -n/--nonblock, \
-         --limit, --value, --once, -q/--quiet, --timeout, --auth-file, --tls, --tls-ca, \
+         --limit, --value, --once, --metrics, --by, --interval, --json, -q/--quiet, --timeout, \
+         --auth-file, --tls, --tls-ca, \
          --tls-cert, --tls-key, -h/--help, -V/--version (see baton --help)\n"
     );
     let run = run_to_exit(
@@ -462,7 +463,7 @@ fn the_bash_completion_offers_commands_the_flags_each_accepts_files_and_shells()
     let cases = [
         (
             "baton ",
-            "acquire release run keep query watch status completions".to_string(),
+            "acquire release run keep query watch top status completions".to_string(),
         ),
         ("baton st", "status".into()),
         (
@@ -558,7 +559,7 @@ fn the_zsh_completion_parses_and_offers_commands_the_flags_each_accepts_files_an
     let cases = [
         (
             "baton ",
-            "acquire release run keep query watch status completions",
+            "acquire release run keep query watch top status completions",
         ),
         (
             "baton -",

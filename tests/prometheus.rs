@@ -5,6 +5,11 @@
 //! raises no alert, and once the active is killed (by PID) the queries show
 //! the other node active and the rules put the dead target's alert
 //! pending. Every node's `/metrics` passes `promtool check metrics`.
+//! Every query of every panel of the Grafana dashboard
+//! (`scripts/grafana/baton-dashboard.json`) parses and returns a series
+//! on the live cluster, and the dashboard is importable as it is (a
+//! `DS_PROMETHEUS` input that every panel names); the alert rules' links
+//! to it name panels it has (that check needs no Prometheus).
 //!
 //! The Prometheus is this test's own child process, on its own free
 //! loopback port with its own storage in a temporary directory; it is
@@ -37,6 +42,93 @@ const POLL_EVERY: Duration = Duration::from_millis(50);
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
 
 const RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/baton.rules.yml");
+const DASHBOARD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/scripts/grafana/baton-dashboard.json"
+);
+
+/// The dashboard, checked importable as it is: a `DS_PROMETHEUS` data
+/// source input, and every panel and query naming it (no data source of
+/// the machine it was made on).
+fn dashboard() -> Value {
+    let text = std::fs::read_to_string(DASHBOARD).expect("read the dashboard");
+    let json: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let input = &json["__inputs"][0];
+    assert_eq!(
+        (&input["name"], &input["type"], &input["pluginId"]),
+        (
+            &"DS_PROMETHEUS".into(),
+            &"datasource".into(),
+            &"prometheus".into()
+        ),
+        "{input}"
+    );
+    assert!(json["id"].is_null(), "no id of the Grafana it was made on");
+    let ds = serde_json::json!({"type": "prometheus", "uid": "${DS_PROMETHEUS}"});
+    for panel in json["panels"].as_array().expect("panels") {
+        if panel["type"] == "text" {
+            continue;
+        }
+        assert_eq!(panel["datasource"], ds, "panel {}", panel["title"]);
+        for target in panel["targets"].as_array().expect("targets") {
+            assert_eq!(target["datasource"], ds, "panel {}", panel["title"]);
+        }
+    }
+    json
+}
+
+/// Every panel's queries as (panel id, panel title, PromQL), with the
+/// dashboard's variables as a Prometheus of job "baton" sees them.
+fn dashboard_queries(dashboard: &Value) -> Vec<(u64, String, String)> {
+    let mut queries = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        let Some(targets) = panel["targets"].as_array() else {
+            continue;
+        };
+        for target in targets {
+            let expr = target["expr"].as_str().expect("an expr");
+            queries.push((
+                panel["id"].as_u64().expect("a panel id"),
+                panel["title"].as_str().unwrap_or_default().to_string(),
+                expr.replace("$job", "baton")
+                    .replace("$__rate_interval", "1m"),
+            ));
+        }
+    }
+    queries
+}
+
+#[test]
+fn the_dashboard_is_importable_and_the_rules_link_to_panels_it_has() {
+    let dashboard = dashboard();
+    let ids: BTreeSet<u64> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .map(|p| p["id"].as_u64().expect("a panel id"))
+        .collect();
+    let uid = dashboard["uid"].as_str().expect("a uid");
+    let rules = std::fs::read_to_string(RULES).expect("read the rules");
+    let mut links = 0;
+    for line in rules.lines() {
+        let Some(link) = line.trim().strip_prefix("dashboard: ") else {
+            continue;
+        };
+        let link = link.trim_matches('"');
+        let (path, panel) = link
+            .split_once("?viewPanel=")
+            .unwrap_or_else(|| panic!("a panel link: {link}"));
+        assert!(path.starts_with(&format!("/d/{uid}/")), "{link}");
+        let panel: u64 = panel.parse().expect("a panel id");
+        assert!(ids.contains(&panel), "{link}: no panel {panel}");
+        links += 1;
+    }
+    assert!(
+        links >= 5,
+        "the alerts link to the dashboard: {links} links"
+    );
+    assert!(!dashboard_queries(&dashboard).is_empty());
+}
 
 /// `program` on PATH, if it is there (a file with an execute bit).
 fn on_path(program: &str) -> Option<PathBuf> {
@@ -528,6 +620,15 @@ fn a_real_prometheus_scrapes_the_cluster_evaluates_the_rules_and_sees_a_failover
             _ => None,
         });
         assert!(p99 >= 0.0, "{q} = {p99}");
+    }
+
+    // Every panel of the dashboard: its query parses and returns a series.
+    for (id, title, promql) in dashboard_queries(&dashboard()) {
+        let series = deadline.poll(&format!("panel {id} ({title}) to return a series"), || {
+            let samples = prom.query(&promql)?;
+            (!samples.is_empty()).then_some(samples.len())
+        });
+        assert!(series >= 1, "{promql}");
     }
 
     // The exposition of both nodes, histograms filled, is lint-clean.

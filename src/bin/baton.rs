@@ -3,7 +3,8 @@
 //! Owns: the process — arguments (`baton/args.rs`), one command per run,
 //! the exit code, and the one-line messages on stderr (none for a busy key
 //! under `-q`). `run` lives in `baton/run.rs`, `watch` in
-//! `baton/watch.rs`, the shell completion scripts in `baton/complete.rs`. Logs of the library are off
+//! `baton/watch.rs`, `top` in `baton/top.rs`, the shell completion scripts
+//! in `baton/complete.rs`. Logs of the library are off
 //! unless `RUST_LOG` asks.
 //!
 //! Never does: print anything but the token (and, with `--limit`, the
@@ -16,6 +17,8 @@ mod args;
 mod complete;
 #[path = "baton/run.rs"]
 mod run;
+#[path = "baton/top.rs"]
+mod top;
 #[path = "baton/watch.rs"]
 mod watch;
 
@@ -61,6 +64,7 @@ fn execute(mut cli: Cli) -> u8 {
             println!("baton {}", env!("CARGO_PKG_VERSION"));
             return 0;
         }
+        Command::Top(ref args) => return top::top(args),
         _ => {}
     }
     let mut builder = Client::builder(&cli.servers);
@@ -133,7 +137,7 @@ fn execute(mut cli: Cli) -> u8 {
         ),
         Command::Watch { key, once } => watch::watch(&client, &key, once, cli.timeout),
         Command::Status => status(&client, &cli.servers),
-        Command::Help | Command::Version | Command::Completions(_) => 0,
+        Command::Help | Command::Version | Command::Completions(_) | Command::Top(_) => 0,
     }
 }
 

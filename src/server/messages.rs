@@ -27,6 +27,7 @@ use crossbeam_channel::Sender;
 use mio::Waker;
 
 use crate::protocol::Answer;
+use crate::server::core::contention::KeysAsk;
 pub use crate::server::core::events::{ClusterToTable, Inbound, TableToCluster};
 use crate::server::core::lock_table::ConnId;
 
@@ -79,6 +80,9 @@ pub enum ToOwner {
     Cluster(ClusterToTable),
     /// From the metrics thread: publish a snapshot of the figures.
     Scrape,
+    /// From the metrics thread: publish the contention view it asks for
+    /// (`GET /keys`), between two rounds, like a scrape.
+    Keys(KeysAsk),
     /// A single node is stopping: answer every waiter `M - A <key>` (no
     /// node is active), as the last node of a cluster does, then signal on
     /// the sender once those answers are on their way to the I/O loops.

@@ -2,9 +2,11 @@
 //! the Prometheus text renderer (format version 0.0.4).
 //!
 //! Owns: what a request to `--metrics` may look like ([`parse_request`]:
-//! one `GET /metrics` request head, bounded in size, strictly checked,
-//! decided as soon as the bytes allow), the responses ([`response`]), and
-//! the names, help texts and types of every metric ([`render`]).
+//! one `GET` request head of `/metrics`, `/keys?top=N&by=waiting|age` or
+//! `/keys/<percent-encoded key>`, bounded in size, strictly checked,
+//! decided as soon as the bytes allow), the responses ([`response`],
+//! [`json_response`]), and the names, help texts and types of every
+//! metric ([`render`]). The contention view's JSON is keys_json.rs's.
 //!
 //! Run by the metrics thread (metrics.rs); pure functions, unit-tested here.
 //!
@@ -13,7 +15,8 @@
 
 use std::fmt::Write as _;
 
-use crate::protocol::{ANSWER_KINDS, AnswerKind, KNOWN_REASONS, OPS};
+use crate::protocol::{ANSWER_KINDS, AnswerKind, KNOWN_REASONS, Key, OPS};
+use crate::server::core::contention::{By, MAX_TOP};
 use crate::server::core::counters::{BUCKETS_US, LatencySnapshot, REASONS, Snapshot};
 
 /// The longest request head taken (request line and headers).
@@ -23,8 +26,14 @@ pub const MAX_HEADERS: usize = 64;
 /// The longest method and request target taken.
 const MAX_METHOD: usize = 16;
 const MAX_TARGET: usize = 2048;
-/// The one path served.
+/// The Prometheus path.
 pub const PATH: &[u8] = b"/metrics";
+/// The contention view's list (`/keys?top=N&by=waiting|age`).
+pub const KEYS_PATH: &[u8] = b"/keys";
+/// The contention view of one key (`/keys/<percent-encoded key>`).
+pub const KEY_PREFIX: &[u8] = b"/keys/";
+/// Keys `/keys` lists when `top` is not given.
+pub const DEFAULT_TOP: usize = 20;
 
 /// How a request is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,13 +61,24 @@ impl Status {
     }
 }
 
+/// What a valid request asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /metrics` (any query).
+    Metrics,
+    /// `GET /keys?top=N&by=waiting|age` (both optional).
+    Keys { top: usize, by: By },
+    /// `GET /keys/<key>`.
+    Key(Key),
+}
+
 /// What the bytes read so far amount to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Parsed {
     /// Nothing wrong yet, but the head is not complete.
     Incomplete,
-    /// A complete, valid `GET /metrics`.
-    Metrics,
+    /// A complete, valid request.
+    Get(Route),
     /// Answer this status and close.
     Reject(Status),
 }
@@ -73,8 +93,8 @@ pub fn parse_request(buf: &[u8]) -> Parsed {
     let Some(first) = complete_line(first) else {
         return incomplete(buf);
     };
-    let http11 = match request_line(first) {
-        Ok(http11) => http11,
+    let (http11, route) = match request_line(first) {
+        Ok(line) => line,
         Err(status) => return Parsed::Reject(status),
     };
     let mut hosts = 0;
@@ -86,7 +106,7 @@ pub fn parse_request(buf: &[u8]) -> Parsed {
             if http11 && hosts != 1 {
                 return Parsed::Reject(Status::BadRequest);
             }
-            return Parsed::Metrics;
+            return Parsed::Get(route);
         }
         if n >= MAX_HEADERS {
             return Parsed::Reject(Status::TooLarge);
@@ -136,8 +156,9 @@ fn tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-/// `METHOD SP TARGET SP HTTP/1.x`: whether it is HTTP/1.1, or the status.
-fn request_line(line: &[u8]) -> Result<bool, Status> {
+/// `METHOD SP TARGET SP HTTP/1.x`: whether it is HTTP/1.1 and what it
+/// asks for, or the status.
+fn request_line(line: &[u8]) -> Result<(bool, Route), Status> {
     let mut parts = line.split(|&b| b == b' ');
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -160,11 +181,90 @@ fn request_line(line: &[u8]) -> Result<bool, Status> {
     if method != b"GET" {
         return Err(Status::MethodNotAllowed);
     }
-    let path = target.split(|&b| b == b'?').next().unwrap_or(target);
-    if path != PATH {
-        return Err(Status::NotFound);
+    Ok((http11, route(target)?))
+}
+
+/// What a request target asks for.
+fn route(target: &[u8]) -> Result<Route, Status> {
+    let (path, query) = match target.iter().position(|&b| b == b'?') {
+        Some(at) => (&target[..at], Some(&target[at + 1..])),
+        None => (target, None),
+    };
+    if path == PATH {
+        return Ok(Route::Metrics);
     }
-    Ok(http11)
+    if path == KEYS_PATH {
+        return keys_query(query.unwrap_or(b""));
+    }
+    let Some(encoded) = path.strip_prefix(KEY_PREFIX) else {
+        return Err(Status::NotFound);
+    };
+    if query.is_some() {
+        return Err(Status::BadRequest);
+    }
+    let bytes = percent_decode(encoded).ok_or(Status::BadRequest)?;
+    Key::new(&bytes)
+        .map(Route::Key)
+        .map_err(|_| Status::BadRequest)
+}
+
+/// `top=N&by=waiting|age`, each at most once, in any order, both optional;
+/// nothing else. N is 1 to [`MAX_TOP`], in at most four digits.
+fn keys_query(query: &[u8]) -> Result<Route, Status> {
+    let (mut top, mut by) = (None, None);
+    if !query.is_empty() {
+        for pair in query.split(|&b| b == b'&') {
+            let (name, value) = match pair.iter().position(|&b| b == b'=') {
+                Some(at) => (&pair[..at], &pair[at + 1..]),
+                None => return Err(Status::BadRequest),
+            };
+            match name {
+                b"top" if top.is_none() => {
+                    let digits = !value.is_empty()
+                        && value.len() <= 4
+                        && value.iter().all(u8::is_ascii_digit);
+                    let n = value
+                        .iter()
+                        .fold(0usize, |n, &d| n * 10 + usize::from(d - b'0'));
+                    if !digits || !(1..=MAX_TOP).contains(&n) {
+                        return Err(Status::BadRequest);
+                    }
+                    top = Some(n);
+                }
+                b"by" if by.is_none() => {
+                    by = Some(match value {
+                        b"waiting" => By::Waiting,
+                        b"age" => By::Age,
+                        _ => return Err(Status::BadRequest),
+                    });
+                }
+                _ => return Err(Status::BadRequest),
+            }
+        }
+    }
+    Ok(Route::Keys {
+        top: top.unwrap_or(DEFAULT_TOP),
+        by: by.unwrap_or(By::Waiting),
+    })
+}
+
+/// `%XX` (hex, either case) as the byte XX, every other byte as itself;
+/// None for a `%` not followed by two hex digits.
+pub fn percent_decode(encoded: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(encoded.len());
+    let mut i = 0;
+    while i < encoded.len() {
+        if encoded[i] == b'%' {
+            let hex = encoded.get(i + 1..i + 3)?;
+            let digit = |b: u8| (b as char).to_digit(16);
+            out.push((digit(hex[0])? * 16 + digit(hex[1])?) as u8);
+            i += 3;
+        } else {
+            out.push(encoded[i]);
+            i += 1;
+        }
+    }
+    Some(out)
 }
 
 enum Header {
@@ -213,6 +313,18 @@ pub fn response(status: Status, body: &str) -> Vec<u8> {
     };
     let mut out = format!(
         "HTTP/1.1 {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
+        status.line(),
+        body.len()
+    );
+    out.push_str(body);
+    out.into_bytes()
+}
+
+/// A whole JSON response (`application/json`): status line, headers,
+/// `body`; the connection closes after it.
+pub fn json_response(status: Status, body: &str) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         status.line(),
         body.len()
     );
@@ -460,21 +572,27 @@ mod tests {
 
     #[test]
     fn a_plain_get_of_metrics_is_taken_with_crlf_or_lf() {
-        assert_eq!(p(OK), Parsed::Metrics);
-        assert_eq!(p("GET /metrics HTTP/1.0\r\n\r\n"), Parsed::Metrics);
-        assert_eq!(p("GET /metrics HTTP/1.0\n\n"), Parsed::Metrics);
+        assert_eq!(p(OK), Parsed::Get(Route::Metrics));
+        assert_eq!(
+            p("GET /metrics HTTP/1.0\r\n\r\n"),
+            Parsed::Get(Route::Metrics)
+        );
+        assert_eq!(p("GET /metrics HTTP/1.0\n\n"), Parsed::Get(Route::Metrics));
         assert_eq!(
             p(
                 "GET /metrics?x=1 HTTP/1.1\r\nHost: a:1\r\nAccept: */*\r\nUser-Agent: Prometheus/2\r\n\r\n"
             ),
-            Parsed::Metrics
+            Parsed::Get(Route::Metrics)
         );
         assert_eq!(
             p("GET /metrics HTTP/1.1\r\nhost:x\r\nContent-Length: 0\r\n\r\n"),
-            Parsed::Metrics
+            Parsed::Get(Route::Metrics)
         );
         // What follows the head is not looked at (the connection closes).
-        assert_eq!(p("GET /metrics HTTP/1.0\r\n\r\nGARBAGE"), Parsed::Metrics);
+        assert_eq!(
+            p("GET /metrics HTTP/1.0\r\n\r\nGARBAGE"),
+            Parsed::Get(Route::Metrics)
+        );
     }
 
     #[test]
@@ -531,6 +649,91 @@ mod tests {
             let req = format!("GET {path} HTTP/1.1\r\n");
             assert_eq!(p(&req), Parsed::Reject(Status::NotFound), "{path}");
         }
+    }
+
+    fn get(target: &str) -> Parsed {
+        p(&format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n"))
+    }
+
+    fn keys(top: usize, by: By) -> Parsed {
+        Parsed::Get(Route::Keys { top, by })
+    }
+
+    #[test]
+    fn the_keys_list_takes_top_and_by_in_any_order_with_defaults() {
+        assert_eq!(get("/keys"), keys(DEFAULT_TOP, By::Waiting));
+        assert_eq!(get("/keys?"), keys(DEFAULT_TOP, By::Waiting));
+        assert_eq!(get("/keys?top=5"), keys(5, By::Waiting));
+        assert_eq!(get("/keys?by=age"), keys(DEFAULT_TOP, By::Age));
+        assert_eq!(get("/keys?by=age&top=1000"), keys(1000, By::Age));
+        assert_eq!(get("/keys?top=0001&by=waiting"), keys(1, By::Waiting));
+        for bad in [
+            "/keys?top=0",
+            "/keys?top=1001",
+            "/keys?top=99999",
+            "/keys?top=",
+            "/keys?top=-1",
+            "/keys?top=+5",
+            "/keys?top=5x",
+            "/keys?top=junk",
+            "/keys?top=5&top=6",
+            "/keys?by=",
+            "/keys?by=size",
+            "/keys?by=AGE",
+            "/keys?by=age&by=age",
+            "/keys?top",
+            "/keys?top=5&",
+            "/keys?&top=5",
+            "/keys?other=1",
+            "/keys?top=5;by=age",
+        ] {
+            assert_eq!(get(bad), Parsed::Reject(Status::BadRequest), "{bad}");
+        }
+        for missing in ["/key", "/keysx", "/Keys", "/keys#x"] {
+            assert_eq!(get(missing), Parsed::Reject(Status::NotFound), "{missing}");
+        }
+    }
+
+    #[test]
+    fn a_key_is_percent_decoded_and_checked_as_the_lock_port_checks_it() {
+        let key = |s: &[u8]| Parsed::Get(Route::Key(Key::new(s).expect("key")));
+        assert_eq!(get("/keys/jobs"), key(b"jobs"));
+        assert_eq!(get("/keys/a/b"), key(b"a/b"));
+        assert_eq!(get("/keys/%61%2f%3F"), key(b"a/?"));
+        assert_eq!(get("/keys/caf%C3%A9"), key("caf\u{e9}".as_bytes()));
+        assert_eq!(get("/keys/%fe%21%FF"), key(b"\xfe!\xff"));
+        let longest = "k".repeat(crate::protocol::MAX_KEY);
+        assert_eq!(get(&format!("/keys/{longest}")), key(longest.as_bytes()));
+        for bad in [
+            "/keys/",
+            "/keys/%",
+            "/keys/%4",
+            "/keys/%G1",
+            "/keys/%%41",
+            "/keys/a%20b",
+            "/keys/%00",
+            "/keys/%0a",
+            "/keys/%7f",
+            "/keys/%7F%41",
+            "/keys/k?x=1",
+            "/keys/k?",
+        ] {
+            assert_eq!(get(bad), Parsed::Reject(Status::BadRequest), "{bad}");
+        }
+        let too_long = "k".repeat(crate::protocol::MAX_KEY + 1);
+        assert_eq!(
+            get(&format!("/keys/{too_long}")),
+            Parsed::Reject(Status::BadRequest)
+        );
+        // Other methods are 405 on every path.
+        assert_eq!(
+            p("DELETE /keys/k HTTP/1.1\r\n"),
+            Parsed::Reject(Status::MethodNotAllowed)
+        );
+        assert_eq!(
+            p("POST /keys?top=5 HTTP/1.1\r\n"),
+            Parsed::Reject(Status::MethodNotAllowed)
+        );
     }
 
     #[test]

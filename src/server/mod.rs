@@ -18,8 +18,8 @@
 //!   settings every thread reads and the few gauges that cross threads;
 //!   [`messages`] the channel messages; [`rounds`] the order of the lock
 //!   owner's round and of replication's work (the threads and the
-//!   simulation run the same functions); [`config`] the flags; [`stats`] and
-//!   [`metrics_http`] the figures; [`clock`] the real clocks; [`peer_wire`]
+//!   simulation run the same functions); [`config`] the flags; [`stats`],
+//!   [`metrics_http`] and [`keys_json`] the figures and the contention view; [`clock`] the real clocks; [`peer_wire`]
 //!   the framing of a peer link; [`busy_poll`] and [`sched`] CPU policy.
 //!
 //! Never does: anything itself; this file only names the parts.
@@ -28,6 +28,7 @@ pub mod busy_poll;
 pub mod clock;
 pub mod config;
 pub mod core;
+pub mod keys_json;
 pub mod messages;
 pub mod metrics_http;
 pub mod node;

@@ -159,6 +159,13 @@ impl OwnerRound {
                     budget -= 1;
                     self.stats.scrape_wanted = true;
                 }
+                ToOwner::Keys(ask) => {
+                    budget -= 1;
+                    match &mut self.stats.keys_wanted {
+                        Some(wanted) => wanted.merge(&ask),
+                        None => self.stats.keys_wanted = Some(ask),
+                    }
+                }
                 ToOwner::Retire(done) => {
                     budget -= 1;
                     self.core.retire(now);
@@ -215,7 +222,7 @@ impl OwnerRound {
 fn events_in(message: &ToOwner) -> usize {
     match message {
         ToOwner::Clients(batch) => batch.len(),
-        ToOwner::Cluster(_) | ToOwner::Scrape | ToOwner::Retire(_) => 1,
+        ToOwner::Cluster(_) | ToOwner::Scrape | ToOwner::Keys(_) | ToOwner::Retire(_) => 1,
     }
 }
 

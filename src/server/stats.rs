@@ -17,9 +17,11 @@
 //!
 //! Never does: allocate or lock per request, I/O, or wait for the reader.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::protocol::{Answer, AnswerKind, Op, Reason};
+use crate::server::core::contention::{KeysAsk, KeysView};
 use crate::server::core::counters::{Latency, REASONS, Snapshot, TableMetrics, reason_index};
 use crate::server::core::events::Inbound;
 
@@ -98,6 +100,9 @@ pub struct OwnerStats {
     handoff: Latency,
     /// The metrics thread asked for a snapshot not published yet.
     pub scrape_wanted: bool,
+    /// The metrics thread asked for this contention view (`GET /keys`),
+    /// not published yet.
+    pub keys_wanted: Option<KeysAsk>,
 }
 
 impl OwnerStats {
@@ -110,6 +115,7 @@ impl OwnerStats {
             was_active: active,
             handoff: Latency::new(),
             scrape_wanted: false,
+            keys_wanted: None,
         }
     }
 
@@ -169,10 +175,13 @@ impl OwnerStats {
     }
 }
 
-/// Where the lock owner leaves a [`Snapshot`] for the metrics thread.
+/// Where the lock owner leaves a [`Snapshot`] for the metrics thread, and
+/// the contention view (`GET /keys`) it asked for.
 pub struct MetricsSlot {
     snapshot: parking_lot::Mutex<Option<Snapshot>>,
     serial: AtomicU64,
+    keys: parking_lot::Mutex<Option<Arc<KeysView>>>,
+    keys_serial: AtomicU64,
     /// Wakes the metrics thread when a snapshot is published.
     waker: mio::Waker,
 }
@@ -182,6 +191,8 @@ impl MetricsSlot {
         MetricsSlot {
             snapshot: parking_lot::Mutex::new(None),
             serial: AtomicU64::new(0),
+            keys: parking_lot::Mutex::new(None),
+            keys_serial: AtomicU64::new(0),
             waker,
         }
     }
@@ -197,6 +208,30 @@ impl MetricsSlot {
         self.serial.fetch_add(1, Ordering::Release);
         let _ = self.waker.wake();
         true
+    }
+
+    /// Lock owner: publish a contention view unless the reader holds the
+    /// slot at this instant (then the view is handed back: try again next
+    /// round). Never waits; the reader only clones the `Arc` under the lock.
+    pub fn try_publish_keys(&self, view: Arc<KeysView>) -> Result<(), Arc<KeysView>> {
+        let Some(mut slot) = self.keys.try_lock() else {
+            return Err(view);
+        };
+        *slot = Some(view);
+        drop(slot);
+        self.keys_serial.fetch_add(1, Ordering::Release);
+        let _ = self.waker.wake();
+        Ok(())
+    }
+
+    /// How many contention views were published so far.
+    pub fn keys_serial(&self) -> u64 {
+        self.keys_serial.load(Ordering::Acquire)
+    }
+
+    /// The last contention view published (None before the first).
+    pub fn read_keys(&self) -> Option<Arc<KeysView>> {
+        self.keys.lock().clone()
     }
 
     /// Wake the metrics thread (to see the shutdown flag).

@@ -62,6 +62,8 @@ pub enum Takes {
     Number,
     /// A holder's value (`V`).
     Value,
+    /// The order of `top`'s keys (`ORDER`: `waiting` or `age`).
+    Order,
 }
 
 impl Takes {
@@ -74,6 +76,7 @@ impl Takes {
             Takes::Path => Some("PATH"),
             Takes::Number => Some("N"),
             Takes::Value => Some("V"),
+            Takes::Order => Some("ORDER"),
         }
     }
 }
@@ -130,7 +133,7 @@ impl Flag {
 }
 
 /// The commands, in the order `--help` lists them.
-pub const COMMANDS: [Sub; 8] = [
+pub const COMMANDS: [Sub; 9] = [
     Sub {
         name: "acquire",
         usage: "[FLAGS] acquire KEY [--lease S] [--wait S | -n] [--limit N] [--value V]",
@@ -177,6 +180,18 @@ pub const COMMANDS: [Sub; 8] = [
                change of its holders (TOKEN 0 and VALUE - when nobody holds\n\
                it), watching again on the new active node across a failover;\n\
                runs until Ctrl+C (exit 0)",
+    },
+    Sub {
+        name: "top",
+        usage: "top --metrics LIST [--by waiting|age] [--interval S] [--once | --json]",
+        summary: "a live view of the contended keys, their holders and waiters",
+        help: "fill the terminal with the nodes' roles and rates and the\n\
+               contended keys (waiting, oldest wait, holders with value,\n\
+               time held, lease left), refreshed every --interval; keys q\n\
+               quit, w/a sort by waiting/oldest wait. --metrics lists every\n\
+               node's metrics address (batond --metrics): the keys are the\n\
+               active's. --once prints one snapshot as a plain table, --json\n\
+               as JSON (rates are measured over one --interval)",
     },
     Sub {
         name: "status",
@@ -255,9 +270,45 @@ const ONCE: Flag = Flag {
     long: "--once",
     short: None,
     takes: Takes::Nothing,
-    scope: Scope::Only(&["watch"]),
+    scope: Scope::Only(&["watch", "top"]),
     summary: "print the state now and exit",
-    help: "print the first line (the state now) and exit",
+    help: "print the state now and exit (watch: the first line; top: one\n\
+           snapshot as a plain table)",
+};
+const METRICS: Flag = Flag {
+    long: "--metrics",
+    short: None,
+    takes: Takes::Servers,
+    scope: Scope::Only(&["top"]),
+    summary: "the nodes' metrics addresses, comma-separated host:port",
+    help: "the nodes' metrics addresses (batond --metrics),\n\
+           comma-separated host:port",
+};
+const BY: Flag = Flag {
+    long: "--by",
+    short: None,
+    takes: Takes::Order,
+    scope: Scope::Only(&["top"]),
+    summary: "sort keys by waiting requests or by oldest wait",
+    help: "sort the keys by `waiting` requests (default) or by the\n\
+           `age` of their oldest waiter",
+};
+const INTERVAL: Flag = Flag {
+    long: "--interval",
+    short: None,
+    takes: Takes::Seconds,
+    scope: Scope::Only(&["top"]),
+    summary: "seconds between refreshes (default 1)",
+    help: "seconds between refreshes, and that rates are measured over\n\
+           (default 1)",
+};
+const JSON: Flag = Flag {
+    long: "--json",
+    short: None,
+    takes: Takes::Nothing,
+    scope: Scope::Only(&["top"]),
+    summary: "print one snapshot as JSON and exit",
+    help: "print one snapshot as JSON and exit",
 };
 const QUIET: Flag = Flag {
     long: "--quiet",
@@ -339,9 +390,9 @@ const VERSION: Flag = Flag {
 
 /// Every flag `baton` reads before `--`, in the order `--help` lists
 /// them. Each may be given once: a second one is an error that names it.
-pub const FLAGS: [&Flag; 16] = [
-    &SERVERS, &LEASE, &WAIT, &NONBLOCK, &LIMIT, &VALUE, &ONCE, &QUIET, &TIMEOUT, &AUTH_FILE, &TLS,
-    &TLS_CA, &TLS_CERT, &TLS_KEY, &HELP, &VERSION,
+pub const FLAGS: [&Flag; 20] = [
+    &SERVERS, &LEASE, &WAIT, &NONBLOCK, &LIMIT, &VALUE, &ONCE, &METRICS, &BY, &INTERVAL, &JSON,
+    &QUIET, &TIMEOUT, &AUTH_FILE, &TLS, &TLS_CA, &TLS_CERT, &TLS_KEY, &HELP, &VERSION,
 ];
 
 /// The column the text of a command starts at in `--help`.
@@ -466,6 +517,8 @@ pub enum Command {
         once: bool,
     },
     Status,
+    /// `top --metrics LIST ...`.
+    Top(TopArgs),
     /// `completions SHELL`: one of [`SHELLS`].
     Completions(&'static str),
     Help,
@@ -478,9 +531,32 @@ impl Command {
     pub fn needs_servers(&self) -> bool {
         !matches!(
             self,
-            Command::Completions(_) | Command::Help | Command::Version
+            Command::Completions(_) | Command::Help | Command::Version | Command::Top(_)
         )
     }
+}
+
+/// What `top` shows, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopArgs {
+    /// Every node's metrics address (`host:port`).
+    pub metrics: Vec<String>,
+    /// `--by age` (else by waiting).
+    pub by_age: bool,
+    /// Between refreshes, and what rates are measured over.
+    pub interval: Duration,
+    /// How it shows.
+    pub output: TopOutput,
+}
+
+/// `top`'s output: the live screen, or one snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopOutput {
+    Screen,
+    /// `--once`: a plain table.
+    Table,
+    /// `--json`.
+    Json,
 }
 
 /// The parsed command line.
@@ -796,6 +872,10 @@ fn command_from(
             let [] = positional(rest, [], &name)?;
             Ok(Command::Status)
         }
+        "top" => {
+            let [] = positional(rest, [], &name)?;
+            read_top(given).map(Command::Top)
+        }
         "completions" => {
             let [shell] = positional(rest, ["SHELL"], &name)?;
             let shell = shell.to_string_lossy();
@@ -871,6 +951,56 @@ fn read_holding(given: &Given) -> Result<Holding, String> {
         }
     };
     Ok(Holding { limit, value })
+}
+
+/// `top`'s flags.
+fn read_top(given: &Given) -> Result<TopArgs, String> {
+    let Some(list) = given.text(&METRICS)? else {
+        return Err(
+            "top needs --metrics: every node's metrics address, like 127.0.0.1:9373".into(),
+        );
+    };
+    let entries: Vec<&str> = list.split(',').collect();
+    // A metrics port has no default (7373 is the lock port's).
+    if let Some(bare) = entries.iter().find(|e| {
+        !e.trim()
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.ends_with(':') && port.parse::<u16>().is_ok())
+    }) {
+        return Err(format!(
+            "--metrics: '{}' has no port; give each node's metrics address as host:port",
+            bare.trim()
+        ));
+    }
+    let metrics = parse_servers(&entries).map_err(|e| format!("--metrics: {e}"))?;
+    let by_age = match given.text(&BY)?.as_deref() {
+        None | Some("waiting") => false,
+        Some("age") => true,
+        Some(other) => return Err(format!("--by: expected waiting or age, got '{other}'")),
+    };
+    let interval = match given.text(&INTERVAL)? {
+        None => Duration::from_secs(1),
+        Some(text) => match parse_seconds_saturating(text.as_bytes()) {
+            Some(ms) if ms > 0 => Duration::from_millis(ms),
+            _ => {
+                return Err(format!(
+                    "--interval: expected {EXPECT_TIMEOUT}, got '{text}'"
+                ));
+            }
+        },
+    };
+    let output = match (given.has(&ONCE), given.has(&JSON)) {
+        (false, false) => TopOutput::Screen,
+        (true, false) => TopOutput::Table,
+        (false, true) => TopOutput::Json,
+        (true, true) => return Err("give either --once or --json, not both".into()),
+    };
+    Ok(TopArgs {
+        metrics,
+        by_age,
+        interval,
+        output,
+    })
 }
 
 /// Exactly the named positional arguments.
@@ -1089,7 +1219,7 @@ mod tests {
             }
         );
         let err = parse_with(&["acquire", "k", "--once"], None).expect_err("not acquire");
-        assert_eq!(err, "--once is for watch, not `acquire`");
+        assert_eq!(err, "--once is for watch and top, not `acquire`");
         let err = parse_with(&["watch"], None).expect_err("a key");
         assert!(err.starts_with("missing KEY"), "{err}");
     }
@@ -1267,6 +1397,7 @@ mod tests {
             Takes::Path => Some("/f"),
             Takes::Number => Some("2"),
             Takes::Value => Some("v"),
+            Takes::Order => Some("age"),
         }
     }
 
@@ -1279,6 +1410,7 @@ mod tests {
             "release" | "keep" => &["k", "1"],
             "run" => &["k", "--", "true"],
             "completions" => &["bash"],
+            "top" if !extra.contains(&"--metrics") => &["--metrics", "a:1"],
             _ => &[],
         });
         args
@@ -1354,13 +1486,76 @@ mod tests {
     }
 
     #[test]
+    fn top_takes_metrics_addresses_an_order_an_interval_and_one_output() {
+        let top = |args: &[&str]| parse_with(args, None).map(|cli| cli.command);
+        assert_eq!(
+            top(&["top", "--metrics", "a:1,b:2"]),
+            Ok(Command::Top(TopArgs {
+                metrics: vec!["a:1".into(), "b:2".into()],
+                by_age: false,
+                interval: Duration::from_secs(1),
+                output: TopOutput::Screen,
+            }))
+        );
+        assert_eq!(
+            top(&[
+                "top",
+                "--metrics",
+                "a:1",
+                "--by",
+                "age",
+                "--interval",
+                "0.25",
+                "--json"
+            ]),
+            Ok(Command::Top(TopArgs {
+                metrics: vec!["a:1".into()],
+                by_age: true,
+                interval: Duration::from_millis(250),
+                output: TopOutput::Json,
+            }))
+        );
+        let once = top(&["top", "--once", "--metrics", "a:1", "--by", "waiting"]);
+        assert!(matches!(
+            once,
+            Ok(Command::Top(TopArgs {
+                output: TopOutput::Table,
+                by_age: false,
+                ..
+            }))
+        ));
+        for (args, says) in [
+            (&["top"][..], "top needs --metrics"),
+            (&["top", "--metrics", "nohost"], "--metrics"),
+            (
+                &["top", "--metrics", "a:1", "--by", "size"],
+                "--by: expected waiting or age",
+            ),
+            (
+                &["top", "--metrics", "a:1", "--interval", "0"],
+                "--interval",
+            ),
+            (
+                &["top", "--metrics", "a:1", "--once", "--json"],
+                "either --once or --json",
+            ),
+            (&["top", "--metrics", "a:1", "extra"], "unexpected argument"),
+            (&["status", "--json"], "--json is for top"),
+        ] {
+            let err = top(args).expect_err("refused");
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
     fn an_unknown_flag_is_named_with_every_flag_that_is_accepted() {
         let err = parse_with(&["acquire", "k", "--leas", "3"], None).expect_err("unknown");
         assert_eq!(
             err,
             "unknown flag --leas; accepted: --servers, --lease, --wait, -n/--nonblock, \
-             --limit, --value, --once, -q/--quiet, --timeout, --auth-file, --tls, --tls-ca, \
-             --tls-cert, --tls-key, -h/--help, -V/--version"
+             --limit, --value, --once, --metrics, --by, --interval, --json, -q/--quiet, \
+             --timeout, --auth-file, --tls, --tls-ca, --tls-cert, --tls-key, -h/--help, \
+             -V/--version"
         );
         for flag in FLAGS {
             assert!(err.contains(&flag.shown()), "{}", flag.long);

@@ -57,6 +57,9 @@ use hashbrown::HashTable;
 use slab::Slab;
 
 use crate::protocol::{Answer, Key, Op, Reason, Value, WatchState};
+use crate::server::core::contention::{
+    By, Contended, HolderEntry, KeyEntry, KeysAsk, KeysView, MAX_LISTED_HOLDERS, Rank, held_ms, top,
+};
 use crate::server::core::counters::TableMetrics;
 use crate::server::core::tokens::TokenSource;
 use crate::server::core::watchers::Watchers;
@@ -690,6 +693,10 @@ pub struct LockTable {
     /// Watched keys whose holders changed, not yet told
     /// ([`LockTable::take_watch_lines`]).
     watch_changed: Vec<Key>,
+    /// The keys a request waits for (`core/contention.rs`): entered and
+    /// left where a line goes from empty to one waiter and back, so the
+    /// contention view never looks at keys nobody waits for.
+    contended: Contended,
 }
 
 impl LockTable {
@@ -720,6 +727,7 @@ impl LockTable {
             kept: Vec::new(),
             watchers: Watchers::default(),
             watch_changed: Vec::new(),
+            contended: Contended::default(),
         }
     }
 
@@ -1616,6 +1624,7 @@ impl LockTable {
         key_state.queue_tail = w;
         if prev == NIL {
             key_state.queue_head = w;
+            self.contended.enter(idx);
         }
         key_state.queue_len += 1;
         let conn_state = self.conns.entry(conn).or_insert(ConnWaiting {
@@ -1871,6 +1880,9 @@ impl LockTable {
             state.queue_tail = waiter.prev;
         }
         state.queue_len -= 1;
+        if state.queue_len == 0 {
+            self.contended.leave(waiter.key_idx);
+        }
     }
 
     fn unlink_from_conn(&mut self, w: u32, waiter: &Waiter) {
@@ -1908,6 +1920,96 @@ impl LockTable {
             } else {
                 self.chain_tails.insert(slot, waiter.chain_prev);
             }
+        }
+    }
+
+    /// How many keys a request waits for.
+    pub fn contended(&self) -> usize {
+        self.contended.len()
+    }
+
+    /// The contention view `ask` wants, at `now_ms` (monotonic) and
+    /// `unix_ms` (the wall clock, which held times are read against:
+    /// [`held_ms`]): the first keys by each order and the keys looked
+    /// up. Costs time in the contended keys and what is asked for, never
+    /// in all keys. (`role` and `node` are the caller's.)
+    pub fn contention_view(&self, now_ms: u64, unix_ms: u64, ask: &KeysAsk) -> KeysView {
+        let ranks: Vec<Rank> = if ask.top_waiting > 0 || ask.top_age > 0 {
+            self.contended
+                .iter()
+                .map(|idx| {
+                    let state = &self.keys[idx as usize];
+                    Rank {
+                        idx,
+                        waiting: state.queue_len,
+                        oldest_since_ms: self.waiters[state.queue_head as usize].since_ms,
+                    }
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let list = |by: By, n: usize| -> Vec<KeyEntry> {
+            top(ranks.clone(), by, n)
+                .iter()
+                .map(|r| self.key_entry(r.idx, now_ms, unix_ms, MAX_LISTED_HOLDERS))
+                .collect()
+        };
+        let lookups = ask
+            .lookups
+            .iter()
+            .map(|key| {
+                let entry = self
+                    .index
+                    .get(&self.keys, key)
+                    .map(|idx| self.key_entry(idx, now_ms, unix_ms, usize::MAX));
+                (key.clone(), entry)
+            })
+            .collect();
+        KeysView {
+            ask: ask.clone(),
+            role: "",
+            node: String::new(),
+            contended: self.contended.len(),
+            by_waiting: list(By::Waiting, ask.top_waiting),
+            by_age: list(By::Age, ask.top_age),
+            lookups,
+        }
+    }
+
+    /// Key `idx` as the view shows it, with at most `max_holders` of its
+    /// holders (those that have held it longest).
+    fn key_entry(&self, idx: u32, now_ms: u64, unix_ms: u64, max_holders: usize) -> KeyEntry {
+        let state = &self.keys[idx as usize];
+        let view = KeyView {
+            state,
+            sem: self.sem(idx),
+        };
+        let mut holders: Vec<_> = view.holders().collect();
+        // The smallest token was granted first.
+        holders.sort_unstable_by_key(|h| h.token);
+        let more = holders.len().saturating_sub(max_holders);
+        holders.truncate(max_holders);
+        let oldest_wait_ms = match state.queue_head {
+            NIL => 0,
+            head => now_ms.saturating_sub(self.waiters[head as usize].since_ms),
+        };
+        KeyEntry {
+            key: state.key.clone(),
+            limit: view.limit(),
+            waiting: state.queue_len,
+            oldest_wait_ms,
+            holders: holders
+                .into_iter()
+                .map(|h| HolderEntry {
+                    token: h.token,
+                    slot: h.slot,
+                    value: h.value.cloned(),
+                    held_ms: held_ms(h.token, unix_ms),
+                    ms_left: h.expiry_ms.saturating_sub(now_ms),
+                })
+                .collect(),
+            more_holders: more as u32,
         }
     }
 
@@ -2130,6 +2232,7 @@ impl LockTable {
             "redirect waiters before a snapshot"
         );
         self.discard_changes();
+        self.contended.clear();
         for state in self.keys.drain() {
             self.wheel.cancel(state.lease_timer);
         }
@@ -2336,12 +2439,23 @@ impl LockTable {
             }
             assert_eq!(state.queue_tail, prev);
             assert_eq!(state.queue_len, len);
+            assert_eq!(
+                self.contended.contains(idx as u32),
+                len > 0,
+                "a key is in the contended set iff a request waits for it"
+            );
             queued += len as usize;
         }
         assert_eq!(
             queued,
             self.waiters.len(),
             "every waiter is in exactly one queue"
+        );
+        assert!(
+            self.contended
+                .iter()
+                .all(|idx| self.keys.contains(idx as usize)),
+            "the contended set names keys in the table"
         );
         assert_eq!(grants, self.grants, "grants are counted");
         assert_eq!(sems, self.sems.len(), "every Sem belongs to a key");
@@ -4475,5 +4589,191 @@ mod tests {
                 "seed {seed}: the run granted enough to mean something"
             );
         }
+    }
+
+    // The contention view (`core/contention.rs`): the contended set and
+    // each key's oldest waiter, kept as the table goes.
+
+    /// The view of every contended key by `by` (at most 1000), as
+    /// (key, waiting, oldest wait) at `now`.
+    fn contended_by(h: &Harness, now: u64, by: By) -> Vec<(String, u32, u64)> {
+        let ask = KeysAsk {
+            top_waiting: if by == By::Waiting { 1000 } else { 0 },
+            top_age: if by == By::Age { 1000 } else { 0 },
+            lookups: vec![],
+        };
+        let view = h.table.contention_view(now, 0, &ask);
+        assert_eq!(view.contended, h.table.contended());
+        let list = if by == By::Waiting {
+            view.by_waiting
+        } else {
+            view.by_age
+        };
+        list.into_iter()
+            .map(|e| (e.key.to_string(), e.waiting, e.oldest_wait_ms))
+            .collect()
+    }
+
+    fn owned(rows: &[(&str, u32, u64)]) -> Vec<(String, u32, u64)> {
+        rows.iter()
+            .map(|(k, n, w)| (k.to_string(), *n, *w))
+            .collect()
+    }
+
+    #[test]
+    fn a_key_is_contended_from_its_first_waiter_until_its_line_empties() {
+        let mut h = Harness::new();
+        let t = h.grant(0, C1, "a", 1000);
+        h.grant(0, C1, "b", 1000);
+        assert_eq!(h.table.contended(), 0, "held is not contended");
+        h.acquire(10, C2, "a", 100, 0);
+        h.acquire(30, C3, "a", 100, 0);
+        assert_eq!(contended_by(&h, 50, By::Waiting), owned(&[("a", 2, 40)]));
+        // The first waiter is granted: the second is the oldest now.
+        h.release(60, C1, "a", t);
+        assert_eq!(contended_by(&h, 70, By::Waiting), owned(&[("a", 1, 40)]));
+        // Its connection closes: the line is empty, the key is held only.
+        h.step(|t, _| t.handle_disconnect(C3));
+        assert_eq!(h.table.contended(), 0);
+        assert!(contended_by(&h, 80, By::Age).is_empty());
+    }
+
+    #[test]
+    fn the_oldest_waiter_follows_timeouts_expiries_and_disconnects() {
+        let mut h = Harness::new();
+        h.grant(0, C1, "k", 1000);
+        h.acquire(100, C2, "k", 500, 50); // times out at 150
+        h.acquire(110, C3, "k", 500, 0);
+        h.acquire(120, C2, "k", 500, 0);
+        assert_eq!(contended_by(&h, 140, By::Age), owned(&[("k", 3, 40)]));
+        h.tick(151);
+        assert_eq!(contended_by(&h, 160, By::Age), owned(&[("k", 2, 50)]));
+        // The lease runs out at 1000: C3 is handed the key, C2 waits on.
+        let handed = h.tick(1001);
+        assert_eq!(
+            granted(&handed).iter().map(|g| g.0).collect::<Vec<_>>(),
+            [C3]
+        );
+        assert_eq!(contended_by(&h, 1010, By::Age), owned(&[("k", 1, 890)]));
+        h.step(|t, _| t.handle_disconnect(C2));
+        assert!(contended_by(&h, 1020, By::Age).is_empty());
+        assert_eq!(h.table.contended(), 0);
+    }
+
+    #[test]
+    fn the_view_orders_keys_and_shows_holders_values_and_times() {
+        let mut h = Harness::new();
+        // Tokens carry the wall clock: a round at unix 1_000_000 ms.
+        h.table
+            .observe_token(crate::server::core::tokens::clock_floor(1_000_000));
+        h.grant(0, C1, "one", 5000);
+        let (t0, _) = h.grant_slot(0, C1, "sem", 2);
+        h.acquire_with(
+            0,
+            C2,
+            "sem",
+            300,
+            0,
+            Ask {
+                limit: Some(2),
+                value: Some(value("web-2")),
+            },
+        );
+        h.acquire(5, C2, "one", 100, 0);
+        h.acquire_with(10, C3, "sem", 100, 0, ask(2));
+        h.acquire(20, C3, "one", 100, 0);
+        h.acquire(30, C1, "one", 100, 0);
+        assert_eq!(
+            contended_by(&h, 100, By::Waiting),
+            owned(&[("one", 3, 95), ("sem", 1, 90)])
+        );
+        // "one"'s oldest waiter came at 5, "sem"'s at 10.
+        assert_eq!(
+            contended_by(&h, 100, By::Age),
+            owned(&[("one", 3, 95), ("sem", 1, 90)])
+        );
+        let ask = KeysAsk {
+            top_waiting: 1,
+            top_age: 0,
+            lookups: vec![key("sem"), key("nobody")],
+        };
+        let view = h.table.contention_view(100, 1_000_250, &ask);
+        assert_eq!(view.contended, 2);
+        assert_eq!(view.by_waiting.len(), 1);
+        assert!(view.by_age.is_empty());
+        let (k, sem) = &view.lookups[0];
+        assert_eq!(*k, key("sem"));
+        let sem = sem.as_ref().expect("held");
+        assert_eq!((sem.limit, sem.waiting, sem.oldest_wait_ms), (2, 1, 90));
+        let holders: Vec<_> = sem
+            .holders
+            .iter()
+            .map(|h| (h.slot, h.value.clone(), h.held_ms, h.ms_left))
+            .collect();
+        assert_eq!(
+            holders,
+            [(0, None, 250, 900), (1, Some(value("web-2")), 250, 200)]
+        );
+        assert_eq!(sem.holders[0].token, t0, "longest held first");
+        assert_eq!(view.lookups[1], (key("nobody"), None));
+    }
+
+    #[test]
+    fn a_listed_key_shows_its_longest_held_holders_and_counts_the_rest() {
+        let mut h = Harness::new();
+        let limit = (MAX_LISTED_HOLDERS + 5) as u32;
+        let mut tokens = Vec::new();
+        for _ in 0..limit {
+            tokens.push(h.grant_slot(0, C1, "many", limit).0);
+        }
+        h.acquire_with(1, C2, "many", 100, 0, ask(limit));
+        let ask = KeysAsk {
+            top_waiting: 5,
+            top_age: 5,
+            lookups: vec![key("many")],
+        };
+        let view = h.table.contention_view(2, 0, &ask);
+        let listed = &view.by_age[0];
+        assert_eq!(listed.holders.len(), MAX_LISTED_HOLDERS);
+        assert_eq!(listed.more_holders, 5);
+        assert_eq!(listed.holders[0].token, tokens[0]);
+        let looked_up = view.lookups[0].1.as_ref().expect("held");
+        assert_eq!(
+            (looked_up.holders.len(), looked_up.more_holders),
+            (limit as usize, 0)
+        );
+    }
+
+    #[test]
+    fn a_standby_views_its_replicated_holders_and_redirected_waiters_leave_the_set() {
+        let mut h = Harness::new();
+        h.grant(0, C1, "a", 1000);
+        h.acquire(1, C2, "a", 100, 0);
+        h.acquire(1, C3, "b", 100, 0); // granted at once
+        h.acquire(2, C1, "b", 100, 0);
+        assert_eq!(h.table.contended(), 2);
+        h.step(|t, o| t.redirect_waiters(Some("elsewhere:1"), o));
+        assert_eq!(h.table.contended(), 0);
+        // A standby's table: a snapshot, then deltas; held, nobody waits.
+        let mut standby = Harness::new();
+        let grant = Delta::grant(key("r"), 77 << 20, 500);
+        standby.step(|t, _| t.load_snapshot(0, vec![grant]).expect("loads"));
+        let view = standby.table.contention_view(
+            10,
+            90,
+            &KeysAsk {
+                top_waiting: 20,
+                top_age: 20,
+                lookups: vec![key("r")],
+            },
+        );
+        assert_eq!(view.contended, 0);
+        let entry = view.lookups[0].1.as_ref().expect("replicated");
+        assert_eq!((entry.waiting, entry.oldest_wait_ms), (0, 0));
+        assert_eq!(entry.holders.len(), 1);
+        assert_eq!(
+            (entry.holders[0].held_ms, entry.holders[0].ms_left),
+            (13, 490)
+        );
     }
 }

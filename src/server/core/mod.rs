@@ -10,6 +10,7 @@
 
 pub mod cluster_core;
 pub mod connection;
+pub mod contention;
 pub mod counters;
 pub mod deadlines;
 pub mod events;

@@ -30,6 +30,7 @@
 
 use crate::protocol::{Answer, Info, Request};
 use crate::server::core::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
+use crate::server::core::contention::{KeysAsk, KeysView};
 use crate::server::core::counters::Snapshot;
 use crate::server::core::events::{ClusterToTable, Inbound, TableToCluster};
 use crate::server::core::lock_table::{Ask, ConnId, LockTable, Outbox};
@@ -657,6 +658,21 @@ impl TableCore {
         snap.ceiling = self.ceiling.max(stats.last_token);
         snap.lag_ms = self.lag_ms(now);
         snap.standbys = self.standbys() as u64;
+    }
+
+    /// The contention view `ask` wants (`GET /keys`), at `now`: taken
+    /// between two rounds, in time proportional to the contended keys and
+    /// what is asked, never to all keys. A standby shows its replicated
+    /// holders (its table has no waiters).
+    pub fn keys_view(&self, now: Now, ask: &KeysAsk) -> KeysView {
+        // Requests are stamped with `ms_ceil` (leases and waits count from it).
+        let mut view = self.table.contention_view(now.ms_ceil, now.unix_ms, ask);
+        view.role = match self.mode {
+            Mode::Standby { .. } => "standby",
+            Mode::Active | Mode::Transferring { .. } => "active",
+        };
+        view.node = self.node.clone();
+        view
     }
 
     /// The `I` answer: rendered once, and shared by every `I` answered

@@ -1,5 +1,6 @@
 //! The metrics thread: a small mio loop that serves `GET /metrics` on the
-//! `--metrics` address, in the Prometheus text format.
+//! `--metrics` address, in the Prometheus text format, and the contention
+//! view (`GET /keys?top=N&by=waiting|age`, `GET /keys/<key>`) in JSON.
 //!
 //! Owns: the metrics listener and its connections — at most
 //! [`MAX_CONNS`] at once (more are closed at accept), each with one
@@ -16,6 +17,15 @@
 //! owner is busy, or its channel full), the last one is served (503 before
 //! the first).
 //!
+//! The contention view comes the same way: a request for it asks the
+//! owner (`ToOwner::Keys`, with `try_send`) for the keys every waiting
+//! request wants (the most keys of each order, the keys looked up), at
+//! most once per [`SNAPSHOT_INTERVAL`]; the owner builds the view between
+//! two rounds and leaves it in the slot (`try_lock` again), and the JSON is
+//! rendered here (keys_json.rs). A request is answered from a view asked
+//! for after it arrived; if none comes within [`SNAPSHOT_WAIT`], from the
+//! last view if that one covers it, else `503`.
+//!
 //! Runs on its own thread (`baton-metrics`), started only with `--metrics`.
 //!
 //! Never does: block (on a socket, a channel, or the owner), or touch lock
@@ -31,9 +41,13 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token, Waker};
 use slab::Slab;
 
+use crate::protocol::Key;
+use crate::server::core::contention::{By, KeysAsk, KeysView};
+use crate::server::keys_json::{render_error, render_key, render_list, render_not_found};
 use crate::server::messages::ToOwner;
 use crate::server::metrics_http::{
-    MAX_REQUEST_BYTES, Parsed, Status, error_body, parse_request, render, response,
+    MAX_REQUEST_BYTES, Parsed, Route, Status, error_body, json_response, parse_request, render,
+    response,
 };
 use crate::server::shared::Gauges;
 use crate::server::stats::MetricsSlot;
@@ -75,9 +89,58 @@ enum State {
     Lingering,
 }
 
+/// What a waiting request wants from the lock owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Want {
+    Metrics,
+    Keys { top: usize, by: By },
+    Key(Key),
+}
+
+impl Want {
+    /// The contention view it needs (None: the metrics snapshot).
+    fn ask(&self) -> Option<KeysAsk> {
+        match self {
+            Want::Metrics => None,
+            Want::Keys { top, by } => Some(KeysAsk {
+                top_waiting: if *by == By::Waiting { *top } else { 0 },
+                top_age: if *by == By::Age { *top } else { 0 },
+                lookups: Vec::new(),
+            }),
+            Want::Key(key) => Some(KeysAsk {
+                lookups: vec![key.clone()],
+                ..KeysAsk::default()
+            }),
+        }
+    }
+
+    /// Its response from `view`, if the view covers it.
+    fn answer(&self, view: &KeysView) -> Option<Vec<u8>> {
+        if !view.ask.covers(&self.ask()?) {
+            return None;
+        }
+        match self {
+            Want::Metrics => None,
+            Want::Keys { top, by } => {
+                Some(json_response(Status::Ok, &render_list(view, *by, *top)))
+            }
+            Want::Key(key) => {
+                let (_, entry) = view.lookups.iter().find(|(k, _)| k == key)?;
+                Some(match entry {
+                    Some(entry) => json_response(Status::Ok, &render_key(entry)),
+                    None => json_response(Status::NotFound, &render_not_found(key.as_bytes())),
+                })
+            }
+        }
+    }
+}
+
 struct Conn {
     stream: TcpStream,
     state: State,
+    /// What it waits for, and since when (in `State::Waiting`).
+    want: Want,
+    since: Instant,
     input: Vec<u8>,
     output: Vec<u8>,
     written: usize,
@@ -99,6 +162,11 @@ pub struct MetricsServer {
     /// The owner is not asked again before this (`SNAPSHOT_INTERVAL` after
     /// the last snapshot it wrote).
     next_ask: Option<Instant>,
+    /// An outstanding ask for a contention view: the slot's view serial
+    /// then, when it was made, whether it reached the owner's channel.
+    keys_asked: Option<(u64, Instant, bool, KeysAsk)>,
+    /// The owner is not asked for a view again before this.
+    keys_next_ask: Option<Instant>,
 }
 
 impl MetricsServer {
@@ -130,6 +198,8 @@ impl MetricsServer {
             gauges,
             asked: None,
             next_ask: None,
+            keys_asked: None,
+            keys_next_ask: None,
         };
         Ok((server, slot))
     }
@@ -155,6 +225,7 @@ impl MetricsServer {
                 }
             }
             self.serve_waiting();
+            self.serve_waiting_keys();
             self.expire();
         }
         log::info!("metrics: stopped");
@@ -168,6 +239,16 @@ impl MetricsServer {
         }
         if let Some((_, first, last)) = self.asked {
             until = until.min(last + SNAPSHOT_RETRY).min(first + SNAPSHOT_WAIT);
+        }
+        for (_, conn) in &self.conns {
+            if conn.state == State::Waiting && conn.want != Want::Metrics {
+                until = until.min(conn.since + SNAPSHOT_WAIT);
+                match self.keys_asked {
+                    Some((_, at, false, _)) => until = until.min(at + SNAPSHOT_RETRY),
+                    Some(_) => {}
+                    None => until = until.min(self.keys_next_ask.unwrap_or(now)),
+                }
+            }
         }
         until.saturating_duration_since(now)
     }
@@ -193,6 +274,8 @@ impl MetricsServer {
                     entry.insert(Conn {
                         stream,
                         state: State::Reading,
+                        want: Want::Metrics,
+                        since: Instant::now(),
                         input: Vec::new(),
                         output: Vec::new(),
                         written: 0,
@@ -233,7 +316,13 @@ impl MetricsServer {
                     conn.input.extend_from_slice(&chunk[..n.min(room)]);
                     match parse_request(&conn.input) {
                         Parsed::Incomplete => {}
-                        Parsed::Metrics => return self.wait_for_snapshot(slot),
+                        Parsed::Get(Route::Metrics) => return self.wait_for_snapshot(slot),
+                        Parsed::Get(Route::Keys { top, by }) => {
+                            return self.wait_for_keys(slot, Want::Keys { top, by });
+                        }
+                        Parsed::Get(Route::Key(key)) => {
+                            return self.wait_for_keys(slot, Want::Key(key));
+                        }
                         Parsed::Reject(status) => {
                             log::debug!("metrics: refused a request: {status:?}");
                             return self.respond(slot, response(status, &error_body(status)));
@@ -265,6 +354,94 @@ impl MetricsServer {
                 }
             }
         }
+    }
+
+    fn wait_for_keys(&mut self, slot: usize, want: Want) {
+        let conn = &mut self.conns[slot];
+        conn.state = State::Waiting;
+        conn.input = Vec::new();
+        conn.want = want;
+        conn.since = Instant::now();
+        self.ask_for_keys();
+    }
+
+    /// Ask the lock owner for the view every waiting request wants, unless
+    /// an ask is out or the last view is younger than `SNAPSHOT_INTERVAL`.
+    fn ask_for_keys(&mut self) {
+        let now = Instant::now();
+        if self.keys_asked.is_some() || self.keys_next_ask.is_some_and(|at| now < at) {
+            return;
+        }
+        let mut ask: Option<KeysAsk> = None;
+        for (_, conn) in &self.conns {
+            if conn.state != State::Waiting {
+                continue;
+            }
+            if let Some(wanted) = conn.want.ask() {
+                match &mut ask {
+                    Some(ask) => ask.merge(&wanted),
+                    None => ask = Some(wanted),
+                }
+            }
+        }
+        let Some(ask) = ask else {
+            return;
+        };
+        let serial = self.slot.keys_serial();
+        let sent = self.to_owner.try_send(ToOwner::Keys(ask.clone())).is_ok();
+        self.keys_asked = Some((serial, now, sent, ask));
+    }
+
+    /// Answer the requests waiting for a contention view: from a fresh
+    /// view, those that arrived before it was asked for; past
+    /// `SNAPSHOT_WAIT`, from the last view if it covers them, else `503`.
+    /// Then ask again for those left.
+    fn serve_waiting_keys(&mut self) {
+        let now = Instant::now();
+        let mut fresh = None;
+        if let Some((serial, at, sent, ask)) = &mut self.keys_asked {
+            if self.slot.keys_serial() != *serial {
+                fresh = self.slot.read_keys().map(|view| (view, *at));
+                self.keys_asked = None;
+                self.keys_next_ask = Some(now + SNAPSHOT_INTERVAL);
+            } else if !*sent && now >= *at + SNAPSHOT_RETRY {
+                *sent = self.to_owner.try_send(ToOwner::Keys(ask.clone())).is_ok();
+                *at = now;
+            }
+        }
+        let waiting: Vec<usize> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.state == State::Waiting && c.want != Want::Metrics)
+            .map(|(slot, _)| slot)
+            .collect();
+        let mut last = None;
+        for slot in waiting {
+            let conn = &self.conns[slot];
+            if let Some((view, asked_at)) = &fresh
+                && conn.since <= *asked_at
+                && let Some(output) = conn.want.answer(view)
+            {
+                self.respond(slot, output);
+                continue;
+            }
+            if now < conn.since + SNAPSHOT_WAIT {
+                continue;
+            }
+            let view = last.get_or_insert_with(|| self.slot.read_keys());
+            let output = view.as_ref().and_then(|view| conn.want.answer(view));
+            if output.is_some() {
+                log::warn!("metrics: no fresh view from the lock owner; serving the last");
+            }
+            let output = output.unwrap_or_else(|| {
+                json_response(
+                    Status::Unavailable,
+                    &render_error("the lock owner gave no view in time"),
+                )
+            });
+            self.respond(slot, output);
+        }
+        self.ask_for_keys();
     }
 
     /// Ask the lock owner for a snapshot; if its channel is full, the next
@@ -309,7 +486,7 @@ impl MetricsServer {
         let waiting: Vec<usize> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.state == State::Waiting)
+            .filter(|(_, c)| c.state == State::Waiting && c.want == Want::Metrics)
             .map(|(slot, _)| slot)
             .collect();
         for slot in waiting {

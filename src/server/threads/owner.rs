@@ -37,7 +37,8 @@
 //! Counts requests, answers and handoff times as plain fields (stats.rs)
 //! and, when the metrics thread asks (`ToOwner::Scrape`), leaves a snapshot
 //! in its slot if the slot is free at that instant; else it tries again
-//! next round.
+//! next round. A contention view (`ToOwner::Keys`, for `GET /keys`) is
+//! built and left the same way, between two rounds.
 //!
 //! Never does: socket I/O, lock decisions, or blocking on anything but its
 //! own input channel.
@@ -164,7 +165,7 @@ impl Owner {
     }
 
     /// After the round's answers left: count its handoffs and role, and
-    /// publish a snapshot if one was asked for.
+    /// publish a snapshot, or a contention view, if one was asked for.
     fn end_round_metrics(&mut self, now: crate::server::clock::Now) {
         let done = Instant::now();
         let round_us = done.duration_since(self.round_start).as_micros() as u64;
@@ -179,6 +180,17 @@ impl Owner {
                     .as_micros() as u64
             },
         );
+        if let Some(ask) = &stats.keys_wanted {
+            match &self.metrics {
+                Some(slot) => {
+                    let view = Arc::new(core.keys_view(now, ask));
+                    if slot.try_publish_keys(view).is_ok() {
+                        stats.keys_wanted = None;
+                    }
+                }
+                None => stats.keys_wanted = None,
+            }
+        }
         if !stats.scrape_wanted {
             return;
         }
