@@ -166,7 +166,7 @@ func (c *Client) sleep(ctx context.Context, d time.Duration) bool {
 		return true
 	case <-ctx.Done():
 		return false
-	case <-c.ctx.Done():
+	case <-c.stopped(ctx):
 		return false
 	}
 }

@@ -32,6 +32,10 @@ const (
 // held grants.
 const closeReleaseWait = time.Second
 
+// closeFlushWait bounds how long Close waits for lines already queued to
+// be written.
+const closeFlushWait = 200 * time.Millisecond
+
 // Option is a setting of a Client beyond its servers.
 type Option func(*config)
 
@@ -85,8 +89,10 @@ type Client struct {
 	secret         string
 	tls            *tls.Config
 
-	ctx      context.Context // cancelled by Close
+	ctx      context.Context // cancelled by Close once held grants are released: connections end
 	cancel   func()
+	calls    context.Context // cancelled first thing in Close: calls in progress return ErrClosed
+	stop     func()
 	closed   atomic.Bool
 	wg       sync.WaitGroup
 	notifier notifier
@@ -126,6 +132,7 @@ func New(addrs []string, opts ...Option) (*Client, error) {
 		held:           make(map[*Grant]struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.calls, c.stop = context.WithCancel(c.ctx)
 	c.pool = newPool(c, servers)
 	return c, nil
 }
@@ -223,13 +230,14 @@ func (c *Client) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	c.stop()
 	c.mu.Lock()
 	held := make([]*Grant, 0, len(c.held))
 	for g := range c.held {
 		held = append(held, g)
 	}
 	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(c.ctx, closeReleaseWait)
+	ctx, cancel := context.WithTimeout(context.WithValue(c.ctx, closingKey{}, true), closeReleaseWait)
 	var releases sync.WaitGroup
 	for _, g := range held {
 		if !g.closeHeld() {
@@ -245,11 +253,40 @@ func (c *Client) Close() error {
 	}
 	releases.Wait()
 	cancel()
+	// Lines already queued (the release of a grant that arrived for a
+	// call given up just now) go out before the sockets close.
+	deadline := time.Now().Add(closeFlushWait)
+	for _, cn := range c.pool.allConns() {
+		for !cn.drained() && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	c.cancel()
 	c.pool.closeAll()
 	c.notifier.bump()
 	c.wg.Wait()
 	return nil
+}
+
+// closingKey marks the context of Close's own releases, which the
+// stopping of calls does not stop.
+type closingKey struct{}
+
+// stopped is closed when calls in progress are to return ErrClosed.
+func (c *Client) stopped(ctx context.Context) <-chan struct{} {
+	if ctx.Value(closingKey{}) != nil {
+		return c.ctx.Done()
+	}
+	return c.calls.Done()
+}
+
+func (c *Client) isStopped(ctx context.Context) bool {
+	select {
+	case <-c.stopped(ctx):
+		return true
+	default:
+		return false
+	}
 }
 
 func (c *Client) remember(g *Grant) bool {

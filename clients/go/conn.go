@@ -38,6 +38,7 @@ const (
 // call is one request waiting for its answer: the answer, or (kind 0) the
 // news that the connection ended, arrives once on ch.
 type call struct {
+	op byte
 	ch chan answer
 	// abandoned: the caller stopped waiting (its deadline, a cancelled
 	// context); a grant that arrives for it is released at once.
@@ -54,6 +55,9 @@ type link struct {
 	wake chan struct{}
 	stop chan struct{} // closed when the connection ends
 	done chan struct{} // closed when the writer has returned
+	// writing: the writer holds lines it has not finished writing.
+	// Guarded by the connection's lock.
+	writing bool
 }
 
 // conn is one registered connection to one server, kept up in the
@@ -78,6 +82,9 @@ type conn struct {
 	lastErr     string
 	killReason  string
 	authRefused string // the server's reason when it refused the secret
+	// abandonedAcquires counts acquires whose caller gave up and whose
+	// answer (perhaps a grant, to release) has not come yet.
+	abandonedAcquires int
 }
 
 func newConn(c *Client, node int, addr string) *conn {
@@ -114,7 +121,7 @@ type ticket struct {
 // send queues r and registers for its answer; nil when the connection is
 // not up (or full).
 func (cn *conn) send(r *request) *ticket {
-	cl := &call{ch: make(chan answer, 1)}
+	cl := &call{op: r.op, ch: make(chan answer, 1)}
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
 	if !cn.sendLocked(r, cl) {
@@ -163,6 +170,15 @@ func (cn *conn) kill(gen uint64, why string) {
 	cn.link.raw.Close()
 }
 
+// drained: nothing queued on this connection is left unwritten, and no
+// acquire given up on may still bring a grant to release.
+func (cn *conn) drained() bool {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	l := cn.link
+	return l == nil || (len(l.out) == 0 && !l.writing && cn.abandonedAcquires == 0)
+}
+
 // close shuts the socket (the client is closing).
 func (cn *conn) close() {
 	cn.mu.Lock()
@@ -204,7 +220,7 @@ func (t *ticket) wait(ctx context.Context, connDue, callerDue time.Time) (answer
 		return t.giveUp(connDue, nil)
 	case <-ctx.Done():
 		return t.giveUp(time.Time{}, ctx.Err())
-	case <-t.cn.c.ctx.Done():
+	case <-t.cn.c.stopped(ctx):
 		return t.giveUp(time.Time{}, ErrClosed)
 	}
 }
@@ -232,6 +248,9 @@ func (t *ticket) giveUp(connDue time.Time, stopped error) (answer, outcome, erro
 	default:
 	}
 	t.call.abandoned = true
+	if t.call.op == opAcquire {
+		cn.abandonedAcquires++
+	}
 	cn.mu.Unlock()
 	if stopped != nil {
 		return answer{}, outStopped, stopped
@@ -424,12 +443,17 @@ func (cn *conn) writeLoop(l *link) {
 		}
 		cn.mu.Lock()
 		buf, l.out = l.out, buf[:0]
+		l.writing = len(buf) > 0
 		cn.mu.Unlock()
 		if len(buf) == 0 {
 			continue
 		}
 		l.nc.SetWriteDeadline(time.Now().Add(cn.c.requestTimeout))
-		if _, err := l.nc.Write(buf); err != nil {
+		_, err := l.nc.Write(buf)
+		cn.mu.Lock()
+		l.writing = false
+		cn.mu.Unlock()
+		if err != nil {
 			l.raw.Close()
 			return
 		}
@@ -457,6 +481,7 @@ func (cn *conn) goDown(why string) {
 		}
 	}
 	cn.watches = make(map[string]*watchers)
+	cn.abandonedAcquires = 0
 	for _, cl := range cn.pending.drain() {
 		if cl != nil && !cl.abandoned {
 			cl.ch <- answer{}
@@ -574,6 +599,9 @@ func (cn *conn) dispatch(line string) string {
 	switch {
 	case cl == nil:
 	case cl.abandoned:
+		if cl.op == opAcquire {
+			cn.abandonedAcquires--
+		}
 		cn.releaseOrphanLocked(a)
 	default:
 		cl.ch <- a

@@ -244,7 +244,7 @@ func (g *Grant) String() string {
 // its lease until it is released, lost, or its client closes.
 func (g *Grant) startKeeping() {
 	g.held = true
-	g.stopCtx, g.cancel = context.WithCancel(g.c.ctx)
+	g.stopCtx, g.cancel = context.WithCancel(g.c.calls)
 	g.c.wg.Add(1)
 	go g.keeper()
 }

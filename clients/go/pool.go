@@ -243,7 +243,7 @@ func (p *pool) pick(ctx context.Context, target int, due time.Time) (*conn, erro
 	}()
 	for {
 		seen := p.c.notifier.wait()
-		if p.c.ctx.Err() != nil {
+		if p.c.isStopped(ctx) {
 			return nil, ErrClosed
 		}
 		cn, err := p.chooseNow(target)
@@ -259,7 +259,7 @@ func (p *pool) pick(ctx context.Context, target int, due time.Time) (*conn, erro
 			return nil, p.noConnection(target, "still connecting: ")
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-p.c.ctx.Done():
+		case <-p.c.stopped(ctx):
 			return nil, ErrClosed
 		}
 	}

@@ -96,7 +96,7 @@ func (c *Client) startWatch(ctx context.Context, key string, leadersOnly bool) (
 			case out <- s:
 				return true
 			case <-ctx.Done():
-			case <-c.ctx.Done():
+			case <-c.calls.Done():
 			}
 			return false
 		})
@@ -104,7 +104,7 @@ func (c *Client) startWatch(ctx context.Context, key string, leadersOnly bool) (
 			select {
 			case out <- WatchState{Err: err}:
 			case <-ctx.Done():
-			case <-c.ctx.Done():
+			case <-c.calls.Done():
 			}
 		}
 	}()
@@ -142,7 +142,7 @@ func (c *Client) runWatch(ctx context.Context, key string, leadersOnly bool, emi
 		if err := ctx.Err(); err != nil {
 			return trouble, err
 		}
-		if c.ctx.Err() != nil {
+		if c.calls.Err() != nil {
 			return trouble, ErrClosed
 		}
 		if d := time.Until(notBefore); d > 0 {
@@ -163,7 +163,7 @@ func (c *Client) runWatch(ctx context.Context, key string, leadersOnly bool, emi
 			select {
 			case <-seen:
 			case <-ctx.Done():
-			case <-c.ctx.Done():
+			case <-c.calls.Done():
 			}
 			continue
 		}
@@ -201,7 +201,7 @@ func (c *Client) runWatch(ctx context.Context, key string, leadersOnly bool, emi
 				case <-ctx.Done():
 					giveUp()
 					return trouble, ctx.Err()
-				case <-c.ctx.Done():
+				case <-c.calls.Done():
 					giveUp()
 					return trouble, ErrClosed
 				}
@@ -223,7 +223,7 @@ func (c *Client) runWatch(ctx context.Context, key string, leadersOnly bool, emi
 					if err := ctx.Err(); err != nil {
 						return trouble, err
 					}
-					if c.ctx.Err() != nil {
+					if c.calls.Err() != nil {
 						return trouble, ErrClosed
 					}
 					return trouble, nil
