@@ -87,7 +87,6 @@ type prefixed struct {
 	name string
 	mu   sync.Mutex
 	buf  []byte
-	done bool
 }
 
 func (p *prefixed) Write(b []byte) (int, error) {
@@ -234,12 +233,6 @@ func (fc *fakeConn) send(line string) {
 }
 
 func (fc *fakeConn) drop() { fc.nc.Close() }
-
-func (f *fake) connCount() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.conns)
-}
 
 // allUp waits until every connection of c is up.
 func allUp(t *testing.T, c *Client) {

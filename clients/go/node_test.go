@@ -23,7 +23,7 @@ func single(t *testing.T) (*server, *Client) {
 }
 
 func TestAReleasedKeyGoesToTheNextInLineWithAGreaterToken(t *testing.T) {
-	_, c := single(t)
+	n, c := single(t)
 	ctx := context.Background()
 	first, err := c.Acquire(ctx, "job", 30*time.Second)
 	if err != nil {
@@ -41,7 +41,12 @@ func TestAReleasedKeyGoesToTheNextInLineWithAGreaterToken(t *testing.T) {
 		s, err := c.Query(ctx, "job")
 		return err == nil && s.Waiting == 1
 	})
-	if _, err := c.TryAcquire(ctx, "job", time.Second); !errors.Is(err, ErrTimeout) {
+	// Another client: on a connection where an acquire of the key waits,
+	// the server holds a later acquire's T back until the earlier one is
+	// answered (answers to one (op, key) come in request order).
+	other, _ := New([]string{n.addr})
+	defer other.Close()
+	if _, err := other.TryAcquire(ctx, "job", time.Second); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("try-acquire of a held key: %v", err)
 	}
 	if err := first.Release(ctx); err != nil {
