@@ -45,6 +45,9 @@ type req struct {
 	Value   *string  `json:"value"`
 	Grant   string   `json:"grant"`
 	Watch   string   `json:"watch"`
+	// CancelMS gives an acquire, hold or campaign up that long after it
+	// was sent, by cancelling its context.
+	CancelMS *int64 `json:"cancel_after_ms"`
 }
 
 type driverError struct {
@@ -118,6 +121,8 @@ func kindOf(err error) (string, string) {
 		return "closed", err.Error()
 	case errors.Is(err, baton.ErrBadArgument):
 		return "bad-argument", err.Error()
+	case errors.Is(err, context.Canceled):
+		return "timeout", "given up: " + err.Error()
 	}
 	return "unavailable", err.Error()
 }
@@ -249,6 +254,13 @@ func (d *driver) handle(r *req) (any, error) {
 			if r.Value != nil {
 				opts = append(opts, baton.Value(*r.Value))
 			}
+		}
+		if r.CancelMS != nil {
+			var cancel func()
+			ctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			stop := time.AfterFunc(time.Duration(*r.CancelMS)*time.Millisecond, cancel)
+			defer stop.Stop()
 		}
 		var g *baton.Grant
 		switch r.Cmd {
@@ -464,7 +476,7 @@ func main() {
 		}
 		var r req
 		if err := json.Unmarshal(line, &head); err != nil || head.ID == nil {
-			d.write(map[string]any{"id": nil, "error": map[string]string{"kind": "bad-argument", "detail": "not a request"}})
+			log.Printf("skipped a line that is not a request: %q", line)
 			continue
 		}
 		if err := json.Unmarshal(line, &r); err != nil {
