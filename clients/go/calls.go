@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"time"
 )
 
@@ -276,14 +275,14 @@ func (c *Client) acquire(ctx context.Context, key string, leaseMS, waitMS uint64
 		kdone, kfail := c.exchange(kctx, anyNode, time.Now().Add(c.requestTimeout), func() (*request, error) { return k, nil })
 		switch {
 		case kfail != nil:
-			log.Printf("baton: confirming %s: %v", key, kfail.err)
+			c.logf("confirming %s: %v", key, kfail.err)
 		case kdone.ans.kind == 'K':
 			g.renew(leaseMS, kdone.sentAt)
 		case kdone.ans.kind == 'E' && kdone.ans.reason == "not-held":
-			log.Printf("baton: a grant of %s ran out before it arrived; asking again", key)
+			c.logf("a grant of %s ran out before it arrived; asking again", key)
 			continue
 		default:
-			log.Printf("baton: confirming %s: unexpected answer %q", key, string(kdone.ans.kind))
+			c.logf("confirming %s: unexpected answer %q", key, string(kdone.ans.kind))
 		}
 		if err := ctx.Err(); err != nil {
 			go c.releaseQuietly(g)
@@ -297,7 +296,7 @@ func (c *Client) acquire(ctx context.Context, key string, leaseMS, waitMS uint64
 // releaseQuietly releases a grant nobody will get, best effort.
 func (c *Client) releaseQuietly(g *Grant) {
 	if _, err := c.release(context.Background(), g.key, g.token); err != nil {
-		log.Printf("baton: could not release %s (token %d): %v; its lease will run out", g.key, g.token, err)
+		c.logf("could not release %s (token %d): %v; its lease will run out", g.key, g.token, err)
 	}
 }
 

@@ -44,6 +44,14 @@ type config struct {
 	requestTimeout time.Duration
 	secret         string
 	tls            *tls.Config
+	logger         *log.Logger
+}
+
+// WithLogger logs what the client does on its own (a connection closed or
+// lost, a grant released because its caller gave up, a held grant lost, a
+// watch subscribing again) to l. Without it the client logs nothing.
+func WithLogger(l *log.Logger) Option {
+	return func(c *config) { c.logger = l }
 }
 
 // WithAuth authenticates with this secret (the servers' --auth-file):
@@ -88,6 +96,7 @@ type Client struct {
 	requestTimeout time.Duration
 	secret         string
 	tls            *tls.Config
+	logger         *log.Logger
 
 	ctx      context.Context // cancelled by Close once held grants are released: connections end
 	cancel   func()
@@ -129,6 +138,7 @@ func New(addrs []string, opts ...Option) (*Client, error) {
 		requestTimeout: cfg.requestTimeout,
 		secret:         cfg.secret,
 		tls:            cfg.tls,
+		logger:         cfg.logger,
 		held:           make(map[*Grant]struct{}),
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -247,7 +257,7 @@ func (c *Client) Close() error {
 		go func(g *Grant) {
 			defer releases.Done()
 			if _, err := c.release(ctx, g.key, g.token); err != nil {
-				log.Printf("baton: closing: could not release %s (token %d): %v", g.key, g.token, err)
+				c.logf("closing: could not release %s (token %d): %v", g.key, g.token, err)
 			}
 		}(g)
 	}
@@ -266,6 +276,13 @@ func (c *Client) Close() error {
 	c.notifier.bump()
 	c.wg.Wait()
 	return nil
+}
+
+// logf logs through the client's logger, if it has one.
+func (c *Client) logf(format string, args ...any) {
+	if c.logger != nil {
+		c.logger.Printf("baton: "+format, args...)
+	}
 }
 
 // closingKey marks the context of Close's own releases, which the

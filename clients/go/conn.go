@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"strings"
 	"sync"
@@ -153,7 +152,7 @@ func (cn *conn) releaseOrphanLocked(a answer) {
 	if a.kind != 'A' {
 		return
 	}
-	log.Printf("baton: %s: releasing %s (token %d): its caller gave up", cn.addr, a.key, a.token)
+	cn.c.logf("%s: releasing %s (token %d): its caller gave up", cn.addr, a.key, a.token)
 	cn.sendLocked(&request{op: opRelease, key: a.key, token: a.token}, nil)
 }
 
@@ -165,7 +164,7 @@ func (cn *conn) kill(gen uint64, why string) {
 	if cn.gen != gen || cn.link == nil {
 		return
 	}
-	log.Printf("baton: %s: %s; closing the connection", cn.addr, why)
+	cn.c.logf("%s: %s; closing the connection", cn.addr, why)
 	cn.killReason = why
 	cn.link.raw.Close()
 }
@@ -475,6 +474,9 @@ func (cn *conn) goDown(why string) {
 		cn.killReason = ""
 	}
 	cn.lastErr = why
+	if cn.c.ctx.Err() == nil {
+		cn.c.logf("%s: connection lost: %s", cn.addr, why)
+	}
 	for _, w := range cn.watches {
 		for _, s := range w.every() {
 			s.feed.push(s.epoch, feedEvent{kind: evEnded})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"sync"
 	"time"
 )
@@ -311,7 +310,7 @@ func (g *Grant) renewHeld() bool {
 }
 
 func (g *Grant) lostHeld(why error) {
-	log.Printf("baton: lost %s (token %d): %v", g.key, g.token, why)
+	g.c.logf("lost %s (token %d): %v", g.key, g.token, why)
 	g.markLost(why)
 }
 

@@ -3,7 +3,6 @@ package baton
 import (
 	"context"
 	"fmt"
-	"log"
 	"time"
 )
 
@@ -126,7 +125,7 @@ func (c *Client) runWatch(ctx context.Context, key string, leadersOnly bool, emi
 		notBefore time.Time
 	)
 	failedTry := func(why error) {
-		log.Printf("baton: watch of %s: %v; watching again", key, why)
+		c.logf("watch of %s: %v; watching again", key, why)
 		trouble = why
 		failures++
 		pause := time.Duration(0)

@@ -206,7 +206,7 @@ func (d *driver) handle(r *req) (any, error) {
 	ctx := context.Background()
 	switch r.Cmd {
 	case "connect":
-		var opts []baton.Option
+		opts := []baton.Option{baton.WithLogger(log.Default())}
 		if r.Auth != nil {
 			opts = append(opts, baton.WithAuth(*r.Auth))
 		}
