@@ -32,6 +32,7 @@ var (
 // as "limit-mismatch", "bad-lease", "lease-too-long", "too-many-watches",
 // "bad-auth" or "auth-required".
 type RefusedError struct {
+	// Reason is the server's reason word.
 	Reason string
 }
 
@@ -47,7 +48,10 @@ type detailed struct {
 	why  string
 }
 
+// Error is the sentinel's text and the detail.
 func (e *detailed) Error() string { return e.kind.Error() + ": " + e.why }
+
+// Unwrap is the sentinel.
 func (e *detailed) Unwrap() error { return e.kind }
 
 func unavailable(format string, args ...any) error {
