@@ -306,16 +306,6 @@ func (c *Client) isStopped(ctx context.Context) bool {
 	}
 }
 
-func (c *Client) remember(g *Grant) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed.Load() {
-		return false
-	}
-	c.held[g] = struct{}{}
-	return true
-}
-
 func (c *Client) forget(g *Grant) {
 	c.mu.Lock()
 	delete(c.held, g)
@@ -440,12 +430,17 @@ func (c *Client) Hold(ctx context.Context, key string, lease time.Duration, opts
 	if err != nil {
 		return nil, err
 	}
-	g.startKeeping()
-	if !c.remember(g) {
-		g.closeHeld()
+	// Under the client's lock, so that Close either sees this grant (and
+	// releases it) or has begun already (and the grant is released here).
+	c.mu.Lock()
+	if c.closed.Load() {
+		c.mu.Unlock()
 		c.releaseQuietly(g)
 		return nil, ErrClosed
 	}
+	c.held[g] = struct{}{}
+	g.startKeeping()
+	c.mu.Unlock()
 	return g, nil
 }
 

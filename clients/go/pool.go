@@ -136,7 +136,7 @@ func (p *pool) nodeFor(addr string) (int, error) {
 	if len(p.nodes) >= maxServers {
 		return 0, unavailable("redirected to %s, but this client already knows %d servers", addr, maxServers)
 	}
-	if p.c.ctx.Err() != nil {
+	if p.c.closed.Load() {
 		return 0, ErrClosed
 	}
 	return p.addNodeLocked(addr, 1), nil

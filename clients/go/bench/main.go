@@ -100,6 +100,9 @@ func main() {
 	if *redisAddr != "" {
 		client := goredislib.NewClient(&goredislib.Options{Addr: *redisAddr, PoolSize: *workers * 2})
 		defer client.Close()
+		if err := client.Ping(context.Background()).Err(); err != nil {
+			log.Fatalf("redis at %s: %v", *redisAddr, err)
+		}
 		rs = redsync.New(goredis.NewPool(client))
 	}
 
