@@ -274,3 +274,29 @@ func TestAnswersForOtherKeysMayComeFirst(t *testing.T) {
 		t.Fatalf("%v", g)
 	}
 }
+
+func TestAGrantThatWaitedPastAThirdOfItsLeaseIsConfirmedWithK(t *testing.T) {
+	f := newFake(t, func(fc *fakeConn, line string) {
+		switch line[0] {
+		case 'A':
+			time.Sleep(400 * time.Millisecond) // it waited in line
+			fc.send("A 5 k")
+		case 'K':
+			fc.send("K k")
+		}
+	})
+	c, _ := New([]string{f.addr()})
+	defer c.Close()
+	start := time.Now()
+	g, err := c.Acquire(context.Background(), "k", 900*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := f.seen("K ")
+	if len(ks) != 1 || ks[0].line != "K k 5 0.9" {
+		t.Fatalf("the confirming keep: %v", ks)
+	}
+	if !g.ExpiresAt().After(start.Add(1200 * time.Millisecond)) {
+		t.Fatalf("the lease counts from the keep: %v", g.ExpiresAt().Sub(start))
+	}
+}
