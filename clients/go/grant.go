@@ -99,7 +99,8 @@ func (g *Grant) Err() error {
 	return g.err
 }
 
-// end marks the grant ended (under g.mu): lost or released.
+// endLocked marks the grant ended (under g.mu): lost or released, unless
+// it ended already.
 func (g *Grant) endLocked(state grantState, why error) {
 	if g.state == grantLost || g.state == grantReleased {
 		return
@@ -172,20 +173,16 @@ func (g *Grant) Release(ctx context.Context) error {
 	defer g.mu.Unlock()
 	switch {
 	case err == nil && released:
-		g.state = grantLive
 		g.endLocked(grantReleased, ErrClosed)
 		return nil
 	case err == nil:
-		g.state = grantLive
 		g.endLocked(grantLost, lost("the release was answered not-held"))
-		return g.err
-	}
-	if g.held {
-		// The keeper is stopped: the lease runs out on its own.
-		g.state = grantLive
+		return g.err // the keeper's reason, if it found the grant lost first
+	case g.held:
+		// Its keeper is stopped: the lease runs out on its own.
 		g.endLocked(grantReleased, ErrClosed)
-	} else {
-		g.state = grantLive
+	case g.state == grantReleasing:
+		g.state = grantLive // a plain grant may be released again
 	}
 	return err
 }
