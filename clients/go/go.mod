@@ -1,0 +1,3 @@
+module github.com/baton-lock/baton/clients/go
+
+go 1.22

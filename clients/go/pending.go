@@ -1,0 +1,63 @@
+package baton
+
+// pendingID names the request an answer belongs to: its op and key.
+type pendingID struct {
+	op  byte
+	key string
+}
+
+// pending keeps, per (op, key), the requests sent on one connection that
+// still wait for their answer, oldest first. The server answers requests
+// with the same (op, key) on one connection in the order they arrived, so
+// an answer belongs to the oldest waiting request of its (op, key).
+// T is whatever hands the answer over. Not safe for concurrent use: its
+// connection's lock guards it.
+type pending[T any] struct {
+	queues map[pendingID][]T
+	n      int
+}
+
+func newPending[T any]() pending[T] {
+	return pending[T]{queues: make(map[pendingID][]T)}
+}
+
+// push remembers a request just sent, behind those with the same (op, key).
+func (p *pending[T]) push(op byte, key string, slot T) {
+	id := pendingID{op, key}
+	p.queues[id] = append(p.queues[id], slot)
+	p.n++
+}
+
+// take removes and returns the oldest waiting request with this (op, key);
+// ok false when none waits.
+func (p *pending[T]) take(op byte, key string) (slot T, ok bool) {
+	id := pendingID{op, key}
+	q, found := p.queues[id]
+	if !found || len(q) == 0 {
+		return slot, false
+	}
+	slot = q[0]
+	if len(q) == 1 {
+		delete(p.queues, id)
+	} else {
+		var zero T
+		q[0] = zero
+		p.queues[id] = q[1:]
+	}
+	p.n--
+	return slot, true
+}
+
+// len is how many requests wait.
+func (p *pending[T]) len() int { return p.n }
+
+// drain removes and returns every waiting request (the connection is gone).
+func (p *pending[T]) drain() []T {
+	var all []T
+	for _, q := range p.queues {
+		all = append(all, q...)
+	}
+	p.queues = make(map[pendingID][]T)
+	p.n = 0
+	return all
+}
