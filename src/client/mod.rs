@@ -57,7 +57,9 @@
 //! - `pool.rs`: the servers and connections, round-robin choice, waiting
 //!   for a connection to come up;
 //! - `calls.rs`: attempts, redirects, release retries, deadlines, each
-//!   blocking and async;
+//!   call one body that the blocking and the async flavour both run;
+//! - `block.rs`: the `block_on` that runs a call's body on the caller's
+//!   thread for the blocking flavour;
 //! - `grant.rs`: grants, the release-on-drop guard, plain results;
 //! - `options.rs`: the limit and value of an acquire, checked;
 //! - `hold.rs`: held locks and their watchdog;
@@ -187,7 +189,6 @@
 //! # }
 //! ```
 
-#[cfg(test)]
 mod block;
 mod calls;
 mod conn;
