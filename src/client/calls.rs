@@ -231,6 +231,9 @@ pub async fn exchange<W: Wait>(
 ) -> Result<Exchanged, Failure> {
     let mut call = Call::new(pool);
     loop {
+        if pool.is_closed() {
+            return Err(call.fail(Error::Closed));
+        }
         let request = make().map_err(|e| call.fail(e))?;
         let outcome = attempt(wait, pool, target, &request, due).await;
         match call.handle(pool, target, due, outcome)? {
@@ -282,6 +285,10 @@ impl Call {
         due: Option<Instant>,
         outcome: Attempt,
     ) -> Result<Next, Failure> {
+        if pool.is_closed() && !matches!(outcome, Attempt::Answered(..)) {
+            // The connections were closed under this call.
+            return Err(self.fail(Error::Closed));
+        }
         match outcome {
             Attempt::Answered(Answer::Moved { active, .. }, _) => {
                 let followed = self.redirects.follow(pool, active.as_deref(), due);
@@ -312,8 +319,8 @@ impl Call {
         if self.failures < pool.connection_count(target) {
             return Ok(Next::Again);
         }
-        if pool.auth_refused(target) {
-            return Err(self.fail(Error::Auth(pool.describe(target))));
+        if let Some(refused) = pool.auth_error(target) {
+            return Err(self.fail(refused));
         }
         let why = format!(
             "the connection failed on each of {} attempts: {}",
@@ -626,6 +633,16 @@ async fn release_in<W: Wait>(
     }
 }
 
+/// `R key token`, one call and no retries after it fails: a held key's
+/// release when its client closes (best effort, bounded by the request
+/// timeout).
+pub fn release_once(pool: &Pool, key: Key, token: u64) -> Result<ReleaseOutcome, Error> {
+    let due = Some(Instant::now() + pool.request_timeout());
+    let request = Request::Release { key, token };
+    let exchanged = exchange(&Blocking, pool, Target::Any, due, || Ok(request.clone()));
+    release_outcome(block_on(exchanged).map_err(|f| f.error)?, false)
+}
+
 /// One release's retries: whether an attempt may have got through, and
 /// until when to try.
 struct ReleaseRetry {
@@ -690,8 +707,8 @@ pub async fn keep_async(pool: &Pool, grant: &mut Grant, lease_ms: u64) -> Result
     keep_in(&Async, pool, grant, lease_ms).await
 }
 
-/// The one body of [`keep`] and [`keep_async`].
-async fn keep_in<W: Wait>(
+/// The one body of [`keep`] and [`keep_async`] (and of a held key's).
+pub async fn keep_in<W: Wait>(
     wait: &W,
     pool: &Pool,
     grant: &mut Grant,
