@@ -456,7 +456,8 @@ fn renew(client: &Client, grant: &mut Grant, watch: &Watchdog) -> Result<(), Err
             Err(e) => return Err(e),
         }
         let mut st = watch.state.lock();
-        let retry_at = Instant::now() + KEEP_RETRY;
+        // Lost at once when the lease runs out, not at the next retry.
+        let retry_at = (Instant::now() + KEEP_RETRY).min(grant.expires_at());
         while st.stop == Stop::Running && st.lost.is_none() && Instant::now() < retry_at {
             watch.changed.wait_until(&mut st, retry_at);
         }
