@@ -449,7 +449,10 @@ async fn acquire_in<W: Wait>(
 ) -> Result<Grant, Error> {
     let wait_end = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
     for _ in 0..ACQUIRE_ROUNDS {
-        let make = || acquire_request(&key, lease_ms, wait_end, ask);
+        let make = || match pool.is_closing() {
+            true => Err(Error::Closed),
+            false => acquire_request(&key, lease_ms, wait_end, ask),
+        };
         let due = wait_end.map(|end| end + pool.request_timeout());
         let done = exchange(wait, pool, Target::Any, due, make)
             .await

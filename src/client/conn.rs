@@ -484,7 +484,7 @@ impl Conn {
                 Ok(n) => {
                     probing = false;
                     input.extend_from_slice(&chunk[..n]);
-                    if let Err(why) = self.take_answers(&mut input) {
+                    if let Err(why) = self.take_answers(&mut input, ctx) {
                         return why;
                     }
                 }
@@ -519,7 +519,7 @@ impl Conn {
     }
 
     /// Dispatch every complete answer line in `input` and drop it from there.
-    fn take_answers(&self, input: &mut Vec<u8>) -> Result<(), String> {
+    fn take_answers(&self, input: &mut Vec<u8>, ctx: &Ctx) -> Result<(), String> {
         let mut used = 0;
         let result = loop {
             match protocol::parse_answer(&input[used..]) {
@@ -528,7 +528,7 @@ impl Conn {
                     used += n;
                     match result {
                         Ok(answer) => {
-                            if let Err(why) = self.dispatch(answer) {
+                            if let Err(why) = self.dispatch(answer, ctx.is_closing()) {
                                 break Err(why);
                             }
                         }
@@ -542,8 +542,10 @@ impl Conn {
         result
     }
 
-    /// Hand one answer to the request (or the watches) it belongs to.
-    fn dispatch(&self, answer: Answer) -> Result<(), String> {
+    /// Hand one answer to the request (or the watches) it belongs to. While
+    /// the client is closing, a grant goes to nobody: it is released at
+    /// once, and its caller's call ends (with `Closed`).
+    fn dispatch(&self, answer: Answer, closing: bool) -> Result<(), String> {
         let answer = match self.dispatch_watch(answer) {
             None => return Ok(()),
             Some(answer) => answer,
@@ -564,10 +566,17 @@ impl Conn {
                 "the server sent an answer for no request: {answer:?}"
             ));
         };
-        if let Some(tx) = slot
-            && let Err(unwanted) = tx.send(answer)
-        {
-            release_orphan(&mut st, unwanted, &self.addr);
+        match slot {
+            Some(tx) if closing && matches!(answer, Answer::Granted { .. }) => {
+                drop(tx);
+                release_orphan(&mut st, answer, &self.addr);
+            }
+            Some(tx) => {
+                if let Err(unwanted) = tx.send(answer) {
+                    release_orphan(&mut st, unwanted, &self.addr);
+                }
+            }
+            None => {}
         }
         Ok(())
     }

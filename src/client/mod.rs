@@ -560,6 +560,10 @@ impl Client {
     /// ```
     pub fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
+        // No acquire goes out from here on, and a grant that still comes
+        // (say the key a held key's release hands to a waiter of this
+        // client) is released, not handed over.
+        self.pool().begin_close();
         // Held keys first, while the connections can still carry their
         // releases; then the connections and the timer.
         let letting_go = self.inner.holds.close(self);

@@ -395,6 +395,18 @@ impl Pool {
         self.ctx.is_closed()
     }
 
+    /// True once `Client::close` began: no acquire is to be sent.
+    pub fn is_closing(&self) -> bool {
+        self.ctx.is_closing()
+    }
+
+    /// `Client::close` began: acquires are no longer sent, and a grant
+    /// that arrives is released rather than handed to its caller; other
+    /// requests (the held keys' releases) still go out.
+    pub fn begin_close(&self) {
+        self.ctx.begin_close();
+    }
+
     /// Stop every connection and the timer (the client is closed, or
     /// dropped); their threads end soon after.
     pub fn close(&self) {
