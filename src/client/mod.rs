@@ -32,6 +32,14 @@
 //! lost ([`Held::is_lost`], [`Held::wait_lost`], [`Held::lost`]); dropping
 //! the [`Held`] releases the key from that thread, without blocking.
 //!
+//! # Closing
+//!
+//! [`Client::close`] ends the client and every clone of it: held keys are
+//! released once, watches and calls under way end with [`Error::Closed`],
+//! and every thread of the client has ended when it returns. Every later
+//! call fails with [`Error::Closed`]; a call on a held key lost earlier
+//! fails with [`Error::Lost`].
+//!
 //! # Semaphores, watches and elections
 //!
 //! [`Client::acquire_with`] (and `lock_with`, `hold_with`) takes

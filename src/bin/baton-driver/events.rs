@@ -1,6 +1,8 @@
 //! What the driver says without being asked, and how it waits for futures:
 //! `lost` events of held grants ([`LostEvents`]), `state` events of watches
-//! ([`WatchEvents`]), and [`block_on`], the executor of the async flavour.
+//! ([`WatchEvents`]), and [`block_on`] (and [`block_on_until`], which
+//! gives a call up by dropping its future), the executor of the async
+//! flavour.
 //!
 //! Owns: one thread (`driver-lost`) that polls every held grant's
 //! [`Lost`] future, woken through a waker that names the grant; and per
@@ -16,6 +18,7 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::{self, Thread};
+use std::time::Instant;
 
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
@@ -44,6 +47,29 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
             return output;
         }
         thread::park();
+    }
+}
+
+/// [`block_on`], but giving the future up (dropping it: the async API's
+/// way to cancel a call) once `cancel` passes; None then.
+pub fn block_on_until<F: Future>(future: F, cancel: Option<Instant>) -> Option<F::Output> {
+    let mut future = pin!(future);
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return Some(output);
+        }
+        match cancel {
+            None => thread::park(),
+            Some(at) => {
+                let left = at.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return None;
+                }
+                thread::park_timeout(left);
+            }
+        }
     }
 }
 

@@ -6,7 +6,10 @@
 //! thread of its own) and, with `--async`, `rust-async` (the `*_async`
 //! calls, each request's future driven to completion by a minimal
 //! `block_on` on a thread of its own: the library depends on no runtime,
-//! so the driver brings the smallest executor there is).
+//! so the driver brings the smallest executor there is). Only `rust-async`
+//! takes `cancel_after_ms`, giving the call up by dropping its future; a
+//! blocking call has no way to be given up by its caller but its own wait,
+//! so `rust` says `"cancel": false` in its ready line.
 //!
 //! Owns: reading requests (one JSON object a line), the tables of clients,
 //! grants and watches by the ids it hands out (`c1`, `g1`, `w1`), and
@@ -93,6 +96,14 @@ impl Failure {
         }
     }
 
+    /// The caller gave the call up (`cancel_after_ms`).
+    pub fn given_up(after: std::time::Duration) -> Failure {
+        Failure {
+            kind: "timeout",
+            detail: format!("given up by the caller after {after:?}"),
+        }
+    }
+
     pub fn closed(detail: impl Into<String>) -> Failure {
         Failure {
             kind: "closed",
@@ -139,7 +150,13 @@ fn main() {
         Flavour::Blocking => "rust",
         Flavour::Async => "rust-async",
     };
-    out.line(&json!({"ready": true, "client": client, "version": env!("CARGO_PKG_VERSION")}));
+    let mut ready = json!({"ready": true, "client": client, "version": env!("CARGO_PKG_VERSION")});
+    if flavour == Flavour::Blocking {
+        // A blocking call cannot be given up by its caller, but by its own
+        // wait: no `cancel_after_ms`.
+        ready["cancel"] = json!(false);
+    }
+    out.line(&ready);
     let driver = Arc::new(Driver::new(flavour, out.clone()));
     for line in io::stdin().lock().lines() {
         let Ok(line) = line else { break };

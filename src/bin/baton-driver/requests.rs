@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use baton::client::{AcquireOptions, Client, Error, Grant, Held, ReleaseOutcome, TlsConfig, Watch};
 
-use crate::events::{LostEvents, WatchEvents, block_on, state_json};
+use crate::events::{LostEvents, WatchEvents, block_on, block_on_until, state_json};
 use crate::{Failure, Flavour, Out};
 
 /// A grant the driver handed out.
@@ -169,7 +169,10 @@ impl Driver {
         let (key, lease, wait, options) = acquire_fields(request)?;
         let grant = match self.flavour {
             Flavour::Blocking => client.acquire_with(key, lease, wait, &options)?,
-            Flavour::Async => block_on(client.acquire_with_async(key, lease, wait, &options))?,
+            Flavour::Async => {
+                let acquire = client.acquire_with_async(key, lease, wait, &options);
+                cancellable(acquire, request)??
+            }
         };
         let (token, slot) = (grant.token(), grant.slot());
         let id = self.id("g");
@@ -191,13 +194,18 @@ impl Driver {
             let wait = millis(request, "wait_ms")?;
             match self.flavour {
                 Flavour::Blocking => client.campaign(key, value, lease, wait)?,
-                Flavour::Async => block_on(client.campaign_async(key, value, lease, wait))?,
+                Flavour::Async => {
+                    cancellable(client.campaign_async(key, value, lease, wait), request)??
+                }
             }
         } else {
             let (key, lease, wait, options) = acquire_fields(request)?;
             match self.flavour {
                 Flavour::Blocking => client.hold_with(key, lease, wait, &options)?,
-                Flavour::Async => block_on(client.hold_with_async(key, lease, wait, &options))?,
+                Flavour::Async => {
+                    let hold = client.hold_with_async(key, lease, wait, &options);
+                    cancellable(hold, request)??
+                }
             }
         };
         let (token, slot) = (held.token(), held.slot());
@@ -340,6 +348,14 @@ impl Driver {
         client.close();
         Ok(json!({}))
     }
+}
+
+/// Run an async call to its end, or give it up (drop its future) once the
+/// request's `cancel_after_ms` has passed.
+fn cancellable<F: std::future::Future>(call: F, request: &Value) -> Result<F::Output, Failure> {
+    let after = millis(request, "cancel_after_ms")?;
+    let cancel = after.map(|after| std::time::Instant::now() + after);
+    block_on_until(call, cancel).ok_or_else(|| Failure::given_up(after.unwrap_or_default()))
 }
 
 /// Read a watch until it is unwatched or ends, writing each state.
