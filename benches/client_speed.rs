@@ -10,12 +10,18 @@
 //!   then releasing at once: every grant is a handoff from the holder
 //!   before.
 //!
-//! Three rows each: `raw`, the load harness's engine (`benches/lockbench/
-//! engine.rs`: 16 connections, one request in flight on each, mio, lines
-//! written by hand); `rust`, the blocking client (one `Client`, 16
-//! threads); `rust-async`, the async client (one `Client`, 16 tasks on a
-//! 2-worker tokio runtime). The ratio is the client's rate over the raw
-//! rate. Rows are interleaved over the rounds, so drift hits them alike.
+//! Rows: `raw`, the load harness's engine (`benches/lockbench/engine.rs`:
+//! 16 connections, one request in flight on each, mio, lines written by
+//! hand); `rust`, the blocking client (one `Client`, 16 threads);
+//! `rust-async`, the async client (one `Client`, 16 tasks on a 2-worker
+//! tokio runtime). The ratio is the client's rate over the raw rate. The
+//! client pipelines its 16 callers over its two connections, which a
+//! server serves with fewer reads and writes than 16 connections; so for
+//! pairs a second raw column sends the same shape by hand (2 connections,
+//! 8 in flight on each), the client's own cost alone. (A contended run of
+//! the engine has one request in flight per connection, so handoffs have
+//! no such column.) Rows are interleaved over the rounds, so drift hits
+//! them alike.
 //!
 //! Never does: run under `cargo test` (it is a `harness = false` bench; no
 //! timing thresholds in tests), or keep the server after it returns.
@@ -62,6 +68,9 @@ enum Shape {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Who {
     Raw,
+    /// The raw protocol shaped as the client sends it: 2 connections (the
+    /// client's two for one address), 8 requests in flight on each.
+    RawPipelined,
     Blocking,
     Async,
 }
@@ -174,7 +183,10 @@ fn measure_all(addr: SocketAddr, options: &Options) -> Result<(), String> {
     let mut run = 0u64;
     for round in 0..options.rounds {
         for shape in [Shape::Pairs, Shape::Handoffs] {
-            let mut order = [Who::Raw, Who::Blocking, Who::Async];
+            let mut order = vec![Who::Raw, Who::RawPipelined, Who::Blocking, Who::Async];
+            if shape == Shape::Handoffs {
+                order.retain(|&who| who != Who::RawPipelined);
+            }
             if round % 2 == 1 {
                 order.reverse();
             }
@@ -182,7 +194,8 @@ fn measure_all(addr: SocketAddr, options: &Options) -> Result<(), String> {
                 run += 1;
                 let prefix = format!("cs{run}-");
                 let rate = match who {
-                    Who::Raw => raw(addr, shape, &prefix, options)?,
+                    Who::Raw => raw(addr, shape, HOLDERS, 1, &prefix, options)?,
+                    Who::RawPipelined => raw(addr, shape, 2, HOLDERS / 2, &prefix, options)?,
                     Who::Blocking => blocking(addr, shape, &prefix, options)?,
                     Who::Async => asynchronous(addr, shape, &prefix, options)?,
                 };
@@ -193,41 +206,53 @@ fn measure_all(addr: SocketAddr, options: &Options) -> Result<(), String> {
             }
         }
     }
-    let mean = |shape, who| -> f64 {
-        let all = &rates
-            .iter()
-            .find(|(k, _)| *k == (shape, who))
-            .expect("measured")
-            .1;
-        all.iter().sum::<f64>() / all.len() as f64
+    let mean = |shape, who| -> Option<f64> {
+        let all = &rates.iter().find(|(k, _)| *k == (shape, who))?.1;
+        Some(all.iter().sum::<f64>() / all.len() as f64)
     };
     println!();
-    println!("| {HOLDERS} holders | raw (harness) | rust | ratio | rust-async | ratio |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| {HOLDERS} holders | raw: 16 conns × 1 | raw: 2 conns × 8 | rust | ×raw | ×raw 2×8 \
+         | rust-async | ×raw | ×raw 2×8 |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (shape, label) in [
         (Shape::Pairs, "acquire+release pairs/s, distinct keys"),
         (Shape::Handoffs, "handoffs/s, one key"),
     ] {
-        let raw = mean(shape, Who::Raw);
-        let blocking = mean(shape, Who::Blocking);
-        let asynchronous = mean(shape, Who::Async);
+        let raw = mean(shape, Who::Raw).ok_or("no raw rate")?;
+        let piped = mean(shape, Who::RawPipelined);
+        let blocking = mean(shape, Who::Blocking).ok_or("no rust rate")?;
+        let asynchronous = mean(shape, Who::Async).ok_or("no rust-async rate")?;
+        let shown = |rate: Option<f64>, f: &dyn Fn(f64) -> String| rate.map_or("–".into(), f);
         println!(
-            "| {label} | {raw:.0} | {blocking:.0} | {:.2}x | {asynchronous:.0} | {:.2}x |",
+            "| {label} | {raw:.0} | {} | {blocking:.0} | {:.2}x | {} | {asynchronous:.0} | {:.2}x | {} |",
+            shown(piped, &|p| format!("{p:.0}")),
             blocking / raw,
-            asynchronous / raw
+            shown(piped, &|p| format!("{:.2}x", blocking / p)),
+            asynchronous / raw,
+            shown(piped, &|p| format!("{:.2}x", asynchronous / p)),
         );
     }
     Ok(())
 }
 
-/// The load harness's engine: 16 connections, one request in flight each.
-fn raw(addr: SocketAddr, shape: Shape, prefix: &str, options: &Options) -> Result<f64, String> {
+/// The load harness's engine: `conns` connections, `depth` requests in
+/// flight on each (a contended run: one).
+fn raw(
+    addr: SocketAddr,
+    shape: Shape,
+    conns: usize,
+    depth: usize,
+    prefix: &str,
+    options: &Options,
+) -> Result<f64, String> {
     let spec = RunSpec {
         addr,
         proto: Proto::Baton,
-        conns: HOLDERS,
+        conns,
         workload: match shape {
-            Shape::Pairs => Workload::Uncontended { depth: 1 },
+            Shape::Pairs => Workload::Uncontended { depth },
             Shape::Handoffs => Workload::Contended {
                 hold: Duration::ZERO,
             },

@@ -218,6 +218,11 @@ impl Conn {
         }
     }
 
+    /// The phase alone, for choosing (no copy of the last error).
+    pub fn phase(&self) -> Phase {
+        self.state.lock().phase
+    }
+
     /// The phase and the last error, for choosing and reporting.
     pub fn status(&self) -> (Phase, Option<String>) {
         let st = self.state.lock();

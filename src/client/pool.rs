@@ -216,7 +216,7 @@ impl Pool {
         self.nodes
             .read()
             .get(node)
-            .is_some_and(|n| n.conns.iter().any(|c| c.status().0 != Phase::Down))
+            .is_some_and(|n| n.conns.iter().any(|c| c.phase() != Phase::Down))
     }
 
     /// How many connections a request for `target` may use.
@@ -332,7 +332,7 @@ impl Pool {
     /// A connection that is up now (Some), or None while one is connecting.
     fn choose_now(&self, target: Target) -> Result<Option<Arc<Conn>>, Error> {
         let conns = self.all_conns();
-        let phases: Vec<(usize, Phase)> = conns.iter().map(|c| (c.node, c.status().0)).collect();
+        let phases: Vec<(usize, Phase)> = conns.iter().map(|c| (c.node, c.phase())).collect();
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         match choose(&phases, target, self.preferred(), turn) {
             Choice::Use(i) => Ok(Some(conns[i].clone())),
