@@ -24,10 +24,17 @@ impl Wake for Unpark {
     }
 }
 
+thread_local! {
+    /// This thread's waker, made once.
+    static UNPARK: Waker = Waker::from(Arc::new(Unpark(thread::current())));
+}
+
 /// Poll `future` until it completes, parking the thread while it waits.
+/// A blocking call's body (whose waits are all ready when awaited)
+/// completes on the first poll.
 pub fn block_on<F: Future>(future: F) -> F::Output {
     let mut future = pin!(future);
-    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let waker = UNPARK.with(Waker::clone);
     let mut cx = Context::from_waker(&waker);
     loop {
         if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {

@@ -19,20 +19,28 @@
 //!   its wait plus the request timeout; an acquire without a wait limit: no
 //!   limit), else it is closed; the caller's own deadline may be earlier.
 //!
-//! Each call comes twice: blocking, on the caller's thread (it blocks it at
-//! most until the call's deadline), and `*_async`, in the caller's task (an
-//! answer wakes it from the connection's reader thread; a deadline or a
-//! pause from the client's timer thread). Both share every decision: only
-//! the waiting differs.
+//! Each call is written once, as an `async fn` generic over a [`Wait`]: the
+//! three places a call waits (for a connection to come up, for an answer,
+//! through a pause before sending again). The blocking flavour runs that one
+//! body with [`Blocking`], whose waits block the caller's thread and are
+//! ready when awaited, under a trivial `block_on` on the caller's thread (it
+//! blocks it at most until the call's deadline); `*_async` runs it with
+//! [`Async`], whose waits register the task's waker (an answer wakes it from
+//! the connection's reader thread; a deadline or a pause from the client's
+//! timer thread). So both make every decision in the same code: only the
+//! waiting differs.
 //!
 //! Never does: touch sockets (that is `conn.rs`) or choose connections (that
 //! is `pool.rs`).
 
+use std::future::{Future, ready};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::client::Error;
-use crate::client::conn::{Conn, Outcome};
+use crate::client::block::block_on;
+use crate::client::conn::{Conn, Outcome, Ticket};
 use crate::client::grant::{Grant, KeyStatus, NodeInfo, ReleaseOutcome};
 use crate::client::options::Ask;
 use crate::client::pool::{Pool, Target};
@@ -99,27 +107,95 @@ fn millis_until(end: Instant) -> u64 {
     millis_ceil(end.saturating_duration_since(Instant::now()))
 }
 
-fn attempt(pool: &Pool, target: Target, request: &Request, due: Option<Instant>) -> Attempt {
-    let conn = match pool.pick(target, due) {
-        Ok(conn) => conn,
-        Err(e) => return Attempt::Unreachable(e),
-    };
-    let Some(ticket) = conn.send(request) else {
-        return Attempt::Lost { sent: false };
-    };
-    let sent_at = ticket.sent_at;
-    let conn_due = answer_budget(request, pool.request_timeout()).map(|b| sent_at + b);
-    attempted(&conn, sent_at, ticket.wait(conn_due, due))
+/// Where a call waits: the one difference between the blocking and the
+/// async flavour of every call.
+pub trait Wait: Sync {
+    /// A connection that is up (see [`Pool::pick`]).
+    fn pick(
+        &self,
+        pool: &Pool,
+        target: Target,
+        due: Option<Instant>,
+    ) -> impl Future<Output = Result<Arc<Conn>, Error>> + Send;
+    /// The answer to a request sent, or why none came (see [`Ticket::wait`]).
+    fn answer(
+        &self,
+        pool: &Pool,
+        ticket: Ticket,
+        conn_due: Option<Instant>,
+        due: Option<Instant>,
+    ) -> impl Future<Output = Outcome> + Send;
+    /// Nothing until `until`.
+    fn pause(&self, pool: &Pool, until: Instant) -> impl Future<Output = ()> + Send;
 }
 
-/// [`attempt`] for async callers.
-pub async fn attempt_async(
+/// Waits that block the caller's thread; each is ready when awaited, so a
+/// call's body completes in one poll of [`block_on`].
+pub struct Blocking;
+
+impl Wait for Blocking {
+    fn pick(
+        &self,
+        pool: &Pool,
+        target: Target,
+        due: Option<Instant>,
+    ) -> impl Future<Output = Result<Arc<Conn>, Error>> + Send {
+        ready(pool.pick(target, due))
+    }
+
+    fn answer(
+        &self,
+        _pool: &Pool,
+        ticket: Ticket,
+        conn_due: Option<Instant>,
+        due: Option<Instant>,
+    ) -> impl Future<Output = Outcome> + Send {
+        ready(ticket.wait(conn_due, due))
+    }
+
+    fn pause(&self, _pool: &Pool, until: Instant) -> impl Future<Output = ()> + Send {
+        thread::sleep(until.saturating_duration_since(Instant::now()));
+        ready(())
+    }
+}
+
+/// Waits that register the task's waker: with the connections' phase
+/// changes, an answer's one-shot cell, or the client's timer.
+pub struct Async;
+
+impl Wait for Async {
+    fn pick(
+        &self,
+        pool: &Pool,
+        target: Target,
+        due: Option<Instant>,
+    ) -> impl Future<Output = Result<Arc<Conn>, Error>> + Send {
+        pool.pick_async(target, due)
+    }
+
+    fn answer(
+        &self,
+        pool: &Pool,
+        ticket: Ticket,
+        conn_due: Option<Instant>,
+        due: Option<Instant>,
+    ) -> impl Future<Output = Outcome> + Send {
+        ticket.wait_async(conn_due, due, pool.timer())
+    }
+
+    fn pause(&self, pool: &Pool, until: Instant) -> impl Future<Output = ()> + Send {
+        pool.timer().sleep_until(until)
+    }
+}
+
+async fn attempt<W: Wait>(
+    wait: &W,
     pool: &Pool,
     target: Target,
     request: &Request,
     due: Option<Instant>,
 ) -> Attempt {
-    let conn = match pool.pick_async(target, due).await {
+    let conn = match wait.pick(pool, target, due).await {
         Ok(conn) => conn,
         Err(e) => return Attempt::Unreachable(e),
     };
@@ -128,7 +204,7 @@ pub async fn attempt_async(
     };
     let sent_at = ticket.sent_at;
     let conn_due = answer_budget(request, pool.request_timeout()).map(|b| sent_at + b);
-    let outcome = ticket.wait_async(conn_due, due, pool.timer()).await;
+    let outcome = wait.answer(pool, ticket, conn_due, due).await;
     attempted(&conn, sent_at, outcome)
 }
 
@@ -146,26 +222,8 @@ fn attempted(conn: &Conn, sent_at: Instant, outcome: Outcome) -> Attempt {
 
 /// Send the request `make` builds (again on each attempt) until a final
 /// answer comes, following redirects and moving on from dropped connections.
-pub fn exchange(
-    pool: &Pool,
-    target: Target,
-    due: Option<Instant>,
-    mut make: impl FnMut() -> Result<Request, Error>,
-) -> Result<Exchanged, Failure> {
-    let mut call = Call::new(pool);
-    loop {
-        let request = make().map_err(|e| call.fail(e))?;
-        let outcome = attempt(pool, target, &request, due);
-        match call.handle(pool, target, due, outcome)? {
-            Next::Done(done) => return Ok(done),
-            Next::Again => {}
-            Next::After(pause) => thread::sleep(pause),
-        }
-    }
-}
-
-/// [`exchange`] for async callers: the same policy; pauses are timer sleeps.
-pub async fn exchange_async(
+pub async fn exchange<W: Wait>(
+    wait: &W,
     pool: &Pool,
     target: Target,
     due: Option<Instant>,
@@ -173,12 +231,15 @@ pub async fn exchange_async(
 ) -> Result<Exchanged, Failure> {
     let mut call = Call::new(pool);
     loop {
+        if pool.is_closed() {
+            return Err(call.fail(Error::Closed));
+        }
         let request = make().map_err(|e| call.fail(e))?;
-        let outcome = attempt_async(pool, target, &request, due).await;
+        let outcome = attempt(wait, pool, target, &request, due).await;
         match call.handle(pool, target, due, outcome)? {
             Next::Done(done) => return Ok(done),
             Next::Again => {}
-            Next::After(pause) => pool.timer().sleep_until(Instant::now() + pause).await,
+            Next::After(pause) => wait.pause(pool, Instant::now() + pause).await,
         }
     }
 }
@@ -224,6 +285,10 @@ impl Call {
         due: Option<Instant>,
         outcome: Attempt,
     ) -> Result<Next, Failure> {
+        if pool.is_closed() && !matches!(outcome, Attempt::Answered(..)) {
+            // The connections were closed under this call.
+            return Err(self.fail(Error::Closed));
+        }
         match outcome {
             Attempt::Answered(Answer::Moved { active, .. }, _) => {
                 let followed = self.redirects.follow(pool, active.as_deref(), due);
@@ -254,8 +319,8 @@ impl Call {
         if self.failures < pool.connection_count(target) {
             return Ok(Next::Again);
         }
-        if pool.auth_refused(target) {
-            return Err(self.fail(Error::Auth(pool.describe(target))));
+        if let Some(refused) = pool.auth_error(target) {
+            return Err(self.fail(refused));
         }
         let why = format!(
             "the connection failed on each of {} attempts: {}",
@@ -359,23 +424,7 @@ pub fn acquire(
     wait_ms: Option<u64>,
     ask: &Ask,
 ) -> Result<Grant, Error> {
-    let wait_end = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
-    for _ in 0..ACQUIRE_ROUNDS {
-        let make = || acquire_request(&key, lease_ms, wait_end, ask);
-        let due = wait_end.map(|end| end + pool.request_timeout());
-        let done = exchange(pool, Target::Any, due, make).map_err(|f| f.error)?;
-        let grant = acquire_answer(done, lease_ms)?;
-        if !needs_confirming(&grant) {
-            return Ok(grant);
-        }
-        let (request, due) = confirm_request(pool, &grant);
-        let confirmed = exchange(pool, Target::Any, Some(due), || Ok(request.clone()));
-        match confirmed_grant(grant, confirmed) {
-            Some(grant) => return Ok(grant),
-            None => log::info!("a grant of {key} ran out before it arrived; asking again"),
-        }
-    }
-    Err(Error::Expired)
+    block_on(acquire_in(&Blocking, pool, key, lease_ms, wait_ms, ask))
 }
 
 /// [`acquire`] for async callers.
@@ -386,11 +435,26 @@ pub async fn acquire_async(
     wait_ms: Option<u64>,
     ask: &Ask,
 ) -> Result<Grant, Error> {
+    acquire_in(&Async, pool, key, lease_ms, wait_ms, ask).await
+}
+
+/// The one body of [`acquire`] and [`acquire_async`].
+async fn acquire_in<W: Wait>(
+    wait: &W,
+    pool: &Pool,
+    key: Key,
+    lease_ms: u64,
+    wait_ms: Option<u64>,
+    ask: &Ask,
+) -> Result<Grant, Error> {
     let wait_end = wait_ms.map(|ms| Instant::now() + Duration::from_millis(ms));
     for _ in 0..ACQUIRE_ROUNDS {
-        let make = || acquire_request(&key, lease_ms, wait_end, ask);
+        let make = || match pool.is_closing() {
+            true => Err(Error::Closed),
+            false => acquire_request(&key, lease_ms, wait_end, ask),
+        };
         let due = wait_end.map(|end| end + pool.request_timeout());
-        let done = exchange_async(pool, Target::Any, due, make)
+        let done = exchange(wait, pool, Target::Any, due, make)
             .await
             .map_err(|f| f.error)?;
         let grant = acquire_answer(done, lease_ms)?;
@@ -398,10 +462,10 @@ pub async fn acquire_async(
             return Ok(grant);
         }
         let (request, due) = confirm_request(pool, &grant);
-        // The grant is ours from here on: if the caller drops this future
-        // while the `K` is out, nobody will ever release it.
+        // The grant is ours from here on: if the caller drops an async
+        // acquire while the `K` is out, nobody will ever release it.
         let unwanted = ReleaseOnDrop::arm(pool, &grant);
-        let confirmed = exchange_async(pool, Target::Any, Some(due), || Ok(request.clone())).await;
+        let confirmed = exchange(wait, pool, Target::Any, Some(due), || Ok(request.clone())).await;
         unwanted.disarm();
         match confirmed_grant(grant, confirmed) {
             Some(grant) => return Ok(grant),
@@ -545,29 +609,41 @@ fn confirmed_grant(mut grant: Grant, confirmed: Result<Exchanged, Failure>) -> O
 
 /// `R key token`, retried while no connection can carry it.
 pub fn release(pool: &Pool, key: Key, token: u64) -> Result<ReleaseOutcome, Error> {
-    let request = Request::Release { key, token };
-    let mut retry = ReleaseRetry::new(pool);
-    loop {
-        let result = exchange(pool, Target::Any, retry.due, || Ok(request.clone()));
-        if let Some(outcome) = retry.after(result, token) {
-            return outcome;
-        }
-        thread::sleep(RELEASE_RETRY_INTERVAL);
-    }
+    block_on(release_in(&Blocking, pool, key, token))
 }
 
 /// [`release`] for async callers.
 pub async fn release_async(pool: &Pool, key: Key, token: u64) -> Result<ReleaseOutcome, Error> {
+    release_in(&Async, pool, key, token).await
+}
+
+/// The one body of [`release`] and [`release_async`].
+async fn release_in<W: Wait>(
+    wait: &W,
+    pool: &Pool,
+    key: Key,
+    token: u64,
+) -> Result<ReleaseOutcome, Error> {
     let request = Request::Release { key, token };
     let mut retry = ReleaseRetry::new(pool);
     loop {
-        let result = exchange_async(pool, Target::Any, retry.due, || Ok(request.clone())).await;
+        let result = exchange(wait, pool, Target::Any, retry.due, || Ok(request.clone())).await;
         if let Some(outcome) = retry.after(result, token) {
             return outcome;
         }
-        let wake = Instant::now() + RELEASE_RETRY_INTERVAL;
-        pool.timer().sleep_until(wake).await;
+        wait.pause(pool, Instant::now() + RELEASE_RETRY_INTERVAL)
+            .await;
     }
+}
+
+/// `R key token`, one call and no retries after it fails: a held key's
+/// release when its client closes (best effort, bounded by the request
+/// timeout).
+pub fn release_once(pool: &Pool, key: Key, token: u64) -> Result<ReleaseOutcome, Error> {
+    let due = Some(Instant::now() + pool.request_timeout());
+    let request = Request::Release { key, token };
+    let exchanged = exchange(&Blocking, pool, Target::Any, due, || Ok(request.clone()));
+    release_outcome(block_on(exchanged).map_err(|f| f.error)?, false)
 }
 
 /// One release's retries: whether an attempt may have got through, and
@@ -626,29 +702,27 @@ fn release_outcome(done: Exchanged, delivered: bool) -> Result<ReleaseOutcome, E
 /// `K key token lease`: extend `grant` to now + lease. Waits at most until
 /// the grant expires by the client's clock.
 pub fn keep(pool: &Pool, grant: &mut Grant, lease_ms: u64) -> Result<(), Error> {
-    if grant.is_expired() {
-        return Err(Error::Expired);
-    }
-    let due = grant.expires_at();
-    let result = keep_token(pool, grant.key().clone(), grant.token(), lease_ms, due);
-    kept(grant, lease_ms, result)
+    block_on(keep_in(&Blocking, pool, grant, lease_ms))
 }
 
 /// [`keep`] for async callers.
 pub async fn keep_async(pool: &Pool, grant: &mut Grant, lease_ms: u64) -> Result<(), Error> {
+    keep_in(&Async, pool, grant, lease_ms).await
+}
+
+/// The one body of [`keep`] and [`keep_async`] (and of a held key's).
+pub async fn keep_in<W: Wait>(
+    wait: &W,
+    pool: &Pool,
+    grant: &mut Grant,
+    lease_ms: u64,
+) -> Result<(), Error> {
     if grant.is_expired() {
         return Err(Error::Expired);
     }
-    let request = keep_request(grant.key().clone(), grant.token(), lease_ms);
-    let due = Some(grant.expires_at());
-    let result = exchange_async(pool, Target::Any, due, || Ok(request.clone()))
-        .await
-        .map_err(|f| f.error)
-        .and_then(keep_outcome);
-    kept(grant, lease_ms, result)
-}
-
-fn kept(grant: &mut Grant, lease_ms: u64, result: Result<Instant, Error>) -> Result<(), Error> {
+    let due = grant.expires_at();
+    let key = grant.key().clone();
+    let result = keep_token_in(wait, pool, key, grant.token(), lease_ms, due).await;
     match result {
         Ok(sent_at) => {
             grant.renew(lease_ms, sent_at);
@@ -668,8 +742,20 @@ pub fn keep_token(
     lease_ms: u64,
     due: Instant,
 ) -> Result<Instant, Error> {
+    block_on(keep_token_in(&Blocking, pool, key, token, lease_ms, due))
+}
+
+async fn keep_token_in<W: Wait>(
+    wait: &W,
+    pool: &Pool,
+    key: Key,
+    token: u64,
+    lease_ms: u64,
+    due: Instant,
+) -> Result<Instant, Error> {
     let request = keep_request(key, token, lease_ms);
-    exchange(pool, Target::Any, Some(due), || Ok(request.clone()))
+    exchange(wait, pool, Target::Any, Some(due), || Ok(request.clone()))
+        .await
         .map_err(|f| f.error)
         .and_then(keep_outcome)
 }
@@ -696,17 +782,19 @@ fn keep_outcome(done: Exchanged) -> Result<Instant, Error> {
 
 /// `Q key`.
 pub fn query(pool: &Pool, key: Key) -> Result<KeyStatus, Error> {
-    let due = Some(Instant::now() + pool.request_timeout());
-    let request = Request::Query { key };
-    let done = exchange(pool, Target::Any, due, || Ok(request.clone())).map_err(|f| f.error)?;
-    query_outcome(done)
+    block_on(query_in(&Blocking, pool, key))
 }
 
 /// [`query`] for async callers.
 pub async fn query_async(pool: &Pool, key: Key) -> Result<KeyStatus, Error> {
+    query_in(&Async, pool, key).await
+}
+
+/// The one body of [`query`] and [`query_async`].
+async fn query_in<W: Wait>(wait: &W, pool: &Pool, key: Key) -> Result<KeyStatus, Error> {
     let due = Some(Instant::now() + pool.request_timeout());
     let request = Request::Query { key };
-    let done = exchange_async(pool, Target::Any, due, || Ok(request.clone()))
+    let done = exchange(wait, pool, Target::Any, due, || Ok(request.clone()))
         .await
         .map_err(|f| f.error)?;
     query_outcome(done)
@@ -732,8 +820,10 @@ fn query_outcome(done: Exchanged) -> Result<KeyStatus, Error> {
 /// `I`, asked of one node.
 pub fn info(pool: &Pool, node: usize) -> Result<NodeInfo, Error> {
     let due = Some(Instant::now() + pool.connect_timeout() + pool.request_timeout());
-    let done =
-        exchange(pool, Target::Node(node), due, || Ok(Request::Info)).map_err(|f| f.error)?;
+    let exchanged = exchange(&Blocking, pool, Target::Node(node), due, || {
+        Ok(Request::Info)
+    });
+    let done = block_on(exchanged).map_err(|f| f.error)?;
     match done.answer {
         Answer::Info(info) => Ok(NodeInfo {
             pairs: info

@@ -97,6 +97,8 @@ pub struct Conn {
     /// The server's address as given (`host:port`).
     pub addr: String,
     state: Mutex<State>,
+    /// The manager thread, joined when the client is closed.
+    manager: Mutex<Option<JoinHandle<()>>>,
 }
 
 struct State {
@@ -114,8 +116,9 @@ struct State {
     last_error: Option<String>,
     /// Why a caller closed the connection (reported instead of the EOF).
     kill_reason: Option<String>,
-    /// The last attempt failed because the server refused the secret.
-    auth_refused: bool,
+    /// The last attempt failed because the server refused the secret, and
+    /// why (`bad-auth`, `auth-required`).
+    auth_refused: Option<Reason>,
 }
 
 /// One watch's subscription on a connection: its mailbox and the epoch
@@ -188,18 +191,36 @@ impl Conn {
                 watches: HashMap::new(),
                 last_error: None,
                 kill_reason: None,
-                auth_refused: false,
+                auth_refused: None,
             }),
+            manager: Mutex::new(None),
         }
     }
 
     /// Start the manager thread.
     pub fn spawn(self: &Arc<Self>, ctx: Arc<Ctx>) -> io::Result<()> {
         let conn = self.clone();
-        thread::Builder::new()
+        let handle = thread::Builder::new()
             .name(format!("baton-conn {}", self.addr))
-            .spawn(move || conn.run(&ctx))
-            .map(drop)
+            .spawn(move || conn.run(&ctx))?;
+        *self.manager.lock() = Some(handle);
+        Ok(())
+    }
+
+    /// Wait for the manager thread (and so the writer, which it joins) to
+    /// end, once the client is closed. Not from the manager thread itself.
+    pub fn join(&self) {
+        let handle = self.manager.lock().take();
+        if let Some(handle) = handle
+            && handle.thread().id() != thread::current().id()
+        {
+            let _ = handle.join();
+        }
+    }
+
+    /// The phase alone, for choosing (no copy of the last error).
+    pub fn phase(&self) -> Phase {
+        self.state.lock().phase
     }
 
     /// The phase and the last error, for choosing and reporting.
@@ -208,9 +229,9 @@ impl Conn {
         (st.phase, st.last_error.clone())
     }
 
-    /// Whether the last attempt failed because the server refused the
-    /// client's secret (or wanted one and got none).
-    pub fn auth_refused(&self) -> bool {
+    /// Why the last attempt failed, if the server refused the client's
+    /// secret (`bad-auth`) or wanted one and got none (`auth-required`).
+    pub fn auth_refused(&self) -> Option<Reason> {
         self.state.lock().auth_refused
     }
 
@@ -422,7 +443,7 @@ impl Conn {
             st.stream = Some(killer);
             st.last_error = None;
             st.kill_reason = None;
-            st.auth_refused = false;
+            st.auth_refused = None;
         }
         log::debug!("{}: connected", self.addr);
         ctx.notifier.bump();
@@ -468,7 +489,7 @@ impl Conn {
                 Ok(n) => {
                     probing = false;
                     input.extend_from_slice(&chunk[..n]);
-                    if let Err(why) = self.take_answers(&mut input) {
+                    if let Err(why) = self.take_answers(&mut input, ctx) {
                         return why;
                     }
                 }
@@ -503,7 +524,7 @@ impl Conn {
     }
 
     /// Dispatch every complete answer line in `input` and drop it from there.
-    fn take_answers(&self, input: &mut Vec<u8>) -> Result<(), String> {
+    fn take_answers(&self, input: &mut Vec<u8>, ctx: &Ctx) -> Result<(), String> {
         let mut used = 0;
         let result = loop {
             match protocol::parse_answer(&input[used..]) {
@@ -512,7 +533,7 @@ impl Conn {
                     used += n;
                     match result {
                         Ok(answer) => {
-                            if let Err(why) = self.dispatch(answer) {
+                            if let Err(why) = self.dispatch(answer, ctx.is_closing()) {
                                 break Err(why);
                             }
                         }
@@ -526,8 +547,10 @@ impl Conn {
         result
     }
 
-    /// Hand one answer to the request (or the watches) it belongs to.
-    fn dispatch(&self, answer: Answer) -> Result<(), String> {
+    /// Hand one answer to the request (or the watches) it belongs to. While
+    /// the client is closing, a grant goes to nobody: it is released at
+    /// once, and its caller's call ends (with `Closed`).
+    fn dispatch(&self, answer: Answer, closing: bool) -> Result<(), String> {
         let answer = match self.dispatch_watch(answer) {
             None => return Ok(()),
             Some(answer) => answer,
@@ -537,7 +560,7 @@ impl Conn {
             Route::Fatal(reason @ (Reason::BadAuth | Reason::AuthRequired)) => {
                 // A server that wants a secret this client lacks (or that
                 // changed its secrets since this connection was made).
-                self.state.lock().auth_refused = true;
+                self.state.lock().auth_refused = Some(reason);
                 return Err(format!("the server refused the secret: {reason}"));
             }
             Route::Fatal(reason) => return Err(refused_by_server(reason)),
@@ -548,10 +571,17 @@ impl Conn {
                 "the server sent an answer for no request: {answer:?}"
             ));
         };
-        if let Some(tx) = slot
-            && let Err(unwanted) = tx.send(answer)
-        {
-            release_orphan(&mut st, unwanted, &self.addr);
+        match slot {
+            Some(tx) if closing && matches!(answer, Answer::Granted { .. }) => {
+                drop(tx);
+                release_orphan(&mut st, answer, &self.addr);
+            }
+            Some(tx) => {
+                if let Err(unwanted) = tx.send(answer) {
+                    release_orphan(&mut st, unwanted, &self.addr);
+                }
+            }
+            None => {}
         }
         Ok(())
     }
@@ -658,8 +688,8 @@ fn open(addr: &str, timeout: Duration) -> Result<TcpStream, String> {
 #[derive(Debug, PartialEq, Eq)]
 struct AuthFailure {
     /// The server refused the secret (`bad-auth`, `auth-required`), as
-    /// opposed to the connection failing.
-    by_server: bool,
+    /// opposed to the connection failing: its reason.
+    by_server: Option<Reason>,
     why: String,
 }
 
@@ -674,7 +704,7 @@ fn authenticate(
     timeout: Duration,
 ) -> Result<(), AuthFailure> {
     let failed = |why: String| AuthFailure {
-        by_server: false,
+        by_server: None,
         why,
     };
     let deadline = Instant::now() + timeout;
@@ -727,11 +757,14 @@ fn auth_answer(answer: Result<Answer, LineError>) -> Result<(), AuthFailure> {
             op: None,
             reason: reason @ (Reason::BadAuth | Reason::AuthRequired),
             ..
-        }) => refused(true, format!("the server refused the secret: {reason}")),
+        }) => refused(
+            Some(reason),
+            format!("the server refused the secret: {reason}"),
+        ),
         Ok(Answer::Error {
             op: None, reason, ..
-        }) => refused(false, refused_by_server(reason)),
-        Ok(_) | Err(_) => refused(false, "the server's answer to U makes no sense".into()),
+        }) => refused(None, refused_by_server(reason)),
+        Ok(_) | Err(_) => refused(None, "the server's answer to U makes no sense".into()),
     }
 }
 
@@ -928,7 +961,7 @@ mod tests {
     fn bad_auth_and_auth_required_are_refusals_by_the_server() {
         for line in ["E - - bad-auth", "E - - auth-required"] {
             let failure = auth_answer(answer(line)).expect_err(line);
-            assert!(failure.by_server, "{line}");
+            assert!(failure.by_server.is_some(), "{line}");
             assert!(failure.why.contains("refused the secret"), "{failure:?}");
         }
     }
@@ -937,7 +970,7 @@ mod tests {
     fn other_answers_to_u_are_connection_failures() {
         for line in ["E - - too-many-connections", "I role=active", "U nope"] {
             let failure = auth_answer(answer(line)).expect_err(line);
-            assert!(!failure.by_server, "{line}");
+            assert_eq!(failure.by_server, None, "{line}");
         }
     }
 }

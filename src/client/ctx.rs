@@ -38,6 +38,8 @@ pub struct Ctx {
     pub notifier: Notifier,
     /// Never sent on: disconnects when the client is dropped.
     stop: Receiver<()>,
+    /// `Client::close` began: no acquire is sent, no grant handed over.
+    closing: AtomicBool,
     closed: AtomicBool,
 }
 
@@ -56,6 +58,7 @@ impl Ctx {
             tls,
             notifier: Notifier::default(),
             stop,
+            closing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         }
     }
@@ -64,8 +67,19 @@ impl Ctx {
         self.closed.load(Ordering::Acquire)
     }
 
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// `Client::close` began: held keys are being released, the
+    /// connections close next.
+    pub fn begin_close(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
     /// Mark the client closed (its connections then stop).
     pub fn close(&self) {
+        self.closing.store(true, Ordering::Release);
         self.closed.store(true, Ordering::Release);
         self.notifier.bump();
     }

@@ -1,7 +1,8 @@
 //! The client's error type: what can go wrong with a call, typed so callers
 //! can tell "the server said no" from "no server could be asked".
 //!
-//! Owns: [`Error`] and its one-line messages. Used on the caller's thread.
+//! Owns: [`Error`] (and [`AuthRefused`], the reason of a refused secret)
+//! and their one-line messages. Used on the caller's thread.
 //!
 //! Never does: carry I/O handles or anything that is not `Clone + Send`.
 
@@ -46,9 +47,51 @@ pub enum Error {
     /// The server answered something that makes no sense for the request.
     Protocol(String),
     /// A server refused this client's secret (`bad-auth`), or wants one and
-    /// none was set (`auth-required`): see `ClientBuilder::auth`. The text
-    /// says which servers refused; it never holds the secret.
-    Auth(String),
+    /// none was set (`auth-required`): see `ClientBuilder::auth`.
+    /// [`AuthRefused::reason`] is the server's reason; its text says which
+    /// servers refused, and never holds the secret.
+    Auth(AuthRefused),
+    /// The client was closed (`Client::close`): every call on it, or on its
+    /// grants, held keys and watches, fails with this from then on.
+    Closed,
+    /// A call on a held key (`Held`) that was lost earlier: its lease ran
+    /// out, or a server said the token no longer holds it (`Held::wait_lost`
+    /// says which). A lost key is never acquired again silently: every
+    /// later call on it fails with this.
+    Lost,
+}
+
+/// Why a server refused this client's secret: [`Error::Auth`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthRefused {
+    reason: Reason,
+    servers: String,
+}
+
+impl AuthRefused {
+    /// `reason` (`bad-auth` or `auth-required`), from the servers that
+    /// `servers` describes.
+    pub(crate) fn new(reason: Reason, servers: String) -> AuthRefused {
+        AuthRefused { reason, servers }
+    }
+
+    /// The server's reason: [`Reason::BadAuth`] (the secret is wrong) or
+    /// [`Reason::AuthRequired`] (the server wants one and none was set).
+    pub fn reason(&self) -> Reason {
+        self.reason
+    }
+
+    /// Which servers refused, and why: "a:1 (the server refused the
+    /// secret: bad-auth)".
+    pub fn servers(&self) -> &str {
+        &self.servers
+    }
+}
+
+impl fmt::Display for AuthRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.servers)
+    }
 }
 
 impl fmt::Display for Error {
@@ -64,6 +107,8 @@ impl fmt::Display for Error {
             Error::InvalidArgument(why) => write!(f, "invalid argument: {why}"),
             Error::Protocol(why) => write!(f, "protocol error: {why}"),
             Error::Auth(why) => write!(f, "authentication failed: {why}"),
+            Error::Closed => f.write_str("the client is closed"),
+            Error::Lost => f.write_str("the held key was lost earlier"),
         }
     }
 }
@@ -97,7 +142,12 @@ mod tests {
             Error::NoActive("every node answered M -".into()),
             Error::InvalidArgument("lease must be above 0".into()),
             Error::Protocol("odd".into()),
-            Error::Auth("a:1 (the server refused the secret: bad-auth)".into()),
+            Error::Auth(AuthRefused::new(
+                Reason::BadAuth,
+                "a:1 (the server refused the secret: bad-auth)".into(),
+            )),
+            Error::Closed,
+            Error::Lost,
         ];
         for error in errors {
             let text = error.to_string();
@@ -116,6 +166,8 @@ mod tests {
         assert!(Error::NoActive(String::new()).is_unreachable());
         assert!(!Error::Timeout.is_unreachable());
         assert!(!Error::NotHeld.is_unreachable());
-        assert!(!Error::Auth(String::new()).is_unreachable());
+        assert!(!Error::Auth(AuthRefused::new(Reason::BadAuth, String::new())).is_unreachable());
+        assert!(!Error::Closed.is_unreachable());
+        assert!(!Error::Lost.is_unreachable());
     }
 }

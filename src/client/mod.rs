@@ -32,6 +32,14 @@
 //! lost ([`Held::is_lost`], [`Held::wait_lost`], [`Held::lost`]); dropping
 //! the [`Held`] releases the key from that thread, without blocking.
 //!
+//! # Closing
+//!
+//! [`Client::close`] ends the client and every clone of it: held keys are
+//! released once, watches and calls under way end with [`Error::Closed`],
+//! and every thread of the client has ended when it returns. Every later
+//! call fails with [`Error::Closed`]; a call on a held key lost earlier
+//! fails with [`Error::Lost`].
+//!
 //! # Semaphores, watches and elections
 //!
 //! [`Client::acquire_with`] (and `lock_with`, `hold_with`) takes
@@ -57,7 +65,9 @@
 //! - `pool.rs`: the servers and connections, round-robin choice, waiting
 //!   for a connection to come up;
 //! - `calls.rs`: attempts, redirects, release retries, deadlines, each
-//!   blocking and async;
+//!   call one body that the blocking and the async flavour both run;
+//! - `block.rs`: the `block_on` that runs a call's body on the caller's
+//!   thread for the blocking flavour;
 //! - `grant.rs`: grants, the release-on-drop guard, plain results;
 //! - `options.rs`: the limit and value of an acquire, checked;
 //! - `hold.rs`: held locks and their watchdog;
@@ -187,7 +197,6 @@
 //! # }
 //! ```
 
-#[cfg(test)]
 mod block;
 mod calls;
 mod conn;
@@ -208,13 +217,15 @@ mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
+use parking_lot::Mutex;
 
 pub use calls::{RELEASE_RETRY_INTERVAL, RELEASE_RETRY_WINDOW};
 pub use conn::RECONNECT_INTERVAL;
-pub use error::Error;
+pub use error::{AuthRefused, Error};
 pub use grant::{ConnectionStatus, Grant, KeyStatus, LockGuard, NodeInfo, ReleaseOutcome};
 pub use hold::{Held, KEEP_RETRY, Lost};
 pub use options::AcquireOptions;
@@ -251,8 +262,13 @@ pub struct Client {
 
 struct Inner {
     pool: Pool,
-    /// Dropped with the client: wakes the connection threads to stop.
-    _stop: Sender<()>,
+    /// Dropped with the client, or taken by [`Client::close`]: wakes the
+    /// connection threads to stop.
+    stop: Mutex<Option<Sender<()>>>,
+    /// Set by [`Client::close`]: every call fails with [`Error::Closed`].
+    closed: AtomicBool,
+    /// The held keys' watchdogs, stopped by [`Client::close`].
+    holds: hold::Holds,
 }
 
 impl Drop for Inner {
@@ -377,7 +393,12 @@ impl ClientBuilder {
             stopped,
         )?;
         Ok(Client {
-            inner: Arc::new(Inner { pool, _stop: stop }),
+            inner: Arc::new(Inner {
+                pool,
+                stop: Mutex::new(Some(stop)),
+                closed: AtomicBool::new(false),
+                holds: hold::Holds::default(),
+            }),
         })
     }
 }
@@ -508,6 +529,60 @@ impl Client {
         &self.inner.pool
     }
 
+    /// [`Error::Closed`] once [`Client::close`] was called.
+    fn check_open(&self) -> Result<(), Error> {
+        match self.is_closed() {
+            true => Err(Error::Closed),
+            false => Ok(()),
+        }
+    }
+
+    /// True once [`Client::close`] was called (on this client or a clone).
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::Acquire)
+    }
+
+    /// Close the client, and every clone of it, for good: held keys
+    /// ([`Client::hold`], [`Client::campaign`]) stop being kept and are
+    /// released (one attempt each, best effort, bounded by the request
+    /// timeout; they are not reported lost), watches end with
+    /// [`Error::Closed`], the connections close, and calls under way fail
+    /// with [`Error::Closed`]. Every thread of the client has ended when
+    /// this returns (a connection attempt under way may hold it up to the
+    /// connect timeout); every later call on the client, its grants, held
+    /// keys and watches fails with [`Error::Closed`]. Dropping the last
+    /// clone also closes the connections, without waiting for the threads
+    /// and without releasing anything.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use baton::client::{Client, Error};
+    /// # fn main() -> Result<(), Error> {
+    /// let client = Client::connect(["127.0.0.1:7373"])?;
+    /// let held = client.hold("reindex", Duration::from_secs(10), None)?;
+    /// client.close(); // releases "reindex"
+    /// assert_eq!(held.release(), Err(Error::Closed));
+    /// assert_eq!(client.query("reindex").err(), Some(Error::Closed));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        // No acquire goes out from here on, and a grant that still comes
+        // (say the key a held key's release hands to a waiter of this
+        // client) is released, not handed over.
+        self.pool().begin_close();
+        // Held keys first, while the connections can still carry their
+        // releases; then the connections and the timer.
+        let letting_go = self.inner.holds.close(self);
+        drop(self.inner.stop.lock().take());
+        self.pool().close();
+        for watchdog in letting_go {
+            watchdog.join();
+        }
+        self.pool().join();
+    }
+
     /// Acquire `key` for `lease`, waiting in line up to `wait` (None: without
     /// limit; `Some(Duration::ZERO)`: only if it is free right now).
     ///
@@ -577,6 +652,7 @@ impl Client {
         wait: Option<Duration>,
         options: &AcquireOptions,
     ) -> Result<Grant, Error> {
+        self.check_open()?;
         let key = check_key(key.as_ref())?;
         let lease_ms = check_lease(lease)?;
         let ask = options.check()?;
@@ -652,6 +728,7 @@ impl Client {
     /// # }
     /// ```
     pub fn release(&self, grant: &Grant) -> Result<ReleaseOutcome, Error> {
+        self.check_open()?;
         calls::release(self.pool(), grant.key().clone(), grant.token())
     }
 
@@ -670,6 +747,7 @@ impl Client {
         key: impl AsRef<[u8]>,
         token: u64,
     ) -> Result<ReleaseOutcome, Error> {
+        self.check_open()?;
         let key = check_key(key.as_ref())?;
         if token == 0 {
             return Err(Error::InvalidArgument("a token is never 0".into()));
@@ -692,6 +770,7 @@ impl Client {
     /// # }
     /// ```
     pub fn keep(&self, grant: &mut Grant, lease: Duration) -> Result<(), Error> {
+        self.check_open()?;
         let lease_ms = check_lease(lease)?;
         calls::keep(self.pool(), grant, lease_ms)
     }
@@ -715,6 +794,7 @@ impl Client {
         token: u64,
         lease: Duration,
     ) -> Result<(), Error> {
+        self.check_open()?;
         let key = check_key(key.as_ref())?;
         if token == 0 {
             return Err(Error::InvalidArgument("a token is never 0".into()));
@@ -738,6 +818,7 @@ impl Client {
     /// # }
     /// ```
     pub fn query(&self, key: impl AsRef<[u8]>) -> Result<crate::client::KeyStatus, Error> {
+        self.check_open()?;
         let key = check_key(key.as_ref())?;
         calls::query(self.pool(), key)
     }
@@ -790,7 +871,9 @@ impl Client {
         wait: Option<Duration>,
         options: &AcquireOptions,
     ) -> impl Future<Output = Result<Grant, Error>> + Send + 'static + use<K> {
-        let checked = check_key(key.as_ref())
+        let checked = self
+            .check_open()
+            .and_then(|()| check_key(key.as_ref()))
             .and_then(|key| Ok((key, check_lease(lease)?, options.check()?)));
         let wait_ms = wait.map(|w| calls::millis_ceil(w).max(1));
         let client = self.clone();
@@ -870,7 +953,10 @@ impl Client {
     ) -> impl Future<Output = Result<ReleaseOutcome, Error>> + Send + 'static + use<> {
         let (key, token) = (grant.key().clone(), grant.token());
         let client = self.clone();
-        async move { calls::release_async(client.pool(), key, token).await }
+        async move {
+            client.check_open()?;
+            calls::release_async(client.pool(), key, token).await
+        }
     }
 
     /// [`Client::keep`] as a `Send` future; it borrows the grant it extends.
@@ -889,7 +975,7 @@ impl Client {
         grant: &'a mut Grant,
         lease: Duration,
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a {
-        let lease_ms = check_lease(lease);
+        let lease_ms = self.check_open().and_then(|()| check_lease(lease));
         async move { calls::keep_async(self.pool(), grant, lease_ms?).await }
     }
 
@@ -907,7 +993,7 @@ impl Client {
         &self,
         key: K,
     ) -> impl Future<Output = Result<KeyStatus, Error>> + Send + 'static + use<K> {
-        let key = check_key(key.as_ref());
+        let key = self.check_open().and_then(|()| check_key(key.as_ref()));
         let client = self.clone();
         async move { calls::query_async(client.pool(), key?).await }
     }
@@ -967,7 +1053,7 @@ impl Client {
         options: &AcquireOptions,
     ) -> Result<Held, Error> {
         let grant = self.acquire_with(key, lease, wait, options)?;
-        Held::start(self.clone(), grant, lease)
+        Held::start(self.clone(), grant)
     }
 
     /// [`Client::hold`] as a `Send` future. With [`Held::lost`], work can be
@@ -1018,7 +1104,7 @@ impl Client {
     ) -> impl Future<Output = Result<Held, Error>> + Send + 'static + use<K> {
         let acquire = self.acquire_with_async(key, lease, wait, options);
         let client = self.clone();
-        async move { Held::start(client, acquire.await?, lease) }
+        async move { Held::start(client, acquire.await?) }
     }
 
     /// Watch `key`'s holders: a [`Watch`] whose first state is the key's
@@ -1052,6 +1138,7 @@ impl Client {
     /// # }
     /// ```
     pub fn watch(&self, key: impl AsRef<[u8]>) -> Result<Watch, Error> {
+        self.check_open()?;
         let key = check_key(key.as_ref())?;
         Ok(Watch::new(self.clone(), key, false))
     }
@@ -1175,6 +1262,7 @@ impl Client {
     /// # }
     /// ```
     pub fn observe(&self, key: impl AsRef<[u8]>) -> Result<Watch, Error> {
+        self.check_open()?;
         let key = check_key(key.as_ref())?;
         Ok(Watch::new(self.clone(), key, true))
     }
@@ -1195,6 +1283,7 @@ impl Client {
     /// # }
     /// ```
     pub fn info(&self, server: &str) -> Result<NodeInfo, Error> {
+        self.check_open()?;
         let addr = normalise_server(server.trim())?;
         let node = match self.pool().find(&addr) {
             Some(node) => node,

@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use parking_lot::RwLock;
 
-use crate::client::Error;
 use crate::client::conn::{Conn, Phase};
 use crate::client::ctx::Ctx;
+use crate::client::error::{AuthRefused, Error};
 use crate::client::grant::ConnectionStatus;
 use crate::client::timer::Timer;
 use crate::protocol::Secret;
@@ -216,7 +216,7 @@ impl Pool {
         self.nodes
             .read()
             .get(node)
-            .is_some_and(|n| n.conns.iter().any(|c| c.status().0 != Phase::Down))
+            .is_some_and(|n| n.conns.iter().any(|c| c.phase() != Phase::Down))
     }
 
     /// How many connections a request for `target` may use.
@@ -308,31 +308,37 @@ impl Pool {
     }
 
     fn still_connecting(&self, target: Target) -> Error {
-        if self.auth_refused(target) {
-            return Error::Auth(self.describe(target));
+        if let Some(refused) = self.auth_error(target) {
+            return refused;
         }
         Error::NoConnection(format!("still connecting: {}", self.describe(target)))
     }
 
-    /// Whether a server of `target` refused this client's secret on the
-    /// last attempt (then no connection is to be had until that changes).
-    pub fn auth_refused(&self, target: Target) -> bool {
-        let nodes = self.nodes.read();
-        nodes.iter().enumerate().any(|(index, node)| {
-            (target == Target::Any || target == Target::Node(index))
-                && node.conns.iter().any(|c| c.auth_refused())
-        })
+    /// [`Error::Auth`] when a server of `target` refused this client's
+    /// secret on the last attempt (then no connection is to be had until
+    /// that changes), with the first such server's reason.
+    pub fn auth_error(&self, target: Target) -> Option<Error> {
+        let reason = {
+            let nodes = self.nodes.read();
+            nodes
+                .iter()
+                .enumerate()
+                .filter(|&(index, _)| target == Target::Any || target == Target::Node(index))
+                .find_map(|(_, node)| node.conns.iter().find_map(|c| c.auth_refused()))
+        }?;
+        Some(Error::Auth(AuthRefused::new(reason, self.describe(target))))
     }
 
     /// A connection that is up now (Some), or None while one is connecting.
     fn choose_now(&self, target: Target) -> Result<Option<Arc<Conn>>, Error> {
         let conns = self.all_conns();
-        let phases: Vec<(usize, Phase)> = conns.iter().map(|c| (c.node, c.status().0)).collect();
+        let phases: Vec<(usize, Phase)> = conns.iter().map(|c| (c.node, c.phase())).collect();
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         match choose(&phases, target, self.preferred(), turn) {
             Choice::Use(i) => Ok(Some(conns[i].clone())),
-            Choice::Nothing if self.auth_refused(target) => Err(Error::Auth(self.describe(target))),
-            Choice::Nothing => Err(Error::NoConnection(self.describe(target))),
+            Choice::Nothing => Err(self
+                .auth_error(target)
+                .unwrap_or_else(|| Error::NoConnection(self.describe(target)))),
             Choice::Wait => Ok(None),
         }
     }
@@ -384,13 +390,41 @@ impl Pool {
         self.nodes.read().iter().map(|n| n.addr.clone()).collect()
     }
 
-    /// Stop every connection (the client is dropped).
+    /// True once the client is closed: calls fail with [`Error::Closed`].
+    pub fn is_closed(&self) -> bool {
+        self.ctx.is_closed()
+    }
+
+    /// True once `Client::close` began: no acquire is to be sent.
+    pub fn is_closing(&self) -> bool {
+        self.ctx.is_closing()
+    }
+
+    /// `Client::close` began: acquires are no longer sent, and a grant
+    /// that arrives is released rather than handed to its caller; other
+    /// requests (the held keys' releases) still go out.
+    pub fn begin_close(&self) {
+        self.ctx.begin_close();
+    }
+
+    /// Stop every connection and the timer (the client is closed, or
+    /// dropped); their threads end soon after.
     pub fn close(&self) {
         self.ctx.close();
         self.timer.close();
         for conn in self.all_conns() {
             conn.close();
         }
+    }
+
+    /// Wait for the threads [`Pool::close`] stopped to end: each
+    /// connection's (a connection attempt under way takes up to the
+    /// connect timeout) and the timer's.
+    pub fn join(&self) {
+        for conn in self.all_conns() {
+            conn.join();
+        }
+        self.timer.join();
     }
 }
 

@@ -3,8 +3,8 @@
 //!
 //! Owns: the client's pending deadlines (a [`BTreeMap`] from (instant, id)
 //! to the waker of the future waiting for it) and the `baton-timer` thread,
-//! started by the first [`Sleep`] that has to wait and stopped when the
-//! client closes. Blocking calls never use it: they wait on condvars with a
+//! started by the first [`Sleep`] that has to wait, stopped when the
+//! client closes and joined by `Client::close`. Blocking calls never use it: they wait on condvars with a
 //! deadline. Async calls use it only where a blocking call would sleep or
 //! time out (a pause before a retry, a caller's or a connection's deadline);
 //! answers themselves wake their futures from the connection threads.
@@ -17,7 +17,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::thread;
+use std::thread::{self, JoinHandle};
 use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
@@ -40,6 +40,8 @@ struct State {
     next_id: u64,
     running: bool,
     closed: bool,
+    /// The thread, once started; joined when the client is closed.
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Timer {
@@ -64,6 +66,16 @@ impl Timer {
         self.shared.changed.notify_all();
         for waker in wakers.into_values() {
             waker.wake();
+        }
+    }
+
+    /// Wait for the thread to end, after [`Timer::close`].
+    pub fn join(&self) {
+        let handle = self.shared.state.lock().thread.take();
+        if let Some(handle) = handle
+            && handle.thread().id() != thread::current().id()
+        {
+            let _ = handle.join();
         }
     }
 }
@@ -109,12 +121,16 @@ impl Future for Sleep {
             let spawned = thread::Builder::new()
                 .name("baton-timer".into())
                 .spawn(move || run(&shared));
-            if let Err(e) = spawned {
-                // Without the thread nothing would wake this future: wake it
-                // now, so it polls again (a busy wait, but never a hang).
-                st.running = false;
-                log::warn!("cannot start the timer thread: {e}");
-                cx.waker().wake_by_ref();
+            match spawned {
+                Ok(handle) => st.thread = Some(handle),
+                Err(e) => {
+                    // Without the thread nothing would wake this future:
+                    // wake it now, so it polls again (a busy wait, but
+                    // never a hang).
+                    st.running = false;
+                    log::warn!("cannot start the timer thread: {e}");
+                    cx.waker().wake_by_ref();
+                }
             }
         } else if earliest {
             this.shared.changed.notify_all();

@@ -15,7 +15,8 @@
 //! - a first line that does not come within the request timeout: close
 //!   that connection (it reconnects) and send again elsewhere;
 //! - any other refusal (`too-many-watches`), or a secret the servers
-//!   refuse: the watch ends with that error.
+//!   refuse: the watch ends with that error;
+//! - the client is closed: the watch ends with [`Error::Closed`].
 //!
 //! The first line of every new subscription is yielded, even when it
 //! repeats the last state seen. The decisions are made by one non-blocking
@@ -261,6 +262,10 @@ impl Watch {
     /// Decide what comes next, without blocking.
     fn step(&mut self) -> Step {
         loop {
+            if self.ended.is_none() && self.client.is_closed() {
+                self.give_up_subscription();
+                self.ended = Some(Error::Closed);
+            }
             if let Some(e) = &self.ended {
                 if self.told {
                     return Step::Ended(e.clone());

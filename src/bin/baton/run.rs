@@ -2,11 +2,15 @@
 //! a semaphore) while a command runs; the command gets `BATON_KEY`,
 //! `BATON_TOKEN` and `BATON_SLOT` (0 without a limit).
 //!
-//! Owns: the command's process, the keeper thread that extends the lease
-//! (`K` every third of it, retried every [`KEEP_RETRY`] while no server
-//! answers), and the forwarding of SIGINT, SIGTERM, SIGHUP and SIGQUIT to the
-//! command. The main thread acquires, starts the command, waits for it,
-//! then releases the key and returns the command's exit code.
+//! Owns: the command's process, the thread that stops it when the key is
+//! lost, and the forwarding of SIGINT, SIGTERM, SIGHUP and SIGQUIT to the
+//! command. The key is held with [`Client::hold_with`], whose watchdog
+//! extends the lease (`K` every third of it, retried every
+//! [`KEEP_RETRY`](baton::client::KEEP_RETRY) while no server answers) and
+//! says at once when the key is lost ([`Held::lost`]): the library's one
+//! keeper, not a copy of it. The main thread acquires, starts the command,
+//! waits for it, then releases the key and returns the command's exit
+//! code.
 //!
 //! Signals: baton and the command share the terminal's process group, so a
 //! Ctrl+C typed in the terminal already reaches the command; baton forwards
@@ -22,22 +26,22 @@
 //! not (or no longer) the command, or let the command run on without its key.
 
 use std::ffi::OsString;
+use std::future::Future;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
+use std::pin::Pin;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use baton::client::{AcquireOptions, Client, Error, Grant, ReleaseOutcome};
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use baton::client::{AcquireOptions, Client, Error, Held, Lost, ReleaseOutcome};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
 use crate::EXIT_ERROR;
-
-/// Time between two tries to extend the lease while no server answers.
-pub const KEEP_RETRY: Duration = Duration::from_millis(200);
 /// Time a command has to exit after SIGTERM, once its key is lost, before
 /// it gets SIGKILL.
 pub const KILL_GRACE: Duration = Duration::from_secs(10);
@@ -64,36 +68,36 @@ pub struct Job<'a> {
 /// Run the job; the process's exit code.
 pub fn run(client: &Client, job: &Job<'_>) -> u8 {
     let name = String::from_utf8_lossy(job.key).into_owned();
-    let grant = match client.acquire_with(job.key, job.lease, job.wait, job.options) {
-        Ok(grant) => grant,
+    let held = match client.hold_with(job.key, job.lease, job.wait, job.options) {
+        Ok(held) => held,
         Err(e) => return crate::acquire_failed(&name, job.wait, &e, job.quiet),
     };
-    if grant.is_expired() {
+    if Instant::now() >= held.expires_at() {
         eprintln!(
             "baton: lost {name} before the command could start: no server confirmed the grant"
         );
-        release_quietly(client, &grant);
+        release_quietly(held);
         return EXIT_ERROR;
     }
     if let Err(e) = install_forwarding() {
         eprintln!("baton: cannot handle signals: {e}");
-        release_quietly(client, &grant);
+        release_quietly(held);
         return EXIT_ERROR;
     }
-    let child = match spawn(job.command, &name, &grant) {
+    let child = match spawn(job.command, &name, &held) {
         Ok(child) => Arc::new(Supervised::new(child)),
-        Err(e) => return cannot_start(client, &grant, job.command, &e),
+        Err(e) => return cannot_start(held, job.command, &e),
     };
     let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
     let keeper = {
-        let (client, mut grant, child, lease) =
-            (client.clone(), grant.clone(), child.clone(), job.lease);
-        thread::spawn(move || keep_or_stop(&client, &mut grant, lease, &stopped, &child))
+        let (lost, child) = (held.lost(), child.clone());
+        let (key, token) = (name.clone(), held.token());
+        thread::spawn(move || stop_if_lost(lost, &stopped, &child, &key, token))
     };
     let status = child.wait();
     drop(stop);
     let lost = keeper.join().unwrap_or(true);
-    finish(client, &grant, &name, lost, status)
+    finish(held, &name, lost, status)
 }
 
 /// One line for a failed acquire.
@@ -112,12 +116,12 @@ pub fn acquire_failure(key: &str, wait: Option<Duration>, e: &Error) -> String {
     }
 }
 
-fn cannot_start(client: &Client, grant: &Grant, command: &[OsString], e: &io::Error) -> u8 {
+fn cannot_start(held: Held, command: &[OsString], e: &io::Error) -> u8 {
     let program = command
         .first()
         .map_or_else(String::new, |p| p.to_string_lossy().into_owned());
     eprintln!("baton: cannot run {program}: {e}");
-    release_quietly(client, grant);
+    release_quietly(held);
     if e.kind() == io::ErrorKind::NotFound {
         127
     } else {
@@ -125,7 +129,7 @@ fn cannot_start(client: &Client, grant: &Grant, command: &[OsString], e: &io::Er
     }
 }
 
-fn spawn(command: &[OsString], key: &str, grant: &Grant) -> io::Result<Child> {
+fn spawn(command: &[OsString], key: &str, grant: &Held) -> io::Result<Child> {
     let (program, args) = command
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command"))?;
@@ -142,13 +146,7 @@ fn spawn(command: &[OsString], key: &str, grant: &Grant) -> io::Result<Child> {
 }
 
 /// Release after the command exited; the exit code.
-fn finish(
-    client: &Client,
-    grant: &Grant,
-    key: &str,
-    lost: bool,
-    status: io::Result<ExitStatus>,
-) -> u8 {
+fn finish(held: Held, key: &str, lost: bool, status: io::Result<ExitStatus>) -> u8 {
     let code = match status {
         Ok(status) => exit_code(status),
         Err(e) => {
@@ -159,9 +157,10 @@ fn finish(
     if lost {
         return EXIT_ERROR;
     }
-    match client.release(grant) {
+    match held.release() {
         Ok(ReleaseOutcome::Released) => code,
-        Ok(ReleaseOutcome::NotHeld) => {
+        // Lost after the command exited, before this release.
+        Ok(ReleaseOutcome::NotHeld) | Err(Error::Lost) => {
             eprintln!(
                 "baton: {key} was no longer held when the command finished (its lease ran out)"
             );
@@ -174,9 +173,10 @@ fn finish(
     }
 }
 
-fn release_quietly(client: &Client, grant: &Grant) {
-    if let Err(e) = client.release(grant) {
-        log::warn!("could not release {}: {e}", grant.key());
+fn release_quietly(held: Held) {
+    let key = held.key().clone();
+    if let Err(e) = held.release() {
+        log::warn!("could not release {key}: {e}");
     }
 }
 
@@ -189,25 +189,27 @@ pub fn exit_code(status: ExitStatus) -> u8 {
     }
 }
 
-// --- the keeper thread -------------------------------------------------------
+// --- the thread that stops the command when the key is lost ----------------
 
-/// Keep the lease alive until `stopped` closes (the command exited); true
-/// if the key was lost, in which case the command has been told to stop.
-fn keep_or_stop(
-    client: &Client,
-    grant: &mut Grant,
-    lease: Duration,
+/// Wait until the key is lost or `stopped` closes (the command exited);
+/// true if the key was lost, in which case the command has been told to
+/// stop.
+fn stop_if_lost(
+    lost: Lost,
     stopped: &Receiver<()>,
     child: &Supervised,
+    key: &str,
+    token: u64,
 ) -> bool {
-    let Err(why) = keep_alive(client, grant, lease, stopped) else {
+    let Some(why) = lost_or_stopped(lost, stopped) else {
         return false;
     };
-    eprintln!(
-        "baton: lost {} (token {}): {why}; stopping the command",
-        grant.key(),
-        grant.token()
-    );
+    let why = match why {
+        Error::NotHeld => "the server says it is no longer held".to_string(),
+        Error::Expired => "no server answered before its lease ran out".to_string(),
+        e => format!("the lease could not be extended: {e}"),
+    };
+    eprintln!("baton: lost {key} (token {token}): {why}; stopping the command");
     child.signal(libc::SIGTERM);
     if !sleep_or_stopped(stopped, Instant::now() + KILL_GRACE) {
         eprintln!(
@@ -219,44 +221,28 @@ fn keep_or_stop(
     true
 }
 
-/// Ok when stopped; Err(why) when the key is lost.
-fn keep_alive(
-    client: &Client,
-    grant: &mut Grant,
-    lease: Duration,
-    stopped: &Receiver<()>,
-) -> Result<(), String> {
-    loop {
-        if sleep_or_stopped(stopped, grant.lease_start() + lease / 3) {
-            return Ok(());
-        }
-        if renew(client, grant, lease, stopped)? {
-            return Ok(());
-        }
+/// Wakes [`lost_or_stopped`] when the key may be lost.
+struct Nudge(Sender<()>);
+
+impl Wake for Nudge {
+    fn wake(self: Arc<Self>) {
+        let _ = self.0.try_send(());
     }
 }
 
-/// Extend the lease, retrying while no server answers and the lease lasts.
-/// Ok(true) when stopped meanwhile.
-fn renew(
-    client: &Client,
-    grant: &mut Grant,
-    lease: Duration,
-    stopped: &Receiver<()>,
-) -> Result<bool, String> {
+/// Why the key was lost (the [`Lost`] future of the held key, polled on
+/// this thread), or None when `stopped` closes first.
+fn lost_or_stopped(mut lost: Lost, stopped: &Receiver<()>) -> Option<Error> {
+    let (nudge, nudged) = crossbeam_channel::bounded::<()>(1);
+    let waker = Waker::from(Arc::new(Nudge(nudge)));
+    let mut cx = Context::from_waker(&waker);
     loop {
-        match client.keep(grant, lease) {
-            Ok(()) => return Ok(false),
-            Err(Error::NotHeld) => return Err("the server says it is no longer held".into()),
-            Err(Error::Expired) => return Err("no server answered before its lease ran out".into()),
-            Err(e) if e.is_unreachable() => log::debug!("keep failed, retrying: {e}"),
-            Err(e) => return Err(format!("the lease could not be extended: {e}")),
+        if let Poll::Ready(why) = Pin::new(&mut lost).poll(&mut cx) {
+            return Some(why);
         }
-        if sleep_or_stopped(stopped, Instant::now() + KEEP_RETRY) {
-            return Ok(true);
-        }
-        if grant.is_expired() {
-            return Err("no server answered before its lease ran out".into());
+        crossbeam_channel::select! {
+            recv(stopped) -> _ => return None,
+            recv(nudged) -> _ => {}
         }
     }
 }
