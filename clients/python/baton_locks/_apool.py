@@ -331,7 +331,7 @@ class AsyncConn(ConnBase):
 
     def _lost(self, proto: _Proto, why: str) -> None:
         if proto is self._proto and proto.serving:
-            self._go_down(proto, why)
+            self._go_down(proto, "the client is closed" if self._settings.stopping else why)
 
     def _go_down(self, proto: _Proto, why: str) -> None:
         proto.serving = False

@@ -105,7 +105,7 @@ class Grant:
     0 for a plain lock); a protected resource fences per (key, slot).
     """
 
-    __slots__ = ("key", "token", "lease", "expires_at", "slot", "_raw_key")
+    __slots__ = ("key", "token", "lease", "expires_at", "slot", "released", "_raw_key")
 
     key: Union[str, bytes]
     token: int
@@ -128,6 +128,9 @@ class Grant:
         self.lease = float(lease)
         self.expires_at = time.monotonic() if expires_at is None else float(expires_at)
         self.slot = int(slot)
+        #: True once a release of it was answered (a second release sends
+        #: ``R`` again and returns False, as it always has).
+        self.released = False
 
     def time_left(self) -> float:
         """Seconds left on the lease (0 once it has run out)."""
@@ -434,6 +437,14 @@ def _release_unwanted(pool: Pool, grant: Grant) -> None:
     raw = grant._raw_key
     if conn is None or conn.send(_wire.release_line(raw, grant.token), "R", raw, None) is None:
         log.warning("could not release %r (token %d), whose caller gave up", grant.key, grant.token)
+
+
+def release_grant(pool: Pool, grant: Grant) -> Call[bool]:
+    """Generator for ``Client.release``: ``release``, then the grant
+    knows it was released."""
+    done = yield from release(pool, grant._raw_key, grant.token)
+    grant.released = True
+    return done
 
 
 def release(pool: Pool, key: object, token: object) -> Call[bool]:

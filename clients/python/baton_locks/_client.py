@@ -211,7 +211,7 @@ class Client(_Base):
         it). True when released, False when the grant no longer held the
         key."""
         self._check_open()
-        return _calls.drive(_calls.release(self._pool, grant._raw_key, grant.token))
+        return _calls.drive(_calls.release_grant(self._pool, grant))
 
     def release_token(self, key: Key, token: int) -> bool:
         """Release the grant that ``token`` names (say from another
@@ -362,7 +362,7 @@ class AsyncClient(_Base):
     async def release(self, grant: Grant) -> bool:
         """``Client.release`` as a coroutine."""
         self._enter()
-        return await _calls.drive_async(_calls.release(self._pool, grant._raw_key, grant.token))
+        return await _calls.drive_async(_calls.release_grant(self._pool, grant))
 
     async def release_token(self, key: Key, token: int) -> bool:
         """``Client.release_token`` as a coroutine."""
