@@ -4,8 +4,10 @@ id, events, error kinds, and exit within 2 s."""
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -29,13 +31,18 @@ class Driver:
         self.events = []
         self.answers = {}
         self.next_id = 0
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line)
 
     def line(self):
-        import select
-
-        ready, _, _ = select.select([self.proc.stdout], [], [], DEADLINE)
-        assert ready, "the driver said nothing"
-        return json.loads(self.proc.stdout.readline())
+        try:
+            return json.loads(self.lines.get(timeout=DEADLINE))
+        except queue.Empty:
+            pytest.fail("the driver said nothing")
 
     def send(self, cmd, **fields):
         self.next_id += 1
@@ -71,6 +78,7 @@ class Driver:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(DEADLINE)
+        sys.stderr.write(self.proc.stderr.read())
 
 
 @pytest.mark.parametrize("flags,name", [([], "python"), (["--asyncio"], "python-asyncio")])
@@ -84,7 +92,8 @@ def test_the_driver_speaks_the_protocol(node, flags, name):
         g = d.call("acquire", client=c, key="dk", lease_ms=5000)["ok"]
         assert int(g["token"]) > 2**53 and g["slot"] == 0
         assert d.event(lambda e: e.get("watch") == w and e["token"] == g["token"])["holders"] == 1
-        assert d.call("acquire", client=c, key="dk", lease_ms=5000, wait_ms=0)["error"]["kind"] == "timeout"
+        tried = d.call("acquire", client=c, key="dk", lease_ms=5000, wait_ms=0)
+        assert tried.get("error", {}).get("kind") == "timeout", tried
         q = d.call("query", client=c, key="dk")["ok"]
         assert q["token"] == g["token"] and 0 < q["ms_left"] <= 5000 and q["waiting"] == 0
         assert d.call("release", grant=g["grant"]) == {"id": d.next_id, "ok": {}}
