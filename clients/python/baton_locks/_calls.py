@@ -4,9 +4,10 @@ connections, redirects and deadlines.
 Each call is written once, as a generator that yields what it waits for
 (``WaitSlot``, ``WaitChange``, ``Sleep`` from ``_pool.py``) and returns
 its result; ``drive`` runs it by blocking the calling thread, and
-``drive_async`` runs it in an asyncio task, woken from the connection
-threads through ``loop.call_soon_threadsafe``. So the blocking and the
-asyncio client make the same decisions.
+``drive_async`` runs it in an asyncio task, woken by the asyncio
+connections on the same loop. So the blocking and the asyncio client make
+the same decisions, written once (the keep-alive of a held grant too:
+``hold_loop``).
 
 Policies:
 - an attempt whose connection drops moves to the next connection; the call

@@ -1,14 +1,25 @@
 """The public clients: ``Client`` (blocking, thread-safe) and
-``AsyncClient`` (asyncio), over one shared implementation.
+``AsyncClient`` (native asyncio), over one shared implementation.
 
 Owns: arguments (servers, ``auth``, ``tls``, timeouts), the pool's and
-the watches' life (``close``, context managers), and the ``lock`` context
+the watches' life (``close``, context managers), the held grants made by
+the client (to stop and release them at close), and the ``lock`` context
 managers. Each call runs the generator of ``_calls.py``: on the caller's
-thread for ``Client``, in the caller's task for ``AsyncClient``; watches
-are ``_watch.py``'s, held grants and campaigns ``_hold.py``'s.
+thread for ``Client`` (its connections are ``_pool.py``'s, a thread
+each), in the caller's task for ``AsyncClient`` (its connections are
+``_apool.py``'s, on the loop); watches are ``_watch.py``'s, held grants
+and campaigns ``_hold.py``'s.
 
-Never does: I/O on the caller's thread (connections live on their own
-threads), or block an asyncio loop.
+Closing: ``close`` stops the keepers (no ``lost`` for them) and the
+watches, releases the held grants once (best effort, bounded by the
+request timeout), closes the connections and joins every thread (awaits
+every task) of the client, all bounded; again, it does nothing. A
+finaliser (``__del__``) only sets a flag and pokes the connections: it
+may run at interpreter exit while a frozen daemon thread holds any lock,
+so it takes none.
+
+Never does: I/O on the caller's thread (the blocking connections live on
+their own threads), or block an asyncio loop.
 """
 
 from __future__ import annotations
@@ -339,10 +350,13 @@ class Client(_Base):
 
 
 class AsyncClient(_Base):
-    """The same client for asyncio: every call is a coroutine, woken from
-    the connection threads; nothing blocks the event loop. Same arguments
-    as ``Client``. Cancelling a call gives up its request; a grant that
-    still arrives is released at once."""
+    """The same client for asyncio, native: its connections are the
+    loop's own sockets (asyncio TLS), each kept by a task, and held grants
+    and watches are tasks too; no thread. Every call is a coroutine;
+    nothing blocks the event loop. Same arguments as ``Client``. A client
+    belongs to the loop of its first call (made inside a running loop, it
+    connects at once). Cancelling a call gives up its request; a grant
+    that still arrives is released at once."""
 
     async def acquire(
         self,

@@ -8,17 +8,19 @@ own queue. A second watch of a key this client already watches sends
 nothing: it starts from the subscription's latest state. When the last
 iterator of a key closes, ``X <key>`` is sent.
 
-Threads: each subscription has a ``baton-watch`` thread that picks a
-connection, sends ``W``, waits until that watch ends, and on the end
-decides: the connection ended, or the node answered ``M <addr>`` (it is
-not, or no longer, the active one): watch again, on the node named (or,
-with ``M -`` or one that cannot be reached, after 100 ms); ``E`` (say
+Threads and tasks: each subscription of a ``Client`` has a
+``baton-watch`` thread, each of an ``AsyncClient`` a task of its loop
+(``_AsyncSub``); both pick a connection, send ``W``, wait until that watch
+ends, and on the end decide by the same rules (``_Sub._after``): the
+connection ended, or the node answered ``M <addr>`` (it is not, or no
+longer, the active one): watch again, on the node named (or, with ``M -``
+or one that cannot be reached, after 100 ms); ``E`` (say
 ``too-many-watches``), or a connection closed by ``E - - unknown-op``
 before the first state (a server older than watches): end the iterators
-with ``Refused``. State lines are
-handed to the iterators by the connection threads themselves; an iterator
-blocks its caller's thread (``Watch``) or wakes its task through
-``loop.call_soon_threadsafe`` (``AsyncWatch``).
+with ``Refused``. State lines are handed to the iterators by the
+connections themselves; an iterator blocks its caller's thread
+(``Watch``) or wakes its task (``AsyncWatch``, on the loop that delivers
+the lines).
 
 Never does: touch sockets (``_pool.py`` does), block a connection thread
 (a state is appended to a queue), or grow without bound (an iterator

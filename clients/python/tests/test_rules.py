@@ -336,3 +336,51 @@ def test_each_async_error_comes_from_its_cause(node):
                 await down.query("e")
 
     run(main())
+
+
+# --- the asyncio connections keep the same liveness and matching rules ----
+
+
+def test_async_liveness_probe_and_out_of_order_answers(fake):
+    # A watched key and a silent server: I after the request timeout; no
+    # answer to it: the connection is closed and the watch is sent again.
+    # Answers to two keys come in reverse order and still match by key.
+    where_a = []
+
+    def handle(index, line):
+        if line.startswith(b"W k"):
+            return b"W k 0 0 0 -"
+        if line == b"Q a":
+            where_a.append(index)
+            return b""  # answered after b
+        if line == b"Q x":
+            return b"Q x 0 0 0"
+        if line == b"Q b":
+            if where_a == [index]:
+                return b"Q b 5 1000 0\nQ a 4 2000 1"
+            threading.Timer(0.01, server.send, (where_a[0], b"Q a 4 2000 1")).start()
+            return b"Q b 5 1000 0"
+        return b""  # I: no answer
+
+    server = fake(handle)
+
+    async def main():
+        async with baton_locks.AsyncClient(server.addr, request_timeout=0.3) as c:
+            while not all(up for _, up, _ in c.connections()):
+                await asyncio.sleep(0.01)
+            a = asyncio.ensure_future(c.query("a"))
+            await asyncio.sleep(0.05)
+            await c.query("x")  # round-robin: b goes where a went
+            b = await c.query("b")
+            assert len(set(where_a)) == 1
+            assert (b.token, (await a).token, (await a).waiting) == (5, 4, 1)
+            watch = c.watch("k")
+            assert (await watch.get(DEADLINE)).token == 0
+            while not server.sent(b"I"):
+                await asyncio.sleep(0.01)
+            # no answer to the probe: closed, and watched again
+            while len(server.sent(b"W k")) < 2:
+                await asyncio.sleep(0.01)
+            watch.close()
+
+    run(main())
