@@ -31,7 +31,7 @@ import time
 from typing import List, Optional
 
 from . import _wire
-from ._pending import ServerClosing, Slot, WatchSink, hand_over
+from ._pending import AUTH_REASONS, ServerClosing, Slot, WatchSink, hand_over
 from ._pool import (
     CONNECTING,
     DOWN,
@@ -312,6 +312,8 @@ class AsyncConn(ConnBase):
             self._kill_reason = "the server sent a line that does not parse (%s)" % e
             proto.abort()
         except ServerClosing as e:
+            if e.reason in AUTH_REASONS:
+                self.auth_refused = e.reason
             self._kill_reason = str(e)
             proto.abort()
 

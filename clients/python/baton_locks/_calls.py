@@ -38,9 +38,9 @@ from typing import Callable, Generator, List, NamedTuple, Optional, Protocol, Tu
 
 from . import _wire
 from ._pending import Slot
-from ._pool import Sleep, WaitChange, WaitSlot, Waiting
+from ._pool import Notifier, Sleep, WaitChange, WaitSlot, Waiting
 from ._wire import Answer, Key
-from .errors import Closed, Error, Expired, NotHeld, Refused, Timeout, Unavailable
+from .errors import AuthRefused, Closed, Error, Expired, NotHeld, Refused, Timeout, Unavailable
 
 
 class ConnLike(Protocol):
@@ -51,6 +51,8 @@ class ConnLike(Protocol):
     def send(self, line: bytes, op: str, key: Optional[bytes], slot: Optional[Slot]) -> Optional[int]: ...
 
     def kill(self, generation: int, why: str) -> None: ...
+
+    def is_live(self, generation: int) -> bool: ...
 
 
 class PoolLike(Protocol):
@@ -77,6 +79,11 @@ class PoolLike(Protocol):
 
     def describe(self) -> str: ...
 
+    def auth_refusal(self) -> Optional[str]: ...
+
+    @property
+    def notifier(self) -> Notifier: ...
+
 
 Pool = PoolLike
 
@@ -90,6 +97,8 @@ RELEASE_RETRY_INTERVAL = 0.2
 NO_ACTIVE_RETRY = 0.1
 MAX_REDIRECTS = 8
 ACQUIRE_ROUNDS = 3
+#: How long a call that closed an overdue connection waits for it to close.
+KILL_WAIT = 1.0
 
 log = logging.getLogger("baton_locks")
 
@@ -314,6 +323,14 @@ def exchange(
                 waited = time.monotonic() - sent_at
                 if conn_due is not None and time.monotonic() >= conn_due:
                     conn.kill(generation, "no answer within %.1fs" % waited)
+                    # The connection is closed before the call fails: no
+                    # later call can take it, and no late answer comes.
+                    closed_by = time.monotonic() + KILL_WAIT
+                    while conn.is_live(generation) and time.monotonic() < closed_by:
+                        seen = pool.notifier.version
+                        if not conn.is_live(generation):
+                            break
+                        yield WaitChange(pool.notifier, seen, closed_by - time.monotonic())
                 raise Unavailable(
                     "no answer: %s did not answer within %.1fs" % (conn.addr, waited),
                     maybe_delivered=True,
@@ -355,6 +372,9 @@ def exchange(
         if pool.closed:
             raise Closed()
         if failures >= pool.connection_count():
+            refused = pool.auth_refusal()
+            if refused:
+                raise AuthRefused(refused)
             raise Unavailable(
                 "no connection: the connection failed on each of %d attempts: %s"
                 % (failures, pool.describe()),

@@ -54,7 +54,7 @@ class BadRequest(Exception):
 
 def error_of(e: BaseException) -> Json:
     """The error kind of an exception, as the driver protocol names it."""
-    if isinstance(e, baton_locks.Timeout):
+    if isinstance(e, (baton_locks.Timeout, Cancelled)):
         return {"kind": "timeout", "detail": str(e)}
     if isinstance(e, baton_locks.Refused):
         return {"kind": "refused", "detail": e.reason}
@@ -286,6 +286,10 @@ class SyncDriver(Driver):
             t.join(max(0.0, end - time.monotonic()))
 
 
+class Cancelled(Exception):
+    """The driver gave a call up (``cancel_after_ms``)."""
+
+
 class Answered(Exception):
     """The handler wrote its answer itself (``watch``)."""
 
@@ -309,7 +313,7 @@ class AsyncDriver(Driver):
             client = self.client(req)
             key, lease, wait, limit, value = acquire_args(req)
             call = client.acquire if cmd == "acquire" else client.hold
-            grant = await call(key, lease, wait, limit=limit, value=value)
+            grant = await self.cancellable(req, call(key, lease, wait, limit=limit, value=value))
             gid = self.new_id("g")
             self.grants[gid] = (cmd, grant, req["client"])
             if cmd == "hold":
@@ -318,11 +322,14 @@ class AsyncDriver(Driver):
         if cmd == "campaign":
             client = self.client(req)
             wait_ms = field(req, "wait_ms", int, False)
-            campaign = await client.campaign(
-                field(req, "key", str),
-                field(req, "value", str),
-                field(req, "lease_ms", int) / 1000.0,
-                None if wait_ms is None else wait_ms / 1000.0,
+            campaign = await self.cancellable(
+                req,
+                client.campaign(
+                    field(req, "key", str),
+                    field(req, "value", str),
+                    field(req, "lease_ms", int) / 1000.0,
+                    None if wait_ms is None else wait_ms / 1000.0,
+                ),
             )
             gid = self.new_id("g")
             self.grants[gid] = ("campaign", campaign, req["client"])
@@ -373,6 +380,26 @@ class AsyncDriver(Driver):
             await self.client(req).close()
             return {}
         raise BadRequest("unknown cmd %r" % cmd)
+
+    @staticmethod
+    async def cancellable(req: Json, call: Any) -> Any:
+        """``cancel_after_ms``: the caller gives the call up (cancels its
+        task) that long after sending it."""
+        after = field(req, "cancel_after_ms", int, required=False)
+        if after is None:
+            return await call
+        task = asyncio.ensure_future(call)
+        done, _ = await asyncio.wait([task], timeout=after / 1000.0)
+        if not done:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            else:
+                return task.result()
+            raise Cancelled("cancelled by the caller after %d ms" % after)
+        return task.result()
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -435,8 +462,12 @@ def parse(line: str) -> Tuple[Optional[Json], Optional[Json]]:
     return req, None
 
 
-def ready() -> None:
-    emit({"ready": True, "client": CLIENT_NAME, "version": baton_locks.__version__})
+def ready(cancel: bool) -> None:
+    line: Json = {"ready": True, "client": CLIENT_NAME, "version": baton_locks.__version__}
+    if not cancel:
+        # A blocking call gives up only at the end of its own wait.
+        line["cancel"] = False
+    emit(line)
 
 
 CLIENT_NAME = "python"
@@ -444,7 +475,7 @@ CLIENT_NAME = "python"
 
 def main_sync() -> None:
     driver = SyncDriver()
-    ready()
+    ready(cancel=False)
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -475,7 +506,7 @@ async def main_async() -> None:
 
     # stdin is read on a thread of the driver's own (not the client's).
     threading.Thread(target=read, daemon=True).start()
-    ready()
+    ready(cancel=True)
     while True:
         line = await lines.get()
         if line is None:

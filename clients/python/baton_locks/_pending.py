@@ -31,6 +31,14 @@ class ServerClosing(OSError):
     """``E - - <reason>``: the server refused the line (or the connection)
     and closes it."""
 
+    def __init__(self, reason: str) -> None:
+        super().__init__("refused by the server: %s" % reason)
+        self.reason = reason
+
+
+#: ``E - - <reason>`` words that mean this client's secret is refused.
+AUTH_REASONS = ("auth-required", "bad-auth")
+
 
 class Slot:
     """One request's answer, handed from a connection to its caller: a
@@ -161,7 +169,7 @@ class Pending:
         that answers nothing, ``ServerClosing`` for ``E - -``."""
         route = _wire.route(answer)
         if route is None:
-            raise ServerClosing("refused by the server: %s" % answer[3])
+            raise ServerClosing(answer[3])
         op = route[0]
         if op == "W" or op == "X":
             key = b"-" if route[1] is None else route[1]

@@ -51,7 +51,7 @@ from typing import (
 )
 
 from . import _wire
-from ._pending import Pending, Slot, WatchSink, hand_over
+from ._pending import AUTH_REASONS, Pending, ServerClosing, Slot, WatchSink, hand_over
 from ._wire import Answer
 from .errors import AuthRefused, BadArgument, BadArgumentType, Closed, Unavailable
 
@@ -171,6 +171,11 @@ class ConnBase:
     def status(self) -> Tuple[str, Optional[str]]:
         with self._lock:
             return self.phase, self.last_error
+
+    def is_live(self, generation: int) -> bool:
+        """The connection made in ``generation`` is still up."""
+        with self._lock:
+            return self.generation == generation and self.phase == UP
 
     def start(self) -> None:
         raise NotImplementedError
@@ -369,6 +374,10 @@ class Conn(ConnBase):
         self._settings.notifier.bump()
         try:
             why = self._io_loop(sock, bytearray(leftover))
+        except ServerClosing as e:
+            if e.reason in AUTH_REASONS:
+                self.auth_refused = e.reason
+            why = str(e)
         except (OSError, ssl.SSLError) as e:
             why = _plain(e)
         except _wire.WireError as e:
@@ -628,9 +637,9 @@ class Pool:
         if index is None:
             if self.settings.stopping:
                 raise Closed()
-            refused = [c.auth_refused for c in conns if c.auth_refused]
+            refused = self.auth_refusal()
             if refused:
-                raise AuthRefused(refused[0])
+                raise AuthRefused(refused)
             raise Unavailable("no connection: %s" % self.describe())
         return conns[index]
 
@@ -652,6 +661,14 @@ class Pool:
             if left <= 0:
                 raise Unavailable("no connection: still connecting: %s" % self.describe())
             yield WaitChange(self.notifier, seen, left)
+
+    def auth_refusal(self) -> Optional[str]:
+        """The reason a server last refused this client's secret
+        (``auth-required``, ``bad-auth``), if one did."""
+        for conn in self.conns():
+            if conn.auth_refused:
+                return conn.auth_refused
+        return None
 
     def describe(self) -> str:
         with self._lock:
