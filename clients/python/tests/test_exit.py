@@ -3,8 +3,8 @@ and ended always exits (issue 38: 4 runs in 9 hung at interpreter
 shutdown, a finaliser taking a lock that a frozen daemon thread held).
 
 Each run is a new interpreter: 16 threads acquire and release in a loop,
-the main thread closes the client while they still run, and the script
-ends. (Each run uses keys of its own: grants its workers held when the
+the main thread closes the client while they still run (one run in
+three leaves it unclosed, for its finaliser), and the script ends. (Each run uses keys of its own: grants its workers held when the
 client closed stay held until their leases run out.) Every one of 30 runs must exit 0 within its timeout."""
 
 import os
@@ -40,7 +40,8 @@ SCRIPT = textwrap.dedent(
     end = time.monotonic() + 5
     while done["n"] < 200 and time.monotonic() < end:
         time.sleep(0.005)
-    client.close()
+    if sys.argv[3] == "close":
+        client.close()
     # No join of the workers (they go on calling the closed client): the
     # script just ends, as a careless CLI tool does.
     print("pairs", done["n"])
@@ -59,7 +60,7 @@ def test_a_closed_client_never_hangs_the_interpreter_at_exit(node, tmp_path):
     hung = []
     for run in range(RUNS):
         proc = subprocess.Popen(
-            [sys.executable, str(script), node.addr, str(run)],
+            [sys.executable, str(script), node.addr, str(run), "close" if run % 3 else "no-close"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
