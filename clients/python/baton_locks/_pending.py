@@ -49,7 +49,7 @@ class Slot:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._event: Optional[threading.Event] = None
+        self._event: Optional[threading.Lock] = None
         self.answer: Optional[Answer] = None
         self.lost = False
         self._abandoned = False
@@ -61,7 +61,7 @@ class Slot:
 
     def _finish(self) -> Optional[List[Callable[[], None]]]:
         if self._event is not None:
-            self._event.set()
+            self._event.release()
         callbacks, self._callbacks = self._callbacks, None
         return callbacks
 
@@ -95,13 +95,20 @@ class Slot:
             return self.answer
 
     def wait(self, timeout: Optional[float]) -> bool:
+        """Block until done or ``timeout`` seconds pass (None: no limit);
+        True when done. The gate is a lock held until the slot is done
+        (lighter than an Event)."""
         with self._lock:
             if self.done:
                 return True
             if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return event.wait(timeout)
+                gate = threading.Lock()
+                gate.acquire()
+                self._event = gate
+            gate = self._event
+        if gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            gate.release()  # open for any other waiter
+        return self.done
 
     def add_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the slot is done (at once if it is)."""

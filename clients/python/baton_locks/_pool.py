@@ -202,6 +202,7 @@ class Conn(ConnBase):
     def __init__(self, node: int, addr: str, settings: Settings) -> None:
         super().__init__(node, addr, settings)
         self._out = bytearray()
+        self._poked = False
         # The thread is woken through this pipe. Both ends stay open until
         # the thread has ended and the Conn is collected (or the client
         # joined the thread in close()), so writing to it never needs a
@@ -245,7 +246,10 @@ class Conn(ConnBase):
             self._out += line
             self._table.add(op, key, slot)
             generation = self.generation
-        self.poke()
+            # One wake-up for every line queued until the thread looks.
+            wake, self._poked = not self._poked, True
+        if wake:
+            self.poke()
         return generation
 
     def watch(self, key: bytes, sink: WatchSink) -> Optional[int]:
@@ -422,6 +426,8 @@ class Conn(ConnBase):
                 with self._lock:
                     if self._kill_reason is not None:
                         return self._kill_reason
+                    # A line queued after this wakes the thread again.
+                    self._poked = False
                     want_write = bool(self._out)
                 events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
                 sel.modify(sock, events, "sock")
