@@ -415,6 +415,7 @@ class Conn(ConnBase):
         sel = selectors.DefaultSelector()
         try:
             sel.register(sock, selectors.EVENT_READ, "sock")
+            registered = selectors.EVENT_READ
             sel.register(self._wake_r, selectors.EVENT_READ, "wake")
             silent_since = time.monotonic()
             probing = False
@@ -429,8 +430,16 @@ class Conn(ConnBase):
                     # A line queued after this wakes the thread again.
                     self._poked = False
                     want_write = bool(self._out)
+                if want_write:
+                    # Send now (the socket is nearly always writable), and
+                    # wait for writability only for what is left.
+                    self._flush(sock)
+                    with self._lock:
+                        want_write = bool(self._out)
                 events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
-                sel.modify(sock, events, "sock")
+                if events != registered:
+                    sel.modify(sock, events, "sock")
+                    registered = events
                 buffered = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
                 timeout = 0 if buffered else max(0.0, silent_since + rt - time.monotonic())
                 ready = sel.select(timeout)
