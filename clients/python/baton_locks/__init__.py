@@ -11,16 +11,36 @@ grows; a key can be watched, and elections are built on both::
         write_invoices(fence=grant.token)
 
 Pure standard library, fully typed (``py.typed``); ``AsyncClient`` is the
-same for asyncio. Installed as the distribution ``baton-locks``.
+same for asyncio, native (the loop's own sockets and tasks, no
+thread). Installed as the distribution ``baton-locks``.
 """
 
 from ._calls import Grant, KeyStatus
 from ._client import AsyncClient, Client
 from ._hold import AsyncCampaign, AsyncHeld, Campaign, Held
 from ._watch import AsyncWatch, Watch, WatchState
-from .errors import Error, Expired, NotHeld, Refused, Timeout, Unavailable
+from .errors import (
+    AuthRefused,
+    BadArgument,
+    BadArgumentType,
+    BatonError,
+    Closed,
+    Error,
+    Expired,
+    Lost,
+    NotHeld,
+    Refused,
+    Timeout,
+    Unavailable,
+)
 
 __all__ = [
+    "AuthRefused",
+    "BadArgument",
+    "BadArgumentType",
+    "BatonError",
+    "Closed",
+    "Lost",
     "AsyncCampaign",
     "AsyncClient",
     "AsyncHeld",

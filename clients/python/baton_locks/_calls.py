@@ -4,9 +4,10 @@ connections, redirects and deadlines.
 Each call is written once, as a generator that yields what it waits for
 (``WaitSlot``, ``WaitChange``, ``Sleep`` from ``_pool.py``) and returns
 its result; ``drive`` runs it by blocking the calling thread, and
-``drive_async`` runs it in an asyncio task, woken from the connection
-threads through ``loop.call_soon_threadsafe``. So the blocking and the
-asyncio client make the same decisions.
+``drive_async`` runs it in an asyncio task, woken by the asyncio
+connections on the same loop. So the blocking and the asyncio client make
+the same decisions, written once (the keep-alive of a held grant too:
+``hold_loop``).
 
 Policies:
 - an attempt whose connection drops moves to the next connection; the call
@@ -33,12 +34,58 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Generator, NamedTuple, Optional, Tuple, TypeVar, Union
+from typing import Callable, Generator, List, NamedTuple, Optional, Protocol, Tuple, TypeVar, Union
 
 from . import _wire
-from ._pool import Pool, Sleep, Slot, WaitSlot, Waiting
+from ._pending import Slot
+from ._pool import Notifier, Sleep, WaitChange, WaitSlot, Waiting
 from ._wire import Answer, Key
-from .errors import Expired, NotHeld, Refused, Timeout, Unavailable
+from .errors import AuthRefused, Closed, Error, Expired, NotHeld, Refused, Timeout, Unavailable
+
+
+class ConnLike(Protocol):
+    """What a call needs of a connection (``_pool.Conn``, ``_apool.AsyncConn``)."""
+
+    addr: str
+
+    def send(self, line: bytes, op: str, key: Optional[bytes], slot: Optional[Slot]) -> Optional[int]: ...
+
+    def kill(self, generation: int, why: str) -> None: ...
+
+    def is_live(self, generation: int) -> bool: ...
+
+
+class PoolLike(Protocol):
+    """What a call needs of a client's connections (``_pool.Pool`` on
+    threads, ``_apool.AsyncPool`` on an asyncio loop)."""
+
+    @property
+    def request_timeout(self) -> float: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def pick(self, due: Optional[float]) -> Generator[WaitChange, None, ConnLike]: ...
+
+    def choose(self) -> Optional[ConnLike]: ...
+
+    def node_for(self, addr: str) -> int: ...
+
+    def prefer(self, node: int) -> None: ...
+
+    def is_reachable(self, node: int) -> bool: ...
+
+    def connection_count(self) -> int: ...
+
+    def describe(self) -> str: ...
+
+    def auth_refusal(self) -> Optional[str]: ...
+
+    @property
+    def notifier(self) -> Notifier: ...
+
+
+Pool = PoolLike
 
 T = TypeVar("T")
 
@@ -50,6 +97,8 @@ RELEASE_RETRY_INTERVAL = 0.2
 NO_ACTIVE_RETRY = 0.1
 MAX_REDIRECTS = 8
 ACQUIRE_ROUNDS = 3
+#: How long a call that closed an overdue connection waits for it to close.
+KILL_WAIT = 1.0
 
 log = logging.getLogger("baton_locks")
 
@@ -66,7 +115,7 @@ class Grant:
     0 for a plain lock); a protected resource fences per (key, slot).
     """
 
-    __slots__ = ("key", "token", "lease", "expires_at", "slot", "_raw_key")
+    __slots__ = ("key", "token", "lease", "expires_at", "slot", "released", "_raw_key")
 
     key: Union[str, bytes]
     token: int
@@ -89,6 +138,9 @@ class Grant:
         self.lease = float(lease)
         self.expires_at = time.monotonic() if expires_at is None else float(expires_at)
         self.slot = int(slot)
+        #: True once a release of it was answered (a second release sends
+        #: ``R`` again and returns False, as it always has).
+        self.released = False
 
     def time_left(self) -> float:
         """Seconds left on the lease (0 once it has run out)."""
@@ -163,9 +215,10 @@ def drive(call: Call[T]) -> T:
 
 
 async def drive_async(call: Call[T]) -> T:
-    """Run a call generator in the running asyncio loop; the connection
-    threads wake it. Cancelling the task closes the generator, which gives
-    up its request (a grant that still arrives is released)."""
+    """Run a call generator in the running asyncio loop, whose own
+    connections (``_apool.py``) wake it from the loop itself. Cancelling the
+    task closes the generator, which gives up its request (a grant that
+    still arrives is released)."""
     loop = asyncio.get_running_loop()
     try:
         waiting = next(call)
@@ -174,21 +227,15 @@ async def drive_async(call: Call[T]) -> T:
                 await asyncio.sleep(waiting.timeout)
             else:
                 future: asyncio.Future[None] = loop.create_future()
-
-                def wake(future: asyncio.Future[None] = future) -> None:
-                    try:
-                        loop.call_soon_threadsafe(_resolve, future)
-                    except RuntimeError:
-                        pass  # the loop is closed
-
-                waiting.subscribe(wake)
+                waiting.subscribe(lambda future=future: _resolve(future))  # type: ignore[misc]
                 if waiting.timeout is None:
                     await future
-                else:
+                elif not future.done():
+                    timer = loop.call_later(max(0.0, waiting.timeout), _resolve, future)
                     try:
-                        await asyncio.wait_for(future, max(0.0, waiting.timeout))
-                    except asyncio.TimeoutError:
-                        pass
+                        await future
+                    finally:
+                        timer.cancel()
             waiting = call.send(None)
     except StopIteration as done:
         result: T = done.value
@@ -235,6 +282,8 @@ def exchange(
     hops = 0
     waiting_since: Optional[float] = None
     while True:
+        if pool.closed:
+            raise Closed()
         line, wait_ms = make()
         try:
             conn = yield from pool.pick(due)
@@ -263,6 +312,8 @@ def exchange(
                 raise
             if not slot.done:
                 answer = slot.abandon()
+            if pool.closed and answer is None:
+                raise Closed()
             if slot.done and not slot.lost:
                 answer = slot.answer
             if answer is None and slot.lost:
@@ -272,6 +323,14 @@ def exchange(
                 waited = time.monotonic() - sent_at
                 if conn_due is not None and time.monotonic() >= conn_due:
                     conn.kill(generation, "no answer within %.1fs" % waited)
+                    # The connection is closed before the call fails: no
+                    # later call can take it, and no late answer comes.
+                    closed_by = time.monotonic() + KILL_WAIT
+                    while conn.is_live(generation) and time.monotonic() < closed_by:
+                        seen = pool.notifier.version
+                        if not conn.is_live(generation):
+                            break
+                        yield WaitChange(pool.notifier, seen, closed_by - time.monotonic())
                 raise Unavailable(
                     "no answer: %s did not answer within %.1fs" % (conn.addr, waited),
                     maybe_delivered=True,
@@ -310,7 +369,12 @@ def exchange(
                 failures += 1
             else:
                 return _Exchanged(answer, sent_at, delivered)
+        if pool.closed:
+            raise Closed()
         if failures >= pool.connection_count():
+            refused = pool.auth_refusal()
+            if refused:
+                raise AuthRefused(refused)
             raise Unavailable(
                 "no connection: the connection failed on each of %d attempts: %s"
                 % (failures, pool.describe()),
@@ -396,6 +460,14 @@ def _release_unwanted(pool: Pool, grant: Grant) -> None:
         log.warning("could not release %r (token %d), whose caller gave up", grant.key, grant.token)
 
 
+def release_grant(pool: Pool, grant: Grant) -> Call[bool]:
+    """Generator for ``Client.release``: ``release``, then the grant
+    knows it was released."""
+    done = yield from release(pool, grant._raw_key, grant.token)
+    grant.released = True
+    return done
+
+
 def release(pool: Pool, key: object, token: object) -> Call[bool]:
     """Generator for ``Client.release``: True released, False not held."""
     raw = _wire.check_key(key)
@@ -465,3 +537,52 @@ def query(pool: Pool, key: object) -> Call[KeyStatus]:
     if answer[0] == _wire.REFUSED:
         raise _refused(answer)
     raise _unexpected(answer)
+
+
+# --- a held grant's keep-alive, and the release at close -------------------
+
+#: Time between two tries to renew a lease while no server answers.
+KEEP_RETRY = 0.2
+
+
+def hold_loop(pool: Pool, grant: Grant, lease: float) -> Call[Error]:
+    """Generator: keep ``grant`` alive (``K`` every third of ``lease``;
+    while no server answers, again every ``KEEP_RETRY`` until the lease
+    runs out by the client's clock) until it is lost; returns why (a
+    ``NotHeld``, ``Expired`` or ``Refused``). Pauses are ``Sleep``s, so the
+    driver can stop it at each (a thread's condition, a task's cancel).
+    ``Closed`` is raised when the client closes."""
+    while True:
+        lease_start = grant.expires_at - lease
+        pause = lease_start + lease / 3 - time.monotonic()
+        if pause > 0:
+            yield Sleep(pause)
+        while True:
+            try:
+                yield from keep(pool, grant, lease)
+                break
+            except (NotHeld, Refused) as e:  # Expired is a NotHeld
+                return e
+            except Closed:
+                raise
+            except Unavailable as e:
+                if pool.closed:
+                    raise Closed() from None
+                log.debug("keep of %r failed, trying again: %s", grant.key, e)
+            yield Sleep(KEEP_RETRY)
+            if grant.expired:
+                return Expired("the lease ran out before a server renewed it")
+
+
+def send_release(pool: Pool, key: bytes, token: int) -> Optional[Slot]:
+    """Send ``R`` once on a live connection without waiting (the client is
+    closing: best effort); the slot its answer goes to, or None when no
+    connection could take it."""
+    try:
+        conn = pool.choose()
+    except Unavailable:
+        return None
+    slot = Slot()
+    if conn is None or conn.send(_wire.release_line(key, token), "R", key, slot) is None:
+        return None
+    return slot

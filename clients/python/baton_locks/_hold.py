@@ -1,20 +1,22 @@
-"""Held grants: a grant whose lease a background thread keeps alive, and
+"""Held grants: a grant whose lease is kept alive in the background, and
 the election helper built on it.
 
-Owns: per held grant, a ``_Keeper`` and its ``baton-hold`` thread. The
-thread renews the lease with ``K`` every third of it; while no server
-answers it tries again every ``KEEP_RETRY`` until the lease runs out by
-the client's clock. The moment the key is lost (a server says the token
-no longer holds it, another refusal, or no server answered before the
-lease ran out) it records why, sets ``lost`` and wakes everyone waiting
-(threads on the event, tasks through ``loop.call_soon_threadsafe``).
-Released by the owner (``release``/``resign`` or leaving a ``with``
-block); a held grant the program drops without releasing is released by
-its thread.
+Owns: per held grant, a keeper that runs ``_calls.hold_loop`` (the keep
+rules, written once): for ``Held`` on a ``baton-hold`` thread, for
+``AsyncHeld`` in a task of the client's loop. The moment the key is lost
+(a server says the token no longer holds it, another refusal, or no
+server answered before the lease ran out) the keeper records why, sets
+``lost`` (a ``threading.Event``; an ``asyncio.Event`` for ``AsyncHeld``)
+and wakes everyone waiting. After that every call on the grant fails
+``Lost`` (``release`` sends ``R`` anyway, best effort, and returns False:
+the grant was not held). Released by the owner (``release``/``resign``
+or leaving a ``with`` block); a held grant the program drops without
+releasing is released by its keeper. When the client closes, keepers
+stop without a ``lost`` event and the client releases their grants once.
 
 Never does: tell the owner the key is lost after the owner let go of it,
 keep renewing after a loss (a lost key is not asked for again: the owner
-decides), or block an asyncio loop (the async calls only wait on futures).
+decides), or block an asyncio loop.
 """
 
 from __future__ import annotations
@@ -24,19 +26,25 @@ import logging
 import threading
 import time
 import weakref
-from typing import Callable, List, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar, Union
 
 from . import _calls
-from ._calls import Grant
-from ._pool import Pool
-from .errors import Error, Expired, NotHeld, Refused, Unavailable
+from ._calls import Grant, Pool
+from ._pool import Sleep
+from .errors import Closed, Error, Lost, NotHeld, Unavailable
+
+if TYPE_CHECKING:
+    from ._client import AsyncClient, Client
 
 log = logging.getLogger("baton_locks")
 
 #: Time between two tries to renew a lease while no server answers.
-KEEP_RETRY = 0.2
+KEEP_RETRY = _calls.KEEP_RETRY
 
-_H = TypeVar("_H", bound="_HeldBase")
+_H = TypeVar("_H", bound="Held")
+_AH = TypeVar("_AH", bound="AsyncHeld")
+
+RUNNING, LOST, LET_GO = "running", "lost", "let go"
 
 
 class _Keeper:
@@ -49,6 +57,7 @@ class _Keeper:
         self._cond = threading.Condition()
         self._stop = False
         self._release_on_stop = False
+        self.state = RUNNING
         self.lost = threading.Event()
         self.error: Optional[Error] = None
         self._callbacks: List[Callable[[], None]] = []
@@ -59,13 +68,22 @@ class _Keeper:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, release: bool = False) -> None:
+    def stop(self, release: bool = False) -> bool:
         """Stop renewing; with ``release``, the thread releases the grant
-        (the owner dropped it)."""
+        (the owner dropped it). True when it was still running (not lost,
+        not let go before)."""
         with self._cond:
+            was = self.state == RUNNING
+            if was:
+                self.state = LET_GO
             self._stop = True
-            self._release_on_stop = release
+            self._release_on_stop = release and was
             self._cond.notify_all()
+        return was
+
+    def join(self, timeout: float) -> None:
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, timeout))
 
     def add_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the grant is lost (at once if it is)."""
@@ -75,8 +93,25 @@ class _Keeper:
                 return
         callback()
 
-    def _wait(self, until: float) -> bool:
-        """Wait until ``until`` (monotonic) unless stopped; True when stopped."""
+    def mark_lost(self, why: Error) -> bool:
+        """Record the loss (unless let go first); True when recorded now."""
+        with self._cond:
+            if self.state != RUNNING:
+                return False
+            self.state = LOST
+            self._stop = True
+            self.error = why
+            self.lost.set()
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        log.warning("lost %r (token %d): %s", self.grant.key, self.grant.token, why)
+        for callback in callbacks:
+            callback()
+        return True
+
+    def _wait(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless stopped; True when stopped."""
+        until = time.monotonic() + seconds
         with self._cond:
             while not self._stop:
                 left = until - time.monotonic()
@@ -86,51 +121,35 @@ class _Keeper:
             return self._stop
 
     def _run(self) -> None:
-        grant = self.grant
-        while True:
-            lease_start = grant.expires_at - self._lease
-            if self._wait(lease_start + self._lease / 3):
-                return self._finish()
-            why = self._renew()
-            if why is None:
-                continue
-            with self._cond:
-                if self._stop:
-                    stopped = True
+        call = _calls.hold_loop(self._pool, self.grant, self._lease)
+        why: Optional[Error] = None
+        try:
+            waiting = next(call)
+            while True:
+                if isinstance(waiting, Sleep):
+                    if self._wait(waiting.timeout):
+                        return
                 else:
-                    stopped = False
-                    self.error = why
-                    self.lost.set()
-                    callbacks, self._callbacks = self._callbacks, []
-            if stopped:
-                return self._finish()
-            log.warning("lost %r (token %d): %s", grant.key, grant.token, why)
-            for callback in callbacks:
-                callback()
+                    waiting.block()
+                    if self._stop:
+                        return
+                waiting = call.send(None)
+        except StopIteration as done:
+            why = done.value
+        except Closed:
             return
-
-    def _renew(self) -> Optional[Error]:
-        """Extend the lease, trying again every ``KEEP_RETRY`` while no
-        server answers and the lease lasts; None when kept (or stopped)."""
-        while True:
-            try:
-                _calls.drive(_calls.keep(self._pool, self.grant, self._lease))
-                return None
-            except (NotHeld, Refused) as e:  # Expired is a NotHeld
-                return e
-            except Unavailable as e:
-                if self._pool.settings.closed.is_set():
-                    return Unavailable("the client is closed")
-                log.debug("keep of %r failed, trying again: %s", self.grant.key, e)
-            if self._wait(time.monotonic() + KEEP_RETRY):
-                return None
-            if self.grant.expired:
-                return Expired("the lease ran out before a server renewed it")
+        except Error as e:
+            why = e
+        finally:
+            call.close()
+            if why is not None:
+                self.mark_lost(why)
+            self._finish()
 
     def _finish(self) -> None:
         with self._cond:
             release = self._release_on_stop
-        if not release:
+        if not release or self._pool.closed:
             return
         grant = self.grant
         try:
@@ -140,20 +159,89 @@ class _Keeper:
             log.warning("could not release %r (token %d): %s; its lease will run out", grant.key, grant.token, e)
 
 
-def _dropped(keeper: _Keeper) -> None:
-    keeper.stop(release=True)
+class _AsyncKeeper:
+    """The renewal of one grant, in a task of the client's loop."""
+
+    def __init__(self, pool: Pool, grant: Grant) -> None:
+        self._pool = pool
+        self.grant = grant
+        self._lease = grant.lease
+        self.state = RUNNING
+        self.lost = asyncio.Event()
+        self.error: Optional[Error] = None
+        self.task: Optional["asyncio.Task[None]"] = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            why: Error = await _calls.drive_async(_calls.hold_loop(self._pool, self.grant, self._lease))
+        except Closed:
+            return
+        except Error as e:
+            why = e
+        self.mark_lost(why)
+
+    def mark_lost(self, why: Error) -> bool:
+        if self.state != RUNNING:
+            return False
+        self.state = LOST
+        self.error = why
+        self.lost.set()
+        log.warning("lost %r (token %d): %s", self.grant.key, self.grant.token, why)
+        return True
+
+    def stop(self, release: bool = False) -> bool:
+        """Stop renewing (cancel the task); with ``release``, release the
+        grant in a task of its own (the owner dropped it). True when it was
+        still running."""
+        was = self.state == RUNNING
+        if was:
+            self.state = LET_GO
+        task = self.task
+        if task is not None and not task.done():
+            try:
+                task.cancel()
+            except RuntimeError:
+                return was  # its loop is closed
+        if release and was and not self._pool.closed:
+            try:
+                loop = task.get_loop() if task is not None else asyncio.get_running_loop()
+                loop.call_soon_threadsafe(self._release_soon)
+            except RuntimeError:
+                pass  # no loop any more: the lease runs out
+        return was
+
+    def _release_soon(self) -> None:
+        asyncio.get_running_loop().create_task(self._release())
+
+    async def _release(self) -> None:
+        grant = self.grant
+        try:
+            await _calls.drive_async(_calls.release(self._pool, grant._raw_key, grant.token))
+        except Error as e:
+            log.warning("could not release %r (token %d): %s", grant.key, grant.token, e)
+
+    async def join(self) -> None:
+        task = self.task
+        if task is not None and task is not asyncio.current_task():
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
 
 
 class _HeldBase:
+    _keeper: Union[_Keeper, _AsyncKeeper]
+
     def __init__(self, pool: Pool, grant: Grant, value: Union[str, bytes, None]) -> None:
         self._pool = pool
-        self._keeper = _Keeper(pool, grant)
         #: The grant (its ``expires_at`` moves on with each renewal).
         self.grant = grant
         #: The value the grant was acquired with (None: none).
         self.value = value
-        self._finalizer = weakref.finalize(self, _dropped, self._keeper)
-        self._keeper.start()
+        self._released = False
 
     @property
     def key(self) -> Union[str, bytes]:
@@ -168,25 +256,44 @@ class _HeldBase:
         return self.grant.slot
 
     @property
-    def lost(self) -> threading.Event:
-        """Set once the key is lost (``error`` says why)."""
-        return self._keeper.lost
-
-    @property
     def error(self) -> Optional[Error]:
         """Why the key was lost: ``NotHeld`` (the server says the token no
-        longer holds it), ``Expired`` (no server renewed it in time),
-        ``Refused``, or ``Unavailable`` (the client was closed); None
-        while held."""
+        longer holds it), ``Expired`` (no server renewed it in time), or
+        ``Refused``; None while held."""
         return self._keeper.error
 
     def is_held(self) -> bool:
         """False once the key is lost or let go."""
-        return not self._keeper.lost.is_set() and self._finalizer.alive
+        return self._keeper.state == RUNNING
 
-    def _let_go(self) -> None:
+    def _check(self) -> None:
+        """Every call on a grant lost, released or of a closed client
+        fails: ``Lost``, ``Closed``."""
+        if self._keeper.state == LOST:
+            raise Lost("the grant was lost: %s" % self._keeper.error)
+        if self._pool.closed or self._released:
+            raise Closed("the client is closed" if self._pool.closed else "the grant was released")
+
+    def _begin_release(self) -> bool:
+        """Before a release: False when the grant was lost (the release is
+        sent anyway, best effort, and reports not held)."""
+        if self._pool.closed or self._released:
+            raise Closed("the client is closed" if self._pool.closed else "the grant was released")
+        self._released = True
         self._finalizer.detach()
-        self._keeper.stop()
+        return self._keeper.stop() or self._keeper.state != LOST
+
+    def _keep_failed(self, e: Error) -> None:
+        if isinstance(e, NotHeld):
+            self._keeper.mark_lost(e)
+
+    def _close_out(self) -> Optional[Grant]:
+        """The client closes: stop without a lost event; the grant to
+        release when it was still held."""
+        self._finalizer.detach()
+        return self.grant if self._keeper.stop() else None
+
+    _finalizer: Any
 
     def __repr__(self) -> str:
         return "%s(key=%r, token=%d, slot=%d, %s)" % (
@@ -198,11 +305,31 @@ class _HeldBase:
         )
 
 
+def _dropped(keeper: Union[_Keeper, _AsyncKeeper]) -> None:
+    keeper.stop(release=True)
+
+
 class Held(_HeldBase):
     """A grant kept alive in the background, from ``Client.hold``. Check
     ``lost`` (a ``threading.Event``) or ``is_held()`` before each step of
     the work it protects, and fence with ``token``; ``release()`` or the
-    end of a ``with`` block lets go."""
+    end of a ``with`` block lets go. Once lost, ``keep`` raises ``Lost``
+    and ``release`` returns False; after a release or ``close()`` of the
+    client, calls raise ``Closed``."""
+
+    _keeper: _Keeper
+
+    def __init__(self, client: "Client", grant: Grant, value: Union[str, bytes, None]) -> None:
+        super().__init__(client._pool, grant, value)
+        self._keeper = _Keeper(self._pool, grant)
+        self._finalizer = weakref.finalize(self, _dropped, self._keeper)
+        self._keeper.start()
+        client._track(self)
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set once the key is lost (``error`` says why)."""
+        return self._keeper.lost
 
     def wait_lost(self, timeout: Optional[float] = None) -> Optional[Error]:
         """Block until the key is lost (its error) or ``timeout`` seconds
@@ -210,56 +337,90 @@ class Held(_HeldBase):
         self._keeper.lost.wait(timeout)
         return self._keeper.error
 
+    def keep(self, lease: Optional[float] = None) -> None:
+        """Extend the lease now (to now + ``lease``, by default the
+        grant's lease) on top of the background keeping. ``Lost`` when the
+        grant is lost (a ``NotHeld`` answer marks it lost)."""
+        self._check()
+        try:
+            _calls.drive(_calls.keep(self._pool, self.grant, self.grant.lease if lease is None else lease))
+        except NotHeld as e:
+            self._keep_failed(e)
+            raise
+
     def release(self) -> bool:
         """Stop renewing and release (True when released, False when the
-        token no longer held the key)."""
-        self._let_go()
-        return _calls.drive(
-            _calls.release(self._pool, self.grant._raw_key, self.grant.token)
-        )
+        token no longer held the key, or the grant was lost). ``Closed``
+        when released already or the client is closed."""
+        held = self._begin_release()
+        released = _calls.drive(_calls.release(self._pool, self.grant._raw_key, self.grant.token))
+        return released and held
 
     def __enter__(self: _H) -> _H:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        if not self._released and not self._pool.closed:
+            self.release()
 
 
 class AsyncHeld(_HeldBase):
-    """``Held`` for asyncio, from ``AsyncClient.hold``: ``await
-    release()``, ``await wait_lost()``, ``async with``."""
+    """``Held`` for asyncio, from ``AsyncClient.hold``: kept alive by a
+    task of the client's loop; ``lost`` is an ``asyncio.Event`` (``await
+    held.lost.wait()``), ``await wait_lost()``, ``await release()``,
+    ``async with``."""
+
+    _keeper: _AsyncKeeper
+
+    def __init__(self, client: "AsyncClient", grant: Grant, value: Union[str, bytes, None]) -> None:
+        super().__init__(client._pool, grant, value)
+        self._keeper = _AsyncKeeper(self._pool, grant)
+        self._finalizer = weakref.finalize(self, _dropped, self._keeper)
+        self._keeper.start()
+        client._track(self)
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set once the key is lost (``error`` says why): ``await
+        held.lost.wait()``."""
+        return self._keeper.lost
 
     async def wait_lost(self, timeout: Optional[float] = None) -> Optional[Error]:
         """Wait until the key is lost (its error) or ``timeout`` seconds
         pass (None)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            try:
-                loop.call_soon_threadsafe(_resolve, future)
-            except RuntimeError:
-                pass  # the loop is closed
-
-        self._keeper.add_callback(wake)
         try:
-            await asyncio.wait_for(future, timeout)
+            await asyncio.wait_for(self._keeper.lost.wait(), timeout)
         except asyncio.TimeoutError:
             pass
         return self._keeper.error
 
+    async def keep(self, lease: Optional[float] = None) -> None:
+        """``Held.keep`` as a coroutine."""
+        self._check()
+        try:
+            await _calls.drive_async(
+                _calls.keep(self._pool, self.grant, self.grant.lease if lease is None else lease)
+            )
+        except NotHeld as e:
+            self._keep_failed(e)
+            raise
+
     async def release(self) -> bool:
-        """``Held.release`` as a coroutine."""
-        self._let_go()
-        return await _calls.drive_async(
+        """``Held.release`` as a coroutine (the keeping task has ended when
+        it returns)."""
+        held = self._begin_release()
+        await self._keeper.join()
+        released = await _calls.drive_async(
             _calls.release(self._pool, self.grant._raw_key, self.grant.token)
         )
+        return released and held
 
-    async def __aenter__(self: _H) -> _H:
+    async def __aenter__(self: _AH) -> _AH:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.release()
+        if not self._released and not self._pool.closed:
+            await self.release()
 
 
 class Campaign(Held):
@@ -288,6 +449,4 @@ class AsyncCampaign(AsyncHeld):
         return await self.release()
 
 
-def _resolve(future: "asyncio.Future[None]") -> None:
-    if not future.done():
-        future.set_result(None)
+__all__ = ["AsyncCampaign", "AsyncHeld", "Campaign", "Held", "KEEP_RETRY", "Unavailable"]

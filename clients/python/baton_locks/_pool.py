@@ -30,18 +30,17 @@ without bound (at most 65536 requests waiting per connection).
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
+import select
 import selectors
 import socket
 import ssl
 import threading
 import time
+import weakref
 from typing import (
     Callable,
-    DefaultDict,
-    Deque,
     Dict,
     Generator,
     List,
@@ -52,15 +51,15 @@ from typing import (
 )
 
 from . import _wire
-from ._wire import Answer, Route
-from .errors import Unavailable
+from ._pending import AUTH_REASONS, Pending, ServerClosing, Slot, WatchSink, hand_over
+from ._wire import Answer
+from .errors import AuthRefused, BadArgument, BadArgumentType, Closed, Unavailable
 
 log = logging.getLogger("baton_locks")
 
 RECONNECT_INTERVAL = 3.0
 CONNECTIONS_FOR_ONE_SERVER = 2
 MAX_SERVERS = 64
-MAX_IN_FLIGHT = 65536
 CONNECT_SLACK = 1.0
 DEFAULT_PORT = 7373
 
@@ -73,27 +72,27 @@ def normalise_server(server: object) -> str:
     """``host:port`` (a missing port is 7373); TypeError when not a str,
     ValueError when malformed."""
     if not isinstance(server, str):
-        raise TypeError("a server is a 'host:port' str, not %s" % type(server).__name__)
+        raise BadArgumentType("a server is a 'host:port' str, not %s" % type(server).__name__)
     server = server.strip()
     if not server or any(c.isspace() for c in server):
-        raise ValueError("%r is not host:port" % server)
+        raise BadArgument("%r is not host:port" % server)
     if server.startswith("["):
         host, sep, after = server[1:].partition("]")
         if not sep or not host:
-            raise ValueError("%r is not host:port" % server)
+            raise BadArgument("%r is not host:port" % server)
         if not after:
             return "%s:%d" % (server, DEFAULT_PORT)
         if not after.startswith(":"):
-            raise ValueError("%r is not host:port" % server)
+            raise BadArgument("%r is not host:port" % server)
         port = after[1:]
     else:
         host, sep, port = server.partition(":")
         if not host or ":" in port:
-            raise ValueError("%r is not host:port" % server)
+            raise BadArgument("%r is not host:port" % server)
         if not sep:
             return "%s:%d" % (server, DEFAULT_PORT)
     if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError("%r is not host:port" % server)
+        raise BadArgument("%r is not host:port" % server)
     return server
 
 
@@ -103,82 +102,6 @@ def split_server(addr: str) -> Tuple[str, int]:
     else:
         host, _, port = addr.rpartition(":")
     return host, int(port)
-
-
-class Slot:
-    """One request's answer, handed from a connection thread to its caller:
-    a blocking caller waits on an event, an async one registers a callback.
-    """
-
-    __slots__ = ("_lock", "_event", "answer", "lost", "_abandoned", "_callbacks")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._event = threading.Event()
-        self.answer: Optional[Answer] = None
-        self.lost = False
-        self._abandoned = False
-        self._callbacks: List[Callable[[], None]] = []
-
-    @property
-    def done(self) -> bool:
-        return self._event.is_set()
-
-    def _finish(self) -> List[Callable[[], None]]:
-        self._event.set()
-        callbacks, self._callbacks = self._callbacks, []
-        return callbacks
-
-    def set(self, answer: Answer) -> bool:
-        """Hand the answer over; False when the caller had given up."""
-        with self._lock:
-            if self._abandoned or self._event.is_set():
-                return False
-            self.answer = answer
-            callbacks = self._finish()
-        for callback in callbacks:
-            callback()
-        return True
-
-    def fail(self) -> None:
-        """The connection dropped before the answer came."""
-        with self._lock:
-            if self._event.is_set():
-                return
-            self.lost = True
-            callbacks = self._finish()
-        for callback in callbacks:
-            callback()
-
-    def abandon(self) -> Optional[Answer]:
-        """The caller gives up; the answer if it came just before."""
-        with self._lock:
-            self._abandoned = True
-            return self.answer
-
-    def wait(self, timeout: Optional[float]) -> bool:
-        return self._event.wait(timeout)
-
-    def add_callback(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (from some thread) once the slot is done."""
-        with self._lock:
-            if not self._event.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
-
-
-class WatchSink:
-    """Where one ``W <key>`` sent on one connection reports, called on the
-    connection's thread (never under its lock): each state line, then once
-    its end: the ``X``, ``M`` or ``E`` answer that ends it, or None when
-    the connection ended (``why`` says how)."""
-
-    def on_state(self, answer: Answer) -> None:
-        pass
-
-    def on_end(self, answer: Optional[Answer], why: str) -> None:
-        pass
 
 
 class Notifier:
@@ -225,11 +148,12 @@ class Settings:
         self.auth_line = auth_line
         self.tls = tls
         self.notifier = Notifier()
-        self.closed = threading.Event()
+        #: Set (a plain attribute: no lock) once the client closes.
+        self.stopping = False
 
 
-class Conn:
-    """One persistent connection to one server."""
+class ConnBase:
+    """What every connection has, on threads or on an asyncio loop."""
 
     def __init__(self, node: int, addr: str, settings: Settings) -> None:
         self.node = node
@@ -240,22 +164,54 @@ class Conn:
         self.generation = 0
         self.last_error: Optional[str] = None
         self._kill_reason: Optional[str] = None
+        #: The reason word of the last refusal of this client's secret.
+        self.auth_refused: Optional[str] = None
+        self._table = Pending()
+
+    def status(self) -> Tuple[str, Optional[str]]:
+        with self._lock:
+            return self.phase, self.last_error
+
+    def is_live(self, generation: int) -> bool:
+        """The connection made in ``generation`` is still up."""
+        with self._lock:
+            return self.generation == generation and self.phase == UP
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def send(self, line: bytes, op: str, key: Optional[bytes], slot: Optional[Slot]) -> Optional[int]:
+        raise NotImplementedError
+
+    def watch(self, key: bytes, sink: WatchSink) -> Optional[int]:
+        raise NotImplementedError
+
+    def unwatch(self, key: bytes, sink: WatchSink, generation: int) -> bool:
+        raise NotImplementedError
+
+    def kill(self, generation: int, why: str) -> None:
+        raise NotImplementedError
+
+    def poke(self) -> None:
+        pass
+
+
+class Conn(ConnBase):
+    """One persistent connection to one server, on its own thread."""
+
+    def __init__(self, node: int, addr: str, settings: Settings) -> None:
+        super().__init__(node, addr, settings)
         self._out = bytearray()
-        self._pending: DefaultDict[Route, Deque[Optional[Slot]]] = collections.defaultdict(
-            collections.deque
-        )
-        self._in_flight = 0
-        # Per key, the sinks of the W requests sent on this connection and
-        # not ended yet, oldest first. Lines about a key come in the order
-        # its requests were sent, so a line always concerns the oldest: an
-        # X (or M, or E) answer ends it, a W line goes to it.
-        self._watches: Dict[bytes, Deque[WatchSink]] = {}
-        # The read end is the connection thread's alone; the write end is
-        # None once the thread has closed both.
-        self._wake_r, wake_w = os.pipe()
-        self._wake_w: Optional[int] = wake_w
+        self._poked = False
+        # The thread is woken through this pipe. Both ends stay open until
+        # the thread has ended and the Conn is collected (or the client
+        # joined the thread in close()), so writing to it never needs a
+        # lock and never hits a reused descriptor.
+        self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        os.set_blocking(wake_w, False)
+        os.set_blocking(self._wake_w, False)
+        self._fds = weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
+        self._fds.atexit = False
         self._thread = threading.Thread(
             target=self._run, name="baton-conn %s" % addr, daemon=True
         )
@@ -263,51 +219,49 @@ class Conn:
     def start(self) -> None:
         self._thread.start()
 
-    def status(self) -> Tuple[str, Optional[str]]:
-        with self._lock:
-            return self.phase, self.last_error
+    def poke(self) -> None:
+        """Wake the thread. Takes no lock: safe from a finaliser at exit,
+        when a frozen daemon thread may hold any lock."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # the pipe is full: the thread is awake anyway
 
-    def _wake(self) -> None:
-        with self._lock:
-            if self._wake_w is None:
-                return
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass  # the pipe is full: the thread is awake anyway
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the thread to end (after close); True
+        when it has, and the wake pipe is closed."""
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, timeout))
+        if self._thread.is_alive():
+            return False
+        self._fds()
+        return True
 
     def send(self, line: bytes, op: str, key: Optional[bytes], slot: Optional[Slot]) -> Optional[int]:
         """Queue ``line`` with its slot; the connection's generation, or None
         when the connection is not up (or full)."""
         with self._lock:
-            if self.phase != UP or self._in_flight >= MAX_IN_FLIGHT or self._wake_w is None:
+            if self.phase != UP or self._table.full() or self._settings.stopping:
                 return None
-            self._queue(line, op, key, slot)
+            self._out += line
+            self._table.add(op, key, slot)
             generation = self.generation
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass  # the pipe is full: the thread is awake anyway
+            # One wake-up for every line queued until the thread looks.
+            wake, self._poked = not self._poked, True
+        if wake:
+            self.poke()
         return generation
-
-    def _queue(self, line: bytes, op: str, key: Optional[bytes], slot: Optional[Slot]) -> None:
-        self._out += line
-        self._pending[(op, key)].append(slot)
-        self._in_flight += 1
 
     def watch(self, key: bytes, sink: WatchSink) -> Optional[int]:
         """Send ``W <key>``, its lines going to ``sink``; the connection's
         generation, or None when it is not up."""
         with self._lock:
-            if self.phase != UP or self._wake_w is None:
+            if self.phase != UP or self._settings.stopping:
                 return None
             self._out += _wire.watch_line(key)
-            self._watches.setdefault(key, collections.deque()).append(sink)
+            self._table.add_watch(key, sink)
             generation = self.generation
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass  # the pipe is full: the thread is awake anyway
+        self.poke()
         return generation
 
     def unwatch(self, key: bytes, sink: WatchSink, generation: int) -> bool:
@@ -315,20 +269,15 @@ class Conn:
         still on: lines until the ``X`` answer still go to ``sink``. False
         when the watch had already ended (nothing to send)."""
         with self._lock:
-            queue = self._watches.get(key)
             if (
                 self.generation != generation
                 or self.phase != UP
-                or self._wake_w is None
-                or queue is None
-                or sink not in queue
+                or self._settings.stopping
+                or not self._table.watching(key, sink)
             ):
                 return False
             self._out += _wire.unwatch_line(key)
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass  # the pipe is full: the thread is awake anyway
+        self.poke()
         return True
 
     def kill(self, generation: int, why: str) -> None:
@@ -339,10 +288,7 @@ class Conn:
                 return
             log.warning("%s: %s; closing the connection", self.addr, why)
             self._kill_reason = why
-        self._wake()
-
-    def close(self) -> None:
-        self._wake()
+        self.poke()
 
     # --- the connection's thread -----------------------------------------
 
@@ -353,26 +299,41 @@ class Conn:
                 self.last_error = error
         self._settings.notifier.bump()
 
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or until poked (by close)."""
+        end = time.monotonic() + seconds
+        while not self._settings.stopping:
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            ready, _, _ = select.select([self._wake_r], [], [], left)
+            if ready:
+                self._drain_wake()
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
     def _run(self) -> None:
         settings = self._settings
         try:
-            while not settings.closed.is_set():
+            while not settings.stopping:
                 self._set_phase(CONNECTING)
                 try:
                     sock, leftover = self._open()
+                except AuthRejected as e:
+                    self.auth_refused = e.reason
+                    self._set_phase(DOWN, str(e))
                 except (OSError, ssl.SSLError, _wire.WireError, ValueError) as e:
                     self._set_phase(DOWN, _plain(e))
                 else:
                     self._serve(sock, leftover)
-                if settings.closed.wait(RECONNECT_INTERVAL):
-                    break
+                self._pause(RECONNECT_INTERVAL)
         finally:
             self._set_phase(DOWN, "the client is closed")
-            with self._lock:
-                fds, self._wake_w = (self._wake_r, self._wake_w), None
-            for fd in fds:
-                if fd is not None:
-                    os.close(fd)
 
     def _open(self) -> Tuple[socket.socket, bytes]:
         """Connect, wrap in TLS and authenticate, bounded by the connect
@@ -403,15 +364,8 @@ class Conn:
                 raise OSError("closed by the server during authentication")
             data += chunk
         first, _, leftover = data.partition(b"\n")
-        answer = _wire.parse_answer(first)
-        if answer[0] == _wire.AUTH and answer[1] == "ok":
-            return leftover
-        if answer[0] == _wire.REFUSED and answer[1] == "U" and answer[3] == "auth-disabled":
-            log.warning("%s: the server does not ask for authentication", self.addr)
-            return leftover
-        if answer[0] == _wire.REFUSED:
-            raise OSError("authentication refused: %s" % answer[3])
-        raise _wire.WireError("unexpected answer to U")
+        check_auth(self.addr, _wire.parse_answer(first))
+        return leftover
 
     def _serve(self, sock: socket.socket, leftover: bytes) -> None:
         with self._lock:
@@ -419,10 +373,15 @@ class Conn:
             self.generation += 1
             self.last_error = None
             self._kill_reason = None
+            self.auth_refused = None
         log.debug("%s: connected", self.addr)
         self._settings.notifier.bump()
         try:
             why = self._io_loop(sock, bytearray(leftover))
+        except ServerClosing as e:
+            if e.reason in AUTH_REASONS:
+                self.auth_refused = e.reason
+            why = str(e)
         except (OSError, ssl.SSLError) as e:
             why = _plain(e)
         except _wire.WireError as e:
@@ -440,16 +399,11 @@ class Conn:
             why = self._kill_reason or why
             self._kill_reason = None
             self.last_error = why
-            waiting = [s for queue in self._pending.values() for s in queue]
-            self._pending.clear()
-            self._in_flight = 0
-            sinks = [s for queue in self._watches.values() for s in queue]
-            self._watches.clear()
+            slots, sinks = self._table.drain()
             self._out = bytearray()
         log.info("%s: connection lost: %s", self.addr, why)
-        for slot in waiting:
-            if slot is not None:
-                slot.fail()
+        for slot in slots:
+            slot.fail()
         for sink in sinks:
             sink.on_end(None, why)
         self._settings.notifier.bump()
@@ -461,31 +415,38 @@ class Conn:
         sel = selectors.DefaultSelector()
         try:
             sel.register(sock, selectors.EVENT_READ, "sock")
+            registered = selectors.EVENT_READ
             sel.register(self._wake_r, selectors.EVENT_READ, "wake")
             silent_since = time.monotonic()
             probing = False
             if inbuf:
                 self._take_answers(inbuf)
             while True:
-                if settings.closed.is_set():
+                if settings.stopping:
                     return "the client is closed"
                 with self._lock:
                     if self._kill_reason is not None:
                         return self._kill_reason
+                    # A line queued after this wakes the thread again.
+                    self._poked = False
                     want_write = bool(self._out)
+                if want_write:
+                    # Send now (the socket is nearly always writable), and
+                    # wait for writability only for what is left.
+                    self._flush(sock)
+                    with self._lock:
+                        want_write = bool(self._out)
                 events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want_write else 0)
-                sel.modify(sock, events, "sock")
+                if events != registered:
+                    sel.modify(sock, events, "sock")
+                    registered = events
                 buffered = isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
                 timeout = 0 if buffered else max(0.0, silent_since + rt - time.monotonic())
                 ready = sel.select(timeout)
                 readable = buffered
                 for key, mask in ready:
                     if key.data == "wake":
-                        try:
-                            while os.read(self._wake_r, 4096):
-                                pass
-                        except (BlockingIOError, OSError):
-                            pass
+                        self._drain_wake()
                     elif mask & selectors.EVENT_READ:
                         readable = True
                 if want_write:
@@ -503,9 +464,10 @@ class Conn:
                             return "the server sent a line longer than %d bytes" % _wire.MAX_LINE
                 if time.monotonic() >= silent_since + rt:
                     with self._lock:
-                        waiting = self._in_flight > 0 or bool(self._watches)
+                        waiting = self._table.busy()
                         if waiting and not probing:
-                            self._queue(_wire.INFO_LINE, "I", None, None)
+                            self._out += _wire.INFO_LINE
+                            self._table.add("I", None, None)
                     if waiting and probing:
                         return "no answer to a probe within %.1fs" % rt
                     probing = waiting
@@ -544,50 +506,50 @@ class Conn:
             self._dispatch(_wire.parse_answer(line))
 
     def _dispatch(self, answer: Answer) -> None:
-        route = _wire.route(answer)
-        if route is None:
-            raise OSError("refused by the server: %s" % answer[3])
-        if route[0] in ("W", "X"):
-            return self._watch_answer(answer, route)
         with self._lock:
-            queue = self._pending.get(route)
-            if not queue and route[1] is None and route[0] != "I":
-                # `-` names a key that is not allowed, or the key "-".
-                route = (route[0], b"-")
-                queue = self._pending.get(route)
-            if not queue:
-                raise _wire.WireError("an answer for no request")
-            slot = queue.popleft()
-            if not queue:
-                del self._pending[route]
-            self._in_flight -= 1
-        if slot is not None and not slot.set(answer) and answer[0] == _wire.GRANTED:
-            # Its caller gave up: release it at once rather than leave the
-            # key blocked until its lease runs out.
-            token, key = answer[1], answer[2]
-            log.info("%s: releasing %r (token %d): its caller gave up", self.addr, key, token)
-            with self._lock:
-                self._queue(_wire.release_line(key, token), "R", key, None)
-
-
-    def _watch_answer(self, answer: Answer, route: Route) -> None:
-        """A ``W`` state line goes to the key's oldest watch; an ``X``
-        answer, or ``M``/``E`` for ``W`` or ``X``, ends it."""
-        key = b"-" if route[1] is None else route[1]
-        ends = answer[0] != _wire.WATCHED
-        with self._lock:
-            queue = self._watches.get(key)
-            if not queue:
-                raise _wire.WireError("a %s line for a key not watched" % route[0])
-            sink = queue[0]
+            slot, sink, ends = self._table.match(answer)
+        if sink is not None:
             if ends:
-                queue.popleft()
-                if not queue:
-                    del self._watches[key]
-        if ends:
-            sink.on_end(answer, "answered %s" % answer[0])
-        else:
-            sink.on_state(answer)
+                sink.on_end(answer, "answered %s" % answer[0])
+            else:
+                sink.on_state(answer)
+            return
+        release = hand_over(slot, answer)
+        if release is not None:
+            log.info("%s: releasing %r (token %d): its caller gave up", self.addr, answer[2], answer[1])
+            with self._lock:
+                self._out += release
+                self._table.add("R", answer[2], None)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def check_auth(addr: str, answer: Answer) -> None:
+    """The answer to ``U <secret>``: ``U ok`` or ``E U - auth-disabled``
+    (usable, with a warning); raises ``AuthRejected`` for a refusal."""
+    if answer[0] == _wire.AUTH and answer[1] == "ok":
+        return
+    if answer[0] == _wire.REFUSED and answer[1] == "U" and answer[3] == "auth-disabled":
+        log.warning("%s: the server does not ask for authentication", addr)
+        return
+    if answer[0] == _wire.REFUSED:
+        raise AuthRejected(answer[3])
+    raise _wire.WireError("unexpected answer to U")
+
+
+class AuthRejected(OSError):
+    """A server refused this client's secret (``reason``: ``bad-auth``,
+    ``auth-required``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__("authentication refused: %s" % reason)
+        self.reason = reason
 
 
 def _plain(e: BaseException) -> str:
@@ -612,7 +574,7 @@ class Pool:
     ) -> None:
         self.settings = Settings(connect_timeout, request_timeout, auth_line, tls)
         self._lock = threading.Lock()
-        self._nodes: List[Tuple[str, List[Conn]]] = []
+        self._nodes: List[Tuple[str, List[ConnBase]]] = []
         self._preferred: Optional[int] = None
         self._turn = 0
         per_node = CONNECTIONS_FOR_ONE_SERVER if len(servers) == 1 else 1
@@ -629,12 +591,18 @@ class Pool:
 
     def _add_node(self, addr: str, count: int) -> int:
         index = len(self._nodes)
-        conns = [Conn(index, addr, self.settings) for _ in range(count)]
+        conns = [self._make_conn(index, addr) for _ in range(count)]
         self._nodes.append((addr, conns))
-        for conn in conns:
-            conn.start()
+        self._start(conns)
         self.settings.notifier.bump()
         return index
+
+    def _make_conn(self, index: int, addr: str) -> ConnBase:
+        return Conn(index, addr, self.settings)
+
+    def _start(self, conns: List[ConnBase]) -> None:
+        for conn in conns:
+            conn.start()
 
     def node_for(self, addr: str) -> int:
         """The node with this address, registered (one connection) if new."""
@@ -662,7 +630,7 @@ class Pool:
         with self._lock:
             return sum(len(conns) for _, conns in self._nodes)
 
-    def conns(self) -> List[Conn]:
+    def conns(self) -> List[ConnBase]:
         with self._lock:
             return [c for _, conns in self._nodes for c in conns]
 
@@ -670,7 +638,7 @@ class Pool:
         with self._lock:
             return [addr for addr, _ in self._nodes]
 
-    def choose(self) -> Optional[Conn]:
+    def choose(self) -> Optional[ConnBase]:
         """A connection that is up; ``None`` while one is connecting; raises
         Unavailable when none is up or connecting."""
         conns = self.conns()
@@ -682,10 +650,15 @@ class Pool:
         if index == "wait":
             return None
         if index is None:
+            if self.settings.stopping:
+                raise Closed()
+            refused = self.auth_refusal()
+            if refused:
+                raise AuthRefused(refused)
             raise Unavailable("no connection: %s" % self.describe())
         return conns[index]
 
-    def pick(self, due: Optional[float]) -> Generator[WaitChange, None, Conn]:
+    def pick(self, due: Optional[float]) -> Generator[WaitChange, None, ConnBase]:
         """A generator: a connection that is up, waiting (until ``due`` at
         the latest) while one is connecting."""
         now = time.monotonic()
@@ -693,6 +666,8 @@ class Pool:
         if due is not None:
             until = min(until, due)
         while True:
+            if self.settings.stopping:
+                raise Closed()
             seen = self.notifier.version
             conn = self.choose()
             if conn is not None:
@@ -701,6 +676,14 @@ class Pool:
             if left <= 0:
                 raise Unavailable("no connection: still connecting: %s" % self.describe())
             yield WaitChange(self.notifier, seen, left)
+
+    def auth_refusal(self) -> Optional[str]:
+        """The reason a server last refused this client's secret
+        (``auth-required``, ``bad-auth``), if one did."""
+        for conn in self.conns():
+            if conn.auth_refused:
+                return conn.auth_refused
+        return None
 
     def describe(self) -> str:
         with self._lock:
@@ -711,11 +694,31 @@ class Pool:
             parts.append("%s (%s)" % (addr, why or "not connected yet"))
         return "; ".join(parts)
 
-    def close(self) -> None:
-        self.settings.closed.set()
-        for conn in self.conns():
-            conn.close()
+    @property
+    def closed(self) -> bool:
+        return self.settings.stopping
+
+    def close_nowait(self) -> None:
+        """Tell every connection thread to end, taking no lock (a
+        finaliser at exit may run while a frozen daemon thread holds any
+        lock): a flag, then a byte down each thread's wake pipe."""
+        self.settings.stopping = True
+        for _, conns in list(self._nodes):
+            for conn in conns:
+                conn.poke()
+
+    def close(self, timeout: float) -> bool:
+        """End every connection thread and wait up to ``timeout`` seconds
+        for them (a thread in the middle of a connect ends within the
+        connect timeout); True when all have ended."""
+        self.close_nowait()
         self.settings.notifier.bump()
+        end = time.monotonic() + timeout
+        done = True
+        for conn in self.conns():
+            if isinstance(conn, Conn):
+                done = conn.join(end - time.monotonic()) and done
+        return done
 
 
 def choose(

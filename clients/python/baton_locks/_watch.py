@@ -8,17 +8,19 @@ own queue. A second watch of a key this client already watches sends
 nothing: it starts from the subscription's latest state. When the last
 iterator of a key closes, ``X <key>`` is sent.
 
-Threads: each subscription has a ``baton-watch`` thread that picks a
-connection, sends ``W``, waits until that watch ends, and on the end
-decides: the connection ended, or the node answered ``M <addr>`` (it is
-not, or no longer, the active one): watch again, on the node named (or,
-with ``M -`` or one that cannot be reached, after 100 ms); ``E`` (say
+Threads and tasks: each subscription of a ``Client`` has a
+``baton-watch`` thread, each of an ``AsyncClient`` a task of its loop
+(``_AsyncSub``); both pick a connection, send ``W``, wait until that watch
+ends, and on the end decide by the same rules (``_Sub._after``): the
+connection ended, or the node answered ``M <addr>`` (it is not, or no
+longer, the active one): watch again, on the node named (or, with ``M -``
+or one that cannot be reached, after 100 ms); ``E`` (say
 ``too-many-watches``), or a connection closed by ``E - - unknown-op``
 before the first state (a server older than watches): end the iterators
-with ``Refused``. State lines are
-handed to the iterators by the connection threads themselves; an iterator
-blocks its caller's thread (``Watch``) or wakes its task through
-``loop.call_soon_threadsafe`` (``AsyncWatch``).
+with ``Refused``. State lines are handed to the iterators by the
+connections themselves; an iterator blocks its caller's thread
+(``Watch``) or wakes its task (``AsyncWatch``, on the loop that delivers
+the lines).
 
 Never does: touch sockets (``_pool.py`` does), block a connection thread
 (a state is appended to a queue), or grow without bound (an iterator
@@ -38,9 +40,10 @@ from typing import Callable, Deque, Dict, List, NamedTuple, Optional, Tuple, Uni
 
 from . import _wire
 from ._calls import display
-from ._pool import MAX_SERVERS, Conn, Pool, WatchSink
+from ._pending import WatchSink
+from ._pool import MAX_SERVERS, ConnBase, Pool
 from ._wire import Answer
-from .errors import Error, Refused, Unavailable
+from .errors import Closed, Error, Refused, Unavailable
 
 log = logging.getLogger("baton_locks")
 
@@ -189,8 +192,9 @@ class _Sub:
         self._readers: List[_Reader] = []
         self._last: Optional[WatchState] = None
         # The watch on the wire now: its sink, connection and generation.
-        self._current: Optional[Tuple[_Sink, Conn, int]] = None
+        self._current: Optional[Tuple[_Sink, ConnBase, int]] = None
         self._stopping = False
+        self._hops = 0
         self._thread = threading.Thread(
             target=self._run, name="baton-watch %r" % display(key), daemon=True
         )
@@ -237,6 +241,7 @@ class _Sub:
                 conn.unwatch(self.key, sink, generation)
             self._current = None
         self._lock.notify_all()
+        self._signal()
 
     # --- called by connection threads ------------------------------------
 
@@ -256,6 +261,7 @@ class _Sub:
             sink.end_answer = answer
             sink.why = why
             self._lock.notify_all()
+        self._signal()
 
     # --- the subscription's thread ---------------------------------------
 
@@ -264,7 +270,7 @@ class _Sub:
         with self._lock:
             return self._lock.wait_for(lambda: self._stopping, seconds)
 
-    def _pick(self) -> Optional[Conn]:
+    def _pick(self) -> Optional[ConnBase]:
         pool = self._pool
         seen = pool.notifier.version
         try:
@@ -275,31 +281,79 @@ class _Sub:
             pool.notifier.wait_change(seen, PICK_WAIT)
         return conn
 
+    def _signal(self) -> None:
+        """Wake the subscription's loop (a task; the thread waits on the
+        condition, notified already)."""
+
+    def _send_watch(self, conn: ConnBase) -> Optional[_Sink]:
+        """Send ``W`` on ``conn``; the sink, None when stopping or the
+        connection went down just now (``self._current`` set otherwise)."""
+        sink = _Sink(self)
+        with self._lock:
+            # Sent under the lock, so that a close in between either
+            # comes first or sees the watch to unwatch.
+            if self._stopping:
+                return None
+            generation = conn.watch(self.key, sink)
+            if generation is None:
+                return None
+            self._current = (sink, conn, generation)
+        return sink
+
+    def _after(self, sink: _Sink, conn: ConnBase) -> str:
+        """What to do once the watch on the wire ended: ``"again"`` (watch
+        again now), ``"pause"`` (after ``RETRY``) or ``"stop"`` (the
+        iterators have been ended). The rules, for both flavours."""
+        pool = self._pool
+        if sink.got_state:
+            self._hops = 0
+        answer = sink.end_answer
+        if answer is None and not sink.got_state and sink.why == OLD_SERVER:
+            # A server older than watches: asking again cannot help.
+            self.hub._drop(self)
+            self.stop(Refused("unknown-op", "W"))
+            return "stop"
+        if answer is None:
+            log.info("watch of %r: %s: %s; watching again", display(self.key), conn.addr, sink.why)
+            return "again"
+        tag = answer[0]
+        if tag == _wire.MOVED:
+            active = answer[1]
+            self._hops += 1
+            if active is not None and self._hops <= MAX_SERVERS:
+                try:
+                    node = pool.node_for(active)
+                except Unavailable as e:
+                    log.warning("watch of %r: %s", display(self.key), e)
+                else:
+                    if pool.is_reachable(node):
+                        pool.prefer(node)
+                        return "again"
+            return "pause"
+        if tag == _wire.REFUSED and answer[3] != "shutting-down":
+            self.hub._drop(self)
+            self.stop(Refused(answer[3], "W"))
+            return "stop"
+        # shutting-down, or an X nobody sent: watch again shortly.
+        return "pause"
+
     def _run(self) -> None:
         pool = self._pool
-        hops = 0
         while True:
             with self._lock:
                 if self._stopping:
                     return
-            if pool.settings.closed.is_set():
+            if pool.settings.stopping:
                 self.hub._drop(self)
                 self.stop()
                 return
             conn = self._pick()
             if conn is None:
                 continue
-            sink = _Sink(self)
-            with self._lock:
-                # Sent under the lock, so that a close in between either
-                # comes first or sees the watch to unwatch.
-                if self._stopping:
+            sink = self._send_watch(conn)
+            if sink is None:
+                if self._pause(RETRY):
                     return
-                generation = conn.watch(self.key, sink)
-                if generation is not None:
-                    self._current = (sink, conn, generation)
-            if generation is None:
-                self._pause(RETRY)  # it went down just now
                 continue
             with self._lock:
                 while not sink.done and not self._stopping:
@@ -307,62 +361,121 @@ class _Sub:
                 if self._stopping:
                     return  # unwatched by whoever stopped it
                 self._current = None
-            if sink.got_state:
-                hops = 0
-            answer = sink.end_answer
-            if answer is None and not sink.got_state and sink.why == OLD_SERVER:
-                # A server older than watches: asking again cannot help.
-                self.hub._drop(self)
-                self.stop(Refused("unknown-op", "W"))
+            action = self._after(sink, conn)
+            if action == "stop":
                 return
-            if answer is None:
-                log.info("watch of %r: %s: %s; watching again", display(self.key), conn.addr, sink.why)
-                continue
-            tag = answer[0]
-            if tag == _wire.MOVED:
-                active = answer[1]
-                hops += 1
-                if active is not None and hops <= MAX_SERVERS:
-                    try:
-                        node = pool.node_for(active)
-                    except Unavailable as e:
-                        log.warning("watch of %r: %s", display(self.key), e)
-                    else:
-                        if pool.is_reachable(node):
-                            pool.prefer(node)
-                            continue
-                self._pause(RETRY)
-                continue
-            if tag == _wire.REFUSED and answer[3] == "shutting-down":
-                self._pause(RETRY)
-                continue
-            if tag == _wire.REFUSED:
-                self.hub._drop(self)
-                self.stop(Refused(answer[3], "W"))
+            if action == "pause" and self._pause(RETRY):
                 return
-            # An X nobody sent: watch again.
-            self._pause(RETRY)
+
+    def join(self, timeout: float) -> None:
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, timeout))
+
+
+class _AsyncSub(_Sub):
+    """A subscription whose loop is a task of the client's event loop."""
+
+    def __init__(self, hub: "WatchHub", key: bytes) -> None:
+        super().__init__(hub, key)
+        self._task: Optional["asyncio.Task[None]"] = None
+        self._wake: Optional["asyncio.Future[None]"] = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._arun())
+
+    def _signal(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _wait(self, seconds: Optional[float]) -> None:
+        """Until ``_signal`` or ``seconds`` pass."""
+        loop = asyncio.get_running_loop()
+        self._wake = wake = loop.create_future()
+        timer = None if seconds is None else loop.call_later(seconds, _resolve, wake)
+        try:
+            await wake
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._wake = None
+
+    async def _apause(self, seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while not self._stopping and time.monotonic() < end:
+            await self._wait(end - time.monotonic())
+        return self._stopping
+
+    async def _apick(self) -> Optional[ConnBase]:
+        pool = self._pool
+        seen = pool.notifier.version
+        try:
+            conn = pool.choose()
+        except Unavailable:
+            conn = None
+        if conn is None:
+            pool.notifier.add_callback(seen, self._signal)
+            await self._wait(PICK_WAIT)
+        return conn
+
+    async def _arun(self) -> None:
+        pool = self._pool
+        while not self._stopping:
+            if pool.settings.stopping:
+                self.hub._drop(self)
+                self.stop()
+                return
+            conn = await self._apick()
+            if conn is None:
+                continue
+            sink = self._send_watch(conn)
+            if sink is None:
+                if await self._apause(RETRY):
+                    return
+                continue
+            while not sink.done and not self._stopping:
+                await self._wait(None)
+            if self._stopping:
+                return
+            self._current = None
+            action = self._after(sink, conn)
+            if action == "stop":
+                return
+            if action == "pause" and await self._apause(RETRY):
+                return
+
+    async def ajoin(self) -> None:
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
 
 
 class WatchHub:
     """The subscriptions of one client, by key."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, native_async: bool = False) -> None:
         self.pool = pool
         self._lock = threading.Lock()
         self._subs: Dict[bytes, _Sub] = {}
         self._closed = False
+        self._async = native_async
+        # Every subscription started and maybe not ended, to join at close.
+        self._started: "weakref.WeakSet[_Sub]" = weakref.WeakSet()
 
     def open(self, key: object, distinct: bool) -> Tuple[_Sub, _Reader]:
         raw = _wire.check_key(key)
         reader = _Reader(distinct)
         with self._lock:
-            if self._closed or self.pool.settings.closed.is_set():
-                raise Unavailable("the client is closed")
+            if self._closed or self.pool.settings.stopping:
+                raise Closed()
             sub = self._subs.get(raw)
             fresh = sub is None
             if sub is None:
-                sub = self._subs[raw] = _Sub(self, raw)
+                sub = self._subs[raw] = (_AsyncSub if self._async else _Sub)(self, raw)
+                self._started.add(sub)
             sub.add(reader)
         if fresh:
             sub.start()
@@ -379,11 +492,24 @@ class WatchHub:
                 del self._subs[sub.key]
 
     def close(self) -> None:
+        """Stop every subscription (their iterators end)."""
         with self._lock:
             self._closed = True
             subs, self._subs = list(self._subs.values()), {}
         for sub in subs:
             sub.stop()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the subscriptions' threads to end."""
+        end = time.monotonic() + timeout
+        for sub in list(self._started):
+            sub.join(end - time.monotonic())
+
+    async def ajoin(self) -> None:
+        """Wait for the subscriptions' tasks to end."""
+        for sub in list(self._started):
+            if isinstance(sub, _AsyncSub):
+                await sub.ajoin()
 
 
 # --- the iterators --------------------------------------------------------
@@ -465,14 +591,7 @@ class AsyncWatch(_WatchBase):
             if state is not None or ended:
                 return state
             future: asyncio.Future[None] = loop.create_future()
-
-            def wake(future: asyncio.Future[None] = future) -> None:
-                try:
-                    loop.call_soon_threadsafe(_resolve, future)
-                except RuntimeError:
-                    pass  # the loop is closed
-
-            self._reader.add_callback(wake)
+            self._reader.add_callback(lambda future=future: _resolve(future))  # type: ignore[misc]
             await future
 
     async def get(self, timeout: Optional[float] = None) -> Optional[WatchState]:

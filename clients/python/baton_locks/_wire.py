@@ -14,7 +14,9 @@ from __future__ import annotations
 import decimal
 import math
 import numbers
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
+
+from .errors import BadArgument, BadArgumentType
 
 MAX_LINE = 1024
 MAX_KEY = 250
@@ -32,7 +34,8 @@ TIMEOUT_RULE = "a number of seconds above 0 and at most %d (a year)" % MAX_SECON
 #: What a key may be given as (a key is 1 to 250 bytes on the wire).
 Key = Union[str, bytes, bytearray]
 
-#: An answer, parsed: (tag, fields...); see ``parse_answer``.
+#: An answer, parsed: a NamedTuple (tag, fields...), one of
+#: ``TypedAnswer``; see ``parse_answer``.
 Answer = Tuple[Any, ...]
 
 #: The (op, key) an answer belongs to; the key is None for ``I`` and ``U``.
@@ -70,10 +73,10 @@ def check_key(key: object) -> bytes:
     if isinstance(key, str):
         key = key.encode("utf-8")
     if not isinstance(key, (bytes, bytearray)):
-        raise TypeError("a key is str or bytes, not %s" % type(key).__name__)
+        raise BadArgumentType("a key is str or bytes, not %s" % type(key).__name__)
     raw = bytes(key)
     if not 1 <= len(raw) <= MAX_KEY or any(b <= 0x20 or b == 0x7F for b in raw):
-        raise ValueError(
+        raise BadArgument(
             "bad key %r: 1 to 250 bytes, no spaces or control characters" % (raw,)
         )
     return raw
@@ -85,13 +88,13 @@ def _seconds(what: str, value: object, rule: str) -> float:
     number here), ValueError when it is infinite or not a number (NaN).
     Both messages say what ``what`` must be (``rule``)."""
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, decimal.Decimal)):
-        raise TypeError("%s must be %s, not %s" % (what, rule, type(value).__name__))
+        raise BadArgumentType("%s must be %s, not %s" % (what, rule, type(value).__name__))
     try:
         seconds = float(value)
     except (OverflowError, ValueError):  # a huge int, a signalling NaN
         seconds = math.nan
     if not math.isfinite(seconds):
-        raise ValueError("%s must be %s, not %r" % (what, rule, value))
+        raise BadArgument("%s must be %s, not %r" % (what, rule, value))
     return seconds
 
 
@@ -110,7 +113,7 @@ def check_lease(lease: object) -> int:
     a number, ValueError when it is not above 0 and at most a year."""
     seconds = _seconds("lease", lease, LEASE_RULE)
     if not 0 < seconds <= MAX_SECONDS:
-        raise ValueError("lease must be %s, not %r" % (LEASE_RULE, lease))
+        raise BadArgument("lease must be %s, not %r" % (LEASE_RULE, lease))
     return millis_ceil(seconds)
 
 
@@ -123,7 +126,7 @@ def wait_millis(wait: object) -> int:
         return 0
     seconds = _seconds("wait", wait, WAIT_RULE)
     if not 0 <= seconds <= MAX_SECONDS:
-        raise ValueError("wait must be %s, not %r" % (WAIT_RULE, wait))
+        raise BadArgument("wait must be %s, not %r" % (WAIT_RULE, wait))
     return max(1, millis_ceil(seconds))
 
 
@@ -132,7 +135,7 @@ def check_timeout(what: str, timeout: object) -> float:
     number, ValueError when it is not above 0 and at most a year."""
     seconds = _seconds(what, timeout, TIMEOUT_RULE)
     if not 0 < seconds <= MAX_SECONDS:
-        raise ValueError("%s must be %s, not %r" % (what, TIMEOUT_RULE, timeout))
+        raise BadArgument("%s must be %s, not %r" % (what, TIMEOUT_RULE, timeout))
     return seconds
 
 
@@ -147,9 +150,9 @@ def check_token(token: object) -> int:
     """TypeError when ``token`` is not an int (a bool is not), ValueError
     when it is out of the fencing tokens' range."""
     if isinstance(token, bool) or not isinstance(token, int):
-        raise TypeError("a token is %s, not %s" % (TOKEN_RULE, type(token).__name__))
+        raise BadArgumentType("a token is %s, not %s" % (TOKEN_RULE, type(token).__name__))
     if not 0 < token < 2**64:
-        raise ValueError("a token is %s, not %d" % (TOKEN_RULE, token))
+        raise BadArgument("a token is %s, not %d" % (TOKEN_RULE, token))
     return token
 
 
@@ -160,9 +163,9 @@ def check_limit(limit: object) -> Optional[int]:
     if limit is None:
         return None
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError("limit must be None or %s, not %s" % (LIMIT_RULE, type(limit).__name__))
+        raise BadArgumentType("limit must be None or %s, not %s" % (LIMIT_RULE, type(limit).__name__))
     if not 1 <= limit <= MAX_LIMIT:
-        raise ValueError("limit must be None or %s, not %d" % (LIMIT_RULE, limit))
+        raise BadArgument("limit must be None or %s, not %d" % (LIMIT_RULE, limit))
     return limit
 
 
@@ -176,14 +179,14 @@ def check_value(value: object) -> Optional[bytes]:
     if isinstance(value, str):
         value = value.encode("utf-8")
     if not isinstance(value, (bytes, bytearray)):
-        raise TypeError("value must be None or %s, not %s" % (VALUE_RULE, type(value).__name__))
+        raise BadArgumentType("value must be None or %s, not %s" % (VALUE_RULE, type(value).__name__))
     raw = bytes(value)
     if (
         not 1 <= len(raw) <= MAX_VALUE
         or any(b <= 0x20 or b == 0x7F for b in raw)
         or raw == b"-"
     ):
-        raise ValueError("value must be None or %s, not %r" % (VALUE_RULE, raw))
+        raise BadArgument("value must be None or %s, not %r" % (VALUE_RULE, raw))
     return raw
 
 
@@ -236,12 +239,12 @@ def auth_line(secret: object) -> bytes:
         try:
             secret = secret.encode("ascii")
         except UnicodeEncodeError:
-            raise ValueError("an auth secret is %s" % AUTH_RULE) from None
+            raise BadArgument("an auth secret is %s" % AUTH_RULE) from None
     if not isinstance(secret, (bytes, bytearray)):
-        raise TypeError("an auth secret is str or bytes, not %s" % type(secret).__name__)
+        raise BadArgumentType("an auth secret is str or bytes, not %s" % type(secret).__name__)
     raw = bytes(secret).strip()
     if not 16 <= len(raw) <= 128 or any(b <= 0x20 or b >= 0x7F for b in raw):
-        raise ValueError("an auth secret is %s" % AUTH_RULE)
+        raise BadArgument("an auth secret is %s" % AUTH_RULE)
     return b"U %s\n" % raw
 
 
@@ -268,14 +271,89 @@ def _op(field: bytes) -> Optional[str]:
     return field.decode()
 
 
-def parse_answer(line: bytes) -> Answer:
-    """Parse one answer line (without its line ending) into a tuple:
+class Granted(NamedTuple):
+    """``A <token> <key> [<slot>]``."""
 
-    ("A", token, key, slot or None) ("T", key) ("R", key) ("N", key)
-    ("K", key) ("Q", key, token, ms_left, waiting)
-    ("W", key, token, holders, waiting, value or None) ("X", key)
-    ("M", active or None, op, key or None)
-    ("E", op or None, key or None, reason) ("I", {name: value}) ("U", text)
+    tag: str
+    token: int
+    key: bytes
+    slot: Optional[int]
+
+
+class KeyOnly(NamedTuple):
+    """``T``, ``R``, ``N``, ``K`` or ``X`` with its key."""
+
+    tag: str
+    key: bytes
+
+
+class Queried(NamedTuple):
+    """``Q <key> <token> <ms_left> <waiting>``."""
+
+    tag: str
+    key: bytes
+    token: int
+    ms_left: int
+    waiting: int
+
+
+class Watched(NamedTuple):
+    """``W <key> <token> <holders> <waiting> <value>``."""
+
+    tag: str
+    key: bytes
+    token: int
+    holders: int
+    waiting: int
+    value: Optional[bytes]
+
+
+class Moved(NamedTuple):
+    """``M <host:port or -> <op> <key>``."""
+
+    tag: str
+    active: Optional[str]
+    op: Optional[str]
+    key: Optional[bytes]
+
+
+class RefusedAnswer(NamedTuple):
+    """``E <op> <key> <reason>``."""
+
+    tag: str
+    op: Optional[str]
+    key: Optional[bytes]
+    reason: str
+
+
+class Info(NamedTuple):
+    """``I <name>=<value> ...``."""
+
+    tag: str
+    fields: Dict[str, str]
+
+
+class AuthAnswer(NamedTuple):
+    """``U <text>``."""
+
+    tag: str
+    text: str
+
+
+#: Every parsed answer (each a NamedTuple whose first field is the tag).
+TypedAnswer = Union[Granted, KeyOnly, Queried, Watched, Moved, RefusedAnswer, Info, AuthAnswer]
+
+
+def parse_answer(line: bytes) -> Answer:
+    """Parse one answer line (without its line ending) into a NamedTuple
+    whose first field is the tag (see ``TypedAnswer``):
+
+    Granted("A", token, key, slot or None) KeyOnly("T"|"R"|"N"|"K"|"X", key)
+    Queried("Q", key, token, ms_left, waiting)
+    Watched("W", key, token, holders, waiting, value or None)
+    Moved("M", active or None, op, key or None)
+    RefusedAnswer("E", op or None, key or None, reason)
+    Info("I", {name: value}) AuthAnswer("U", text)
     """
     if line.endswith(b"\r"):
         line = line[:-1]
@@ -290,10 +368,10 @@ def parse_answer(line: bytes) -> Answer:
                 slot = _u64(rest[2])
                 if slot >= MAX_LIMIT:
                     raise WireError("slot out of range: %r" % rest[2])
-            return (GRANTED, _u64(rest[0]), _key(rest[1]), slot)
+            return Granted(GRANTED, _u64(rest[0]), _key(rest[1]), slot)
         if tag == b"W" and len(rest) == 5:
             value = None if rest[4] == b"-" else _key(rest[4])
-            return (
+            return Watched(
                 WATCHED,
                 _key(rest[0]),
                 _u64(rest[1]),
@@ -302,16 +380,16 @@ def parse_answer(line: bytes) -> Answer:
                 value,
             )
         if tag in (b"T", b"R", b"N", b"K", b"X") and len(rest) == 1:
-            return (tag.decode(), _key(rest[0]))
+            return KeyOnly(tag.decode(), _key(rest[0]))
         if tag == b"Q" and len(rest) == 4:
-            return (QUERIED, _key(rest[0]), _u64(rest[1]), _u64(rest[2]), _u64(rest[3]))
+            return Queried(QUERIED, _key(rest[0]), _u64(rest[1]), _u64(rest[2]), _u64(rest[3]))
         if tag == b"M" and len(rest) == 3:
             active = None if rest[0] == b"-" else rest[0].decode("ascii")
             key = None if rest[2] == b"-" else _key(rest[2])
-            return (MOVED, active, _op(rest[1]), key)
+            return Moved(MOVED, active, _op(rest[1]), key)
         if tag == b"E" and len(rest) == 3:
             key = None if rest[1] == b"-" else _key(rest[1])
-            return (REFUSED, _op(rest[0]), key, rest[2].decode("ascii", "replace"))
+            return RefusedAnswer(REFUSED, _op(rest[0]), key, rest[2].decode("ascii", "replace"))
         if tag == b"I":
             pairs: Dict[str, str] = {}
             for field in rest:
@@ -319,9 +397,9 @@ def parse_answer(line: bytes) -> Answer:
                 if not eq:
                     raise WireError("info field without '='")
                 pairs[name.decode("ascii", "replace")] = value.decode("ascii", "replace")
-            return (INFO, pairs)
+            return Info(INFO, pairs)
         if tag == b"U" and len(rest) == 1:
-            return (AUTH, rest[0].decode("ascii", "replace"))
+            return AuthAnswer(AUTH, rest[0].decode("ascii", "replace"))
     except UnicodeDecodeError:
         raise WireError("not ASCII where it must be") from None
     raise WireError("an answer that does not parse: %r" % line[:80])

@@ -54,14 +54,20 @@ class FakeServer:
                     if answer is None:
                         return
                     if answer:
-                        with self._send_lock:
-                            conn.sendall(answer + b"\n")
+                        try:
+                            with self._send_lock:
+                                conn.sendall(answer + b"\n")
+                        except OSError:
+                            return  # the client went away (a broken pipe is no error here)
 
     def send(self, index, data):
         """Send ``data`` (a line without its ending) on connection ``index``
         unasked, as a server pushes a watch's state lines."""
-        with self._send_lock:
-            self._conns[index].sendall(data + b"\n")
+        try:
+            with self._send_lock:
+                self._conns[index].sendall(data + b"\n")
+        except OSError:
+            pass  # the client went away
 
     def drop(self, index):
         """Close connection ``index`` (the client sees it end)."""

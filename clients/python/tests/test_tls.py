@@ -62,3 +62,27 @@ def test_a_client_certificate_is_required_and_accepted(nodes, tmp_path, closing)
     without = closing(client_of(node, tls=str(pki["ca"]), connect_timeout=1, request_timeout=1))
     with pytest.raises(baton_locks.Unavailable):
         without.query("k")
+
+
+@needs_mtls
+def test_the_async_client_speaks_tls_and_mtls_on_the_loop(nodes, tmp_path):
+    import asyncio
+
+    pki = make_pki(tmp_path)
+    cert, key = pki["node"]
+    node = nodes(["--tls-cert", str(cert), "--tls-key", str(key), "--tls-client-ca", str(pki["ca"])])
+    context = ssl.create_default_context(cafile=str(pki["ca"]))
+    context.load_cert_chain(*[str(p) for p in pki["client"]])
+
+    async def main():
+        async with baton_locks.AsyncClient(node.addr, tls=context) as c:
+            grant = await c.acquire("mtls-async", lease=5)
+            assert (await c.query("mtls-async")).token == grant.token
+            assert await c.release(grant)
+        async with baton_locks.AsyncClient(
+            node.addr, tls=str(pki["ca"]), connect_timeout=1, request_timeout=1
+        ) as without:
+            with pytest.raises(baton_locks.Unavailable):
+                await without.query("k")
+
+    asyncio.run(asyncio.wait_for(main(), DEADLINE))

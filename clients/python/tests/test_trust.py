@@ -126,3 +126,27 @@ def test_tls_with_a_ca_file(nodes, tmp_path, closing):
     plain = closing(client_of(node, request_timeout=1))
     with pytest.raises(baton_locks.Unavailable):
         plain.query("k")
+
+
+@needs_auth
+def test_a_wrong_secret_is_refused_bad_auth_blocking_and_async(nodes, tmp_path, closing):
+    import asyncio
+
+    secrets = tmp_path / "secrets"
+    secrets.write_text(SECRET + "\n")
+    node = nodes(["--auth-file", str(secrets)])
+    wrong = closing(client_of(node, auth="y" * 24, connect_timeout=1))
+    with pytest.raises(baton_locks.Refused) as e:
+        wrong.query("k")
+    assert e.value.reason == "bad-auth"
+
+    async def main():
+        async with baton_locks.AsyncClient(node.addr, auth=SECRET) as right:
+            grant = await right.acquire("authed", lease=5)
+            assert await right.release(grant)
+        async with baton_locks.AsyncClient(node.addr, auth="y" * 24, connect_timeout=1) as bad:
+            with pytest.raises(baton_locks.Refused) as e:
+                await bad.query("k")
+            assert e.value.reason == "bad-auth"
+
+    asyncio.run(asyncio.wait_for(main(), DEADLINE))
