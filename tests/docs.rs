@@ -588,7 +588,7 @@ fn the_readme_tour_runs_as_printed() {
 
     let bins = bin_dir();
     let mut script = String::from(
-        "set -eu\ntrap 'kill $(jobs -p) 2>/dev/null' EXIT\n\
+        "set -eu\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n\
          await_port() { for _ in $(seq 400); do (exec 3<>\"/dev/tcp/$1/$2\") 2>/dev/null && return 0; sleep 0.05; done; echo \"nothing listens on $1:$2\" >&2; exit 1; }\n",
     );
     for (i, part) in parts.iter().enumerate() {
