@@ -7,7 +7,7 @@
 //! metrics thread (`threads/metrics.rs`) — and the [`Settings`] and
 //! [`Gauges`] they share. Both listening sockets are bound first (a port that
 //! cannot be is a [`StartError::Flag`] naming its flag; the client port's
-//! backlog is sized for `--max-conns` by `os_limits.rs`), and every channel
+//! backlog is `os_limits.rs`'s), and every channel
 //! and waker is built before any thread starts; [`Server::shutdown`] stops
 //! them in a fixed order and logs each step.
 //!
@@ -133,7 +133,7 @@ impl Server {
         };
         // std listened with 128: a fleet reconnecting one after another
         // needs more (os_limits.rs).
-        let backlog = os_limits::set_backlog(&listener, config.max_conns)?;
+        let backlog = os_limits::set_backlog(&listener)?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
         let node_index = config.node_index().map_err(StartError::Flag)?;

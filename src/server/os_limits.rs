@@ -10,9 +10,11 @@
 //!   reconnecting one client after another overflows whenever the node is
 //!   off the CPU for a few milliseconds; every connection past it loses its
 //!   SYN and waits a whole second for the retransmission. The node asks for
-//!   `--max-conns`, at least [`BACKLOG_FLOOR`] and at most
-//!   [`BACKLOG_CEILING`]; the kernel caps it at `net.core.somaxconn`
-//!   ([`SOMAXCONN`]), and the node warns at start when that cap is lower.
+//!   [`LISTEN_BACKLOG`], whatever `--max-conns` is: a connection the node
+//!   refuses (`too-many-connections`) passes through the same queue, so a
+//!   full node needs it as much as an empty one. The kernel caps it at
+//!   `net.core.somaxconn` ([`SOMAXCONN`]); the node warns at start when
+//!   that cap is lower.
 //! - The open files: `--max-conns` plus [`FD_HEADROOM`] for the node's own
 //!   (the listeners, epoll and its wakers, peer links and the slots kept
 //!   for them, metrics, logs). `batond` raises its soft limit toward that,
@@ -27,12 +29,11 @@
 
 use std::io;
 
-/// The least backlog the client port listens with (what `std` gives).
-pub const BACKLOG_FLOOR: usize = 128;
-/// The most backlog the client port asks for: a fleet of this many clients
-/// reconnecting at once fits in the queue while the node is off the CPU.
-/// (Linux's default `net.core.somaxconn` since 5.4.)
-pub const BACKLOG_CEILING: usize = 4096;
+/// The backlog the client port asks for: a fleet of this many clients
+/// connecting at once (or one after another while the node is off the CPU)
+/// waits in the queue instead of losing SYNs. It costs nothing until
+/// connections fill it. (Linux's default `net.core.somaxconn` since 5.4.)
+pub const LISTEN_BACKLOG: usize = 4096;
 /// Where Linux says the cap on every listen backlog.
 pub const SOMAXCONN: &str = "/proc/sys/net/core/somaxconn";
 /// Open files the node needs beyond `--max-conns` for its own: the
@@ -40,19 +41,13 @@ pub const SOMAXCONN: &str = "/proc/sys/net/core/somaxconn";
 /// `--max-conns` kept for them, metrics connections, logs.
 pub const FD_HEADROOM: u64 = 256;
 
-/// The backlog the client port asks for with `max_conns` (`--max-conns`).
-pub fn backlog_for(max_conns: usize) -> usize {
-    max_conns.clamp(BACKLOG_FLOOR, BACKLOG_CEILING)
-}
-
 /// Listen on `listener` (bound and listening already, as `std` leaves it)
-/// with the backlog `--max-conns` calls for; on Linux a second `listen`
-/// updates the backlog of a listening socket. A warning is logged when
-/// `net.core.somaxconn` caps it lower. The backlog asked for.
-pub fn set_backlog(listener: &std::net::TcpListener, max_conns: usize) -> io::Result<usize> {
+/// with [`LISTEN_BACKLOG`]; on Linux a second `listen` updates the backlog
+/// of a listening socket. A warning is logged when `net.core.somaxconn`
+/// caps it lower. The backlog in force: the one asked for, or the cap.
+pub fn set_backlog(listener: &std::net::TcpListener) -> io::Result<usize> {
     use std::os::fd::AsRawFd;
-    let wanted = backlog_for(max_conns);
-    let n = libc::c_int::try_from(wanted).unwrap_or(libc::c_int::MAX);
+    let n = libc::c_int::try_from(LISTEN_BACKLOG).unwrap_or(libc::c_int::MAX);
     // SAFETY: listen(2) on a file descriptor the listener owns and keeps
     // open for the call; it reads no memory of ours.
     if unsafe { libc::listen(listener.as_raw_fd(), n) } != 0 {
@@ -61,22 +56,25 @@ pub fn set_backlog(listener: &std::net::TcpListener, max_conns: usize) -> io::Re
     let cap = std::fs::read_to_string(SOMAXCONN)
         .ok()
         .and_then(|s| s.trim().parse::<usize>().ok());
-    if let Some(warning) = cap.and_then(|cap| somaxconn_warning(wanted, cap, max_conns)) {
+    let Some(cap) = cap else {
+        return Ok(LISTEN_BACKLOG);
+    };
+    if let Some(warning) = somaxconn_warning(cap) {
         log::warn!("{warning}");
     }
-    Ok(wanted)
+    Ok(LISTEN_BACKLOG.min(cap))
 }
 
 /// The warning when `net.core.somaxconn` (`cap`) keeps the backlog below
-/// the `wanted` one, if it does.
-pub fn somaxconn_warning(wanted: usize, cap: usize, max_conns: usize) -> Option<String> {
-    (cap < wanted).then(|| {
+/// [`LISTEN_BACKLOG`], if it does.
+pub fn somaxconn_warning(cap: usize) -> Option<String> {
+    (cap < LISTEN_BACKLOG).then(|| {
         format!(
-            "net.core.somaxconn ({cap}) caps the listen backlog below the {wanted} --max-conns \
-             ({max_conns}) calls for: clients connecting faster than the node accepts, as a \
-             fleet does after a restart or a failover, lose SYNs and wait a second each; \
-             raise it: sysctl -w net.core.somaxconn={wanted} (and net.ipv4.tcp_max_syn_backlog, \
-             see docs/running.md)"
+            "net.core.somaxconn ({cap}) caps the listen backlog below {LISTEN_BACKLOG}: \
+             clients connecting faster than the node accepts, as a fleet does after a \
+             restart or a failover, lose SYNs and wait a second each; raise it: \
+             sysctl -w net.core.somaxconn={LISTEN_BACKLOG} (and \
+             net.ipv4.tcp_max_syn_backlog, see docs/running.md)"
         )
     })
 }
@@ -158,16 +156,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_backlog_follows_max_conns_between_its_floor_and_ceiling() {
-        assert_eq!(backlog_for(1), BACKLOG_FLOOR);
-        assert_eq!(backlog_for(1000), 1000);
-        assert_eq!(backlog_for(10_000), BACKLOG_CEILING);
-    }
-
-    #[test]
     fn somaxconn_below_the_backlog_is_warned_about_with_the_fix() {
-        assert_eq!(somaxconn_warning(4096, 4096, 10_000), None);
-        let warning = somaxconn_warning(4096, 128, 10_000).expect("warned");
+        assert_eq!(somaxconn_warning(LISTEN_BACKLOG), None);
+        assert_eq!(somaxconn_warning(65_535), None);
+        let warning = somaxconn_warning(128).expect("warned");
         assert!(warning.contains("(128)"), "{warning}");
         assert!(
             warning.contains("sysctl -w net.core.somaxconn=4096"),
