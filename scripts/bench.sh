@@ -20,7 +20,8 @@
 # redis-server when it is installed (alone, and a master with a replica),
 # batond and redis-server with TLS (the TLS rows), and batond and
 # redis-server allowing more connections than the most watchers (the watch
-# rows; the semaphore rows use the first batond and redis-server)
+# rows; the semaphore rows use the first batond and redis-server), and a
+# fresh batond and redis-server for the connection-storm rows
 # (the Redis rows are left out with a note when it is not); runs the harness
 # (benches/lockbench.rs); prints its Markdown tables on stdout (progress on
 # stderr); and stops every process it started, by PID, when it exits.
@@ -161,6 +162,9 @@ args+=(--mem-waiters "$last_addr" --mem-waiters-pid "$last_pid")
 # The watch rows: up to 10,000 watcher connections and the loop's clients.
 start_batond watch --max-conns 12000
 args+=(--watch-baton "$last_addr")
+# The storm rows: 10,000 sequential idle connects to a fresh server.
+start_batond storm --max-conns 12000
+args+=(--storm-baton "$last_addr" --storm-baton-pid "$last_pid")
 
 # ---- as deployed: a 2-node cluster, default flags (the deployed rows) ----
 # info PORT: baton's `I` line.
@@ -225,6 +229,8 @@ if [ "$use_redis" = yes ] && command -v redis-server >/dev/null && command -v re
   args+=(--mem-redis "$last_addr" --mem-redis-pid "$last_pid")
   start_redis redis-watch --maxclients 12000
   args+=(--watch-redis "$last_addr")
+  start_redis redis-storm --maxclients 12000
+  args+=(--storm-redis "$last_addr" --storm-redis-pid "$last_pid")
   redis_note=$(redis-server --version | sed 's/ sha=.*//')
 else
   echo "bench.sh: $redis_note (apt-get install redis-server to compare)" >&2

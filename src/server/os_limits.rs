@@ -128,6 +128,8 @@ pub fn raise_open_files(max_conns: usize) {
         );
         return;
     }
+    // rlim_t is u64 on Linux, not on every system.
+    #[allow(clippy::unnecessary_cast)]
     let (mut soft, hard) = (limit.rlim_cur as u64, limit.rlim_max as u64);
     let plan = file_plan(max_conns, soft, hard);
     if let Some(to) = plan.raise_to {
