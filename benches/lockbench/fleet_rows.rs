@@ -21,6 +21,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use crate::engine::cpu_ticks;
 use crate::watch_rows;
 
 /// Clients of the fleet unless `--fleet` says otherwise.
@@ -107,6 +108,9 @@ struct FleetRun {
     waited: usize,
     /// First answers that were not a grant.
     refused: usize,
+    /// CPU seconds over the fleet's run: the new active's, this process's.
+    cpu_node: f64,
+    cpu_fleet: f64,
 }
 
 /// Run the fleet row; its Markdown section ("" without `--failover`).
@@ -150,6 +154,8 @@ pub fn run(options: &FleetOptions) -> Result<String, String> {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
+    let node_stat = format!("/proc/{standby_pid}/stat");
+    let cpu_before = (cpu_ticks(&node_stat), cpu_ticks("/proc/self/stat"));
     let n = options.threads;
     let shares: Vec<std::ops::Range<usize>> = (0..n)
         .map(|t| t * clients / n..(t + 1) * clients / n)
@@ -166,6 +172,8 @@ pub fn run(options: &FleetOptions) -> Result<String, String> {
         served_ns: Vec::with_capacity(clients * CONNS_PER_CLIENT),
         waited: 0,
         refused: 0,
+        cpu_node: 0.0,
+        cpu_fleet: 0.0,
     };
     for thread in threads {
         let part = thread.join().map_err(|_| "fleet: a thread panicked")??;
@@ -173,6 +181,14 @@ pub fn run(options: &FleetOptions) -> Result<String, String> {
         out.waited += part.waited;
         out.refused += part.refused;
     }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let spent = |before: Option<u64>, after: Option<u64>| match (before, after) {
+        (Some(b), Some(a)) => a.saturating_sub(b) as f64 / hz,
+        _ => f64::NAN,
+    };
+    out.cpu_node = spent(cpu_before.0, cpu_ticks(&node_stat));
+    out.cpu_fleet = spent(cpu_before.1, cpu_ticks("/proc/self/stat"));
     out.served_ns.sort_unstable();
     out.all_served = Duration::from_nanos(out.served_ns.last().copied().unwrap_or(0));
     Ok(render(&out, &note))
@@ -230,6 +246,8 @@ fn follow(
         served_ns,
         waited,
         refused,
+        cpu_node: 0.0,
+        cpu_fleet: 0.0,
     })
 }
 
@@ -256,11 +274,12 @@ fn render(run: &FleetRun, note: &str) -> String {
     ));
     out.push_str(
         "| kill → promotion ms | promotion → all first requests answered ms | goal | \
-         per connection: p50 ms | p99 ms | connects ≥ 1 s | not granted |\n",
+         per connection: p50 ms | p99 ms | connects ≥ 1 s | not granted | \
+         CPU s: new active | load generator |\n",
     );
-    out.push_str("|---:|---:|---|---:|---:|---:|---:|\n");
+    out.push_str("|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
     out.push_str(&format!(
-        "| {:.0} | {:.0} | {} ms: {} | {:.0} | {:.0} | {} | {} |\n",
+        "| {:.0} | {:.0} | {} ms: {} | {:.0} | {:.0} | {} | {} | {:.2} | {:.2} |\n",
         run.promotion.as_secs_f64() * 1e3,
         run.all_served.as_secs_f64() * 1e3,
         GOAL.as_millis(),
@@ -273,6 +292,8 @@ fn render(run: &FleetRun, note: &str) -> String {
         q(0.99),
         run.waited,
         run.refused,
+        run.cpu_node,
+        run.cpu_fleet,
     ));
     out.push_str(
         "\nThe answers are read after every connection of a thread is up, so a \
