@@ -119,7 +119,7 @@ SHAPE:
                          10000)
   --fleet N              clients of the fleet row, two connections each
                          (default 10000, scaled to the open-file limits)
-  --fleet-threads N      threads that connect the fleet (default 4)
+  --fleet-threads N      threads that connect the fleet (default: one per core)
   --seed N               random keys and jitter (default: from the clock)
 
 HELPERS:

@@ -29,8 +29,13 @@ const DEFAULT_FLEET: usize = 10_000;
 /// Connections per client (the client library's, with one address).
 const CONNS_PER_CLIENT: usize = 2;
 /// Threads that connect the fleet (each a share of the clients) unless
-/// `--fleet-threads` says otherwise.
-const FLEET_THREADS: usize = 4;
+/// `--fleet-threads` says otherwise: one per core. More than the cores
+/// take the node's CPU on a machine it shares with the load generator (a
+/// real fleet runs elsewhere), and its listen queue overflows then because
+/// the node is off the CPU, not because it is slow.
+fn fleet_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
 /// Open files kept free on each side.
 const FD_SPARE: usize = 256;
 /// The most the standby may take to say it is active after the kill.
@@ -63,7 +68,7 @@ pub fn parse(args: &mut pico_args::Arguments) -> Result<FleetOptions, String> {
     let threads: usize = args
         .opt_value_from_str("--fleet-threads")
         .map_err(err)?
-        .unwrap_or(FLEET_THREADS);
+        .unwrap_or_else(fleet_threads);
     if threads == 0 || threads > 64 {
         return Err("--fleet-threads must be 1 to 64".into());
     }
@@ -207,7 +212,7 @@ fn follow(
     for client in share {
         for c in 0..CONNS_PER_CLIENT {
             let start = Instant::now();
-            let mut stream = TcpStream::connect_timeout(&addr, IO_BOUND)
+            let mut stream = connect_from(source_of(client), addr)
                 .map_err(|e| format!("fleet: client {client} connect: {e}"))?;
             if start.elapsed() >= SYN_RETRANSMIT {
                 waited += 1;
@@ -249,6 +254,78 @@ fn follow(
         cpu_node: 0.0,
         cpu_fleet: 0.0,
     })
+}
+
+/// The loopback address a client connects from: a fleet comes from many
+/// machines, and 20,000 connections from one address to one port make the
+/// kernel's search for a free source port this process's main cost (a
+/// client's two connections share its address).
+fn source_of(client: usize) -> std::net::Ipv4Addr {
+    let n = (client % SOURCES) as u32;
+    std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(127, 0, 1, 0)) + n)
+}
+
+/// Loopback source addresses the fleet is spread over.
+const SOURCES: usize = 250;
+
+/// A blocking connect to `to` from `from` (port left to the kernel, chosen
+/// at connect: `IP_BIND_ADDRESS_NO_PORT`), bounded by `IO_BOUND`.
+fn connect_from(from: std::net::Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(to) = to else {
+        return TcpStream::connect_timeout(&to, IO_BOUND);
+    };
+    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let check = |rc: libc::c_int| {
+        if rc < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(rc)
+        }
+    };
+    // SAFETY: a new socket, owned by the TcpStream from here on (closed
+    // on every error path by its drop); every pointer passed is to a live
+    // value of the size given.
+    unsafe {
+        let fd = check(libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+        ))?;
+        let stream = TcpStream::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        check(libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ))?;
+        let local = sockaddr(from, 0);
+        check(libc::bind(
+            fd,
+            (&local as *const libc::sockaddr_in).cast(),
+            len,
+        ))?;
+        // A blocking connect gives up at SO_SNDTIMEO.
+        stream.set_write_timeout(Some(IO_BOUND))?;
+        let remote = sockaddr(*to.ip(), to.port());
+        check(libc::connect(
+            fd,
+            (&remote as *const libc::sockaddr_in).cast(),
+            len,
+        ))?;
+        stream.set_write_timeout(None)?;
+        Ok(stream)
+    }
 }
 
 /// The soft open-file limit of a process (`/proc/PID/limits`).
