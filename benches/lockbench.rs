@@ -119,7 +119,9 @@ SHAPE:
                          10000)
   --fleet N              clients of the fleet row, two connections each
                          (default 10000, scaled to the open-file limits)
-  --fleet-threads N      threads that connect the fleet (default: one per core)
+  --fleet-threads N      threads that connect the fleet (default: one per
+                         CPU of the load generator, which runs on CPU 0 and
+                         the new active on the others)
   --seed N               random keys and jitter (default: from the clock)
 
 HELPERS:

@@ -22,6 +22,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::engine::cpu_ticks;
+use crate::placement::Split;
 use crate::watch_rows;
 
 /// Clients of the fleet unless `--fleet` says otherwise.
@@ -29,12 +30,17 @@ const DEFAULT_FLEET: usize = 10_000;
 /// Connections per client (the client library's, with one address).
 const CONNS_PER_CLIENT: usize = 2;
 /// Threads that connect the fleet (each a share of the clients) unless
-/// `--fleet-threads` says otherwise: one per core. More than the cores
-/// take the node's CPU on a machine it shares with the load generator (a
-/// real fleet runs elsewhere), and its listen queue overflows then because
-/// the node is off the CPU, not because it is slow.
-fn fleet_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
+/// `--fleet-threads` says otherwise: one per CPU the load generator has.
+/// More than that take the node's CPU on a machine it shares with the
+/// load generator (a real fleet runs elsewhere), and its listen queue then
+/// overflows because the node is off the CPU, not because it is slow;
+/// hence also the split (placement.rs): the load generator on CPU 0, the
+/// new active on the others, as when the fleet runs on machines of its own.
+fn fleet_threads(split: Option<&Split>) -> usize {
+    match split {
+        Some(split) => split.load_gen.len(),
+        None => std::thread::available_parallelism().map_or(2, |n| n.get()),
+    }
 }
 /// Open files kept free on each side.
 const FD_SPARE: usize = 256;
@@ -53,7 +59,7 @@ const LEASE_SECS: u64 = 60;
 pub struct FleetOptions {
     pub nodes: Option<([SocketAddr; 2], [u32; 2])>,
     pub fleet: Option<usize>,
-    pub threads: usize,
+    pub threads: Option<usize>,
 }
 
 /// The fleet options (`--failover` absent: no fleet row).
@@ -65,11 +71,8 @@ pub fn parse(args: &mut pico_args::Arguments) -> Result<FleetOptions, String> {
     if fleet.is_some_and(|n| n == 0 || n > 100_000) {
         return Err("--fleet must be 1 to 100000".into());
     }
-    let threads: usize = args
-        .opt_value_from_str("--fleet-threads")
-        .map_err(err)?
-        .unwrap_or_else(fleet_threads);
-    if threads == 0 || threads > 64 {
+    let threads: Option<usize> = args.opt_value_from_str("--fleet-threads").map_err(err)?;
+    if threads.is_some_and(|n| n == 0 || n > 64) {
         return Err("--fleet-threads must be 1 to 64".into());
     }
     let nodes = match (addrs, pids) {
@@ -116,6 +119,8 @@ struct FleetRun {
     /// CPU seconds over the fleet's run: the new active's, this process's.
     cpu_node: f64,
     cpu_fleet: f64,
+    /// Where the load generator and the new active ran.
+    placement: String,
 }
 
 /// Run the fleet row; its Markdown section ("" without `--failover`).
@@ -139,6 +144,19 @@ pub fn run(options: &FleetOptions) -> Result<String, String> {
     if info.get("role").map(String::as_str) != Some("active") {
         return Err(format!("--failover: {active} is not active: {info:?}"));
     }
+    // The load generator on CPU 0, the new active on the others (until
+    // the guard drops, after the run).
+    let split = Split::of_this_machine();
+    let pinned = split
+        .as_ref()
+        .and_then(|split| split.apply(&[standby_pid], &[]).ok());
+    let placement = match (&split, &pinned) {
+        (Some(split), Some(_)) => format!("load generator | new active: {}", split.describe()),
+        _ => "unpinned".to_string(),
+    };
+    let n = options
+        .threads
+        .unwrap_or_else(|| fleet_threads(split.as_ref().filter(|_| pinned.is_some())));
     eprintln!("fleet: killing the active {active} (pid {active_pid}); {clients} clients follow");
     let killed = Instant::now();
     // SAFETY: kill(2) reads no memory of ours.
@@ -161,7 +179,6 @@ pub fn run(options: &FleetOptions) -> Result<String, String> {
     };
     let node_stat = format!("/proc/{standby_pid}/stat");
     let cpu_before = (cpu_ticks(&node_stat), cpu_ticks("/proc/self/stat"));
-    let n = options.threads;
     let shares: Vec<std::ops::Range<usize>> = (0..n)
         .map(|t| t * clients / n..(t + 1) * clients / n)
         .collect();
@@ -179,6 +196,7 @@ pub fn run(options: &FleetOptions) -> Result<String, String> {
         refused: 0,
         cpu_node: 0.0,
         cpu_fleet: 0.0,
+        placement: String::new(),
     };
     for thread in threads {
         let part = thread.join().map_err(|_| "fleet: a thread panicked")??;
@@ -194,6 +212,8 @@ pub fn run(options: &FleetOptions) -> Result<String, String> {
     };
     out.cpu_node = spent(cpu_before.0, cpu_ticks(&node_stat));
     out.cpu_fleet = spent(cpu_before.1, cpu_ticks("/proc/self/stat"));
+    drop(pinned);
+    out.placement = placement;
     out.served_ns.sort_unstable();
     out.all_served = Duration::from_nanos(out.served_ns.last().copied().unwrap_or(0));
     Ok(render(&out, &note))
@@ -253,6 +273,7 @@ fn follow(
         refused,
         cpu_node: 0.0,
         cpu_fleet: 0.0,
+        placement: String::new(),
     })
 }
 
@@ -346,8 +367,8 @@ fn render(run: &FleetRun, note: &str) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "\n### A fleet following a failover: {} clients × {CONNS_PER_CLIENT} connections to the new active, \
-         from {} threads{note}\n\n",
-        run.clients, run.threads
+         from {} load thread(s) ({}){note}\n\n",
+        run.clients, run.threads, run.placement
     ));
     out.push_str(
         "| kill → promotion ms | promotion → all first requests answered ms | goal | \
