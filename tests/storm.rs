@@ -194,13 +194,17 @@ fn ten_thousand_sequential_idle_connects_are_all_admitted_without_a_retransmitte
     );
     let max_conns = (storm + OWN_FILES).to_string();
     let node = Node::start(&["--max-conns", &max_conns]);
-    let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn").unwrap_or_default();
+    // The queue holds at least 4096 (more if net.core.somaxconn allows).
+    let log = node.log();
+    let backlog: usize = log
+        .split("(backlog ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no backlog in the listening line:\n{log}"));
     assert!(
-        node.log().contains("(backlog 4096)"),
-        "the client port listens with a backlog of 4096 (net.core.somaxconn is {}: \
-         docs/running.md says how to raise it):\n{}",
-        somaxconn.trim(),
-        node.log()
+        backlog >= 4096,
+        "the client port listens with a backlog of {backlog}, below 4096: net.core.somaxconn \
+         caps it (docs/running.md says how to raise it):\n{log}"
     );
 
     // One client after another, each left idle, as a pool opens its

@@ -10,11 +10,12 @@
 //!   reconnecting one client after another overflows whenever the node is
 //!   off the CPU for a few milliseconds; every connection past it loses its
 //!   SYN and waits a whole second for the retransmission. The node asks for
-//!   [`LISTEN_BACKLOG`], whatever `--max-conns` is: a connection the node
-//!   refuses (`too-many-connections`) passes through the same queue, so a
-//!   full node needs it as much as an empty one. The kernel caps it at
-//!   `net.core.somaxconn` ([`SOMAXCONN`]); the node warns at start when
-//!   that cap is lower.
+//!   what the kernel allows (`net.core.somaxconn`, [`SOMAXCONN`], as Go's
+//!   runtime does), at least [`LISTEN_BACKLOG`] and at most
+//!   [`LISTEN_BACKLOG_MAX`], whatever `--max-conns` is: a connection the
+//!   node refuses (`too-many-connections`) passes through the same queue,
+//!   so a full node needs it as much as an empty one. The node warns at
+//!   start when `somaxconn` caps it below [`LISTEN_BACKLOG`].
 //! - The open files: `--max-conns` plus [`FD_HEADROOM`] for the node's own
 //!   (the listeners, epoll and its wakers, peer links and the slots kept
 //!   for them, metrics, logs). `batond` raises its soft limit toward that,
@@ -29,11 +30,16 @@
 
 use std::io;
 
-/// The backlog the client port asks for: a fleet of this many clients
-/// connecting at once (or one after another while the node is off the CPU)
-/// waits in the queue instead of losing SYNs. It costs nothing until
-/// connections fill it. (Linux's default `net.core.somaxconn` since 5.4.)
+/// The least backlog the client port asks for (more when `somaxconn`
+/// allows more): a fleet of this many clients connecting at once (or one
+/// after another while the node is off the CPU) waits in the queue instead
+/// of losing SYNs. It costs nothing until connections fill it. (Linux's
+/// default `net.core.somaxconn` since 5.4.)
 pub const LISTEN_BACKLOG: usize = 4096;
+/// The most backlog the client port asks for, however high `somaxconn`
+/// is: what a node stuck for a while can have queued in the kernel, a
+/// socket each, stays bounded.
+pub const LISTEN_BACKLOG_MAX: usize = 65_535;
 /// Where Linux says the cap on every listen backlog.
 pub const SOMAXCONN: &str = "/proc/sys/net/core/somaxconn";
 /// Open files the node needs beyond `--max-conns` for its own: the
@@ -42,27 +48,36 @@ pub const SOMAXCONN: &str = "/proc/sys/net/core/somaxconn";
 pub const FD_HEADROOM: u64 = 256;
 
 /// Listen on `listener` (bound and listening already, as `std` leaves it)
-/// with [`LISTEN_BACKLOG`]; on Linux a second `listen` updates the backlog
-/// of a listening socket. A warning is logged when `net.core.somaxconn`
-/// caps it lower. The backlog in force: the one asked for, or the cap.
+/// with [`backlog_for`] the system's `somaxconn`; on Linux a second
+/// `listen` updates the backlog of a listening socket. A warning is logged
+/// when `somaxconn` caps it below [`LISTEN_BACKLOG`]. The backlog in
+/// force: the one asked for, or the cap.
 pub fn set_backlog(listener: &std::net::TcpListener) -> io::Result<usize> {
     use std::os::fd::AsRawFd;
-    let n = libc::c_int::try_from(LISTEN_BACKLOG).unwrap_or(libc::c_int::MAX);
+    let cap = std::fs::read_to_string(SOMAXCONN)
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok());
+    let wanted = backlog_for(cap);
+    let n = libc::c_int::try_from(wanted).unwrap_or(libc::c_int::MAX);
     // SAFETY: listen(2) on a file descriptor the listener owns and keeps
     // open for the call; it reads no memory of ours.
     if unsafe { libc::listen(listener.as_raw_fd(), n) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let cap = std::fs::read_to_string(SOMAXCONN)
-        .ok()
-        .and_then(|s| s.trim().parse::<usize>().ok());
     let Some(cap) = cap else {
-        return Ok(LISTEN_BACKLOG);
+        return Ok(wanted);
     };
     if let Some(warning) = somaxconn_warning(cap) {
         log::warn!("{warning}");
     }
-    Ok(LISTEN_BACKLOG.min(cap))
+    Ok(wanted.min(cap))
+}
+
+/// The backlog to ask for under `somaxconn` (`cap`, if known): all it
+/// allows, between [`LISTEN_BACKLOG`] and [`LISTEN_BACKLOG_MAX`].
+pub fn backlog_for(cap: Option<usize>) -> usize {
+    cap.unwrap_or(LISTEN_BACKLOG)
+        .clamp(LISTEN_BACKLOG, LISTEN_BACKLOG_MAX)
 }
 
 /// The warning when `net.core.somaxconn` (`cap`) keeps the backlog below
@@ -156,6 +171,14 @@ pub fn raise_open_files(max_conns: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_backlog_is_what_somaxconn_allows_within_its_bounds() {
+        assert_eq!(backlog_for(None), LISTEN_BACKLOG);
+        assert_eq!(backlog_for(Some(128)), LISTEN_BACKLOG);
+        assert_eq!(backlog_for(Some(8192)), 8192);
+        assert_eq!(backlog_for(Some(1 << 30)), LISTEN_BACKLOG_MAX);
+    }
 
     #[test]
     fn somaxconn_below_the_backlog_is_warned_about_with_the_fix() {

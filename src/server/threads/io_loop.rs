@@ -36,7 +36,7 @@
 //!   on in the next round until the listener's queue is empty, however
 //!   long the loop was idle (a failed accept `ACCEPT_RETRY` later; out of
 //!   open files, each connection is refused through a reserve file), and
-//!   the queue holds `os_limits::LISTEN_BACKLOG`;
+//!   the queue holds what `os_limits.rs` asks for (4096 or more);
 //! - `PAUSE_OUTPUT` bytes of unsent answers, or `MAX_OWED` bytes owed by
 //!   requests sent to the owner and not answered yet (waiting acquires
 //!   included; each costs its key's bytes plus `ANSWER_ALLOWANCE`, an `I`
