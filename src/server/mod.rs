@@ -20,9 +20,9 @@
 //!   owner's round and of replication's work (the threads and the
 //!   simulation run the same functions); [`config`] the flags; [`stats`] and
 //!   [`metrics_http`] the figures; [`clock`] the real clocks; [`peer_wire`]
-//!   the framing of a peer link; [`busy_poll`] and [`sched`] CPU policy;
-//!   [`os_limits`] what the operating system must allow (the listen backlog,
-//!   the open files).
+//!   the framing of a peer link; [`busy_poll`] and [`sched`] CPU policy.
+//!   [`os_limits`]: what the operating system must allow a node (the listen
+//!   backlog, the open files).
 //!
 //! Never does: anything itself; this file only names the parts.
 
