@@ -6,11 +6,14 @@
 //! server holding a million keys, or a hundred thousand queued waiters), and
 //! the small blocking helpers that ask servers things (`SCRIPT LOAD`, `I`,
 //! `DBSIZE`). The load itself is engine.rs, the wire formats wire.rs, the
-//! tables report.rs; the TLS, semaphore and watch rows are their own files
-//! (tls_rows.rs, semaphore_rows.rs, watch_rows.rs), run after the main
-//! rows. `scripts/bench.sh` starts the servers and runs this.
+//! tables report.rs; the TLS, semaphore, watch, connection-storm and fleet
+//! rows are their own files (tls_rows.rs, semaphore_rows.rs, watch_rows.rs,
+//! storm_rows.rs, fleet_rows.rs), run after the main rows.
+//! `scripts/bench.sh` starts the servers and runs this.
 //!
-//! Never does: start or stop a server (the script does), or run under
+//! Never does: start a server, or end one but the fleet row's active (the
+//! script starts them; the storm rows pause one, SIGSTOP then SIGCONT, for
+//! 50 ms), or run under
 //! `cargo test` (it is a `harness = false` bench; there are no timing
 //! thresholds in tests).
 
@@ -18,12 +21,16 @@
 mod deployed;
 #[path = "lockbench/engine.rs"]
 mod engine;
+#[path = "lockbench/fleet_rows.rs"]
+mod fleet_rows;
 #[path = "lockbench/placement.rs"]
 mod placement;
 #[path = "lockbench/report.rs"]
 mod report;
 #[path = "lockbench/semaphore_rows.rs"]
 mod semaphore_rows;
+#[path = "lockbench/storm_rows.rs"]
+mod storm_rows;
 #[path = "lockbench/tls_rows.rs"]
 mod tls_rows;
 #[path = "lockbench/watch_rows.rs"]
@@ -80,6 +87,14 @@ SERVERS (each optional; rows of a server not given are left out):
                          most watchers (default: --baton)
   --watch-redis ADDR     redis-server for the watch rows, with --maxclients
                          above the most watchers (default: --redis)
+  --storm-baton ADDR --storm-baton-pid PID
+  --storm-redis ADDR --storm-redis-pid PID
+                         fresh servers for the connection-storm rows, with
+                         a connection limit above --storm-conns (the PID:
+                         the stalled row stops the server with SIGSTOP)
+  --failover ACTIVE,STANDBY --failover-pids PID,PID
+                         a 2-node cluster, standby synced, for the fleet row
+                         (its active is killed: one fleet run per bench run)
 
 SHAPE:
   --quick                short windows, one round (about a minute in all)
@@ -88,7 +103,8 @@ SHAPE:
   --rounds N             runs per (row, system), interleaved (default 2; quick 1)
   --client-threads N     load-generator threads (default 1)
   --only LIST            sections to run: sweep,pipelined,contended,expiry,
-                         memory,deployed,tls,semaphore,watch (default: all)
+                         memory,deployed,tls,semaphore,watch,storm,fleet
+                         (default: all)
   --sweep LIST           connections of the closed-loop sweep
                          (default 1,10,50,100,200,500)
   --depth N              pipeline depth of the pipelined row (default 16)
@@ -99,6 +115,13 @@ SHAPE:
                          0-watcher baseline (default 1000,10000)
   --watch-clients N      clients of the loop that changes the watched key
                          (default 4)
+  --storm-conns N        sequential idle connects per storm run (default
+                         10000)
+  --fleet N              clients of the fleet row, two connections each
+                         (default 10000, scaled to the open-file limits)
+  --fleet-threads N      threads that connect the fleet (default: one per
+                         CPU of the load generator, which runs on CPU 0 and
+                         the new active on the others)
   --seed N               random keys and jitter (default: from the clock)
 
 HELPERS:
@@ -120,6 +143,12 @@ pipelined acquires with a limit field (`A k lease wait 1`) against
 without. Watch rows: N watchers of one key (baton `W`; Redis SUBSCRIBE,
 the new holder PUBLISHing each change) that a closed loop of a few clients
 changes; the owner's rate against no watchers, and change → last watcher.
+Storm rows: --storm-conns clients connecting one after another, each left
+idle (baton and Redis interleaved): connections that waited for a
+retransmitted SYN, and the time it took; then the same with the server
+stopped for its first 50 ms. Fleet row: a cluster's active killed, and
+--fleet clients following the failover, two connections each, their first
+requests answered within how long of the promotion.
 ";
 
 /// Lease and wait of the throughput rows: long, a safety net only.
@@ -188,6 +217,14 @@ fn main() -> ExitCode {
         Ok(tls) => tls,
         Err(e) => return usage_error(&e),
     };
+    let storm = match storm_rows::parse(&mut args) {
+        Ok(storm) => storm,
+        Err(e) => return usage_error(&e),
+    };
+    let fleet = match fleet_rows::parse(&mut args) {
+        Ok(fleet) => fleet,
+        Err(e) => return usage_error(&e),
+    };
     let watch = match watch_rows::parse(&mut args) {
         Ok(watch) => watch,
         Err(e) => return usage_error(&e),
@@ -228,6 +265,13 @@ fn main() -> ExitCode {
             }
             if options.wants("watch") {
                 more.push(watch_rows::run(&watch, &shape, script_load_text));
+            }
+            if options.wants("storm") {
+                more.push(storm_rows::run(&storm, &shape));
+            }
+            if options.wants("fleet") {
+                // Last: it kills the cluster's active.
+                more.push(fleet_rows::run(&fleet));
             }
             for section in more {
                 match section {

@@ -20,7 +20,9 @@
 # redis-server when it is installed (alone, and a master with a replica),
 # batond and redis-server with TLS (the TLS rows), and batond and
 # redis-server allowing more connections than the most watchers (the watch
-# rows; the semaphore rows use the first batond and redis-server)
+# rows; the semaphore rows use the first batond and redis-server), and a
+# fresh batond and redis-server for the connection-storm rows, and a second
+# 2-node cluster for the fleet row (whose active the harness kills)
 # (the Redis rows are left out with a note when it is not); runs the harness
 # (benches/lockbench.rs); prints its Markdown tables on stdout (progress on
 # stderr); and stops every process it started, by PID, when it exits.
@@ -161,6 +163,9 @@ args+=(--mem-waiters "$last_addr" --mem-waiters-pid "$last_pid")
 # The watch rows: up to 10,000 watcher connections and the loop's clients.
 start_batond watch --max-conns 12000
 args+=(--watch-baton "$last_addr")
+# The storm rows: 10,000 sequential idle connects to a fresh server.
+start_batond storm --max-conns 12000
+args+=(--storm-baton "$last_addr" --storm-baton-pid "$last_pid")
 
 # ---- as deployed: a 2-node cluster, default flags (the deployed rows) ----
 # info PORT: baton's `I` line.
@@ -205,6 +210,40 @@ start_cluster() {
 }
 start_cluster
 
+# The fleet row: a second 2-node cluster whose active the harness kills,
+# room for the fleet's two connections per client on the new active.
+start_fleet_cluster() {
+  local ports peers i active=""
+  mapfile -t ports < <("$bench_bin" --free-ports 2)
+  peers=127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}
+  local node_pids=()
+  for i in 0 1; do
+    # shellcheck disable=SC2086
+    RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${ports[$i]}" --peers "$peers" \
+      --cluster-key-file "$work/cluster.key" --max-conns 20000 ${BATOND_FLAGS:-} \
+      >/dev/null 2>"$work/fleet$i.log" &
+    node_pids+=($!)
+    pids+=($!)
+  done
+  for _ in $(seq 200); do
+    case $(info "${ports[0]}" 2>/dev/null) in
+    *role=active*standbys=1*) active=yes ;;
+    esac
+    [ -n "$active" ] && break
+    sleep 0.05
+  done
+  if [ -z "$active" ]; then
+    echo "bench.sh: the fleet cluster did not sync within 10 s:" >&2
+    cat "$work/fleet0.log" "$work/fleet1.log" >&2
+    exit 1
+  fi
+  args+=(--failover "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}"
+    --failover-pids "${node_pids[0]},${node_pids[1]}")
+  echo "bench.sh: fleet cluster: active 127.0.0.1:${ports[0]} (pid ${node_pids[0]})," \
+    "standby 127.0.0.1:${ports[1]} (pid ${node_pids[1]})" >&2
+}
+start_fleet_cluster
+
 redis_note="redis-server not installed: Redis rows skipped"
 [ "$use_redis" = yes ] || redis_note="Redis left out (--no-redis)"
 if [ "$use_redis" = yes ] && command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
@@ -225,6 +264,8 @@ if [ "$use_redis" = yes ] && command -v redis-server >/dev/null && command -v re
   args+=(--mem-redis "$last_addr" --mem-redis-pid "$last_pid")
   start_redis redis-watch --maxclients 12000
   args+=(--watch-redis "$last_addr")
+  start_redis redis-storm --maxclients 12000
+  args+=(--storm-redis "$last_addr" --storm-redis-pid "$last_pid")
   redis_note=$(redis-server --version | sed 's/ sha=.*//')
 else
   echo "bench.sh: $redis_note (apt-get install redis-server to compare)" >&2

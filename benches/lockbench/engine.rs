@@ -404,7 +404,7 @@ fn thread_ticks(pid: u32, name: &str) -> u64 {
 }
 
 /// utime + stime of a process, in clock ticks, from its /proc stat line.
-fn cpu_ticks(path: &str) -> Option<u64> {
+pub(crate) fn cpu_ticks(path: &str) -> Option<u64> {
     let stat = std::fs::read_to_string(path).ok()?;
     // The command name (field 2) may hold spaces: count from its ')'.
     let rest = &stat[stat.rfind(')')? + 1..];

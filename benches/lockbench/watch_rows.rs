@@ -122,7 +122,7 @@ pub fn parse(args: &mut pico_args::Arguments) -> Result<WatchOptions, String> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Sys {
+pub(crate) enum Sys {
     Baton,
     Redis,
 }
@@ -558,7 +558,7 @@ fn settle(sys: Sys, addr: SocketAddr) -> Result<(), String> {
 
 /// How many client connections the server has now (baton: `I`'s
 /// `conns=`; Redis: `INFO clients`).
-fn server_conns(sys: Sys, addr: SocketAddr) -> Result<u64, String> {
+pub(crate) fn server_conns(sys: Sys, addr: SocketAddr) -> Result<u64, String> {
     if sys == Sys::Baton {
         let info = crate::info(addr)?;
         return info
@@ -978,7 +978,7 @@ impl FanOut {
 }
 
 /// Close with a reset, not a FIN: no TIME_WAIT left on this side.
-fn no_linger(stream: &std::net::TcpStream) -> Result<(), String> {
+pub(crate) fn no_linger(stream: &std::net::TcpStream) -> Result<(), String> {
     let linger = libc::linger {
         l_onoff: 1,
         l_linger: 0,
@@ -1001,7 +1001,7 @@ fn no_linger(stream: &std::net::TcpStream) -> Result<(), String> {
 }
 
 /// Raise the soft open-file limit to the hard one; the soft limit now.
-fn raise_fd_limit() -> libc::rlim_t {
+pub(crate) fn raise_fd_limit() -> libc::rlim_t {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -1,7 +1,8 @@
 //! `batond`: the baton lock server.
 //!
 //! Owns: the process — flags (pico-args, through `server::config`), logging
-//! (env_logger, `RUST_LOG`), the file-descriptor limit, and the signals that
+//! (env_logger, `RUST_LOG`), the open-file limit (raised and warned about
+//! by `server::os_limits` before the node starts), and the signals that
 //! stop it (SIGINT, SIGTERM: a graceful shutdown, then exit 0) or reload
 //! its `--auth-file` and TLS files (SIGHUP: `Server::reload`). Every file a
 //! flag names is read and checked before the node starts, whether or not
@@ -55,7 +56,9 @@ fn main() -> ExitCode {
         eprintln!("batond: {e}");
         return ExitCode::from(2);
     }
-    raise_fd_limit(config.max_conns);
+    // Room for --max-conns connections: the soft limit raised up to the
+    // hard one if need be, and a warning naming the fix if that is short.
+    baton::server::os_limits::raise_open_files(config.max_conns);
     let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP]) {
         Ok(signals) => signals,
         Err(e) => {
@@ -105,34 +108,4 @@ fn main() -> ExitCode {
     }
     server.shutdown();
     ExitCode::SUCCESS
-}
-
-/// Raise the soft limit on open files toward the hard limit, so that
-/// `--max-conns` connections fit.
-fn raise_fd_limit(max_conns: usize) {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return;
-        }
-        let wanted = (max_conns as libc::rlim_t).saturating_add(256);
-        if limit.rlim_cur < wanted {
-            limit.rlim_cur = wanted.min(limit.rlim_max);
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                log::warn!("cannot raise the open-file limit to {wanted}");
-            }
-        }
-        if (limit.rlim_cur as u128) < max_conns as u128 + 64 {
-            log::warn!(
-                "the open-file limit ({}) leaves no room for --max-conns ({max_conns}) client \
-                 connections plus the listener, peers and metrics (at least --max-conns + 64; \
-                 --max-conns + 256 is advised): connections past it will fail",
-                limit.rlim_cur
-            );
-        }
-    }
 }

@@ -21,6 +21,8 @@
 //!   simulation run the same functions); [`config`] the flags; [`stats`],
 //!   [`metrics_http`] and [`keys_json`] the figures and the contention view; [`clock`] the real clocks; [`peer_wire`]
 //!   the framing of a peer link; [`busy_poll`] and [`sched`] CPU policy.
+//!   [`os_limits`]: what the operating system must allow a node (the listen
+//!   backlog, the open files).
 //!
 //! Never does: anything itself; this file only names the parts.
 
@@ -32,6 +34,7 @@ pub mod keys_json;
 pub mod messages;
 pub mod metrics_http;
 pub mod node;
+pub mod os_limits;
 pub mod peer_wire;
 pub mod rounds;
 pub mod sched;

@@ -6,7 +6,8 @@
 //! replication thread (`threads/replication.rs`), with `--metrics` the
 //! metrics thread (`threads/metrics.rs`) — and the [`Settings`] and
 //! [`Gauges`] they share. Both listening sockets are bound first (a port that
-//! cannot be is a [`StartError::Flag`] naming its flag), and every channel
+//! cannot be is a [`StartError::Flag`] naming its flag; the client port's
+//! backlog is `os_limits.rs`'s), and every channel
 //! and waker is built before any thread starts; [`Server::shutdown`] stops
 //! them in a fixed order and logs each step.
 //!
@@ -27,6 +28,7 @@ use crate::server::core::lock_table::{LockTable, TableLimits};
 use crate::server::core::table_core::TableCore;
 use crate::server::core::tokens::{self, TokenSource};
 use crate::server::messages::{IoLoopLink, ReplLink, ToOwner, ToRepl, capacity};
+use crate::server::os_limits;
 use crate::server::shared::{Gauges, Settings};
 use crate::server::stats::MetricsSlot;
 use crate::server::supervise::Supervisor;
@@ -129,6 +131,9 @@ impl Server {
             Some(addr) => Some(listen(addr, |_| "--metrics")?),
             None => None,
         };
+        // std listened with 128: a fleet reconnecting one after another
+        // needs more (os_limits.rs).
+        let backlog = os_limits::set_backlog(&listener)?;
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
         let node_index = config.node_index().map_err(StartError::Flag)?;
@@ -269,7 +274,7 @@ impl Server {
             None => None,
         };
         log::info!(
-            "listening on {local_addr} as {} with {} I/O loops",
+            "listening on {local_addr} as {} with {} I/O loops (backlog {backlog})",
             settings.node,
             io_threads.len()
         );

@@ -32,7 +32,11 @@
 //! Limits, each with its policy:
 //! - `MAX_LINE` per line (protocol.rs): past it, `E - - line-too-long` and close;
 //! - `ACCEPT_BATCH` accepts per wake, `READ_BUDGET` bytes read per connection
-//!   per wake, so one busy client cannot starve the others;
+//!   per wake, so one busy client cannot starve the others; accepting goes
+//!   on in the next round until the listener's queue is empty, however
+//!   long the loop was idle (a failed accept `ACCEPT_RETRY` later; out of
+//!   open files, each connection is refused through a reserve file), and
+//!   the queue holds what `os_limits.rs` asks for (4096 or more);
 //! - `PAUSE_OUTPUT` bytes of unsent answers, or `MAX_OWED` bytes owed by
 //!   requests sent to the owner and not answered yet (waiting acquires
 //!   included; each costs its key's bytes plus `ANSWER_ALLOWANCE`, an `I`
@@ -150,8 +154,13 @@ const LISTENER: Token = Token(usize::MAX - 1);
 /// The token of the loop's `mio::Waker`.
 pub const WAKER: Token = Token(usize::MAX - 2);
 
-/// Connections accepted per wake before the loop looks at its clients again.
+/// Connections accepted per wake before the loop looks at its clients again
+/// (it accepts on in the next round, with no wait: see `accept_some`).
 const ACCEPT_BATCH: usize = 64;
+/// How soon a loop whose accept failed (out of memory, say) tries again.
+const ACCEPT_RETRY: Duration = Duration::from_millis(50);
+/// At most one warning of a failed accept per this long.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
 /// Bytes read from one connection per wake before the others get a turn.
 const READ_BUDGET: usize = 64 * 1024;
 /// Size of the loop's read buffer.
@@ -261,6 +270,15 @@ pub struct IoLoop {
     dirty: Vec<usize>,
     backlog: Vec<usize>,
     accept_pending: bool,
+    /// When to accept again after an accept failed (see `accept_some`).
+    accept_retry: Option<Instant>,
+    /// When a failed accept was last warned about (at most one warning
+    /// per `ACCEPT_WARN_EVERY`).
+    accept_warned: Option<Instant>,
+    /// One open file (`/dev/null`) kept to be closed when the process is
+    /// out of them, to take a connection and refuse it
+    /// (`refuse_with_reserve`).
+    reserve: Option<std::fs::File>,
     answers_pending: bool,
     read_buf: Box<[u8]>,
     /// Since when the loop has been out of work, and its polling window; the
@@ -335,6 +353,9 @@ impl IoLoop {
             dirty: Vec::new(),
             backlog: Vec::new(),
             accept_pending: true,
+            accept_retry: None,
+            accept_warned: None,
+            reserve: open_reserve(),
             answers_pending: false,
             read_buf: vec![0; READ_CHUNK].into_boxed_slice(),
             idle: IdleStretch::new(busy_poll_max),
@@ -528,6 +549,10 @@ impl IoLoop {
     /// Everything after the events: accept, read what is backlogged, send the
     /// batch, take in answers, flush.
     fn round(&mut self) {
+        if self.accept_retry.is_some_and(|at| Instant::now() >= at) {
+            self.accept_retry = None;
+            self.accept_pending = true;
+        }
         if self.accept_pending {
             self.accept_some();
         }
@@ -583,6 +608,11 @@ impl IoLoop {
         if self.fanout.has_work() {
             // Watchers are behind: come back for them when the pace allows.
             let until = Duration::from_micros(self.pace.next_us().saturating_sub(self.micros()));
+            sleep = Some(sleep.map_or(until, |s| s.min(until)));
+        }
+        if let Some(at) = self.accept_retry {
+            // An accept failed: try again then (see `accept_some`).
+            let until = at.saturating_duration_since(Instant::now());
             sleep = Some(sleep.map_or(until, |s| s.min(until)));
         }
         // Wake for the first deadline of a connection (see `deadlines`).
@@ -750,6 +780,16 @@ impl IoLoop {
         }
     }
 
+    /// Accept until the listener's queue is empty (`WouldBlock`), at most
+    /// `ACCEPT_BATCH` before the loop's clients get a turn; a full batch
+    /// leaves `accept_pending` set, so the next round (with no wait in
+    /// `poll`) accepts on: the listener is edge-triggered, and nothing else
+    /// would come back for connections left in the queue. An error of one
+    /// connection (aborted before it was taken, say) skips it; out of open
+    /// files, the connection is refused with `E - - too-many-connections`
+    /// through the loop's reserve file (see `refuse_with_reserve`); any
+    /// other failure is tried again `ACCEPT_RETRY` later, never left to the
+    /// next arrival.
     fn accept_some(&mut self) {
         self.accept_pending = false;
         for _ in 0..ACCEPT_BATCH {
@@ -759,23 +799,69 @@ impl IoLoop {
             match listener.accept() {
                 Ok((stream, addr)) => self.admit(stream, addr),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if skip_accept_error(&e) => continue,
                 Err(e) => {
-                    // Out of file descriptors and the like: try again next round.
-                    log::warn!(
-                        "I/O loop {}: accept failed: {e}{}",
-                        self.index,
-                        if e.raw_os_error() == Some(libc::EMFILE) {
-                            " (out of file descriptors: raise the open-file limit to --max-conns + 256)"
-                        } else {
-                            ""
-                        }
-                    );
+                    let out_of_files =
+                        matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE));
+                    let now = Instant::now();
+                    if self
+                        .accept_warned
+                        .is_none_or(|at| now >= at + ACCEPT_WARN_EVERY)
+                    {
+                        self.accept_warned = Some(now);
+                        log::warn!(
+                            "I/O loop {}: accept failed: {e}{}",
+                            self.index,
+                            if out_of_files {
+                                "; refusing connections until some close (raise the \
+                                 open-file limit to --max-conns + 256: docs/running.md)"
+                            } else {
+                                ""
+                            }
+                        );
+                    }
+                    if out_of_files && self.refuse_with_reserve() {
+                        continue;
+                    }
+                    self.accept_retry = Some(now + ACCEPT_RETRY);
                     return;
                 }
             }
         }
         self.accept_pending = true;
+    }
+
+    /// Out of open files: close the loop's reserve file, take the
+    /// connection at the head of the queue with it, refuse it as
+    /// `--max-conns` refuses (so the client hears at once instead of
+    /// waiting in the queue, its SYNs dropped once the queue is full), and
+    /// open the reserve again. False when there was no reserve to use or
+    /// the accept failed even so.
+    fn refuse_with_reserve(&mut self) -> bool {
+        let Some(reserve) = self.reserve.take() else {
+            return false;
+        };
+        drop(reserve);
+        let taken = match &self.listener {
+            Some(listener) => listener.accept(),
+            None => return false,
+        };
+        let refused = match taken {
+            Ok((stream, addr)) => {
+                log::debug!("refusing {addr}: out of open files");
+                self.gauges.io_counters.refused(Reason::TooManyConnections);
+                if self.settings.tls.is_none() {
+                    let _ = (&stream).write(&too_many_connections());
+                }
+                end_refused(&stream, &mut self.read_buf);
+                true
+            }
+            // The queue is empty (the next accept says so) or the
+            // connection was gone: carry on.
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock || skip_accept_error(&e),
+        };
+        self.reserve = open_reserve();
+        refused
     }
 
     fn admit(&mut self, stream: TcpStream, addr: SocketAddr) {
@@ -1659,6 +1745,36 @@ fn end_refused(stream: &TcpStream, buf: &mut [u8]) {
     let _ = stream.shutdown(std::net::Shutdown::Write);
     let mut stream = stream;
     let _ = stream.read(buf);
+}
+
+/// An accept error that concerns only the connection it would have
+/// returned (gone before it was taken; Linux passes on the network errors
+/// of a pending connection, accept(2) says, to be treated as "try again"):
+/// skip it and accept the next.
+fn skip_accept_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+    ) || matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EPROTO
+                | libc::ENETDOWN
+                | libc::ENOPROTOOPT
+                | libc::EHOSTDOWN
+                | libc::ENONET
+                | libc::EHOSTUNREACH
+                | libc::EOPNOTSUPP
+                | libc::ENETUNREACH
+                | libc::EPERM
+        )
+    )
+}
+
+/// The loop's reserve file (see `IoLoop::reserve`); None if even that
+/// cannot be opened (then an accept out of files is tried again later).
+fn open_reserve() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
 }
 
 fn too_many_connections() -> Vec<u8> {
