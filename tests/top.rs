@@ -212,9 +212,13 @@ impl Tmux {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Start `command` in a session of its own, 160x40; its pane stays
-    /// after the process exits, to read its exit status.
+    /// Start `command` in a session of its own, 160x40, through a shell
+    /// that writes the command's exit status to a file when it exits (tmux
+    /// 3.3 may mark a pane dead and never fill in its exit status).
     fn start(&self, session: &str, command: &str) {
+        let status = self.status_file(session);
+        let _ = std::fs::remove_file(&status);
+        let wrapped = format!("{command}; echo $? > {}", status.display());
         self.run(&[
             "-f",
             "/dev/null",
@@ -226,7 +230,9 @@ impl Tmux {
             "160",
             "-y",
             "40",
-            command,
+            "sh",
+            "-c",
+            &wrapped,
             ";",
             "set-option",
             "-t",
@@ -236,21 +242,20 @@ impl Tmux {
         ]);
     }
 
+    fn status_file(&self, session: &str) -> PathBuf {
+        self.socket.with_extension(format!("{session}.status"))
+    }
+
     fn screen(&self, session: &str) -> String {
         self.run(&["capture-pane", "-p", "-t", session])
     }
 
-    /// The pane's process exit status, once it has exited.
+    /// The command's exit status, once it has exited.
     fn exit_status(&self, session: &str) -> String {
+        let file = self.status_file(session);
         wait_for("top to exit", DEADLINE, || {
-            let said = self.run(&[
-                "display-message",
-                "-p",
-                "-t",
-                session,
-                "#{pane_dead} #{pane_dead_status}",
-            ]);
-            said.starts_with('1').then(|| said.trim().to_string())
+            let said = std::fs::read_to_string(&file).ok()?;
+            said.ends_with('\n').then(|| said.trim().to_string())
         })
     }
 }
@@ -264,6 +269,9 @@ impl Drop for Tmux {
             .stderr(Stdio::null())
             .status();
         let _ = std::fs::remove_file(&self.socket);
+        for session in ["top", "again"] {
+            let _ = std::fs::remove_file(self.status_file(session));
+        }
     }
 }
 
@@ -305,7 +313,7 @@ fn the_full_screen_view_shows_the_key_sorts_and_quits_cleanly_under_tmux() {
     // `q` quits: the process exits 0 and the screen is the terminal's own
     // again (the alternate screen left).
     tmux.run(&["send-keys", "-t", "top", "q"]);
-    assert_eq!(tmux.exit_status("top"), "1 0", "exited with status 0");
+    assert_eq!(tmux.exit_status("top"), "0", "exited with status 0");
     let after = tmux.screen("top");
     assert!(
         !after.contains("jobs/nightly"),
@@ -320,7 +328,7 @@ fn the_full_screen_view_shows_the_key_sorts_and_quits_cleanly_under_tmux() {
             .then_some(())
     });
     tmux.run(&["send-keys", "-t", "again", "C-c"]);
-    assert_eq!(tmux.exit_status("again"), "1 0", "exited with status 0");
+    assert_eq!(tmux.exit_status("again"), "0", "exited with status 0");
     let after = tmux.screen("again");
     assert!(
         !after.contains("jobs/nightly"),
