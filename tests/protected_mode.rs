@@ -107,13 +107,14 @@ fn in_the_namespace() {
     let node = Node::start_raw(&["--port", "0"], None);
     let port = node.addr.port();
     assert!(node.addr.ip().is_unspecified(), "listens on {}", node.addr);
-    let log = node.log();
-    assert!(
-        log.contains("protected mode: serving clients on loopback")
+    // The line comes right after the node listens, so poll for it.
+    wait_for("a start-up line saying how to open it", DEADLINE, || {
+        let log = node.log();
+        (log.contains("protected mode: serving clients on loopback")
             && log.contains("--bind 0.0.0.0")
-            && log.contains("--auth-file PATH"),
-        "no start-up line saying how to open it:\n{log}"
-    );
+            && log.contains("--auth-file PATH"))
+        .then_some(())
+    });
     assert!(served(local(port)));
     assert_refused(far(port));
     wait_for("the refusal warning", DEADLINE, || {
