@@ -26,11 +26,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use common::{DEADLINE, Ending, LineClient, Node, batond_path, info_field, raise_fd_limit};
@@ -137,49 +136,16 @@ fn info_number(info: &str, name: &str) -> u64 {
 /// start it under a low open-file limit.
 fn node_under_ulimit(limit: &str, args: &[&str]) -> Node {
     let script = format!("ulimit {limit} && exec \"$0\" \"$@\"");
-    let mut child = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(script)
         .arg(batond_path())
         .args(["--bind", "127.0.0.1", "--port", "0"])
         .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sh -c 'ulimit ...; exec batond'");
-    let log = Arc::new(Mutex::new(String::new()));
-    let stderr = child.stderr.take().expect("stderr is piped");
-    let (tx, rx) = std::sync::mpsc::channel();
-    {
-        let log = log.clone();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.split("listening on ").nth(1)
-                    && let Some(tx) = tx.take()
-                {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = tx.send(addr);
-                }
-                let mut log = log.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-    }
-    let addr = match rx.recv_timeout(DEADLINE) {
-        Ok(addr) => addr.parse().expect("listening address parses"),
-        Err(_) => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("batond did not start: {}", log.lock().unwrap());
-        }
-    };
+        .env("RUST_LOG", "info");
     // `exec`: the child's PID is batond's, killed when the Node drops.
-    Node { child, addr, log }
+    Node::from_command(command, None)
 }
 
 #[test]

@@ -127,10 +127,19 @@ impl Node {
     }
 
     fn spawn(args: &[&str], port: Option<u16>, log_level: &str, env: &[(&str, &str)]) -> Node {
-        let mut child = Command::new(batond_path())
+        let mut command = Command::new(batond_path());
+        command
             .args(args)
             .env("RUST_LOG", log_level)
-            .envs(env.iter().copied())
+            .envs(env.iter().copied());
+        Node::from_command(command, port)
+    }
+
+    /// Spawn `command`, a batond (or a shell that execs one: its PID must
+    /// be batond's, killed on drop) with its stderr piped, and wait until it
+    /// listens; `port` overrides the address it says it listens on.
+    pub fn from_command(mut command: Command, port: Option<u16>) -> Node {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
