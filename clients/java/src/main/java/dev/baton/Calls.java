@@ -30,6 +30,9 @@ import java.util.function.Supplier;
  * </ul>
  */
 final class Calls {
+    /** Deadlines closer than this are one: see {@code overdue}. */
+    private static final long SAME_DEADLINE_NANOS = TimeUnit.MILLISECONDS.toNanos(10);
+
     private Calls() {}
 
     static final long RELEASE_RETRY_WINDOW_MS = 5000;
@@ -179,7 +182,12 @@ final class Calls {
             }
             long waited = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t.sentAt);
             String why = t.conn.addr + " did not answer within " + waited + " ms";
-            if (System.nanoTime() - connDue >= 0) {
+            // The caller's deadline is taken just before the send, the
+            // connection's just after it: for a request whose budget is the
+            // request timeout they differ by the send's microseconds, and the
+            // connection is as overdue as the caller (it is closed and
+            // reconnected, as every official client does).
+            if (System.nanoTime() - connDue >= -SAME_DEADLINE_NANOS) {
                 t.conn.kill(t.generation, "no answer within " + waited + " ms");
             }
             delivered = true;
