@@ -230,18 +230,12 @@ class Driver:
             else:
                 code = self.proc.returncode
         finally:
-            if self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait()
-            else:
-                # Whatever the driver started in its session goes with it.
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            # Whatever the driver started in its session goes with it.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
             self._reader.join(2)
             self._log.close()
         return code

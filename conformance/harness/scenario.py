@@ -405,22 +405,18 @@ class Run:
         pattern = self._stream_of(step["event"])
         stream = {k: pattern[k] for k in ("event", "grant", "watch") if k in pattern}
         skip = step.get("skip", False)
-        seen: list[dict[str, Any]] = []
 
         def pick(i: int, body: dict[str, Any]) -> bool:
-            if i in self.consumed:
-                return False
-            if not all(body.get(k) == v for k, v in stream.items()):
+            # The next unconsumed event of the stream; with skip, the next
+            # one that matches (those before it are consumed).
+            if i in self.consumed or not all(body.get(k) == v for k, v in stream.items()):
                 return False
             why = event_shape_error(body)
             if why:
                 raise StepFailed(why)
-            if mismatch(pattern, body) is None:
-                return True
-            if skip:
+            if skip and mismatch(pattern, body) is not None:
                 self.consumed.add(i)
                 return False
-            seen.append(body)
             return True
 
         got = self.driver.wait_event(pick, 0, step.get("within_ms", 5000) / 1000)
@@ -428,9 +424,9 @@ class Run:
             raise StepFailed(f"no event {pattern} within {step.get('within_ms', 5000)} ms")
         i, event = got
         self.consumed.add(i)
-        if seen and seen[-1] is event.body:
-            raise StepFailed(f"the next event {event.body} does not match {pattern}: "
-                             f"{mismatch(pattern, event.body)}")
+        why = mismatch(pattern, event.body)
+        if why:
+            raise StepFailed(f"the next event {event.body} does not match {pattern}: {why}")
         if "as" in step:
             self.saved[step["as"]] = dict(event.body)
 

@@ -143,7 +143,7 @@ class ScriptedNode:
 
     def open_conns(self) -> int:
         async def count() -> int:
-            return sum(1 for c in self._conns.values() if not c.closed)
+            return self._open_count()
 
         result: int = self._call(count())
         return result
@@ -201,6 +201,9 @@ class ScriptedNode:
             self._record(0, "listen", "")
 
         self._tasks.add(asyncio.ensure_future(reopen()))
+
+    def _open_count(self) -> int:
+        return sum(1 for c in self._conns.values() if not c.closed)
 
     def _record(self, cid: int, kind: str, line: str) -> None:
         self.log.append({"t": time.monotonic(), "conn": cid, "kind": kind, "line": line})
@@ -361,7 +364,7 @@ class ScriptedNode:
                 conn.watches.discard(key)
                 self._write(conn, f"X {key}")
             else:
-                self._write(conn, "E - - missing-fields" if op in "ARKQWX" else "E - - unknown-op")
+                self._write(conn, "E - - missing-fields" if op in {"A", "R", "K", "Q", "W", "X"} else "E - - unknown-op")
                 self._close_conn(conn, "node")
         except ValueError:
             self._write(conn, f"E {op} {key} bad-request")
@@ -372,7 +375,7 @@ class ScriptedNode:
         role = "standby" if self._redirect is not None else "active"
         active = self._redirect if self._redirect is not None else self.addr
         return (f"I role={role} node={self.addr} active={active} token={self._next_token - 1} "
-                f"held={held} waiting={waiting} conns={len(self._conns)}")
+                f"held={held} waiting={waiting} conns={self._open_count()}")
 
     def _acquire(self, conn: Conn, key: str, lease: float, wait: float, limit: int, value: str | None) -> None:
         st = self._keys.get(key)
