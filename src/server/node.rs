@@ -236,7 +236,6 @@ impl Server {
                 let params = ClusterParams {
                     detect_ms: config.detect_ms,
                     max_lease_ms: config.max_lease_ms,
-                    max_keys: config.max_keys,
                     insecure: cluster_key.as_ref().is_none_or(ClusterKey::is_insecure),
                     seed: 0,
                 };

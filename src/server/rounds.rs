@@ -128,6 +128,8 @@ impl OwnerRound {
             conns: gauges.conns.load(Ordering::Relaxed),
             heard_active_ms: gauges.heard_active_ms.load(Ordering::Relaxed),
             synced_standbys: gauges.synced_standbys.load(Ordering::Relaxed),
+            chunks_taken: gauges.chunks_taken.load(Ordering::Relaxed),
+            peer_output: gauges.peer_output.load(Ordering::Relaxed),
         };
         self.core.begin_round(now, readings);
         let mut budget = MAX_REQUESTS_PER_ROUND;
@@ -361,7 +363,13 @@ fn hand_deltas<S: ReplShell>(shell: &mut S, deltas: &mut Vec<Delta>) {
 fn take_one<S: ReplShell>(shell: &mut S, msg: ToRepl) {
     let now = shell.now();
     match msg {
-        ToRepl::Table(msg) => shell.core().handle_table(now, msg),
+        ToRepl::Table(msg) => {
+            if matches!(msg, TableToCluster::SnapshotChunk { .. }) {
+                // The owner makes the next piece once this one is taken.
+                shell.gauges().chunks_taken.fetch_add(1, Ordering::Relaxed);
+            }
+            shell.core().handle_table(now, msg)
+        }
         ToRepl::AdoptPeerLink(stream, bytes) => shell.adopt(stream, bytes),
         ToRepl::Shutdown => shell.core().handle_shutdown(now),
         ToRepl::Stop => return shell.stop(),

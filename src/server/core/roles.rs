@@ -251,6 +251,18 @@ impl Roles {
         }
     }
 
+    /// `from` began sending a snapshot: if it is the active this node
+    /// follows, its table is emptied and filled piece by piece from now
+    /// on, so until the snapshot ends it neither holds that state nor says
+    /// it holds replicated state at all (an election prefers a node that
+    /// holds the whole state to one with part of it).
+    pub fn handle_snapshot_begun(&mut self, from: usize) {
+        if self.following == Some(from) && matches!(self.role, Role::Standby) {
+            self.synced = false;
+            self.has_state = false;
+        }
+    }
+
     /// This node refused part of the state it replicates (a grant past its
     /// `--max-keys`, a lease above its `--max-lease`; the caller knows
     /// whose): unless it is active (serving what it has), it neither holds
@@ -751,6 +763,35 @@ mod tests {
         assert_eq!(n0.role_name(), RoleName::Active);
         n0.handle_state_refused();
         assert_eq!(n0.role_name(), RoleName::Active);
+    }
+
+    #[test]
+    fn a_standby_in_the_middle_of_a_snapshot_is_neither_handed_the_role_nor_preferred() {
+        // Node 1 (ranked above node 2) follows node 0 and held its state;
+        // node 0 sends it a fresh snapshot, in pieces.
+        let mut n1 = Roles::new(1, 3, DETECT, 500, 0);
+        n1.handle_beat(1, 0, beat(RoleName::Active, None, false, true));
+        n1.handle_synced(2, 0);
+        assert!(n1.beat().synced && n1.beat().has_state);
+        // A snapshot from a node it does not follow changes nothing.
+        n1.handle_snapshot_begun(2);
+        assert!(n1.beat().synced && n1.beat().has_state);
+        n1.handle_snapshot_begun(0);
+        assert!(!n1.beat().synced, "not counted, not a successor");
+        assert!(!n1.beat().has_state, "not preferred in an election");
+        n1.handle_handoff(3, 0);
+        assert_eq!(n1.role_name(), RoleName::Standby, "not handed the role");
+        // Node 0 goes silent; node 2 holds its whole state: node 2 is
+        // elected, not node 1 with its part of it.
+        n1.handle_beat(4, 2, standby_of(0));
+        let effects = n1.poll(2 + DETECT);
+        assert!(!effects.contains(&RoleEffect::BecomeActive), "{effects:?}");
+        // Alone, it is promoted with what it has.
+        let mut n1 = Roles::new(1, 2, DETECT, 500, 0);
+        n1.handle_beat(1, 0, beat(RoleName::Active, None, false, true));
+        n1.handle_snapshot_begun(0);
+        let effects = n1.handle_peer_dead(5, 0);
+        assert!(effects.contains(&RoleEffect::BecomeActive), "{effects:?}");
     }
 
     #[test]

@@ -453,8 +453,8 @@ fn bound_repl_backlog(queue: &mut VecDeque<TableToCluster>, deltas: &mut usize) 
 }
 
 /// The deltas a message for replication carries (what
-/// `capacity::OWNER_DELTAS` counts; a snapshot is bounded by `--max-keys`
-/// instead and counts nothing).
+/// `capacity::OWNER_DELTAS` counts; a snapshot piece counts nothing: the
+/// pieces in flight are bounded by `table_core::CHUNKS_IN_FLIGHT`).
 fn deltas_in(msg: &TableToCluster) -> usize {
     match msg {
         TableToCluster::Deltas(deltas) => deltas.len(),
@@ -502,10 +502,13 @@ mod tests {
         assert_eq!((queue.len(), deltas), (1, capacity::OWNER_DELTAS + 1));
         queue.clear();
         deltas = 0;
-        let snapshot = TableToCluster::Snapshot {
+        let snapshot = TableToCluster::SnapshotChunk {
             peer: 1,
+            ask: 1,
+            ceiling: Some(9),
+            held: 0,
             entries: vec![],
-            ceiling: 9,
+            last: true,
         };
         queue_for_repl(&mut queue, &mut deltas, grants(step));
         queue_for_repl(&mut queue, &mut deltas, snapshot.clone());
