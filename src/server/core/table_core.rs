@@ -80,10 +80,17 @@ pub const REPL_YOUNG_MIN: usize = 16;
 /// request of a closed connection is never served.
 pub const MAX_HELD_BACK: usize = 100_000;
 /// A standby's snapshot goes in pieces of at most this many grants, one
-/// piece per round of the lock owner, after the round's own work, so that
-/// a join never stalls the owner: the piece costs a round about as much as
-/// a few hundred requests (docs/performance.md, "Joining a standby").
+/// piece per round of the lock owner at most, after the round's own work,
+/// so that a join never stalls the owner: the piece costs a round about as
+/// much as a few hundred requests (docs/performance.md, "Joining a standby").
 pub const SNAPSHOT_CHUNK: usize = 1024;
+/// At most one piece per this many ms: a join spreads its cost (the
+/// pieces' lines made, sent, read and applied, on both nodes) over about
+/// two seconds per million held keys, rather than taking every cycle the
+/// machine has for a third of that (docs/performance.md, "Joining a
+/// standby": 1024 grants every 2 ms cost the active's clients less than
+/// 1024 every 1 ms or every round, and sync 1M keys within 3 s).
+pub const SNAPSHOT_PIECE_MS: u64 = 2;
 /// Pieces handed to the replication thread and not yet taken by it, at
 /// most (`GaugeReadings::chunks_taken`): the owner makes the next one only
 /// once replication keeps up.
@@ -189,8 +196,12 @@ pub struct TableCore {
     cursors: Vec<Cursor>,
     /// Snapshot pieces made, ever (see `GaugeReadings::chunks_taken`).
     chunks_made: u64,
-    /// Grants per piece (`SNAPSHOT_CHUNK`; smaller in the simulation).
+    /// Grants per piece (`SNAPSHOT_CHUNK`; smaller in the simulation), and
+    /// the ms between pieces (`SNAPSHOT_PIECE_MS`).
     chunk_grants: usize,
+    piece_ms: u64,
+    /// When the last piece was made.
+    last_piece_ms: Option<u64>,
     /// The clock of the round running (for `next_wake_ms`).
     round_ms: u64,
 }
@@ -226,6 +237,8 @@ impl TableCore {
             cursors: Vec::new(),
             chunks_made: 0,
             chunk_grants: SNAPSHOT_CHUNK,
+            piece_ms: SNAPSHOT_PIECE_MS,
+            last_piece_ms: None,
             round_ms: 0,
         }
     }
@@ -235,6 +248,12 @@ impl TableCore {
     /// many rounds.
     pub fn with_chunk_grants(mut self, grants: usize) -> Self {
         self.chunk_grants = grants.max(1);
+        self
+    }
+
+    /// Make at most one snapshot piece per `ms` (0: one per round).
+    pub fn with_piece_ms(mut self, ms: u64) -> Self {
+        self.piece_ms = ms;
         self
     }
 
@@ -290,18 +309,26 @@ impl TableCore {
         }
     }
 
-    /// When the next snapshot piece may go: at once while replication
-    /// keeps up, else a millisecond on (the readings that hold it back are
-    /// other threads' counters, which wake no one).
+    /// When the next snapshot piece may go: its time (`piece_ms` after
+    /// the last) if replication keeps up, else a millisecond on (the
+    /// readings that hold it back are other threads' counters, which wake
+    /// no one).
     fn chunk_due_ms(&self) -> Option<u64> {
         if self.cursors.is_empty() {
             return None;
         }
         Some(if self.chunk_room() {
-            self.round_ms
+            self.next_piece_ms()
         } else {
-            self.round_ms.saturating_add(1)
+            self.round_ms.saturating_add(1).max(self.next_piece_ms())
         })
+    }
+
+    /// When the next piece may be made, replication keeping up.
+    fn next_piece_ms(&self) -> u64 {
+        self.last_piece_ms
+            .map_or(0, |last| last.saturating_add(self.piece_ms))
+            .max(self.round_ms)
     }
 
     /// Replication has taken the pieces made but `CHUNKS_IN_FLIGHT`, and no
@@ -319,9 +346,14 @@ impl TableCore {
     /// grant has not gone in a batch yet is left to that batch
     /// (`LockTable::snapshot_from`).
     fn send_chunk(&mut self, now: Now) {
-        if self.cursors.is_empty() || !self.replicating() || !self.chunk_room() {
+        if self.cursors.is_empty()
+            || !self.replicating()
+            || !self.chunk_room()
+            || now.ms < self.next_piece_ms()
+        {
             return;
         }
+        self.last_piece_ms = Some(now.ms);
         let mut cursor = self.cursors.remove(0);
         let mut entries = Vec::with_capacity(self.chunk_grants.min(self.table.stats().holders));
         let next =
@@ -1709,7 +1741,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_goes_in_pieces_one_per_round_the_first_with_the_ceiling() {
-        let mut core = active_core().with_chunk_grants(4);
+        let mut core = active_core().with_chunk_grants(4).with_piece_ms(0);
         let requests = (0..10)
             .map(|i| Inbound::Request(ConnId::new(0, i, 1), acquire(&format!("k{i}"), 0)))
             .collect();
@@ -1751,7 +1783,7 @@ mod tests {
 
     #[test]
     fn pieces_wait_while_replication_has_not_taken_them_or_a_peer_link_is_backed_up() {
-        let mut core = active_core().with_chunk_grants(1);
+        let mut core = active_core().with_chunk_grants(1).with_piece_ms(0);
         let requests = (0..10)
             .map(|i| Inbound::Request(ConnId::new(0, i, 1), acquire(&format!("k{i}"), 0)))
             .collect();
@@ -1779,6 +1811,26 @@ mod tests {
         // A peer link backed up holds the pieces back however many were taken.
         assert_eq!(step(&mut core, 7, taken(3, SNAPSHOT_OUTPUT_MAX)), 2);
         assert_eq!(step(&mut core, 8, taken(3, SNAPSHOT_OUTPUT_MAX - 1)), 3);
+    }
+
+    #[test]
+    fn pieces_go_at_most_one_per_piece_ms() {
+        let mut core = active_core().with_chunk_grants(1).with_piece_ms(3);
+        let requests = (0..10)
+            .map(|i| Inbound::Request(ConnId::new(0, i, 1), acquire(&format!("k{i}"), 0)))
+            .collect();
+        round(&mut core, at(2), requests);
+        let out = cluster(
+            &mut core,
+            at(3),
+            ClusterToTable::SnapshotWanted { peer: 1, ask: 7 },
+        );
+        assert_eq!(chunks(&out).len(), 1);
+        assert_eq!(core.next_wake_ms(), Some(6), "the next piece's time");
+        let made: Vec<usize> = (4..=12)
+            .map(|ms| chunks(&round(&mut core, at(ms), vec![])).len())
+            .collect();
+        assert_eq!(made, [0, 0, 1, 0, 0, 1, 0, 0, 1]);
     }
 
     /// What a standby's table holds of `entries` and the deltas, applied in
