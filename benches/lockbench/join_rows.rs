@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+use crate::engine::cpu_ticks;
+
 /// Held keys unless `--join-keys` says otherwise (the issue's goal).
 const DEFAULT_KEYS: usize = 1_000_000;
 /// Clients unless `--join-clients` says otherwise.
@@ -165,9 +167,10 @@ fn measure(active: SocketAddr, options: &JoinOptions) -> Result<String, String> 
             })
         })
         .collect();
-    let run = joins(active, standby_pid, &stretch, &failed);
+    let active_pid = options.nodes.map_or(0, |(_, [a, _])| a);
+    let run = joins(active, [active_pid, standby_pid], &stretch, &failed);
     stretch.store(DONE, Ordering::Relaxed);
-    let (before, synced) = run?;
+    let (before, synced, cpu) = run?;
     let mut pre = empty(before);
     let mut during = empty(synced.iter().sum());
     for handle in clients {
@@ -177,7 +180,32 @@ fn measure(active: SocketAddr, options: &JoinOptions) -> Result<String, String> 
         merge(&mut pre, p);
         merge(&mut during, d);
     }
-    Ok(render(options, &pre, &during, &synced))
+    Ok(render(options, &pre, &during, &synced, &cpu))
+}
+
+/// CPU seconds the active and the standby used: before the joins (the
+/// standby stopped) and during them, each summed over the joins.
+#[derive(Default)]
+struct Cpu {
+    before: [f64; 2],
+    during: [f64; 2],
+}
+
+/// CPU ticks of the two processes now.
+fn ticks(pids: [u32; 2]) -> [Option<u64>; 2] {
+    pids.map(|pid| cpu_ticks(&format!("/proc/{pid}/stat")))
+}
+
+/// Seconds between two readings, added to `into`.
+fn add_cpu(into: &mut [f64; 2], from: [Option<u64>; 2], to: [Option<u64>; 2]) {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    for i in 0..2 {
+        into[i] += match (from[i], to[i]) {
+            (Some(a), Some(b)) => b.saturating_sub(a) as f64 / hz,
+            _ => f64::NAN,
+        };
+    }
 }
 
 /// `JOINS` times: the standby stopped until gone, `BEFORE` measured, the
@@ -185,13 +213,15 @@ fn measure(active: SocketAddr, options: &JoinOptions) -> Result<String, String> 
 /// measured before, and each join's.
 fn joins(
     active: SocketAddr,
-    standby_pid: u32,
+    pids: [u32; 2],
     stretch: &AtomicU8,
     failed: &AtomicBool,
-) -> Result<(Duration, Vec<Duration>), String> {
+) -> Result<(Duration, Vec<Duration>, Cpu), String> {
+    let standby_pid = pids[1];
     std::thread::sleep(WARMUP);
     let mut before = Duration::ZERO;
     let mut synced = Vec::new();
+    let mut cpu = Cpu::default();
     for join in 0..JOINS {
         if join > 0 {
             stretch.store(WARM, Ordering::Relaxed);
@@ -200,6 +230,7 @@ fn joins(
         }
         stretch.store(PRE, Ordering::Relaxed);
         let started = Instant::now();
+        let at_start = ticks(pids);
         while started.elapsed() < BEFORE && !failed.load(Ordering::Relaxed) {
             crate::info(active)?;
             std::thread::sleep(POLL);
@@ -208,11 +239,14 @@ fn joins(
         // Resume the standby: it rejoins and takes the table.
         stretch.store(DURING, Ordering::Relaxed);
         let resumed = Instant::now();
+        let at_resume = ticks(pids);
+        add_cpu(&mut cpu.before, at_start, at_resume);
         signal(standby_pid, libc::SIGCONT);
         loop {
             let info = crate::info(active)?;
             if info.get("standbys").map(String::as_str) == Some("1") {
                 synced.push(resumed.elapsed());
+                add_cpu(&mut cpu.during, at_resume, ticks(pids));
                 break;
             }
             if resumed.elapsed() > BOUND || failed.load(Ordering::Relaxed) {
@@ -229,7 +263,7 @@ fn joins(
             synced[join].as_secs_f64()
         );
     }
-    Ok((before, synced))
+    Ok((before, synced, cpu))
 }
 
 fn empty(time: Duration) -> Stretch {
@@ -359,7 +393,13 @@ fn signal(pid: u32, sig: libc::c_int) {
     }
 }
 
-fn render(options: &JoinOptions, pre: &Stretch, during: &Stretch, synced: &[Duration]) -> String {
+fn render(
+    options: &JoinOptions,
+    pre: &Stretch,
+    during: &Stretch,
+    synced: &[Duration],
+    cpu: &Cpu,
+) -> String {
     let p999 = during.p999_ms() / pre.p999_ms().max(1e-9);
     let rate = during.rate() / pre.rate().max(1e-9);
     let slowest = synced.iter().max().copied().unwrap_or_default();
@@ -403,6 +443,18 @@ fn render(options: &JoinOptions, pre: &Stretch, during: &Stretch, synced: &[Dura
         "| standby holds the state after | | {} s | | at most {GOAL_SYNC_S} s: {} |\n",
         each.join(", "),
         met(slowest.as_secs_f64() <= GOAL_SYNC_S)
+    ));
+    let per_s = |cpu: f64, time: Duration| cpu / time.as_secs_f64().max(1e-9);
+    out.push_str(&format!(
+        "\nCPU of the nodes, in cores busy (CPU seconds per second): the active {:.2} before, \
+         {:.2} during; the standby {:.2} during. Each join cost the active {:.2} and the \
+         standby {:.2} CPU seconds, on the same machine as the clients and each other.\n",
+        per_s(cpu.before[0], pre.time),
+        per_s(cpu.during[0], during.time),
+        per_s(cpu.during[1], during.time),
+        (cpu.during[0] - per_s(cpu.before[0], pre.time) * during.time.as_secs_f64())
+            / synced.len().max(1) as f64,
+        cpu.during[1] / synced.len().max(1) as f64,
     ));
     out
 }
