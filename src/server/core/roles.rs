@@ -119,6 +119,11 @@ pub struct Roles {
     has_state: bool,
     shutting_down: bool,
     peers: Vec<Peer>,
+    /// The node that handed its role to this one, until a heartbeat of it
+    /// says it no longer hands it over: its `handing-off` heartbeats sent
+    /// before it heard `Took` are in flight behind the handoff, and must
+    /// not make this node step back to it.
+    handed_by: Option<usize>,
 }
 
 impl Roles {
@@ -142,6 +147,7 @@ impl Roles {
             has_state: false,
             shutting_down: false,
             peers: vec![Peer::default(); nodes],
+            handed_by: None,
         }
     }
 
@@ -201,9 +207,15 @@ impl Roles {
         if from == self.me || from >= self.peers.len() {
             return Vec::new();
         }
+        let stale = self.handed_by == Some(from) && beat.role == RoleName::HandingOff;
+        if self.handed_by == Some(from) && !stale {
+            self.handed_by = None;
+        }
         let peer = &mut self.peers[from];
         peer.last_heard_ms = Some(now_ms);
-        peer.beat = Some(beat);
+        if !stale {
+            peer.beat = Some(beat);
+        }
         peer.dead = false;
         self.decide(now_ms)
     }
@@ -290,6 +302,7 @@ impl Roles {
         self.role = Role::Active;
         self.following = None;
         self.synced = false;
+        self.handed_by = Some(from);
         // The old active handed its role over: it is not active any more,
         // whatever its last heartbeat said (else a lower-priority successor,
         // on a graceful shutdown, would step back to it at once).
@@ -861,6 +874,21 @@ mod tests {
         );
         assert_eq!(n1.role_name(), RoleName::Active);
         assert!(n1.poll(5).is_empty(), "it does not step back to node 0");
+        // Node 0's heartbeats sent before it heard `Took` come after the
+        // handoff on the same link: they say handing-off, and change
+        // nothing.
+        assert!(
+            n1.handle_beat(6, 0, beat(RoleName::HandingOff, None, false, true))
+                .is_empty()
+        );
+        assert_eq!(n1.role_name(), RoleName::Active);
+        // Once node 0 says anything else, it counts again: an abandoned
+        // transfer makes it active, and the higher node leads.
+        n1.handle_beat(7, 0, beat(RoleName::Standby, Some(1), false, false));
+        assert_eq!(n1.role_name(), RoleName::Active);
+        n1.handle_beat(8, 0, active());
+        assert_eq!(n1.role_name(), RoleName::Standby);
+        assert_eq!(n1.following(), Some(0));
     }
 
     #[test]
