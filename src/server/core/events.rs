@@ -110,6 +110,10 @@ pub enum TableToCluster {
     /// if none), so that the cluster core ignores a refusal that a newer
     /// snapshot has made stale and drops only the link that carried it.
     StateRefused { why: &'static str, snapshot: u64 },
+    /// A standby's lock owner applied the whole snapshot numbered `seq`
+    /// (`ClusterToTable::SnapshotEnd`) and refused none of it: only now does
+    /// the standby hold its active's state.
+    SnapshotTaken { seq: u64 },
 }
 
 /// What the cluster core tells the lock owner's core.
@@ -138,6 +142,10 @@ pub enum ClusterToTable {
     Snapshot { seq: u64, entries: Vec<Delta> },
     /// Apply the active's deltas.
     Deltas(Vec<Delta>),
+    /// The snapshot numbered `seq` ended: everything of it was passed on.
+    /// Answered `TableToCluster::SnapshotTaken` unless part of it was
+    /// refused (`StateRefused` was said instead).
+    SnapshotEnd { seq: u64 },
     /// Lift the token counter above this.
     Observe(u64),
     /// Send a snapshot for `peer`, in pieces tagged `ask` (a newer ask for

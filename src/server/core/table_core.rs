@@ -653,6 +653,13 @@ impl TableCore {
                 }
             }
             ClusterToTable::SnapshotStop { peer } => self.cursors.retain(|c| c.peer != peer),
+            ClusterToTable::SnapshotEnd { seq } => {
+                if seq == self.snapshot_seq && self.refused.is_none() {
+                    self.effects
+                        .to_cluster
+                        .push(TableToCluster::SnapshotTaken { seq });
+                }
+            }
         }
     }
 
@@ -1644,6 +1651,65 @@ mod tests {
             ClusterToTable::Deltas(vec![Delta::free(key("k"), 77)]),
         );
         assert_eq!(core.table().stats().held, 0);
+        core.table().check_invariants();
+    }
+
+    #[test]
+    fn a_streamed_snapshot_past_max_keys_is_refused_and_its_end_not_confirmed() {
+        // A hostile (or larger) active streams more grants than this
+        // standby's --max-keys: it holds at most that many, refuses the
+        // rest once, and does not say it took the snapshot.
+        let limits = TableLimits {
+            max_keys: 100,
+            ..TableLimits::default()
+        };
+        let table = LockTable::new(0, limits, TokenSource::new(0, 0));
+        let mut core = TableCore::new(table, true, "n1:1".into(), 0);
+        let active = Some("n0:1".to_string());
+        cluster(&mut core, at(1), ClusterToTable::Follow { active });
+        let taken = |out: &TableEffects| {
+            out.to_cluster
+                .iter()
+                .filter(|m| matches!(m, TableToCluster::SnapshotTaken { .. }))
+                .count()
+        };
+        // One it can hold: taken.
+        let begin = |seq| ClusterToTable::Snapshot {
+            seq,
+            entries: vec![],
+        };
+        cluster(&mut core, at(2), begin(1));
+        let some: Vec<Delta> = (0..100)
+            .map(|i| Delta::grant(key(&format!("k{i}")), 16 * (i + 1), 60_000))
+            .collect();
+        cluster(&mut core, at(2), ClusterToTable::Deltas(some));
+        let out = cluster(&mut core, at(2), ClusterToTable::SnapshotEnd { seq: 1 });
+        assert_eq!(taken(&out), 1);
+        assert_eq!(core.table().stats().holders, 100);
+        // An endless one: bounded, refused once, never taken.
+        cluster(&mut core, at(3), begin(2));
+        let mut refusals = 0;
+        for batch in 0..50u64 {
+            let flood: Vec<Delta> = (0..1000)
+                .map(|i| {
+                    let n = batch * 1000 + i;
+                    Delta::grant(key(&format!("f{n}")), 16 * (n + 1), 60_000)
+                })
+                .collect();
+            let out = cluster(&mut core, at(3), ClusterToTable::Deltas(flood));
+            refusals += out
+                .to_cluster
+                .iter()
+                .filter(|m| matches!(m, TableToCluster::StateRefused { snapshot: 2, .. }))
+                .count();
+            assert!(core.table().stats().holders <= 100);
+        }
+        assert_eq!(refusals, 1, "said once");
+        let out = cluster(&mut core, at(4), ClusterToTable::SnapshotEnd { seq: 2 });
+        assert_eq!(taken(&out), 0);
+        // Nor is an end of another snapshot than the last confirmed.
+        let out = cluster(&mut core, at(4), ClusterToTable::SnapshotEnd { seq: 1 });
+        assert_eq!(taken(&out), 0);
         core.table().check_invariants();
     }
 

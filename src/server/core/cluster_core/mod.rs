@@ -285,6 +285,10 @@ pub struct ClusterCore {
     /// is stale: the lock owner's table has been replaced since.
     snapshot_seq: u64,
     snapshot_from: Option<usize>,
+    /// The snapshot whose end was passed to the lock owner and that it has
+    /// not yet said it took whole: the link it came on, from whom, its
+    /// `seq`.
+    snapshot_ending: Option<(LinkId, usize, u64)>,
     effects: Vec<ClusterEffect>,
 }
 
@@ -342,6 +346,7 @@ impl ClusterCore {
             heard_active_ms: 0,
             snapshot_seq: 0,
             snapshot_from: None,
+            snapshot_ending: None,
             effects: Vec::new(),
         }
     }
@@ -614,6 +619,7 @@ impl ClusterCore {
             TableToCluster::StateRefused { why, snapshot } => {
                 self.handle_state_refused(now, why, snapshot)
             }
+            TableToCluster::SnapshotTaken { seq } => self.handle_snapshot_taken(now, seq),
         }
     }
 

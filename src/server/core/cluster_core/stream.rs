@@ -78,6 +78,7 @@ impl ClusterCore {
                 }
             }
             PeerMsg::SnapshotBegin if from_my_active => {
+                self.snapshot_ending = None;
                 // The table is emptied now and filled as the pieces and the
                 // deltas between them come: until the end this node holds
                 // part of its active's state, and says so.
@@ -132,13 +133,14 @@ impl ClusterCore {
                         "replication: snapshot of {entries} entries from {}",
                         self.names[p]
                     );
-                    let effects = self.roles.handle_synced(now.ms, p);
-                    self.apply_role_effects(now, effects);
-                    self.heard_active_ms = now.ms;
-                    // Tell every peer at once that this node now holds the
-                    // state: the active may transfer its role to it, and it
-                    // must win an election from now on.
-                    self.send_beats();
+                    // The lock owner has applied it all (`SnapshotTaken`)
+                    // or refused part of it (`StateRefused`) once it reaches
+                    // this mark: only the first makes this node hold the
+                    // state.
+                    self.snapshot_ending = Some((link, p, self.snapshot_seq));
+                    self.tell_table(ClusterToTable::SnapshotEnd {
+                        seq: self.snapshot_seq,
+                    });
                 }
             }
             PeerMsg::Handoff => {
@@ -227,6 +229,28 @@ impl ClusterCore {
             seq: self.snapshot_seq,
             entries,
         });
+    }
+
+    /// The lock owner applied the whole snapshot numbered `seq` with
+    /// nothing refused: if it is the one this node's active last sent, on
+    /// a link still up, this node holds its state.
+    pub(super) fn handle_snapshot_taken(&mut self, now: Now, seq: u64) {
+        let Some((link, p, ending)) = self.snapshot_ending.take() else {
+            return;
+        };
+        if ending != seq
+            || self.roles.following() != Some(p)
+            || self.ins.get(&link).is_none_or(|l| l.peer != Some(p))
+        {
+            return;
+        }
+        let effects = self.roles.handle_synced(now.ms, p);
+        self.apply_role_effects(now, effects);
+        self.heard_active_ms = now.ms;
+        // Tell every peer at once that this node now holds the state: the
+        // active may transfer its role to it, and it must win an election
+        // from now on.
+        self.send_beats();
     }
 
     /// A piece of the snapshot asked for `peer` (`ask`): the first

@@ -105,6 +105,7 @@ fn a_snapshot_streams_to_the_lock_owner_as_it_comes_and_nothing_of_it_gathers_he
     }
     assert!(!core.roles().beat().synced && !core.roles().beat().has_state);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     passed.extend(to_table_deltas(&effects(&mut core)));
     assert_eq!(passed, sent, "all of it, in order");
     assert!(core.roles().beat().synced);
@@ -270,6 +271,7 @@ fn a_standby_whose_clock_is_ten_minutes_behind_still_hears_its_active_and_stays_
     let far_ceiling = Delta::Ceiling(token_from_ahead(t) + 1);
     core.handle_peer_msg(at(t), 7, PeerMsg::Delta(far_ceiling.clone()));
     core.handle_peer_msg(at(t), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(t));
     let out = effects(&mut core);
     assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
     assert!(
@@ -300,6 +302,7 @@ fn a_synced_standby_that_is_sent_a_token_beyond_its_window_no_longer_says_it_hol
     core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().synced);
     effects(&mut core);
     let far = Delta::free(key("k"), token_from_ahead(4));

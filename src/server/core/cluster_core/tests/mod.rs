@@ -270,3 +270,10 @@ fn whole(peer: usize, ask: u64, ceiling: u64) -> TableToCluster {
         last: true,
     }
 }
+
+/// The lock owner's answer to the end of the snapshot just passed to it:
+/// it took it whole.
+fn took(core: &mut ClusterCore, now: Now) {
+    let seq = core.snapshot_seq;
+    core.handle_table(now, TableToCluster::SnapshotTaken { seq });
+}

@@ -11,6 +11,7 @@ fn a_standby_whose_lock_owner_refuses_the_actives_state_drops_the_link_and_holds
     assert_eq!(core.roles().following(), Some(0));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().synced);
     effects(&mut core);
     // Its lock owner refused a grant past --max-keys.
@@ -44,6 +45,7 @@ fn a_standby_whose_lock_owner_refuses_the_actives_state_drops_the_link_and_holds
     );
     core.handle_peer_msg(at(t + 1), 8, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(t + 1), 8, PeerMsg::SnapshotEnd);
+    took(&mut core, at(t + 1));
     assert!(core.roles().beat().synced && core.roles().beat().has_state);
     // Told after it took the active role: the link to its old active
     // is no business of it any more.
@@ -75,6 +77,7 @@ fn a_state_refusal_is_matched_to_the_snapshot_it_came_after() {
     core.handle_tick(at(2));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     // Link 7 drops (a blip); link 8 from node 0 carries snapshot 2,
     // which the lock owner takes.
     core.handle_in_closed(at(4), 7, "eof");
@@ -84,6 +87,7 @@ fn a_state_refusal_is_matched_to_the_snapshot_it_came_after() {
     core.handle_peer_msg(at(t), 8, beat(RoleName::Active, None, false));
     core.handle_peer_msg(at(t), 8, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(t), 8, PeerMsg::SnapshotEnd);
+    took(&mut core, at(t));
     assert!(core.roles().beat().synced);
     effects(&mut core);
     // A refusal of snapshot 1 comes through late: stale, the table was
@@ -109,6 +113,7 @@ fn a_state_refusal_is_matched_to_the_snapshot_it_came_after() {
     // A refusal of the snapshot a link still carries drops that link.
     core.handle_peer_msg(at(t + 4), 9, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(t + 4), 9, PeerMsg::SnapshotEnd);
+    took(&mut core, at(t + 4));
     effects(&mut core);
     core.handle_table(at(t + 5), refused(3));
     let out = effects(&mut core);
@@ -133,6 +138,7 @@ fn a_state_refusal_after_the_active_is_found_dead_still_means_no_state_held() {
     core.handle_peer_msg(at(2), 8, beat(RoleName::Standby, Some(0), true));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().has_state);
     core.handle_in_closed(at(4), 7, "eof");
     core.handle_link_down(at(4), 0, OutDown::Refused, "refused");
@@ -187,6 +193,7 @@ fn a_standby_whose_link_from_the_active_drops_is_no_longer_synced() {
     assert_eq!(core.roles().following(), Some(0));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().synced);
     assert_eq!(core.heard_active_ms(), 3);
     // A flood of deltas does not move lag; a beat after them does.
@@ -206,6 +213,7 @@ fn a_standby_whose_link_from_the_active_is_replaced_holds_its_state_no_more() {
     core.handle_tick(at(2));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().synced);
     // A new link from the active replaces the old one: the old one's
     // unread tail (and what the active cleared from its writer) is lost.
@@ -220,6 +228,7 @@ fn a_standby_whose_link_from_the_active_is_replaced_holds_its_state_no_more() {
     assert_eq!(core.roles().role_name(), RoleName::Standby);
     core.handle_peer_msg(at(6), 8, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(6), 8, PeerMsg::SnapshotEnd);
+    took(&mut core, at(6));
     assert!(core.roles().beat().synced);
 }
 
@@ -242,6 +251,7 @@ fn a_snapshot_may_hold_frees_and_ceilings_between_its_grants() {
         core.handle_peer_msg(at(3), 7, PeerMsg::Delta(delta));
     }
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     let out = effects(&mut core);
     assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
     assert_eq!(to_table_deltas(&out).len(), 5);
@@ -343,6 +353,7 @@ fn a_standby_takes_a_snapshot_as_it_streams_and_says_it_is_synced_at_its_end() {
     core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
     core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(2));
     assert!(core.roles().beat().synced);
     effects(&mut core);
     // A fresh snapshot: not synced from its first line to its last.
@@ -352,6 +363,7 @@ fn a_standby_takes_a_snapshot_as_it_streams_and_says_it_is_synced_at_its_end() {
     core.handle_peer_msg(at(3), 7, PeerMsg::Delta(grant.clone()));
     assert!(!core.roles().beat().synced);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     let out = effects(&mut core);
     assert_eq!(
         out[..2],
@@ -380,6 +392,7 @@ fn a_standby_passes_deltas_to_its_owner_in_batches_and_at_once_on_a_heartbeat() 
     core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
     core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(2));
     effects(&mut core);
     let ceiling = |c: u64| PeerMsg::Delta(Delta::Ceiling(c));
     core.handle_peer_msg(at(10), 7, ceiling(1));
@@ -697,4 +710,44 @@ fn pieces_of_an_older_ask_or_for_a_link_that_went_are_dropped_and_the_owner_told
     );
     core.handle_table(at(t), piece(third, false, &["b"], true));
     assert_eq!(sent_to_1(&effects(&mut core)), []);
+}
+
+#[test]
+fn a_standby_holds_the_state_only_once_its_lock_owner_took_the_whole_snapshot() {
+    let mut core = linked(1);
+    core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
+    core.handle_peer_msg(at(2), 7, PeerMsg::Delta(Delta::grant(key("k"), 16, 1000)));
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    let out = effects(&mut core);
+    assert!(
+        out.contains(&ClusterEffect::ToTable(ClusterToTable::SnapshotEnd {
+            seq: 1
+        })),
+        "{out:?}"
+    );
+    // The lock owner has not answered: not synced, whatever the wire said.
+    assert!(!core.roles().beat().synced);
+    // It refused part of it instead: never synced by this snapshot.
+    core.handle_table(
+        at(3),
+        TableToCluster::StateRefused {
+            why: "a grant past --max-keys",
+            snapshot: 1,
+        },
+    );
+    core.handle_table(at(3), TableToCluster::SnapshotTaken { seq: 1 });
+    assert!(!core.roles().beat().synced);
+    // A stale confirmation (of an older snapshot) changes nothing either.
+    let mut core = linked(1);
+    core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
+    core.handle_table(at(2), TableToCluster::SnapshotTaken { seq: 1 });
+    assert!(!core.roles().beat().synced);
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    core.handle_table(at(2), TableToCluster::SnapshotTaken { seq: 2 });
+    assert!(core.roles().beat().synced);
+    assert_eq!(core.heard_active_ms(), 2);
 }
