@@ -30,7 +30,7 @@
 //! to an `Instant` (its `Clock`).
 //!
 //! Limits, each with its policy:
-//! - `MAX_LINE` per line (protocol.rs): past it, `E - - line-too-long` and close;
+//! - `MAX_LINE` per line (`protocol`): past it, `E - - line-too-long` and close;
 //! - `ACCEPT_BATCH` accepts per wake, `READ_BUDGET` bytes read per connection
 //!   per wake, so one busy client cannot starve the others; accepting goes
 //!   on in the next round until the listener's queue is empty, however
