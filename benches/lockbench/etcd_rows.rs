@@ -50,8 +50,10 @@ const LEASE_MS: u64 = 10_000;
 const WAIT_MS: u64 = 30_000;
 /// The most a failover may take (kill → first grant) before it is an error.
 const FAILOVER_BOUND: Duration = Duration::from_secs(30);
-/// A failover client's connect and answer timeout.
-const FAILOVER_TIMEOUT: Duration = Duration::from_secs(2);
+/// A failover client's connect and answer timeout: far above either
+/// system's slowest answer here, and the most a call to a frozen leader
+/// holds the client up before it tries the next node.
+const FAILOVER_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The etcd rows' servers.
 #[derive(Default)]
@@ -60,11 +62,11 @@ pub struct EtcdOptions {
     pub etcd: Option<SocketAddr>,
     /// One etcd member, data on tmpfs.
     pub etcd_tmpfs: Option<SocketAddr>,
-    /// Three etcd members (client URLs) and their PIDs, in the same order.
+    /// Three etcd members (client URLs) and their PIDs, in the same order:
+    /// the lock rows' `etcd, 3 members`, its leader killed last.
     pub etcd3: Option<(Vec<SocketAddr>, Vec<u32>)>,
-    /// baton clusters of 2 and 3 nodes (active first) and their PIDs.
-    pub baton2: Option<(Vec<SocketAddr>, Vec<u32>)>,
-    pub baton3: Option<(Vec<SocketAddr>, Vec<u32>)>,
+    /// The failover rows' clusters, in the order they are run.
+    pub failovers: Vec<Target>,
     /// How etcd was run (or why not), printed under the tables.
     pub note: Option<String>,
     pub handoffs: usize,
@@ -80,6 +82,17 @@ fn list<T: std::str::FromStr>(flag: &str, text: &str, want: usize) -> Result<Vec
         return Err(format!("{flag}: {want} items wanted"));
     }
     Ok(items)
+}
+
+/// One failover row's cluster.
+pub struct Target {
+    pub label: &'static str,
+    pub etcd: bool,
+    /// SIGSTOP (a leader that goes silent, as a hung or unplugged machine)
+    /// rather than SIGKILL (a crashed process, whose port then refuses).
+    pub freeze: bool,
+    pub addrs: Vec<SocketAddr>,
+    pub pids: Vec<u32>,
 }
 
 /// Take the etcd rows' options out of `args`.
@@ -98,23 +111,75 @@ pub fn parse(args: &mut pico_args::Arguments) -> Result<EtcdOptions, String> {
     if options.handoffs == 0 || options.handoffs > 100_000 {
         return Err("--election-handoffs must be 1 to 100000".into());
     }
-    for (flag, pid_flag, n) in [
-        ("--etcd-cluster", "--etcd-cluster-pids", 3),
-        ("--kill-baton2", "--kill-baton2-pids", 2),
-        ("--kill-baton3", "--kill-baton3-pids", 3),
+    // (flag, its PIDs' flag, members, label, etcd, freeze): the failover
+    // rows in order.
+    for (flag, pid_flag, n, label, etcd, freeze) in [
+        (
+            "--kill-baton2",
+            "--kill-baton2-pids",
+            2,
+            "baton, 2 nodes",
+            false,
+            false,
+        ),
+        (
+            "--kill-baton3",
+            "--kill-baton3-pids",
+            3,
+            "baton, 3 nodes",
+            false,
+            false,
+        ),
+        (
+            "--etcd-cluster",
+            "--etcd-cluster-pids",
+            3,
+            "etcd, 3 members",
+            true,
+            false,
+        ),
+        (
+            "--freeze-baton2",
+            "--freeze-baton2-pids",
+            2,
+            "baton, 2 nodes",
+            false,
+            true,
+        ),
+        (
+            "--freeze-baton3",
+            "--freeze-baton3-pids",
+            3,
+            "baton, 3 nodes",
+            false,
+            true,
+        ),
+        (
+            "--freeze-etcd3",
+            "--freeze-etcd3-pids",
+            3,
+            "etcd, 3 members",
+            true,
+            true,
+        ),
     ] {
         let addrs: Option<String> = args.opt_value_from_str(flag).map_err(err)?;
         let pids: Option<String> = args.opt_value_from_str(pid_flag).map_err(err)?;
-        let both = match (addrs, pids) {
-            (Some(a), Some(p)) => Some((list(flag, &a, n)?, list(pid_flag, &p, n)?)),
-            (None, None) => None,
+        let (addrs, pids) = match (addrs, pids) {
+            (Some(a), Some(p)) => (list(flag, &a, n)?, list(pid_flag, &p, n)?),
+            (None, None) => continue,
             _ => return Err(format!("{flag} and {pid_flag} go together")),
         };
-        match flag {
-            "--etcd-cluster" => options.etcd3 = both,
-            "--kill-baton2" => options.baton2 = both,
-            _ => options.baton3 = both,
+        if flag == "--etcd-cluster" {
+            options.etcd3 = Some((addrs.clone(), pids.clone()));
         }
+        options.failovers.push(Target {
+            label,
+            etcd,
+            freeze,
+            addrs,
+            pids,
+        });
     }
     Ok(options)
 }
@@ -326,18 +391,19 @@ pub fn run(
         }
     }
     // Last: the failover rows kill their clusters' leaders.
-    let mut failovers: Vec<(&str, Result<Failover, String>)> = Vec::new();
-    if let Some((addrs, pids)) = &options.baton2 {
-        eprintln!("etcd rows: failover of a 2-node baton cluster");
-        failovers.push(("baton, 2 nodes", baton_failover(addrs, pids)));
-    }
-    if let Some((addrs, pids)) = &options.baton3 {
-        eprintln!("etcd rows: failover of a 3-node baton cluster");
-        failovers.push(("baton, 3 nodes", baton_failover(addrs, pids)));
-    }
-    if let Some((addrs, pids)) = &options.etcd3 {
-        eprintln!("etcd rows: failover of a 3-member etcd cluster");
-        failovers.push(("etcd, 3 members", etcd_failover(addrs, pids)));
+    let mut failovers: Vec<(&Target, Result<Failover, String>)> = Vec::new();
+    for target in &options.failovers {
+        eprintln!(
+            "etcd rows: failover of {}, leader {}",
+            target.label,
+            if target.freeze { "frozen" } else { "killed" }
+        );
+        let result = if target.etcd {
+            etcd_failover(target)
+        } else {
+            baton_failover(target)
+        };
+        failovers.push((target, result));
     }
     Ok(render(options, &rows, &servers, &got, &failovers, shape))
 }
@@ -754,8 +820,9 @@ impl EtcdFollower {
 }
 
 /// Run `client` in a thread; once it has granted a while, SIGKILL `pid`
-/// and wait for a grant of a lock sent after the kill.
-fn failover_run(mut client: impl Follower, pid: u32) -> Result<Failover, String> {
+/// (or SIGSTOP it, then SIGKILL it once measured) and wait for a grant of
+/// a lock sent after the signal.
+fn failover_run(mut client: impl Follower, pid: u32, freeze: bool) -> Result<Failover, String> {
     let stop = Arc::new(AtomicBool::new(false));
     let grants: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
     let failed = Arc::new(Mutex::new((0u64, None::<String>)));
@@ -781,8 +848,9 @@ fn failover_run(mut client: impl Follower, pid: u32) -> Result<Failover, String>
         let failed_before = failed.lock().0;
         std::thread::sleep(Duration::from_millis(200));
         let killed = Instant::now();
+        let signal = if freeze { libc::SIGSTOP } else { libc::SIGKILL };
         // SAFETY: kill(2) reads no memory of ours.
-        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) } != 0 {
+        if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
             return Err(format!("kill {pid}: {}", std::io::Error::last_os_error()));
         }
         let mut after = None;
@@ -815,6 +883,11 @@ fn failover_run(mut client: impl Follower, pid: u32) -> Result<Failover, String>
             failed: failed.lock().0 - failed_before,
         })
     })();
+    if freeze {
+        // Measured: a stopped node would only hold up the script's cleanup.
+        // SAFETY: kill(2) reads no memory of ours.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
     stop.store(true, Ordering::Relaxed);
     let _ = worker.join();
     result
@@ -834,15 +907,15 @@ fn baton_active(addrs: &[SocketAddr]) -> Result<usize, String> {
     Err(format!("no active among {addrs:?}"))
 }
 
-fn baton_failover(addrs: &[SocketAddr], pids: &[u32]) -> Result<Failover, String> {
-    let active = baton_active(addrs)?;
+fn baton_failover(target: &Target) -> Result<Failover, String> {
+    let active = baton_active(&target.addrs)?;
     let client = BatonFollower {
-        addrs: addrs.to_vec(),
+        addrs: target.addrs.clone(),
         at: active,
         conn: None,
         i: 0,
     };
-    failover_run(client, pids[active])
+    failover_run(client, target.pids[active], target.freeze)
 }
 
 /// The raft leader of an etcd cluster: its client address and index.
@@ -860,16 +933,16 @@ fn etcd_leader(addrs: &[SocketAddr]) -> Result<(SocketAddr, usize), String> {
     Ok((addrs[at], at))
 }
 
-fn etcd_failover(addrs: &[SocketAddr], pids: &[u32]) -> Result<Failover, String> {
-    let (_, leader) = etcd_leader(addrs)?;
+fn etcd_failover(target: &Target) -> Result<Failover, String> {
+    let (_, leader) = etcd_leader(&target.addrs)?;
     let client = EtcdFollower {
-        addrs: addrs.to_vec(),
+        addrs: target.addrs.clone(),
         at: leader,
         client: None,
         lease: None,
         i: 0,
     };
-    failover_run(client, pids[leader])
+    failover_run(client, target.pids[leader], target.freeze)
 }
 
 // ---------------------------------------------------------------------------
@@ -897,7 +970,7 @@ fn render(
     rows: &[RowKind],
     servers: &[(Sys, SocketAddr)],
     got: &HashMap<(RowKind, Sys), Got>,
-    failovers: &[(&str, Result<Failover, String>)],
+    failovers: &[(&Target, Result<Failover, String>)],
     shape: &Shape,
 ) -> String {
     let mut out = String::new();
@@ -1019,35 +1092,45 @@ fn render(
         options.handoffs,
         engine::RETRY_MS
     );
-    out.push_str("\n### Against etcd: time without a lock service across a killed leader\n\n");
+    out.push_str("\n### Against etcd: time without a lock service across a lost leader\n\n");
     out.push_str(
-        "| cluster | kill → first grant | last grant before → first after | failed attempts |\n",
+        "| cluster | leader | signal → first grant | last grant before → first after | \
+         failed attempts |\n",
     );
-    out.push_str("|---|---:|---:|---:|\n");
-    for (name, result) in failovers {
+    out.push_str("|---|---|---:|---:|---:|\n");
+    for (target, result) in failovers {
+        let how = if target.freeze {
+            "frozen (SIGSTOP)"
+        } else {
+            "killed (SIGKILL)"
+        };
         match result {
             Ok(f) => {
                 let _ = writeln!(
                     out,
-                    "| {name} | {} | {} | {} |",
+                    "| {} | {how} | {} | {} | {} |",
+                    target.label,
                     ms(f.kill_to_grant),
                     ms(f.longest_gap),
                     f.failed
                 );
             }
             Err(e) => {
-                let _ = writeln!(out, "| {name} | failed: {e} | | |");
+                let _ = writeln!(out, "| {} | {how} | failed: {e} | | |", target.label);
             }
         }
     }
     out.push_str(
         "\nOne client doing lock → unlock pairs against the leader (baton: the active; etcd: \
-         the raft leader), the leader SIGKILLed; the client moves on a refused connection, \
-         an error or a timeout (2 s) to the next node (baton: also where `M` points), 1 ms \
-         after a failure. kill → first grant: to the grant of the first lock sent after the \
-         kill. One kill per cluster per run, default flags (baton `--detect 1`; etcd \
-         `--election-timeout 1000 --heartbeat-interval 100`). Redis has no failover \
-         without Sentinel: n/a.\n",
+         the raft leader), the leader SIGKILLed (a crashed process: its port refuses at \
+         once) or SIGSTOPped (a hung or unplugged machine: it goes silent); the client \
+         moves on a refused connection, an error or a timeout (100 ms) to the next node \
+         (baton: also where `M` points), 1 ms after a failure. signal → first grant: to the \
+         grant of the first lock sent after the signal (up to about the 100 ms timeout \
+         more than the true gap when the leader is frozen). One fresh cluster per row per \
+         run, default flags (baton `--detect 1`: a silent peer is dead after 1.25 s, a \
+         refused port at once; etcd: heartbeat 100 ms, election timeout 1000 ms, \
+         randomized up to 2×). Redis has no failover without Sentinel: n/a.\n",
     );
     // Ratios.
     let ratio_of = |num: Option<f64>, den: Option<f64>| match (num, den) {
@@ -1066,10 +1149,10 @@ fn render(
     let p99 =
         |row: RowKind, sys: Sys| lock(row, sys).map(|m| m.acquire.value_at_quantile(0.99) as f64);
     let el50 = |sys: Sys| election(sys).map(|h| h.value_at_quantile(0.5) as f64);
-    let fo = |name: &str| {
+    let fo = |label: &str, freeze: bool| {
         failovers
             .iter()
-            .find(|(n, _)| *n == name)
+            .find(|(t, _)| t.label == label && t.freeze == freeze)
             .and_then(|(_, r)| r.as_ref().ok())
             .map(|f| f.kill_to_grant.as_secs_f64())
     };
@@ -1109,12 +1192,15 @@ fn render(
         ratio_of(el50(Sys::Etcd3), el50(Sys::BatonCluster)),
         ratio_of(el50(Sys::Redis), el50(Sys::Baton)),
     );
-    let _ = writeln!(
-        out,
-        "| time without a lock service across a killed leader (etcd 3 ÷ baton) | n/a | {} (baton 3 nodes: {}) | n/a |",
-        ratio_of(fo("etcd, 3 members"), fo("baton, 2 nodes")),
-        ratio_of(fo("etcd, 3 members"), fo("baton, 3 nodes")),
-    );
+    for (freeze, what) in [(false, "killed"), (true, "frozen")] {
+        let _ = writeln!(
+            out,
+            "| time without a lock service, leader {what} (etcd 3 members ÷ baton) | n/a | \
+             {} (baton 3 nodes: {}) | n/a |",
+            ratio_of(fo("etcd, 3 members", freeze), fo("baton, 2 nodes", freeze)),
+            ratio_of(fo("etcd, 3 members", freeze), fo("baton, 3 nodes", freeze)),
+        );
+    }
     let _ = write!(
         out,
         "\n{} round(s) of {:.1}s warmup + {:.1}s measured per (row, system), interleaved. {}\n",
