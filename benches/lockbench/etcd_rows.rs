@@ -16,9 +16,11 @@
 //!   `PUBLISH`es once its retried `SET NX` wins, as the watch rows do);
 //! - failover (last: it kills): a client doing lock → unlock pairs against
 //!   a cluster's leader (baton: the active of 2 and of 3 nodes; etcd: the
-//!   raft leader of 3 members), the leader SIGKILLed, the client following
-//!   to another node; the time from the kill to the first grant of a lock
-//!   sent after it.
+//!   raft leader of 3 members), the leader SIGKILLed (a crash) or, on a
+//!   second cluster, SIGSTOPped (a machine gone silent), the client
+//!   following to another node; the time from the signal to the first
+//!   grant of a lock sent after it.
+//!
 //! The baton and Redis load is engine.rs (as in the main tables); the etcd
 //! load is etcd.rs; the baton and Redis election and failover clients are
 //! here (blocking sockets: they time one request at a time).
