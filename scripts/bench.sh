@@ -25,16 +25,17 @@
 # redis-server allowing more connections than the most watchers (the watch
 # rows; the semaphore rows use the first batond and redis-server), and a
 # fresh batond and redis-server for the connection-storm rows, and a second
-# 2-node cluster for the fleet row (whose active the harness kills), and,
-# for the etcd rows (section etcd: when --only names it or is not given),
-# etcd (Debian's etcd-server, installed when missing and run as root; the
-# rows are left out with a note when it cannot be had): one member with its
-# data on disk, one on tmpfs, three members on disk, with etcd's default
-# flags, and baton clusters of 2 and 3 nodes (default flags) whose leaders
-# the harness kills (the Redis rows are left out with a note when it is
-# not); runs the harness
-# (benches/lockbench.rs); prints its Markdown tables on stdout (progress on
-# stderr); and stops every process it started, by PID, when it exits.
+# 2-node cluster for the fleet row (whose active the harness kills) (the
+# Redis rows are left out with a note when it is not installed); for the
+# etcd rows (section etcd: when --only names it or is not given), etcd
+# (Debian's etcd-server, installed when missing and run as root; the rows
+# are left out with a note when it cannot be had) with its default flags:
+# one member with its data on disk (under target/), one on tmpfs, two
+# clusters of three members on disk, and four baton clusters of 2 and 3
+# nodes (default flags) whose leaders the harness kills or freezes; runs
+# the harness (benches/lockbench.rs); prints its Markdown tables on stdout
+# (progress on stderr); and stops every process it started, by PID, and
+# removes etcd's data, when it exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
