@@ -32,10 +32,11 @@
 //! demoted active's `M <active> W <key>`, watching again when their node
 //! dies or restarts, now and then `X`-ing a key, watching one again, or
 //! reconnecting elsewhere. Each node's I/O loop keeps their watches with the
-//! node's own `WatchQueue` and `Fanout` (simulation/watch.rs), fed with the
-//! owner's answers and its change lines for the loop's watchers, and gives
-//! every watcher each line (newest state wins; a real loop may skip
-//! intermediate states, which the check allows for).
+//! node's own watch glue (`LoopWatches`, core/loop_watches.rs, the code
+//! `threads/io_loop.rs` runs; simulation/watch.rs gives it in-memory
+//! connections), fed with the owner's answers and its change lines for the
+//! loop's watchers, and gives every watcher each line (newest state wins; a
+//! real loop may skip intermediate states, which the check allows for).
 //!
 //! Checked after every step, on every node that runs:
 //! - the lock table's own invariants (`check_invariants`);
@@ -92,7 +93,7 @@ use baton::server::rounds::{self, Gone, OwnerPorts, OwnerRound, ReplShell};
 use baton::server::shared::Gauges;
 use baton::server::trust::tls::Stream;
 use rng::Rng;
-use watch::{LoopWatches, WatchCheck};
+use watch::{LoopSide, MAX_WATCHES, WatchCheck, slot};
 
 const DETECT_MS: u64 = 400;
 /// A crashed node stays down at least this long (a real restart takes
@@ -220,7 +221,7 @@ struct Node {
     /// Open client connections (the watchers' apart: `Sim::watchers`).
     conns: Vec<u64>,
     /// The I/O loop's side of the watches.
-    watches: LoopWatches,
+    watches: LoopSide,
     /// Entries a scenario adds to the owner's next round's answers (a
     /// stale watch line, to show that the check catches it).
     forged: Vec<(ConnId, Answer)>,
@@ -369,7 +370,7 @@ impl Sim {
             answers: Vec::new(),
             answer_log: None,
             conns: Vec::new(),
-            watches: LoopWatches::default(),
+            watches: LoopSide::default(),
             forged: Vec::new(),
             books: BTreeMap::new(),
             owed: Owed::default(),
@@ -506,25 +507,29 @@ impl Sim {
             }
             let node = &mut self.nodes[i];
             if conn.is_watchers() {
-                node.watches
-                    .watchers_entry(&answer, &mut node.client_in, &mut writes);
+                // No clock here: the time only paces sweeps, which the
+                // simulation runs whole.
+                let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+                watches.watchers_entry(&mut conns, &answer, || 0);
                 continue;
             }
-            if node.watches.has(conn.0)
-                && matches!(
+            if node.watches.has(conn.0) {
+                let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+                watches.answer(&mut conns, slot(conn.0), &answer);
+                if matches!(
                     answer,
                     Answer::Watched { .. }
                         | Answer::Unwatched { .. }
                         | Answer::Moved { op: Op::Watch, .. }
-                )
-            {
-                node.watches
-                    .watch_answer(conn.0, &answer, &mut node.client_in);
-                writes.push((conn.0, answer.clone()));
+                ) {
+                    writes.push((conn.0, answer.clone()));
+                }
             }
             self.check_answer(i, conn, answer);
         }
-        self.nodes[i].watches.fan_out(&mut writes);
+        let node = &mut self.nodes[i];
+        let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+        watches.sweep(&mut conns, usize::MAX, usize::MAX);
         for (conn, answer) in writes {
             self.watcher_reads(i, conn, answer);
         }
@@ -1372,8 +1377,10 @@ impl Sim {
         wk.asked = true;
         let node = &mut self.nodes[n];
         node.expect(conn, Op::Watch, Some(wk.key.clone()));
-        node.watches
-            .parsed_watch(conn, &wk.key, &mut node.client_in);
+        let mut writes = Vec::new();
+        let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+        let (at, id) = (slot(conn), ConnId(conn));
+        watches.parsed_watch(&mut conns, at, id, wk.key.clone(), MAX_WATCHES);
     }
 
     fn send_unwatch(&mut self, w: usize, k: usize) {
@@ -1384,8 +1391,9 @@ impl Sim {
         wk.check.end();
         let node = &mut self.nodes[n];
         node.expect(conn, Op::Unwatch, Some(wk.key.clone()));
-        node.watches
-            .parsed_unwatch(conn, &wk.key, &mut node.client_in);
+        let mut writes = Vec::new();
+        let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+        watches.parsed_unwatch(&mut conns, slot(conn), ConnId(conn), wk.key.clone());
     }
 
     /// The watcher closes its connection; it watches on `next` (or any
@@ -1393,7 +1401,9 @@ impl Sim {
     fn watcher_closes(&mut self, w: usize, next: Option<usize>) {
         if let Some((n, _, conn)) = self.watchers[w].conn {
             let node = &mut self.nodes[n];
-            node.watches.close(conn, &mut node.client_in);
+            let mut writes = Vec::new();
+            let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+            watches.drop_watches(&mut conns, slot(conn));
             node.client_in.push(Inbound::Closed(ConnId(conn)));
         }
         self.watcher_lost(w);
