@@ -330,7 +330,7 @@ protocol_tables! {
     ///     request's arm, calling its handler.
     ///
     /// The feature itself:
-    /// 14. `src/server/core/lock_table.rs`: the handler;
+    /// 14. `src/server/core/lock_table/requests.rs`: the handler;
     /// 15. `src/client/calls.rs`: the call that sends it and reads its
     ///     answer (and its method in `src/client/mod.rs`).
     ///

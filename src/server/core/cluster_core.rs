@@ -90,8 +90,8 @@
 use std::collections::BTreeMap;
 
 use crate::protocol::MAX_LIMIT;
+use crate::server::core::events::Delta;
 use crate::server::core::events::{ClusterToTable, TableToCluster};
-use crate::server::core::lock_table::Delta;
 use crate::server::core::now::Now;
 use crate::server::core::peer_msg::PeerMsg;
 use crate::server::core::roles::{RoleEffect, Roles};

@@ -20,8 +20,8 @@
 //! the pace), or decide a watch's rules (`WatchQueue` does).
 
 use crate::protocol::{Answer, Key, Op, Reason, Request};
+use crate::server::core::events::ConnId;
 use crate::server::core::events::Inbound;
-use crate::server::core::lock_table::ConnId;
 use crate::server::core::watchers::{Delivery, Fanout, Swept, WATCH_ROOM, WatchQueue, WatchStep};
 
 /// What the watch glue needs of its loop's connections, by slot.

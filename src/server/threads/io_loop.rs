@@ -142,7 +142,7 @@ use crate::server::core::connection::{
     Opening, ReadStep, Secret as SecretCheck, Verdict, fatal_answer,
 };
 use crate::server::core::deadlines::Deadlines;
-use crate::server::core::lock_table::ConnId;
+use crate::server::core::events::ConnId;
 use crate::server::core::loop_watches::{LoopWatches, WatchConns};
 use crate::server::core::watchers::{Delivery, Fanout, Pace, WATCH_ROOM, WatchQueue};
 use crate::server::messages::{
