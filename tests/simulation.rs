@@ -89,8 +89,8 @@ use baton::server::core::peer_msg::PeerMsg;
 use baton::server::core::roles::RoleName;
 use baton::server::core::table_core::TableCore;
 use baton::server::core::tokens::{self, TokenSource};
-use baton::server::messages::{ClusterToTable, Inbound, TableToCluster, ToOwner, ToRepl};
-use baton::server::rounds::{self, Gone, OwnerPorts, OwnerRound, ReplShell};
+use baton::server::messages::{ClusterToTable, Inbound, Retired, TableToCluster, ToOwner, ToRepl};
+use baton::server::rounds::{self, Gone, Offer, OwnerPorts, OwnerRound, ReplShell};
 use baton::server::shared::Gauges;
 use baton::server::trust::tls::Stream;
 use rng::Rng;
@@ -1510,8 +1510,9 @@ impl OwnerPorts for SimOwner<'_> {
         Ok(self.input.pop_front())
     }
 
-    fn queue_for_repl(&mut self, msg: TableToCluster) {
+    fn offer_to_repl(&mut self, msg: TableToCluster) -> Offer<TableToCluster> {
         self.to_repl.push_back(ToRepl::Table(msg));
+        Offer::Taken
     }
 
     fn answer(&mut self, conn: ConnId, answer: Answer) {
@@ -1522,14 +1523,12 @@ impl OwnerPorts for SimOwner<'_> {
         self.forgotten.push(conn);
     }
 
-    fn retiring(&mut self, done: crossbeam_channel::Sender<()>) {
+    fn retiring(&mut self, done: Retired) {
         // Only a single node retires; the simulated nodes are a cluster's.
-        let _ = done.send(());
+        done.signal();
     }
 
     // The in-memory queues are never full: queued is sent.
-    fn send_to_repl(&mut self) {}
-
     fn send_answers(&mut self) {}
 }
 

@@ -24,15 +24,13 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
-use crossbeam_channel::Sender;
-
 use crate::protocol::Answer;
 use crate::server::core::cluster_core::{ClusterCore, ClusterEffect, LinkId};
 use crate::server::core::events::{ConnId, Delta};
 use crate::server::core::now::Now;
 use crate::server::core::peer_msg::PeerMsg;
 use crate::server::core::table_core::{GaugeReadings, TableCore};
-use crate::server::messages::{ClusterToTable, TableToCluster, ToOwner, ToRepl};
+use crate::server::messages::{ClusterToTable, Retired, TableToCluster, ToOwner, ToRepl, capacity};
 use crate::server::shared::Gauges;
 use crate::server::stats::OwnerStats;
 use crate::server::trust::tls::Stream;
@@ -51,13 +49,152 @@ pub const MAX_REQUESTS_PER_ROUND: usize = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gone;
 
+/// What became of a message offered to a bounded channel.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Offer<T> {
+    /// It is in the channel.
+    Taken,
+    /// The channel is full: the message comes back.
+    Full(T),
+    /// Nobody takes from the channel any more.
+    Gone,
+}
+
+/// What the lock owner keeps for replication while replication's channel
+/// is full, in order, and the bound on it: past `limit` deltas
+/// (`capacity::OWNER_DELTAS` in the thread; replication has taken nothing
+/// for seconds) every queued delta message is dropped, each run of them
+/// replaced by one `DeltasLost` where it stood, so a snapshot or role
+/// transfer queued after it knows the deltas before it are missing (the
+/// cluster core then re-syncs every standby from a fresh snapshot). Token
+/// ceilings dropped so still reach the standbys: every heartbeat carries
+/// this node's ceiling (`Gauges::ceiling`, stored each round), and the
+/// fresh snapshot too. A message alone in the queue is kept (it goes out
+/// next; one round's deltas, however many leases ran out in it, are
+/// bounded by --max-keys).
+#[derive(Debug)]
+pub struct ReplBacklog {
+    queue: VecDeque<TableToCluster>,
+    /// The deltas `queue` carries (a snapshot is bounded by `--max-keys`
+    /// instead and counts nothing).
+    deltas: usize,
+    limit: usize,
+    /// How often queued deltas were dropped.
+    lost: u64,
+}
+
+impl ReplBacklog {
+    /// A backlog bounded at `limit` deltas.
+    pub fn new(limit: usize) -> ReplBacklog {
+        ReplBacklog {
+            queue: VecDeque::new(),
+            deltas: 0,
+            limit,
+            lost: 0,
+        }
+    }
+
+    /// Queue `msg` behind the others.
+    pub fn push(&mut self, msg: TableToCluster) {
+        self.deltas += deltas_in(&msg);
+        self.queue.push_back(msg);
+    }
+
+    /// Nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// The deltas waiting.
+    pub fn deltas(&self) -> usize {
+        self.deltas
+    }
+
+    /// How often queued deltas were dropped (each time, every standby is
+    /// re-synced from a snapshot).
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+
+    /// The messages waiting, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &TableToCluster> {
+        self.queue.iter()
+    }
+
+    /// Offer what waits to the channel, in order, while it takes; a full
+    /// channel keeps the rest here, bounded; one that nobody takes from
+    /// drops everything. True when anything was taken.
+    pub fn send(&mut self, mut offer: impl FnMut(TableToCluster) -> Offer<TableToCluster>) -> bool {
+        let mut sent = false;
+        while let Some(msg) = self.queue.pop_front() {
+            let deltas = deltas_in(&msg);
+            match offer(msg) {
+                Offer::Taken => {
+                    sent = true;
+                    self.deltas -= deltas;
+                }
+                Offer::Full(msg) => {
+                    self.queue.push_front(msg);
+                    self.bound();
+                    break;
+                }
+                Offer::Gone => {
+                    self.queue.clear();
+                    self.deltas = 0;
+                    break;
+                }
+            }
+        }
+        sent
+    }
+
+    /// Past the bound, with more than one message waiting: the deltas are
+    /// dropped, their places marked.
+    fn bound(&mut self) {
+        if self.queue.len() <= 1 || self.deltas <= self.limit {
+            return;
+        }
+        log::warn!(
+            "lock owner: replication has taken no change for too long ({} waiting); dropping \
+             them, the standbys get fresh snapshots",
+            self.deltas
+        );
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for msg in self.queue.drain(..) {
+            match msg {
+                TableToCluster::Deltas(_) => {
+                    if !matches!(kept.back(), Some(TableToCluster::DeltasLost)) {
+                        kept.push_back(TableToCluster::DeltasLost);
+                    }
+                }
+                other => kept.push_back(other),
+            }
+        }
+        self.queue = kept;
+        self.deltas = 0;
+        self.lost += 1;
+    }
+}
+
+/// The deltas a message for replication carries (what [`ReplBacklog`]
+/// counts).
+fn deltas_in(msg: &TableToCluster) -> usize {
+    match msg {
+        TableToCluster::Deltas(deltas) => deltas.len(),
+        _ => 0,
+    }
+}
+
 /// Where the lock owner's input comes from and where its outputs go.
 pub trait OwnerPorts {
     /// The next message on the owner's input, without waiting: `Ok(None)`
     /// when there is none now, `Err(Gone)` when every sender is gone.
     fn try_recv(&mut self) -> Result<Option<ToOwner>, Gone>;
-    /// Queue a message for replication, behind the others.
-    fn queue_for_repl(&mut self, msg: TableToCluster);
+    /// Offer a message to replication's channel, without waiting.
+    fn offer_to_repl(&mut self, msg: TableToCluster) -> Offer<TableToCluster>;
+    /// Messages went into replication's channel this round (a shell may
+    /// wake the thread).
+    fn sent_to_repl(&mut self) {}
     /// Queue an answer for its connection's I/O loop.
     fn answer(&mut self, conn: ConnId, answer: Answer);
     /// Queue every answer of `answers`, in order, leaving it empty. A shell
@@ -71,30 +208,40 @@ pub trait OwnerPorts {
     fn forget(&mut self, conn: ConnId);
     /// Clients were answered this round.
     fn answered(&mut self) {}
-    /// A `ToOwner::Retire` was handled: tell `done` once its answers left.
-    fn retiring(&mut self, done: Sender<()>);
-    /// Send what is queued for replication, as far as there is room.
-    fn send_to_repl(&mut self);
+    /// A `ToOwner::Retire` was handled: signal `done` once its answers left.
+    fn retiring(&mut self, done: Retired);
     /// Send the queued answers to the I/O loops, as far as there is room.
     fn send_answers(&mut self);
 }
 
 /// What the lock owner's round works on besides its ports: the core, the
-/// messages taken in and not handled yet (in arrival order), the counts.
+/// messages taken in and not handled yet (in arrival order), what waits
+/// for replication, the counts.
 pub struct OwnerRound {
     pub core: TableCore,
     /// Messages taken in and not handled yet; the rest of a round past
     /// `MAX_REQUESTS_PER_ROUND` waits here, first in line for the next.
     pub queue: VecDeque<ToOwner>,
+    /// Messages for replication its channel had no room for, bounded.
+    pub to_repl: ReplBacklog,
     pub stats: OwnerStats,
 }
 
 impl OwnerRound {
+    /// The round of `core`, what waits for replication bounded at
+    /// `capacity::OWNER_DELTAS` deltas.
     pub fn new(core: TableCore) -> OwnerRound {
+        OwnerRound::with_repl_limit(core, capacity::OWNER_DELTAS)
+    }
+
+    /// The same, bounded at `limit` deltas (the simulation's ports are
+    /// small, so that they fill).
+    pub fn with_repl_limit(core: TableCore, limit: usize) -> OwnerRound {
         let stats = OwnerStats::new(core.is_serving());
         OwnerRound {
             core,
             queue: VecDeque::new(),
+            to_repl: ReplBacklog::new(limit),
             stats,
         }
     }
@@ -183,7 +330,7 @@ impl OwnerRound {
         // (Most rounds have no message and no close: no drain for them.)
         if !effects.to_cluster.is_empty() {
             for msg in effects.to_cluster.drain(..) {
-                ports.queue_for_repl(msg);
+                self.to_repl.push(msg);
             }
         }
         if answered {
@@ -209,11 +356,20 @@ impl OwnerRound {
             .last_issued
             .store(self.core.last_issued(), Ordering::Relaxed);
         gauges.ceiling.store(self.core.ceiling(), Ordering::Relaxed);
-        ports.send_to_repl();
+        self.send_to_repl(ports);
         ports.send_answers();
         if redirected {
-            ports.queue_for_repl(TableToCluster::Redirected);
-            ports.send_to_repl();
+            self.to_repl.push(TableToCluster::Redirected);
+            self.send_to_repl(ports);
+        }
+    }
+
+    /// Send what waits for replication, in order, as far as its channel
+    /// has room (the rest waits, bounded: [`ReplBacklog`]). A round that
+    /// ran nothing but a retry after a full channel sends here too.
+    pub fn send_to_repl(&mut self, ports: &mut impl OwnerPorts) {
+        if self.to_repl.send(|msg| ports.offer_to_repl(msg)) {
+            ports.sent_to_repl();
         }
     }
 }
@@ -367,4 +523,74 @@ fn take_one<S: ReplShell>(shell: &mut S, msg: ToRepl) {
         ToRepl::Stop => return shell.stop(),
     }
     carry_out(shell);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Key;
+
+    fn grants(n: usize) -> TableToCluster {
+        let key = Key::new(b"k").expect("key");
+        TableToCluster::Deltas(vec![Delta::grant(key, 7, 1000); n])
+    }
+
+    /// A channel that is full.
+    fn full(msg: TableToCluster) -> Offer<TableToCluster> {
+        Offer::Full(msg)
+    }
+
+    #[test]
+    fn deltas_waiting_for_replication_are_bounded_and_their_loss_marked_in_place() {
+        const LIMIT: usize = 400;
+        let mut backlog = ReplBacklog::new(LIMIT);
+        let step = LIMIT / 4;
+        // Alone, even a message over the bound is kept: it goes out next.
+        backlog.push(grants(LIMIT + 1));
+        assert!(!backlog.send(full));
+        assert_eq!((backlog.iter().count(), backlog.deltas()), (1, LIMIT + 1));
+        let mut backlog = ReplBacklog::new(LIMIT);
+        let snapshot = TableToCluster::Snapshot {
+            peer: 1,
+            entries: vec![],
+            ceiling: 9,
+        };
+        backlog.push(grants(step));
+        backlog.push(snapshot.clone());
+        backlog.push(grants(step));
+        backlog.push(grants(step));
+        backlog.push(TableToCluster::TransferReady { to: 1 });
+        backlog.push(grants(step));
+        backlog.send(full);
+        assert_eq!((backlog.iter().count(), backlog.deltas()), (6, 4 * step));
+        assert_eq!(backlog.lost(), 0, "at the bound: kept");
+        backlog.push(grants(1));
+        backlog.send(full);
+        let kept: Vec<_> = backlog.iter().cloned().collect();
+        assert_eq!(
+            kept,
+            [
+                TableToCluster::DeltasLost,
+                snapshot,
+                TableToCluster::DeltasLost,
+                TableToCluster::TransferReady { to: 1 },
+                TableToCluster::DeltasLost,
+            ]
+        );
+        assert_eq!((backlog.deltas(), backlog.lost()), (0, 1));
+        // And the count follows what is queued.
+        backlog.push(grants(3));
+        assert_eq!(backlog.deltas(), 3);
+        // A channel that takes gets everything, in order; one gone drops it.
+        let mut got = Vec::new();
+        assert!(backlog.send(|msg| {
+            got.push(msg);
+            Offer::Taken
+        }));
+        assert_eq!(got.len(), 6);
+        assert!(backlog.is_empty() && backlog.deltas() == 0);
+        backlog.push(grants(3));
+        assert!(!backlog.send(|_| Offer::Gone));
+        assert!(backlog.is_empty() && backlog.deltas() == 0);
+    }
 }
