@@ -21,8 +21,18 @@
 //! one-way and two-way partitions (either a black hole, where data waits
 //! until the partition heals as TCP retransmits it, or a firewall that
 //! resets the links), paused nodes (SIGSTOP: the kernel still accepts
-//! connections and buffers data), crashes and restarts, and forged or
-//! malformed messages from a stranger.
+//! connections and buffers data), crashes and restarts, forged or
+//! malformed messages from a stranger, and a node's lock owner or
+//! replication thread held up for a while (busy, descheduled).
+//!
+//! The node's ports are bounded and small (`ports`), so that they fill:
+//! the owner's channel, replication's channel, what the owner keeps for
+//! replication, what replication lets wait for the owner, and the bytes a
+//! link holds for a receiver that does not read. What happens then is the
+//! node's own code (`rounds.rs`): a slow standby's link dropped, queued
+//! deltas dropped for a `DeltasLost` (and the standbys re-synced), peer
+//! links held (not silent) while the owner is behind. The runs count each
+//! (`Pressure`), and the tests assert that seeded runs reach every one.
 //!
 //! Client traffic is mutexes and two semaphores (limits 2 and 3, holders
 //! with and without values), whose grants replicate a `G` per holder.
@@ -89,10 +99,11 @@ use baton::server::core::peer_msg::PeerMsg;
 use baton::server::core::roles::RoleName;
 use baton::server::core::table_core::TableCore;
 use baton::server::core::tokens::{self, TokenSource};
-use baton::server::messages::{ClusterToTable, Inbound, Retired, TableToCluster, ToOwner, ToRepl};
-use baton::server::rounds::{self, Gone, Offer, OwnerPorts, OwnerRound, ReplShell};
+use baton::server::messages::{ClusterToTable, Inbound, Retired, TableToCluster, ToOwner};
+use baton::server::rounds::{
+    self, Gone, Offer, OwnerPorts, OwnerQueue, OwnerRound, ReplInput, ReplShell,
+};
 use baton::server::shared::Gauges;
-use baton::server::trust::tls::Stream;
 use rng::Rng;
 use watch::{LoopSide, MAX_WATCHES, WatchCheck, slot};
 
@@ -110,6 +121,30 @@ const SYN_RETRY_MS: u64 = 1_000;
 const UNIX_BASE: u64 = 1_700_000_000_000;
 /// Most a node's wall clock is off, either way.
 const MAX_SKEW_MS: u64 = 30;
+/// The simulated node's bounded ports, small so that they fill in seeded
+/// runs (the threads' are in `messages::capacity` and `rounds.rs`); what
+/// happens when one is full is decided by the node's own code
+/// (`rounds.rs`): the owner drops queued deltas past `OWNER_DELTAS`
+/// (`ReplBacklog`), replication reads no peer link while `CLUSTER_ENTRIES`
+/// wait for the owner (`may_read_peer`), and drops an outgoing link whose
+/// unsent bytes pass `PEER_OUTPUT` (`carry_out`).
+mod ports {
+    /// Messages in the lock owner's channel (client batches and
+    /// replication's messages).
+    pub const TO_OWNER: usize = 8;
+    /// Messages in replication's channel from the owner.
+    pub const TO_REPL: usize = 2;
+    /// Deltas the owner keeps for replication past a full `TO_REPL`.
+    pub const OWNER_DELTAS: usize = 8;
+    /// Entries replication lets wait for the owner before it holds its
+    /// peer links.
+    pub const CLUSTER_ENTRIES: usize = 16;
+    /// Bytes of a link the kernel holds (sent, not yet read): what is
+    /// beyond it on a link is the sender's unsent output.
+    pub const KERNEL_BUFFER: usize = 2 * 1024;
+    /// Unsent bytes to one peer past which its link is dropped.
+    pub const PEER_OUTPUT: usize = 1024;
+}
 /// Seeds that once failed, replayed on every run.
 const REGRESSION_SEEDS: &[u64] = &[];
 
@@ -160,6 +195,8 @@ struct Link {
     to: usize,
     state: LinkState,
     queue: VecDeque<(u64, Item)>,
+    /// The bytes of the messages in `queue`.
+    bytes: usize,
     /// The receiver's core has been told of the connection.
     opened: bool,
     /// The retransmission timeout of the data at the head of the queue
@@ -195,6 +232,10 @@ impl Owed {
 struct Node {
     up: bool,
     paused_until: Option<u64>,
+    /// The lock owner's thread is held up (busy, descheduled) until then.
+    owner_stalled_until: Option<u64>,
+    /// The replication thread is held up until then.
+    repl_stalled_until: Option<u64>,
     down_since: u64,
     boot_ms: u64,
     skew_ms: i64,
@@ -207,9 +248,10 @@ struct Node {
     /// Socket events for the replication thread.
     inbox: VecDeque<NetEvent>,
     /// The replication thread's channel (the owner's messages).
-    repl_inbox: VecDeque<ToRepl>,
-    /// What replication queued for the owner and has not sent yet.
-    owner_backlog: VecDeque<ClusterToTable>,
+    repl_inbox: VecDeque<ReplInput>,
+    /// What replication queued for the owner and has not sent yet, and
+    /// the bound on what waits for it (rounds.rs).
+    owner_backlog: OwnerQueue,
     /// The owner's channel: client batches and cluster messages, in the
     /// order they arrived.
     owner_in: VecDeque<ToOwner>,
@@ -293,6 +335,19 @@ struct Sim {
     dual_this_step: bool,
     /// Lines the watchers were shown.
     watch_lines: u64,
+    /// How often each bound of the node's ports was reached.
+    pressure: Pressure,
+}
+
+/// How often a bounded port filled and the node's code acted on it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Pressure {
+    /// Links to a standby dropped for their unsent output.
+    slow_standby: u64,
+    /// Times an owner dropped the deltas queued for replication.
+    deltas_lost: u64,
+    /// Times replication held a peer link back for the owner.
+    reads_held: u64,
 }
 
 impl Sim {
@@ -324,6 +379,7 @@ impl Sim {
             split_epoch: 0,
             dual_this_step: false,
             watch_lines: 0,
+            pressure: Pressure::default(),
         };
         let skews: Vec<i64> = (0..n)
             .map(|_| sim.rng.between(0, 2 * MAX_SKEW_MS) as i64 - MAX_SKEW_MS as i64)
@@ -341,6 +397,9 @@ impl Sim {
 
     fn fresh_node(&self, me: usize, skew_ms: i64) -> Node {
         let now = Now::at(0, unix_at(self.now, skew_ms));
+        let gauges = Gauges::with_pollers(1);
+        let queued = std::sync::Arc::clone(&gauges.cluster_queued);
+        let owner_backlog = OwnerQueue::new(queued, ports::CLUSTER_ENTRIES);
         let table = LockTable::new(
             0,
             TableLimits::default(),
@@ -349,10 +408,15 @@ impl Sim {
         Node {
             up: true,
             paused_until: None,
+            owner_stalled_until: None,
+            repl_stalled_until: None,
             down_since: 0,
             boot_ms: self.now,
             skew_ms,
-            owner: OwnerRound::new(TableCore::new(table, true, self.names[me].clone(), 0)),
+            owner: OwnerRound::with_repl_limit(
+                TableCore::new(table, true, self.names[me].clone(), 0),
+                ports::OWNER_DELTAS,
+            ),
             cluster: ClusterCore::new(
                 me,
                 self.names.clone(),
@@ -362,10 +426,10 @@ impl Sim {
                 },
                 now,
             ),
-            gauges: Gauges::with_pollers(1),
+            gauges,
             inbox: VecDeque::new(),
             repl_inbox: VecDeque::new(),
-            owner_backlog: VecDeque::new(),
+            owner_backlog,
             owner_in: VecDeque::new(),
             client_in: Vec::new(),
             answers: Vec::new(),
@@ -399,9 +463,16 @@ impl Sim {
 
     fn step(&mut self) {
         self.now += 1;
-        for i in 0..self.nodes.len() {
-            if self.nodes[i].paused_until.is_some_and(|t| t <= self.now) {
-                self.nodes[i].paused_until = None;
+        let now = self.now;
+        for node in &mut self.nodes {
+            for until in [
+                &mut node.paused_until,
+                &mut node.owner_stalled_until,
+                &mut node.repl_stalled_until,
+            ] {
+                if until.is_some_and(|t| t <= now) {
+                    *until = None;
+                }
             }
         }
         let watching = !self.watchers.is_empty();
@@ -436,7 +507,53 @@ impl Sim {
         if io_first {
             self.io_loop_sends(i);
         }
+        if self.nodes[i].repl_stalled_until.is_none() {
+            self.repl_step(i, now);
+            if !self.nodes[i].up {
+                return;
+            }
+        }
+        if !io_first {
+            self.io_loop_sends(i);
+        }
+        if self.nodes[i].owner_stalled_until.is_none() {
+            self.owner_round(i, now);
+        }
+        self.check_node(i);
+    }
+
+    /// Node `i`'s replication thread: its socket events (an incoming
+    /// link's input only while the owner keeps up: `rounds::may_read_peer`
+    /// decides, as in the thread), then its inbox and its tick, as
+    /// rounds.rs orders them.
+    fn repl_step(&mut self, i: usize, now: Now) {
+        // Links held back this step, and their events, in order.
+        let mut held_links: Vec<LinkId> = Vec::new();
+        let mut held: VecDeque<NetEvent> = VecDeque::new();
         while let Some(event) = self.nodes[i].inbox.pop_front() {
+            let input_of = match &event {
+                NetEvent::Peer(link, _) | NetEvent::Malformed(link) => Some(*link),
+                _ => None,
+            };
+            let link_of = match &event {
+                NetEvent::Closed(link) => Some(*link),
+                _ => input_of,
+            };
+            if link_of.is_some_and(|link| held_links.contains(&link)) {
+                held.push_back(event);
+                continue;
+            }
+            if let Some(link) = input_of
+                && !rounds::may_read_peer(&mut self.repl(i), link)
+            {
+                self.pressure.reads_held += 1;
+                held_links.push(link);
+                held.push_back(event);
+                if !self.nodes[i].up {
+                    return;
+                }
+                continue;
+            }
             let cluster = &mut self.nodes[i].cluster;
             match event {
                 NetEvent::LinkUp(p) => cluster.handle_link_up(now, p),
@@ -457,29 +574,25 @@ impl Sim {
                 return;
             }
         }
+        // What was held back is read first next step (the kernel keeps
+        // it).
+        self.nodes[i].inbox = held;
         rounds::take_inbox(&mut self.repl(i));
         if !self.nodes[i].up {
             return;
         }
         rounds::tick(&mut self.repl(i));
-        if !self.nodes[i].up {
-            return;
-        }
-        if !io_first {
-            self.io_loop_sends(i);
-        }
-        self.owner_round(i, now);
-        self.check_node(i);
     }
 
     /// Node `i`'s I/O loop: its count of connections, and one batch of
-    /// what its clients sent, into the owner's channel.
+    /// what its clients sent, into the owner's channel if it has room
+    /// (else the batch waits, and grows, as the loop's does).
     fn io_loop_sends(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         node.gauges
             .conns
             .store(node.conns.len(), std::sync::atomic::Ordering::Relaxed);
-        if !node.client_in.is_empty() {
+        if !node.client_in.is_empty() && node.owner_in.len() < ports::TO_OWNER {
             let batch = std::mem::take(&mut node.client_in);
             node.owner_in.push_back(ToOwner::Clients(batch));
         }
@@ -497,8 +610,10 @@ impl Sim {
             answers: &mut answers,
             forgotten: &mut forgotten,
         };
+        let lost = node.owner.to_repl.lost();
         node.owner.take_more(&mut ports);
         node.owner.round(now, &node.gauges, &mut ports);
+        self.pressure.deltas_lost += node.owner.to_repl.lost() - lost;
         answers.append(&mut node.forged);
         // What the I/O loop writes to the watchers' connections, in order.
         let mut writes = Vec::new();
@@ -576,6 +691,7 @@ impl Sim {
                     ready_at,
                 },
                 queue: VecDeque::new(),
+                bytes: 0,
                 opened: false,
                 rto_ms: 0,
             },
@@ -608,6 +724,7 @@ impl Sim {
             return;
         }
         assert_eq!(link.state, LinkState::Up, "node {a} sent on a link not up");
+        let bytes = wire_len(&msg);
         for _ in 0..copies {
             let at = link
                 .queue
@@ -615,7 +732,18 @@ impl Sim {
                 .map_or(0, |(t, _)| *t)
                 .max(self.now + delay);
             link.queue.push_back((at, Item::Msg(msg.clone())));
+            link.bytes += bytes;
         }
+    }
+
+    /// What node `a` has sent to `b` on its current link and the kernels
+    /// have not taken yet: the part of the link's bytes beyond what the
+    /// kernel holds (`ports::KERNEL_BUFFER`).
+    fn unsent(&self, a: usize, b: usize) -> usize {
+        let Some(link) = self.out_of.get(&(a, b)).and_then(|id| self.links.get(id)) else {
+            return 0;
+        };
+        link.bytes.saturating_sub(ports::KERNEL_BUFFER)
     }
 
     /// The sender closes its outgoing link: the data in flight, then FIN.
@@ -719,7 +847,12 @@ impl Sim {
                 }
                 LinkState::Up => {
                     if !self.blocked(a, b) {
-                        self.deliver(id);
+                        // A receiver that does not read (paused, or its
+                        // replication thread held up) leaves the data in
+                        // the kernels, up to the sender's unsent output.
+                        if self.runs(b) && self.nodes[b].repl_stalled_until.is_none() {
+                            self.deliver(id);
+                        }
                     } else {
                         self.lose_due_packets(id);
                     }
@@ -760,6 +893,9 @@ impl Sim {
         let to = link.to;
         while link.queue.front().is_some_and(|(t, _)| *t <= now) {
             let (_, item) = link.queue.pop_front().expect("front");
+            if let Item::Msg(msg) = &item {
+                link.bytes -= wire_len(msg);
+            }
             let inbox = &mut self.nodes[to].inbox;
             if !link.opened {
                 link.opened = true;
@@ -803,6 +939,7 @@ impl Sim {
             } else if link.to == x && link.state == LinkState::Up {
                 link.state = LinkState::Broken;
                 link.queue.clear();
+                link.bytes = 0;
             }
         }
     }
@@ -893,7 +1030,7 @@ impl Sim {
         let victim = self.rng.index(n);
         let other = (victim + 1 + self.rng.index(n - 1)) % n;
         let alive = self.nodes.iter().filter(|x| x.up).count();
-        match self.rng.below(8) {
+        match self.rng.below(10) {
             0 if alive > 1 && self.nodes[victim].up => self.crash(victim),
             1 if !self.nodes[victim].up
                 && self.now >= self.nodes[victim].down_since + MIN_DOWN_MS =>
@@ -910,6 +1047,17 @@ impl Sim {
                 self.pause(victim, until);
             }
             5 => self.forge(victim),
+            // A thread held up (busy, or descheduled on a loaded
+            // machine), mostly for less than a failure detection: its
+            // ports fill.
+            6 if self.runs(victim) => {
+                let until = self.now + self.rng.between(20, DETECT_MS);
+                self.nodes[victim].owner_stalled_until = Some(until);
+            }
+            7 if self.runs(victim) => {
+                let until = self.now + self.rng.between(20, DETECT_MS);
+                self.nodes[victim].repl_stalled_until = Some(until);
+            }
             _ => self.heal(),
         }
     }
@@ -1500,7 +1648,7 @@ impl Sim {
 /// thread's inbox, and this round's answers (checked once it ends).
 struct SimOwner<'a> {
     input: &'a mut VecDeque<ToOwner>,
-    to_repl: &'a mut VecDeque<ToRepl>,
+    to_repl: &'a mut VecDeque<ReplInput>,
     answers: &'a mut Vec<(ConnId, Answer)>,
     forgotten: &'a mut Vec<ConnId>,
 }
@@ -1511,7 +1659,10 @@ impl OwnerPorts for SimOwner<'_> {
     }
 
     fn offer_to_repl(&mut self, msg: TableToCluster) -> Offer<TableToCluster> {
-        self.to_repl.push_back(ToRepl::Table(msg));
+        if self.to_repl.len() >= ports::TO_REPL {
+            return Offer::Full(msg);
+        }
+        self.to_repl.push_back(ReplInput::Table(msg));
         Offer::Taken
     }
 
@@ -1528,7 +1679,8 @@ impl OwnerPorts for SimOwner<'_> {
         done.signal();
     }
 
-    // The in-memory queues are never full: queued is sent.
+    // The I/O loop takes every answer at once (its clients' outputs are
+    // not modelled).
     fn send_answers(&mut self) {}
 }
 
@@ -1563,7 +1715,7 @@ impl ReplShell for SimRepl<'_> {
         &self.sim.nodes[self.i].gauges
     }
 
-    fn next_inbox(&mut self) -> Result<Option<ToRepl>, Gone> {
+    fn next_inbox(&mut self) -> Result<Option<ReplInput>, Gone> {
         Ok(self.node().repl_inbox.pop_front())
     }
 
@@ -1578,20 +1730,32 @@ impl ReplShell for SimRepl<'_> {
         !self.up()
     }
 
-    fn adopt(&mut self, _: Stream, _: Vec<u8>) {
-        unreachable!("the simulated network hands over no sockets");
-    }
-
     fn dial(&mut self, peer: usize) {
         if self.up() {
             self.sim.dial(self.i, peer);
         }
     }
 
-    fn send(&mut self, peer: usize, msg: PeerMsg) {
-        if self.up() {
-            self.sim.send(self.i, peer, msg);
+    fn send(&mut self, peer: usize, msg: PeerMsg) -> usize {
+        if !self.up() {
+            return 0;
         }
+        self.sim.send(self.i, peer, msg);
+        self.sim.unsent(self.i, peer)
+    }
+
+    fn peer_output_limit(&self) -> usize {
+        ports::PEER_OUTPUT
+    }
+
+    fn too_far_behind(&mut self, peer: usize) {
+        if trace() {
+            eprintln!(
+                "{:>6} node {}: {peer} is too far behind, its link dropped",
+                self.sim.now, self.i
+            );
+        }
+        self.sim.pressure.slow_standby += 1;
     }
 
     fn drop_out(&mut self, peer: usize) {
@@ -1613,16 +1777,23 @@ impl ReplShell for SimRepl<'_> {
         if trace() {
             eprintln!("{:>6} node {}: to table {msg:?}", self.sim.now, self.i);
         }
-        let node = self.node();
-        node.gauges.cluster_queued.add(msg.weight());
-        node.owner_backlog.push_back(msg);
+        self.node().owner_backlog.push(msg);
+    }
+
+    fn owner_queue(&self) -> &OwnerQueue {
+        &self.sim.nodes[self.i].owner_backlog
     }
 
     fn send_to_owner(&mut self) {
         let node = self.node();
-        while let Some(msg) = node.owner_backlog.pop_front() {
-            node.owner_in.push_back(ToOwner::Cluster(msg));
-        }
+        let owner_in = &mut node.owner_in;
+        node.owner_backlog.send(|msg| {
+            if owner_in.len() >= ports::TO_OWNER {
+                return Offer::Full(msg);
+            }
+            owner_in.push_back(ToOwner::Cluster(msg));
+            Offer::Taken
+        });
     }
 
     // Sends went onto the simulated links as they were made.
@@ -1640,6 +1811,13 @@ impl ReplShell for SimRepl<'_> {
     }
 }
 
+/// A peer message's bytes on the wire (its line; the seal is left out).
+fn wire_len(msg: &PeerMsg) -> usize {
+    let mut line = Vec::new();
+    msg.write_to(&mut line);
+    line.len()
+}
+
 fn unix_at(now: u64, skew_ms: i64) -> u64 {
     (UNIX_BASE + now).saturating_add_signed(skew_ms)
 }
@@ -1647,6 +1825,12 @@ fn unix_at(now: u64, skew_ms: i64) -> u64 {
 /// One random run: faults for a while, then everything heals; the cluster
 /// must converge on node 0 and its next token be above every earlier one.
 fn run(seed: u64) {
+    let pressure = run_sim(seed);
+    PRESSURE.count(pressure);
+}
+
+/// The same run: how often its ports' bounds were reached.
+fn run_sim(seed: u64) -> Pressure {
     let mut rng = Rng::new(seed ^ 0x5eed);
     let n = 2 + rng.index(2);
     let mut sim = Sim::new(seed, n);
@@ -1673,6 +1857,8 @@ fn run(seed: u64) {
     sim.heal();
     for i in 0..n {
         sim.nodes[i].paused_until = None;
+        sim.nodes[i].owner_stalled_until = None;
+        sim.nodes[i].repl_stalled_until = None;
     }
     sim.steps(MIN_DOWN_MS);
     for i in 0..n {
@@ -1712,6 +1898,41 @@ fn run(seed: u64) {
         sim.watch_lines
     );
     WATCHES.count(&sim);
+    if std::env::var("BATON_SIM_PRESSURE").is_ok() {
+        eprintln!("seed {seed}: {:?}", sim.pressure);
+    }
+    sim.pressure
+}
+
+/// The ports' bounds reached over every random run: the test checks that
+/// the runs made each happen (a check that never sees one cannot fail).
+struct PressureTotals {
+    slow_standby: AtomicU64,
+    deltas_lost: AtomicU64,
+    reads_held: AtomicU64,
+}
+
+static PRESSURE: PressureTotals = PressureTotals {
+    slow_standby: AtomicU64::new(0),
+    deltas_lost: AtomicU64::new(0),
+    reads_held: AtomicU64::new(0),
+};
+
+impl PressureTotals {
+    fn count(&self, p: Pressure) {
+        self.slow_standby
+            .fetch_add(p.slow_standby, Ordering::Relaxed);
+        self.deltas_lost.fetch_add(p.deltas_lost, Ordering::Relaxed);
+        self.reads_held.fetch_add(p.reads_held, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Pressure {
+        Pressure {
+            slow_standby: self.slow_standby.load(Ordering::Relaxed),
+            deltas_lost: self.deltas_lost.load(Ordering::Relaxed),
+            reads_held: self.reads_held.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// What the watchers of every random run were shown, summed: the test
@@ -1779,12 +2000,35 @@ fn random_faults_never_repeat_a_token_and_the_cluster_converges_to_the_first_nod
     eprintln!(
         "watchers: {lines} lines, {across} compared with another node's, {lower} of them lower"
     );
+    let pressure = PRESSURE.get();
+    eprintln!("bounded ports: {pressure:?}");
     if seeds >= 500 {
         assert!(
             across > 0 && lower > 0,
             "the watchers never compared tokens across a move ({across}), or never saw a lower one after it ({lower})"
         );
+        assert!(
+            pressure.slow_standby > 0 && pressure.deltas_lost > 0 && pressure.reads_held > 0,
+            "a bound of the ports was never reached: {pressure:?}"
+        );
     }
+}
+
+/// Seeds whose runs reach each bound of the node's ports, the invariants
+/// checked at every step as always: seed 2 drops a slow standby's link
+/// (its unsent output past the bound, while it was paused), seed 3 has an
+/// owner drop the deltas queued for a held-up replication thread (the
+/// standbys re-synced from snapshots), seed 1 has replication hold its
+/// peer links while a held-up owner is behind (no failover for it). If a
+/// change makes one stop reaching its bound, this says which.
+#[test]
+fn seeded_runs_reach_each_bound_of_the_ports() {
+    let slow = run_sim(2);
+    assert!(slow.slow_standby > 0, "seed 2: {slow:?}");
+    let lost = run_sim(3);
+    assert!(lost.deltas_lost > 0, "seed 3: {lost:?}");
+    let held = run_sim(1);
+    assert!(held.reads_held > 0, "seed 1: {held:?}");
 }
 
 #[test]
@@ -1874,7 +2118,7 @@ fn consecutive_delta_messages_reach_the_standbys_as_one_batch() {
     let (one, two) = (Delta::Ceiling(ceiling), Delta::Ceiling(ceiling + 16));
     for delta in [&one, &two] {
         let msg = TableToCluster::Deltas(vec![delta.clone()]);
-        sim.nodes[0].repl_inbox.push_back(ToRepl::Table(msg));
+        sim.nodes[0].repl_inbox.push_back(ReplInput::Table(msg));
     }
     sim.send_log = Some(Vec::new());
     sim.step();
@@ -2161,7 +2405,7 @@ fn graceful_shutdown_transfers_the_role_to_the_synced_standby_before_exit() {
     }
     assert_eq!(sim.nodes[0].owner.core.table().stats().waiting, 1);
     // SIGTERM: the node's stop sequence tells the replication thread.
-    sim.nodes[0].repl_inbox.push_back(ToRepl::Shutdown);
+    sim.nodes[0].repl_inbox.push_back(ReplInput::Shutdown);
     sim.run_until(2 * DETECT_MS, "node 0 exits after the transfer", |s| {
         s.nodes[0].exited
     });
