@@ -64,6 +64,12 @@ final class Conn {
             this.generation = generation;
         }
 
+        /** The request was sent at the front of its line: it can be answered from its send on. */
+        void sentAtFront() {
+            frontAt = sentAt;
+            atFront = true;
+        }
+
         /** The request can be answered from now on: none before it of its (op, key) is unanswered. */
         void reachedFront() {
             if (!atFront) {
@@ -203,7 +209,11 @@ final class Conn {
             } else {
                 ticket = new Ticket(this, wanted ? generation : -1);
                 if (pending.push(op, key, wanted ? ticket : null)) {
-                    ticket.reachedFront();
+                    // Not the time now: the first push of a JVM can take
+                    // tens of milliseconds (a record's first hashCode), and
+                    // the connection's deadline must not drift past the
+                    // caller's (see Calls.pastDeadline).
+                    ticket.sentAtFront();
                 }
             }
             outbox.write(line, 0, line.length);
