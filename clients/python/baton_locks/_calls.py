@@ -317,7 +317,7 @@ def exchange(
             e.maybe_delivered = delivered
             raise
         slot = Slot()
-        sent_at = time.monotonic()
+        sent_at = slot.sent_at
         generation = conn.send(line, op, key, slot)
         answer = None
         if generation is None:

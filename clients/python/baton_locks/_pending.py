@@ -54,9 +54,12 @@ class Slot:
     blocking caller waits on an event, an async one registers a callback
     (called on the thread or loop that delivers the answer)."""
 
-    __slots__ = ("_lock", "_event", "answer", "lost", "_abandoned", "_callbacks", "front_at")
+    __slots__ = ("_lock", "_event", "answer", "lost", "_abandoned", "_callbacks", "front_at", "sent_at")
 
     def __init__(self) -> None:
+        #: When its request is sent (made just before): a request sent at
+        #: the front of its line can be answered from then on.
+        self.sent_at = time.monotonic()
         #: When the request reached the front of its (op, key) line on its
         #: connection (``time.monotonic()``); None while it is held back
         #: behind an earlier one. Set by the connection (one float store).
@@ -178,7 +181,7 @@ class Pending:
         queue.append(slot)
         self.in_flight += 1
         if slot is not None and len(queue) == 1:
-            slot.front_at = time.monotonic()
+            slot.front_at = slot.sent_at
 
     def has(self, op: str, key: Optional[bytes]) -> bool:
         """A request with this (op, key) waits for its answer (one dict

@@ -106,6 +106,7 @@ function sendAndWait(conn: Conn, request: Request, budget: number | null, caller
     const slot: Slot = {
       abandoned: false,
       frontAt: null,
+      sentAt,
       settle(answer: Answer | null) {
         finish();
         resolve(answer === null ? { kind: 'lost', sent: true } : { kind: 'answered', answer, sentAt });

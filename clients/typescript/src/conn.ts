@@ -42,6 +42,9 @@ export interface Slot {
   /** When the request reached the front of its (op, key) line here
    * (performance.now); null while it waits behind an earlier one. */
   frontAt: number | null;
+  /** When the request is sent (performance.now): one sent at the front of
+   * its line can be answered from then on. */
+  readonly sentAt: number;
   settle(answer: Answer | null): void;
 }
 
@@ -121,7 +124,7 @@ export class Conn {
   send(request: Request, slot: Slot | null): boolean {
     if (!this.ready || this.pending.size >= MAX_IN_FLIGHT) return false;
     this.write(encode(request));
-    if (this.pending.push(request.op, requestKey(request), slot) && slot !== null) slot.frontAt = performance.now();
+    if (this.pending.push(request.op, requestKey(request), slot) && slot !== null) slot.frontAt = slot.sentAt;
     this.touch();
     return true;
   }
