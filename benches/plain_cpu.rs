@@ -45,8 +45,11 @@ OPTIONS:
                        target/release/batond)
   --batond-flag FLAG   one more flag for every batond started (repeat it;
                        also $BATOND_FLAGS, split at spaces)
-  --systems LIST       of: baton, echo, mini, baton-nopoll, echo-nopoll
-                       (default: all five; -nopoll is --busy-poll-us 0)
+  --systems LIST       of: baton, echo, mini, baton-nopoll, echo-nopoll,
+                       baton-after-poll, echo-after-poll (default: the
+                       first five; -nopoll is --busy-poll-us 0; -after-poll
+                       drives the server with the other pacing: writes
+                       once all of a poll's connections are read)
   --conns N            connections (default 50)
   --depths LIST        pairs in flight per connection (default 1,16)
   --rounds N           rounds, the order reversed every other (default 3)
@@ -55,6 +58,8 @@ OPTIONS:
   --no-split           leave placement to the kernel (default: the load
                        generator on the first CPU, the servers on the rest)
   --seed N             key seed (default 1)
+  --pause SECS         wait this long once the servers are up, before the
+                       first window (to attach a profiler; default 0)
   --quick              1 round of 1 s windows, 0.3 s warmup
   --mini-echo ADDR     serve as the minimal echo on ADDR (how the run starts
                        its echo; prints `listening on ADDR`)
@@ -106,7 +111,7 @@ fn parse(mut args: pico_args::Arguments) -> Result<Args, String> {
             |s| list(&s),
         );
     for s in &systems {
-        if !["baton", "echo", "mini", "baton-nopoll", "echo-nopoll"].contains(&s.as_str()) {
+        if label(s) == "?" {
             return Err(format!("unknown system {s}"));
         }
     }
@@ -141,6 +146,7 @@ fn parse(mut args: pico_args::Arguments) -> Result<Args, String> {
         measure: opt_secs(&mut args, "--measure", if quick { 1.0 } else { 2.0 })?,
         split: !args.contains("--no-split"),
         seed: args.opt_value_from_str("--seed").map_err(err)?.unwrap_or(1),
+        pause: opt_secs(&mut args, "--pause", 0.0)?,
     };
     // `cargo bench` passes --bench.
     let _ = args.contains("--bench");
@@ -173,6 +179,13 @@ fn start(name: &str, batond: &str, flags: &[String]) -> Result<Server, String> {
         "echo" => Server::batond(name, batond, &with(&["--echo"])),
         "baton-nopoll" => Server::batond(name, batond, &with(&["--busy-poll-us", "0"])),
         "echo-nopoll" => Server::batond(name, batond, &with(&["--echo", "--busy-poll-us", "0"])),
+        "baton-after-poll" | "echo-after-poll" => {
+            let echo = name == "echo-after-poll";
+            let flags = with(if echo { &["--echo"] } else { &[] });
+            let mut server = Server::batond(name, batond, &flags)?;
+            server.after_poll = true;
+            Ok(server)
+        }
         "mini" => {
             let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
             let mut command = Command::new(exe);
@@ -191,6 +204,8 @@ fn label(name: &str) -> &'static str {
         "mini" => "minimal mio echo",
         "baton-nopoll" => "batond, polling off",
         "echo-nopoll" => "batond --echo, polling off",
+        "baton-after-poll" => "batond, paced after the poll",
+        "echo-after-poll" => "batond --echo, paced after the poll",
         _ => "?",
     }
 }
@@ -205,6 +220,8 @@ fn ratios(systems: &[String]) -> Vec<RatioSpec> {
         ("baton-nopoll", "echo-nopoll"),
         ("baton-nopoll", "mini"),
         ("echo", "mini"),
+        ("baton-after-poll", "echo-after-poll"),
+        ("baton-after-poll", "baton"),
     ]
     .iter()
     .filter_map(|(node, floor)| {

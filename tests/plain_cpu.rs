@@ -71,6 +71,7 @@ fn a_short_interleaved_run_measures_every_system_and_its_ratios_read_back() {
         measure: Duration::from_millis(400),
         split: true,
         seed: 7,
+        pause: Duration::ZERO,
     };
     let samples = run::measure(&servers, &options, |_| {}).expect("run");
     assert_eq!(samples.len(), 3 * 2 * 2, "every system, depth and round");
@@ -131,6 +132,7 @@ fn sample(system: usize, depth: usize, round: usize, pairs: u64, cpu: f64) -> ru
             empty_reads: 0,
             writes: pairs / 8,
             polls: 10,
+            pairs_in_all: pairs,
         },
     }
 }

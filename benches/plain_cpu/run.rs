@@ -31,6 +31,8 @@ pub struct Server {
     pub name: String,
     /// It answers every line with itself.
     pub echo: bool,
+    /// Driven with the other pacing (`client::Spec::after_poll`).
+    pub after_poll: bool,
     pub addr: SocketAddr,
     child: Child,
 }
@@ -91,6 +93,7 @@ impl Server {
         let mut server = Server {
             name: name.to_string(),
             echo,
+            after_poll: false,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             child,
         };
@@ -101,8 +104,24 @@ impl Server {
     }
 }
 
+/// How long a server may take to end after SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Drop for Server {
+    /// SIGTERM (so that a profiler wrapped around a server writes its
+    /// figures), then SIGKILL if it has not ended within `STOP_TIMEOUT`.
     fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: a plain signal to our own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = std::time::Instant::now() + STOP_TIMEOUT;
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -125,6 +144,9 @@ pub struct Options {
     /// Load generator and servers on separate CPUs.
     pub split: bool,
     pub seed: u64,
+    /// Wait this long before the first window (to attach a profiler to
+    /// the servers, whose PIDs are known by then).
+    pub pause: Duration,
 }
 
 /// One measured window.
@@ -170,6 +192,7 @@ pub fn measure(
             order.push((s, depth));
         }
     }
+    std::thread::sleep(options.pause);
     let mut samples = Vec::new();
     for round in 0..options.rounds {
         let this_round: Vec<_> = if round % 2 == 0 {
@@ -194,14 +217,16 @@ pub fn measure(
                 seed: options
                     .seed
                     .wrapping_add((round * 1000 + s * 100 + depth) as u64),
+                after_poll: server.after_poll,
             };
             let measured = client::run(&spec).map_err(|e| format!("{}: {e}", server.name))?;
             progress(&format!(
-                "round {} {} depth {depth}: {:.0} pairs/s, {:.2} us/pair",
+                "round {} {} depth {depth}: {:.0} pairs/s, {:.2} us/pair ({} pairs in all)",
                 round + 1,
                 server.name,
                 measured.pairs as f64 / measured.secs.max(1e-9),
                 1e6 * measured.server_cpu / measured.pairs.max(1) as f64,
+                measured.pairs_in_all,
             ));
             samples.push(Sample {
                 round,
