@@ -10,7 +10,7 @@
 //! by hand. `scripts/cpu_per_pair.sh` builds and runs it.
 //!
 //! Never does: run under `cargo test` (a `harness = false` bench; the test
-//! tests/plain_cpu.rs includes its files and runs it briefly, with no
+//! tests/plain_cpu_bench.rs includes its files and runs it briefly, with no
 //! timing threshold), or leave a server it started running.
 
 #[path = "plain_cpu/client.rs"]
@@ -43,6 +43,8 @@ USAGE:
 OPTIONS:
   --batond PATH        the batond to measure (default: $BATOND, else
                        target/release/batond)
+  --batond-b PATH      another batond build, for the systems baton-b and
+                       baton-b-nopoll (to compare two builds in one run)
   --batond-flag FLAG   one more flag for every batond started (repeat it;
                        also $BATOND_FLAGS, split at spaces)
   --systems LIST       of: baton, echo, mini, baton-nopoll, echo-nopoll,
@@ -67,6 +69,7 @@ OPTIONS:
 
 struct Args {
     batond: String,
+    batond_b: Option<String>,
     flags: Vec<String>,
     systems: Vec<String>,
     options: Options,
@@ -99,6 +102,7 @@ fn parse(mut args: pico_args::Arguments) -> Result<Args, String> {
         .map_err(err)?
         .or_else(|| std::env::var("BATOND").ok())
         .unwrap_or_else(|| "target/release/batond".to_string());
+    let batond_b = args.opt_value_from_str("--batond-b").map_err(err)?;
     let systems = args
         .opt_value_from_str::<_, String>("--systems")
         .map_err(err)?
@@ -159,6 +163,7 @@ fn parse(mut args: pico_args::Arguments) -> Result<Args, String> {
     }
     Ok(Args {
         batond,
+        batond_b,
         flags,
         systems,
         options,
@@ -166,7 +171,12 @@ fn parse(mut args: pico_args::Arguments) -> Result<Args, String> {
 }
 
 /// Start the named system.
-fn start(name: &str, batond: &str, flags: &[String]) -> Result<Server, String> {
+fn start(
+    name: &str,
+    batond: &str,
+    batond_b: Option<&str>,
+    flags: &[String],
+) -> Result<Server, String> {
     let with = |extra: &[&str]| -> Vec<String> {
         extra
             .iter()
@@ -185,6 +195,15 @@ fn start(name: &str, batond: &str, flags: &[String]) -> Result<Server, String> {
             let mut server = Server::batond(name, batond, &flags)?;
             server.after_poll = true;
             Ok(server)
+        }
+        "baton-b" | "baton-b-nopoll" => {
+            let path = batond_b.ok_or("baton-b needs --batond-b PATH")?;
+            let extra: &[&str] = if name == "baton-b" {
+                &[]
+            } else {
+                &["--busy-poll-us", "0"]
+            };
+            Server::batond(name, path, &with(extra))
         }
         "mini" => {
             let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
@@ -206,6 +225,8 @@ fn label(name: &str) -> &'static str {
         "echo-nopoll" => "batond --echo, polling off",
         "baton-after-poll" => "batond, paced after the poll",
         "echo-after-poll" => "batond --echo, paced after the poll",
+        "baton-b" => "batond (build b)",
+        "baton-b-nopoll" => "batond (build b), polling off",
         _ => "?",
     }
 }
@@ -222,6 +243,10 @@ fn ratios(systems: &[String]) -> Vec<RatioSpec> {
         ("echo", "mini"),
         ("baton-after-poll", "echo-after-poll"),
         ("baton-after-poll", "baton"),
+        ("baton-b", "echo"),
+        ("baton-b", "baton"),
+        ("baton-b-nopoll", "echo-nopoll"),
+        ("baton-b-nopoll", "baton-nopoll"),
     ]
     .iter()
     .filter_map(|(node, floor)| {
@@ -285,7 +310,7 @@ fn main() -> ExitCode {
     };
     let mut servers = Vec::new();
     for name in &args.systems {
-        match start(name, &args.batond, &args.flags) {
+        match start(name, &args.batond, args.batond_b.as_deref(), &args.flags) {
             Ok(s) => {
                 eprintln!("plain_cpu: {name} on {} (pid {})", s.addr, s.pid());
                 servers.push(s);
