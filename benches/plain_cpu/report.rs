@@ -27,7 +27,7 @@ pub struct RatioSpec {
 }
 
 /// One ratio row read back from the report.
-#[allow(dead_code)] // read by tests/plain_cpu.rs
+#[allow(dead_code)] // read by tests/plain_cpu_bench.rs
 #[derive(Clone, Debug, PartialEq)]
 pub struct RatioRow {
     pub workload: String,
@@ -159,7 +159,7 @@ pub fn render(
 }
 
 /// The ratio rows of a report made by [`render`].
-#[allow(dead_code)] // used by tests/plain_cpu.rs
+#[allow(dead_code)] // used by tests/plain_cpu_bench.rs
 pub fn parse_ratios(report: &str) -> Vec<RatioRow> {
     report
         .lines()
