@@ -81,7 +81,8 @@ use baton::protocol::{Answer, Key, Op, Reason, Request, Value, WatchState};
 use baton::server::core::cluster_core::{
     ClusterCore, ClusterParams, HANDSHAKE_MS, LinkId, MAX_PENDING_IN, OutDown,
 };
-use baton::server::core::lock_table::{ConnId, LockTable, TableLimits};
+use baton::server::core::events::ConnId;
+use baton::server::core::lock_table::{LockTable, TableLimits};
 use baton::server::core::now::Now;
 use baton::server::core::peer_msg::PeerMsg;
 use baton::server::core::roles::RoleName;
@@ -877,9 +878,7 @@ impl Sim {
             2 => inbox.push_back(NetEvent::Peer(id, PeerMsg::Handoff)),
             _ => inbox.push_back(NetEvent::Peer(
                 id,
-                PeerMsg::Delta(baton::server::core::lock_table::Delta::Ceiling(
-                    u64::MAX >> 2,
-                )),
+                PeerMsg::Delta(baton::server::core::events::Delta::Ceiling(u64::MAX >> 2)),
             )),
         }
     }
@@ -1859,7 +1858,7 @@ fn a_request_that_reaches_the_owner_before_the_promotion_is_redirected_and_one_a
 /// link getting both before the second standby's gets any.
 #[test]
 fn consecutive_delta_messages_reach_the_standbys_as_one_batch() {
-    use baton::server::core::lock_table::Delta;
+    use baton::server::core::events::Delta;
     let mut sim = settled(3);
     sim.fresh_token(0);
     let ceiling = sim.nodes[0].owner.core.ceiling();
@@ -2213,7 +2212,7 @@ fn strangers_that_never_finish_a_handshake_hold_nothing_past_its_deadline() {
 
 #[test]
 fn a_proved_peer_that_sends_out_of_range_values_loses_its_link_or_has_them_left_out() {
-    use baton::server::core::lock_table::Delta;
+    use baton::server::core::events::Delta;
     let key = Key::new(b"planted").expect("key");
     let far = ClusterCore::token_bound(sim_now_unix(0)) * 2;
     let beat = |last_token: u64, ceiling: u64| PeerMsg::Beat {

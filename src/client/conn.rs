@@ -40,7 +40,7 @@
 //! Limits: [`MAX_IN_FLIGHT`] requests waiting per connection (past it the
 //! connection takes no more and callers use another); [`WRITE_BATCH`] bytes
 //! per socket write; lines from the server are at most `MAX_LINE` bytes
-//! (protocol.rs), a longer one closes the connection.
+//! (`protocol`), a longer one closes the connection.
 //!
 //! Never does: retry, redirect or decide anything about a call (that is
 //! `calls.rs`), block a caller on I/O, or unwrap anything read off the

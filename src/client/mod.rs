@@ -77,7 +77,7 @@
 //! - `tls.rs` (feature `tls`): TLS settings and the two halves of a TLS
 //!   connection.
 //!
-//! Never does: speak the wire format itself (that is `protocol.rs`), use an
+//! Never does: speak the wire format itself (that is `protocol`), use an
 //! async runtime, or block forever — except an acquire asked to wait
 //! without limit, which waits as long as its connection lives.
 //!

@@ -28,8 +28,8 @@ use mio::Waker;
 
 use crate::protocol::Answer;
 use crate::server::core::contention::KeysAsk;
+use crate::server::core::events::ConnId;
 pub use crate::server::core::events::{ClusterToTable, Inbound, TableToCluster};
-use crate::server::core::lock_table::ConnId;
 
 /// Channel capacities (in messages) and what a sender does when one is full.
 /// Every channel of the node is bounded by one of these.

@@ -28,7 +28,7 @@ use crossbeam_channel::Sender;
 
 use crate::protocol::Answer;
 use crate::server::core::cluster_core::{ClusterCore, ClusterEffect, LinkId};
-use crate::server::core::lock_table::{ConnId, Delta};
+use crate::server::core::events::{ConnId, Delta};
 use crate::server::core::now::Now;
 use crate::server::core::peer_msg::PeerMsg;
 use crate::server::core::table_core::{GaugeReadings, TableCore};

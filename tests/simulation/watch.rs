@@ -55,7 +55,7 @@
 use std::collections::BTreeMap;
 
 use baton::protocol::{Answer, Key, Op, Parsed, Reason, Request, WatchState, parse_answer};
-use baton::server::core::lock_table::ConnId;
+use baton::server::core::events::ConnId;
 use baton::server::core::watchers::{Delivery, Fanout, WatchQueue, WatchStep};
 use baton::server::messages::Inbound;
 

@@ -1,13 +1,58 @@
 //! The messages between the deciders: what an I/O loop's connection tells
 //! the table core ([`Inbound`]), and what the table core and the cluster
-//! core tell each other ([`TableToCluster`], [`ClusterToTable`]). The
+//! core tell each other ([`TableToCluster`], [`ClusterToTable`]), and the
+//! names and changes they carry: a client connection ([`ConnId`]) and a
+//! change of lock state for the standbys ([`Delta`]). The
 //! threads carry them over channels (`server::messages`), the simulation
 //! over in-memory queues, both through the same rounds (`server::rounds`).
 //!
 //! Never does: anything but describe; these are plain values.
 
-use crate::protocol::{Key, Op, Reason, Request};
-use crate::server::core::lock_table::{ConnId, Delta};
+use crate::protocol::{Key, Op, Reason, Request, Value};
+
+/// A client connection, named by the I/O loop that owns it: loop index in the
+/// top 8 bits, slab slot in the next 24, a serial in the low 32 so that an
+/// answer for a closed connection never reaches a new one in the same slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId(pub u64);
+
+/// The slab slot no connection has: [`ConnId::watchers`] names it.
+const WATCHERS_SLOT: usize = (1 << 24) - 1;
+
+impl ConnId {
+    pub fn new(worker: usize, slot: usize, serial: u32) -> ConnId {
+        debug_assert!(worker < 256 && slot < WATCHERS_SLOT);
+        ConnId(((worker as u64) << 56) | ((slot as u64) << 32) | serial as u64)
+    }
+    /// Not a connection: the watchers of I/O loop `worker`. An answer
+    /// addressed so is a change line for every connection of that loop
+    /// that watches its key (`core/watchers.rs`), kept in order with the
+    /// loop's answers.
+    pub fn watchers(worker: usize) -> ConnId {
+        ConnId(((worker as u64) << 56) | ((WATCHERS_SLOT as u64) << 32))
+    }
+    /// This names a loop's watchers ([`ConnId::watchers`]), no connection.
+    pub fn is_watchers(self) -> bool {
+        self.slot() == WATCHERS_SLOT
+    }
+    pub fn worker(self) -> usize {
+        (self.0 >> 56) as usize
+    }
+    pub fn slot(self) -> usize {
+        ((self.0 >> 32) & 0xFF_FFFF) as usize
+    }
+    pub fn serial(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+/// `conn 2-17`: the I/O loop, then that loop's connection serial, for logs
+/// (the slab slot is an internal detail and is left out).
+impl std::fmt::Display for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "conn {}-{}", self.worker(), self.serial())
+    }
+}
 
 /// What an I/O loop tells the lock owner about one connection.
 #[derive(Debug)]
@@ -95,6 +140,56 @@ impl ClusterToTable {
                 entries.len().saturating_add(1)
             }
             _ => 1,
+        }
+    }
+}
+
+/// A change of lock state, as replicated from the active to its standbys.
+/// One grant each: a semaphore's holders are a `Grant` per slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Delta {
+    /// `key`, of `limit`, is held in `slot` by `token` for `ms_left` more
+    /// milliseconds, carrying `value` (a new grant, a handover, or an
+    /// extension). A standby puts it in that slot: its grant with the same
+    /// token is extended; an older grant in the slot was handed over (its
+    /// end coalesced away) and is replaced; a key held there with another
+    /// limit is the active's no more, and goes first.
+    Grant {
+        key: Key,
+        token: u64,
+        ms_left: u64,
+        limit: u32,
+        slot: u32,
+        value: Option<Value>,
+    },
+    /// The grant of `key` in `slot`, held by `token`, ended (released or
+    /// expired, nobody waiting). A standby frees the key's grant in that
+    /// slot if it is this token or an older one (the grants between may
+    /// have been coalesced away); the key goes with its last grant.
+    Free { key: Key, token: u64, slot: u32 },
+    /// No token at or above this has been issued: a promoted node starts above it.
+    Ceiling(u64),
+}
+
+impl Delta {
+    /// A plain mutex's grant: limit 1, slot 0, no value.
+    pub fn grant(key: Key, token: u64, ms_left: u64) -> Delta {
+        Delta::Grant {
+            key,
+            token,
+            ms_left,
+            limit: 1,
+            slot: 0,
+            value: None,
+        }
+    }
+
+    /// The end of a plain mutex's grant (slot 0).
+    pub fn free(key: Key, token: u64) -> Delta {
+        Delta::Free {
+            key,
+            token,
+            slot: 0,
         }
     }
 }

@@ -24,7 +24,7 @@
 //! caller answers by dropping the link.
 
 use crate::protocol::{Key, MAX_LINE, Value, parse_u64, write_u64};
-use crate::server::core::lock_table::Delta;
+use crate::server::core::events::Delta;
 use crate::server::core::roles::{Beat, RoleName};
 
 /// One message between peers.

@@ -32,8 +32,9 @@ use crate::protocol::{Answer, Info, Request};
 use crate::server::core::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
 use crate::server::core::contention::{KeysAsk, KeysView};
 use crate::server::core::counters::Snapshot;
-use crate::server::core::events::{ClusterToTable, Inbound, TableToCluster};
-use crate::server::core::lock_table::{Ask, ConnId, LockTable, Outbox};
+
+use crate::server::core::events::{ClusterToTable, ConnId, Inbound, TableToCluster};
+use crate::server::core::lock_table::{Ask, LockTable, Outbox};
 use crate::server::core::now::Now;
 use crate::server::core::tokens;
 
@@ -90,9 +91,9 @@ pub struct GaugeReadings {
 #[derive(Debug, Default)]
 pub struct TableEffects {
     /// Answers in the order they must be written (per connection).
-    pub answers: Vec<(crate::server::core::lock_table::ConnId, Answer)>,
+    pub answers: Vec<(crate::server::core::events::ConnId, Answer)>,
     /// Connections to forget once their answers are written.
-    pub forgotten: Vec<crate::server::core::lock_table::ConnId>,
+    pub forgotten: Vec<crate::server::core::events::ConnId>,
     /// Messages for the cluster core, in order.
     pub to_cluster: Vec<TableToCluster>,
     /// Clients were redirected this round (the role went elsewhere): tell
@@ -348,7 +349,7 @@ impl TableCore {
     }
 
     #[inline]
-    fn serve(&mut self, now: Now, conn: crate::server::core::lock_table::ConnId, request: Request) {
+    fn serve(&mut self, now: Now, conn: crate::server::core::events::ConnId, request: Request) {
         let out = &mut self.outbox;
         let now_ms = now.ms_ceil;
         match request {
@@ -732,7 +733,8 @@ fn moved(active: Option<String>, request: &Request) -> Answer {
 mod tests {
     use super::*;
     use crate::protocol::{Key, Op, Reason};
-    use crate::server::core::lock_table::{ConnId, Delta, TableLimits};
+    use crate::server::core::events::{ConnId, Delta};
+    use crate::server::core::lock_table::TableLimits;
     use crate::server::core::tokens::TokenSource;
 
     const UNIX: u64 = 1_700_000_000_000;

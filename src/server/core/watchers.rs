@@ -26,7 +26,7 @@
 //!   handles it (a lease run out but not yet reclaimed is reclaimed first),
 //!   and `X` with `X <key>`. The change lines for a loop are entries of the
 //!   same ordered answer list as the answers (addressed to
-//!   [`ConnId::watchers`](crate::server::core::lock_table::ConnId::watchers) of that loop), so a `W` answer and the changes
+//!   [`ConnId::watchers`](crate::server::core::events::ConnId::watchers) of that loop), so a `W` answer and the changes
 //!   after it keep their order. The lock table notes each watched key
 //!   whose holders change (its one hook, `holders_changed`) and the table
 //!   core takes the lines after every step (a request, a round's timers):
@@ -74,7 +74,7 @@
 //!   W <key>`); the loop then drops the watch it had marked. When the node
 //!   stops being active (failover, hand-over, retire), the owner tells each
 //!   loop that has watches once (an `M <active|-> W -` entry addressed to
-//!   [`ConnId::watchers`](crate::server::core::lock_table::ConnId::watchers)); the loop ends every live watch with `M
+//!   [`ConnId::watchers`](crate::server::core::events::ConnId::watchers)); the loop ends every live watch with `M
 //!   <active|-> W <key>` on its connection and drops it (and tells the
 //!   owner its interest is gone, as always). A watch whose `W` is still
 //!   unanswered then gets its own answer instead. Watches are not

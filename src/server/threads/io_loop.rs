@@ -30,7 +30,7 @@
 //! to an `Instant` (its `Clock`).
 //!
 //! Limits, each with its policy:
-//! - `MAX_LINE` per line (protocol.rs): past it, `E - - line-too-long` and close;
+//! - `MAX_LINE` per line (`protocol`): past it, `E - - line-too-long` and close;
 //! - `ACCEPT_BATCH` accepts per wake, `READ_BUDGET` bytes read per connection
 //!   per wake, so one busy client cannot starve the others; accepting goes
 //!   on in the next round until the listener's queue is empty, however
@@ -142,7 +142,7 @@ use crate::server::core::connection::{
     Opening, ReadStep, Secret as SecretCheck, Verdict, fatal_answer,
 };
 use crate::server::core::deadlines::Deadlines;
-use crate::server::core::lock_table::ConnId;
+use crate::server::core::events::ConnId;
 use crate::server::core::watchers::{Delivery, Fanout, Pace, WATCH_ROOM, WatchQueue, WatchStep};
 use crate::server::messages::{
     Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room, with_headroom,

@@ -56,7 +56,7 @@ use crate::server::clock::Clock;
 use crate::server::shared::{Gauges, Settings};
 
 use crate::server::core::counters::Snapshot;
-use crate::server::core::lock_table::ConnId;
+use crate::server::core::events::ConnId;
 use crate::server::core::table_core::TableCore;
 use crate::server::messages::{
     IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl, capacity, next_room,
@@ -474,7 +474,8 @@ mod tests {
     use super::*;
     use crate::protocol::{Key, Request};
     use crate::server::Config;
-    use crate::server::core::lock_table::{Delta, LockTable, TableLimits};
+    use crate::server::core::events::Delta;
+    use crate::server::core::lock_table::{LockTable, TableLimits};
     use crate::server::core::tokens::TokenSource;
     use crate::server::messages::Inbound;
     use crate::server::rounds::MAX_REQUESTS_PER_ROUND;

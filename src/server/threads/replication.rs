@@ -885,7 +885,7 @@ fn resolve(peer: &str) -> Option<SocketAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::core::lock_table::Delta;
+    use crate::server::core::events::Delta;
     use crossbeam_channel::bounded;
 
     fn deltas(n: u64) -> ClusterToTable {
