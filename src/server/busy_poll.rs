@@ -342,9 +342,10 @@ mod tests {
     #[cfg(target_os = "linux")]
     fn a_thread_pinned_to_one_cpu_counts_one() {
         let n = std::thread::spawn(|| {
-            // SAFETY: a zeroed cpu_set_t with CPU 0 set; pid 0 is this
-            // thread. CPU 0 may not be ours (a cpuset): then take the
-            // first we have.
+            // Pin this thread to the first CPU it may use (CPU 0 may not
+            // be one: a cpuset). SAFETY: zeroed cpu_set_t values are
+            // valid empty sets, filled by the kernel or with indices
+            // below CPU_SETSIZE; pid 0 is this thread.
             let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
             let rc = unsafe {
                 libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
