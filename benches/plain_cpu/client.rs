@@ -16,11 +16,11 @@
 //! socket is empty, every whole answer is acted on, and what that made is
 //! written at once, in one `write` for the connection (`Spec::after_poll`
 //! instead writes every connection's once all of a poll's events are
-//! read, as the project's harness did: the other pacing, to compare). The slot is named
-//! by the key's last two digits, so an answer finds its slot without a
-//! search.
+//! read, as the project's harness does: the other pacing, to compare).
+//! The slot is named by the key's last two digits, so an answer finds its
+//! slot without a search.
 //!
-//! Against an echo (`Target::echo`) an echoed acquire stands for the grant
+//! Against an echo (`Spec::echo`) an echoed acquire stands for the grant
 //! and an echoed release for the release; the release carries a 19-digit
 //! token, as long as a node's, so that both send the same bytes.
 //!
@@ -63,7 +63,7 @@ pub struct Spec {
     pub measure: Duration,
     pub seed: u64,
     /// Write what a poll's answers made only once every connection it
-    /// reported has been read (as the project's harness did), instead of
+    /// reported has been read (as the project's harness does), instead of
     /// each connection's right after reading it: a pacing to compare.
     pub after_poll: bool,
 }
