@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
 use crate::protocol::Answer;
-use crate::server::busy_poll::IdleStretch;
+use crate::server::busy_poll::{IdleStretch, OneCpu};
 use crate::server::clock::Clock;
 use crate::server::shared::{Gauges, Settings};
 
@@ -80,6 +80,9 @@ pub struct Owner {
     metrics: Option<Arc<MetricsSlot>>,
     /// When the round started (for handoff times).
     round_start: Instant,
+    /// Whether this thread may run on one CPU only (then it never polls:
+    /// busy_poll.rs).
+    one_cpu: OneCpu,
 }
 
 /// The owner's channels, as the round sees them ([`OwnerPorts`]).
@@ -126,6 +129,7 @@ impl Owner {
             gauges,
             metrics: None,
             round_start: Instant::now(),
+            one_cpu: OneCpu::default(),
         }
     }
 
@@ -226,7 +230,10 @@ impl Owner {
     fn wait_first(&mut self) -> Result<Option<ToOwner>, ()> {
         let core = &self.round.core;
         // Only while serving: a standby's input is replication batches.
-        let window_closes = self.links.idle.poll_until_if(core.is_serving());
+        let window_closes = self
+            .links
+            .idle
+            .poll_until_beside(core.is_serving(), &mut self.one_cpu);
         let mut wake_at = core.next_wake_ms().map(|ms| self.clock.instant_of(ms));
         if self.links.backed_up() || !self.round.to_repl.is_empty() {
             let retry = Instant::now() + RETRY_FULL;
