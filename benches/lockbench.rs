@@ -6,13 +6,14 @@
 //! server holding a million keys, or a hundred thousand queued waiters), and
 //! the small blocking helpers that ask servers things (`SCRIPT LOAD`, `I`,
 //! `DBSIZE`). The load itself is engine.rs, the wire formats wire.rs, the
-//! tables report.rs; the TLS, semaphore, watch, connection-storm, join and
-//! fleet rows are their own files (tls_rows.rs, semaphore_rows.rs,
-//! watch_rows.rs, storm_rows.rs, join_rows.rs, fleet_rows.rs), run after the
-//! main rows.
+//! tables report.rs; the TLS, semaphore, watch, connection-storm, etcd,
+//! join and fleet rows are their own files (tls_rows.rs, semaphore_rows.rs,
+//! watch_rows.rs, storm_rows.rs, etcd_rows.rs with etcd.rs and http.rs,
+//! join_rows.rs, fleet_rows.rs), run after the main rows.
 //! `scripts/bench.sh` starts the servers and runs this.
 //!
-//! Never does: start a server, or end one but the fleet row's active (the
+//! Never does: start a server, or end one but the fleet row's active and
+//! the etcd rows' cluster leaders (the
 //! script starts them; the storm rows pause one, SIGSTOP then SIGCONT, for
 //! 50 ms, and the join row a standby until it rejoins), or run under
 //! `cargo test` (it is a `harness = false` bench; there are no timing
@@ -22,8 +23,14 @@
 mod deployed;
 #[path = "lockbench/engine.rs"]
 mod engine;
+#[path = "lockbench/etcd.rs"]
+mod etcd;
+#[path = "lockbench/etcd_rows.rs"]
+mod etcd_rows;
 #[path = "lockbench/fleet_rows.rs"]
 mod fleet_rows;
+#[path = "lockbench/http.rs"]
+mod http;
 #[path = "lockbench/join_rows.rs"]
 mod join_rows;
 #[path = "lockbench/placement.rs"]
@@ -110,7 +117,7 @@ SHAPE:
   --rounds N             runs per (row, system), interleaved (default 2; quick 1)
   --client-threads N     load-generator threads (default 1)
   --only LIST            sections to run: sweep,pipelined,contended,expiry,
-                         memory,deployed,tls,semaphore,watch,storm,join,
+                         memory,deployed,tls,semaphore,watch,storm,etcd,join,
                          fleet
                          (default: all)
   --sweep LIST           connections of the closed-loop sweep
@@ -133,6 +140,17 @@ SHAPE:
   --fleet-threads N      threads that connect the fleet (default: one per
                          CPU of the load generator, which runs on CPU 0 and
                          the new active on the others)
+  --etcd ADDR            an etcd member's client URL (host:port), data on
+                         disk: the etcd rows (section etcd)
+  --etcd-tmpfs ADDR      an etcd member whose data is on tmpfs
+  --etcd-cluster A,B,C --etcd-cluster-pids P,P,P
+                         3 etcd members (its raft leader is killed last)
+  --kill-baton2 A,B --kill-baton2-pids P,P
+  --kill-baton3 A,B,C --kill-baton3-pids P,P,P
+                         baton clusters of 2 and 3 nodes whose active the
+                         etcd rows kill (time without a lock service)
+  --etcd-note TEXT       how etcd was run (or why not), under the tables
+  --election-handoffs N  leader changes per election run (default 100)
   --seed N               random keys and jitter (default: from the clock)
 
 HELPERS:
@@ -162,7 +180,10 @@ cluster's active and --join-clients clients busy on it; its standby,
 stopped, rejoins: the acquire p99.9, max and rate during the join against
 before, and the time until the standby holds the state. Fleet row: a cluster's active killed, and
 --fleet clients following the failover, two connections each, their first
-requests answered within how long of the promotion.
+requests answered within how long of the promotion. Etcd rows: etcd's
+lock and election (JSON gateway) beside baton and Redis: uncontended and
+contended lock rates, a leader's release to an observer knowing the next,
+and a killed leader's gap (etcd 3 members, baton 2 and 3 nodes).
 ";
 
 /// Lease and wait of the throughput rows: long, a safety net only.
@@ -243,6 +264,10 @@ fn main() -> ExitCode {
         Ok(fleet) => fleet,
         Err(e) => return usage_error(&e),
     };
+    let etcd = match etcd_rows::parse(&mut args) {
+        Ok(etcd) => etcd,
+        Err(e) => return usage_error(&e),
+    };
     let watch = match watch_rows::parse(&mut args) {
         Ok(watch) => watch,
         Err(e) => return usage_error(&e),
@@ -286,6 +311,14 @@ fn main() -> ExitCode {
             }
             if options.wants("storm") {
                 more.push(storm_rows::run(&storm, &shape));
+            }
+            if options.wants("etcd") {
+                let others = etcd_rows::Others {
+                    baton,
+                    cluster: options.servers.get(&System::Cluster).copied(),
+                    redis,
+                };
+                more.push(etcd_rows::run(&etcd, &shape, &others, script_load_text));
             }
             if options.wants("join") {
                 more.push(join_rows::run(&join));

@@ -4,6 +4,9 @@
 #   scripts/bench.sh                  full run (about 8 minutes)
 #   scripts/bench.sh --quick          short windows, one round (1-2 minutes)
 #   scripts/bench.sh --no-redis       leave Redis out even if it is installed
+#   scripts/bench.sh --no-etcd        leave etcd out (the etcd rows)
+#   scripts/bench.sh -- --only etcd   the etcd rows alone: etcd, baton and Redis
+#                                     side by side (installs etcd-server as root)
 #   BATOND_FLAGS='--busy-poll-us 0' scripts/bench.sh
 #                                     extra flags for every batond started
 #   BATOND=/path/to/batond scripts/bench.sh
@@ -25,27 +28,36 @@
 # cluster for the join row (whose standby the harness stops and resumes;
 # --max-keys JOIN_MAX_KEYS, default 11000000, for --join-keys up to 10M),
 # and a second 2-node cluster for the fleet row (whose active the harness
-# kills)
-# (the Redis rows are left out with a note when it is not); runs the harness
-# (benches/lockbench.rs); prints its Markdown tables on stdout (progress on
-# stderr); and stops every process it started, by PID, when it exits.
+# kills) (the
+# Redis rows are left out with a note when it is not installed); for the
+# etcd rows (section etcd: when --only names it or is not given), etcd
+# (Debian's etcd-server, installed when missing and run as root; the rows
+# are left out with a note when it cannot be had) with its default flags:
+# one member with its data on disk (under target/), one on tmpfs, two
+# clusters of three members on disk, and four baton clusters of 2 and 3
+# nodes (default flags) whose leaders the harness kills or freezes; runs
+# the harness (benches/lockbench.rs); prints its Markdown tables on stdout
+# (progress on stderr); and stops every process it started, by PID, and
+# removes etcd's data, when it exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 harness_args=()
 shown_args=("$@")
 use_redis=yes
+use_etcd=yes
 while [ $# -gt 0 ]; do
   case $1 in
   --quick) harness_args+=(--quick) ;;
   --no-redis) use_redis=no ;;
+  --no-etcd) use_etcd=no ;;
   --)
     shift
     harness_args+=("$@")
     break
     ;;
   -h | --help)
-    sed -n '2,28p' "$0"
+    sed -n '2,/^set -euo/p' "$0" | sed '$d'
     exit 0
     ;;
   *)
@@ -58,6 +70,7 @@ done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/baton-bench.XXXXXX")
 pids=()
+etcd_dirs=() # etcd data, on disk and on tmpfs: removed at exit
 cleanup() {
   local pid
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -69,7 +82,7 @@ cleanup() {
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
-  rm -rf "$work"
+  rm -rf "$work" "${etcd_dirs[@]}"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -280,6 +293,154 @@ start_fleet_cluster() {
     "standby 127.0.0.1:${ports[1]} (pid ${node_pids[1]})" >&2
 }
 start_fleet_cluster
+
+# ----- etcd rows (section etcd): etcd beside baton and Redis. Wanted when
+# --only is not given or names etcd.
+wants_etcd=yes
+for ((i = 0; i < ${#harness_args[@]}; i++)); do
+  if [ "${harness_args[$i]}" = --only ]; then
+    case ",${harness_args[$((i + 1))]:-}," in
+    *,etcd,*) ;;
+    *) wants_etcd=no ;;
+    esac
+  fi
+done
+etcd_note=""
+if [ "$use_etcd" = no ]; then
+  etcd_note="etcd left out (--no-etcd)"
+elif [ "$wants_etcd" = yes ] && ! command -v etcd >/dev/null; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null; then
+    echo "bench.sh: installing etcd-server (for the etcd rows)..." >&2
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1 ||
+      { apt-get update -qq >/dev/null 2>&1 &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null 2>&1; }; then
+      # Where the package starts its service (systemd running), it listens
+      # on :2379: stop it; the rows run etcds of their own on free ports.
+      if [ -d /run/systemd/system ]; then
+        systemctl disable --now etcd.service >/dev/null 2>&1 || true
+      fi
+    fi
+  fi
+  command -v etcd >/dev/null ||
+    etcd_note="etcd not installed and could not be (apt-get install etcd-server as root): etcd rows skipped"
+fi
+# etcd_health PORT: its /health says true (a leader is known). In a
+# subshell: a refused connection ends the shell that exec'd it.
+etcd_health() {
+  (
+    exec 4<>"/dev/tcp/127.0.0.1/$1" || exit 1
+    printf 'GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&4
+    # (the body ends without a newline: read's last line is partial)
+    while IFS= read -r -t 2 line <&4 || [ -n "$line" ]; do
+      case $line in *'"health":"true"'*) exit 0 ;; esac
+    done
+    exit 1
+  ) 2>/dev/null
+}
+# start_etcd NAME DIR N: N members, data in DIR; sets etcd_addrs, etcd_pids
+# (member order), and the ports come from the harness (free, distinct).
+start_etcd() {
+  local name=$1 dir=$2 n=$3 ports cluster="" i up
+  mapfile -t ports < <("$bench_bin" --free-ports $((2 * n)))
+  for ((i = 0; i < n; i++)); do
+    cluster+="${cluster:+,}$name$i=http://127.0.0.1:${ports[$((2 * i + 1))]}"
+  done
+  etcd_addrs=() etcd_pids=()
+  for ((i = 0; i < n; i++)); do
+    etcd --name "$name$i" --data-dir "$dir/$name$i" \
+      --listen-client-urls "http://127.0.0.1:${ports[$((2 * i))]}" \
+      --advertise-client-urls "http://127.0.0.1:${ports[$((2 * i))]}" \
+      --listen-peer-urls "http://127.0.0.1:${ports[$((2 * i + 1))]}" \
+      --initial-advertise-peer-urls "http://127.0.0.1:${ports[$((2 * i + 1))]}" \
+      --initial-cluster "$cluster" --initial-cluster-token "$name" \
+      --initial-cluster-state new >"$work/$name$i.log" 2>&1 &
+    pids+=($!)
+    etcd_pids+=($!)
+    etcd_addrs+=("127.0.0.1:${ports[$((2 * i))]}")
+  done
+  for _ in $(seq 300); do
+    up=0
+    for ((i = 0; i < n; i++)); do
+      etcd_health "${ports[$((2 * i))]}" && up=$((up + 1))
+    done
+    [ "$up" -eq "$n" ] && break
+    sleep 0.1
+  done
+  if [ "$up" -ne "$n" ]; then
+    echo "bench.sh: etcd $name ($n members) not healthy within 30 s:" >&2
+    tail -5 "$work/$name"*.log >&2
+    exit 1
+  fi
+  echo "bench.sh: $name: etcd ${etcd_addrs[*]} (pids ${etcd_pids[*]}), data in $dir" >&2
+}
+# start_kill_cluster NAME N: a baton cluster of N nodes, default flags, its
+# first node active with every standby synced; sets kill_addrs, kill_pids.
+start_kill_cluster() {
+  local name=$1 n=$2 ports peers="" i synced=""
+  mapfile -t ports < <("$bench_bin" --free-ports "$n")
+  for ((i = 0; i < n; i++)); do peers+="${peers:+,}127.0.0.1:${ports[$i]}"; done
+  kill_pids=()
+  for ((i = 0; i < n; i++)); do
+    # shellcheck disable=SC2086
+    RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${ports[$i]}" --peers "$peers" \
+      --cluster-key-file "$work/cluster.key" ${BATOND_FLAGS:-} >/dev/null 2>"$work/$name-$i.log" &
+    kill_pids+=($!)
+    pids+=($!)
+  done
+  for _ in $(seq 200); do
+    case $(info "${ports[0]}" 2>/dev/null) in
+    *role=active*standbys=$((n - 1))*) synced=yes ;;
+    esac
+    [ -n "$synced" ] && break
+    sleep 0.05
+  done
+  if [ -z "$synced" ]; then
+    echo "bench.sh: $name: the $n-node cluster did not sync within 10 s" >&2
+    cat "$work/$name-"*.log >&2
+    exit 1
+  fi
+  kill_addrs=${peers}
+  echo "bench.sh: $name: batond cluster $peers (pids ${kill_pids[*]})" >&2
+}
+if [ "$wants_etcd" = yes ] && [ -z "$etcd_note" ]; then
+  # On disk: under target/ (the repository's disk; $TMPDIR may be tmpfs).
+  disk_dir=$(mktemp -d "$PWD/target/bench-etcd.XXXXXX")
+  etcd_dirs+=("$disk_dir")
+  tmpfs_dir=""
+  if [ "$(stat -f -c %T /dev/shm 2>/dev/null)" = tmpfs ]; then
+    tmpfs_dir=$(mktemp -d /dev/shm/baton-bench-etcd.XXXXXX)
+    etcd_dirs+=("$tmpfs_dir")
+  fi
+  start_etcd etcd "$disk_dir" 1
+  args+=(--etcd "${etcd_addrs[0]}")
+  if [ -n "$tmpfs_dir" ]; then
+    start_etcd etcdtmpfs "$tmpfs_dir" 1
+    args+=(--etcd-tmpfs "${etcd_addrs[0]}")
+  fi
+  start_etcd etcd3m "$disk_dir" 3
+  args+=(--etcd-cluster "$(IFS=,; echo "${etcd_addrs[*]}")"
+    --etcd-cluster-pids "$(IFS=,; echo "${etcd_pids[*]}")")
+  # The failover rows: each cluster's leader is killed (SIGKILL: a crash)
+  # or frozen (SIGSTOP: a machine gone silent) once.
+  for how in kill freeze; do
+    start_kill_cluster "$how-baton2" 2
+    args+=("--$how-baton2" "$kill_addrs" "--$how-baton2-pids" "$(IFS=,; echo "${kill_pids[*]}")")
+    start_kill_cluster "$how-baton3" 3
+    args+=("--$how-baton3" "$kill_addrs" "--$how-baton3-pids" "$(IFS=,; echo "${kill_pids[*]}")")
+  done
+  start_etcd etcd3f "$disk_dir" 3
+  args+=(--freeze-etcd3 "$(IFS=,; echo "${etcd_addrs[*]}")"
+    --freeze-etcd3-pids "$(IFS=,; echo "${etcd_pids[*]}")")
+  etcd_note="$(etcd --version | sed -n 1p), default flags (fsync on; heartbeat 100 ms, election timeout 1000 ms);"
+  etcd_note+=" data on $(df --output=fstype "$disk_dir" | sed -n 2p) (the disk)"
+  [ -n "$tmpfs_dir" ] && etcd_note+=", and one member on tmpfs (fsync then costs nothing)"
+  etcd_note+="."
+  args+=(--etcd-note "$etcd_note")
+elif [ "$wants_etcd" = yes ]; then
+  echo "bench.sh: $etcd_note" >&2
+  args+=(--etcd-note "$etcd_note")
+fi
+# ----- end of the etcd rows
 
 redis_note="redis-server not installed: Redis rows skipped"
 [ "$use_redis" = yes ] || redis_note="Redis left out (--no-redis)"

@@ -1,7 +1,7 @@
 //! Clock skew between cluster nodes, with real processes: one node of a
 //! two-node cluster on loopback runs under libfaketime with its wall clock
 //! 120 s behind the other's (docs/cluster.md, "Keep the nodes' clocks in sync
-//! (NTP)"; cluster_core.rs, `MAX_PEER_AHEAD_MS`). The unit and simulation
+//! (NTP)"; `cluster_core`, `MAX_PEER_AHEAD_MS`). The unit and simulation
 //! tests drive the cores with skewed times; these check the same contract
 //! end to end: the node behind follows the active, never makes a second
 //! active, warns, is not counted in the active's `standbys=`, is handed no

@@ -679,7 +679,7 @@ fn arbitrary_text(rng: &mut Rng, len: usize, exclude: char) -> String {
 }
 
 /// An answer as the server may send it (the ambiguous `-` key is only
-/// written for "no key", as protocol.rs documents).
+/// written for "no key", as the protocol module documents).
 fn arbitrary_answer(rng: &mut Rng) -> Answer {
     match rng.pick(ANSWER_KINDS).kind {
         AnswerKind::Granted => Answer::Granted {
@@ -754,7 +754,7 @@ fn arbitrary_answer(rng: &mut Rng) -> Answer {
         }
         AnswerKind::AuthOk => Answer::AuthOk,
         AnswerKind::Watched => {
-            // A value of `-` is written for none (protocol.rs).
+            // A value of `-` is written for none (the protocol module).
             let len = rng.between(1, 250) as usize;
             let value = Some(arbitrary_text(rng, len, ' '))
                 .filter(|value| value != "-" && value.len() <= 250 && rng.chance(1, 2))

@@ -218,7 +218,9 @@ fn the_deciders_import_only_the_protocol_and_each_other() {
         }
         for module in used {
             assert!(
-                module == "protocol" || module.starts_with("server::core"),
+                module == "protocol"
+                    || module.starts_with("protocol::")
+                    || module.starts_with("server::core"),
                 "{name} imports {module}: a decider imports only the protocol and the core"
             );
         }
