@@ -102,7 +102,7 @@ use crate::server::core::events::Delta;
 use crate::server::core::events::{ClusterToTable, TableToCluster};
 use crate::server::core::now::Now;
 use crate::server::core::peer_msg::PeerMsg;
-use crate::server::core::roles::{RoleEffect, Roles};
+use crate::server::core::roles::{Beat, RoleEffect, Roles};
 use crate::server::core::tokens;
 
 mod checks;

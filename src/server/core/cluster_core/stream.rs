@@ -9,26 +9,7 @@ impl ClusterCore {
     pub fn handle_peer_msg(&mut self, now: Now, link: LinkId, msg: PeerMsg) {
         let verdict = self.check_peer_msg(now, link, &msg);
         if let Verdict::Refuse(why) = verdict {
-            let peer = self.ins.get(&link).and_then(|l| l.peer);
-            let limit = match peer {
-                Some(p) => &mut self.refusal_warn[p],
-                None => &mut self.stranger_warn,
-            };
-            if let Some(n) = limit.allow(now.ms, WARN_EVERY_MS) {
-                let who = peer.map_or("a link in its handshake", |p| self.names[p].as_str());
-                log::warn!(
-                    "replication: refused {why} from {who}; dropping the link{}",
-                    left_out(n)
-                );
-            }
-            if let Some(p) = peer
-                && (self.roles.following() == Some(p) || self.snapshot_from == Some(p))
-            {
-                // This node does not hold (and cannot take) its active's
-                // state from what it refused.
-                self.roles.handle_state_refused();
-            }
-            return self.drop_in(now, link, why, InDrop::Refused);
+            return self.refuse_peer_msg(now, link, why);
         }
         let Some(state) = self.ins.get_mut(&link) else {
             return;
@@ -47,50 +28,8 @@ impl ClusterCore {
                 beat,
                 last_token,
                 ceiling,
-            } => {
-                if beat.following != Some(self.me) {
-                    // Whatever it had from this node is stale now (it may
-                    // follow this node again by its very next heartbeat).
-                    self.reset_snapshot(p);
-                }
-                // Stay above every token any peer issued itself (one that
-                // was active during a split included), and above the ceiling
-                // of any active; an active never takes a standby's ceiling
-                // (an echo of its own, which would only inflate tokens).
-                // Nothing beyond this node's window is taken; the beat
-                // counts all the same.
-                let bound = Self::token_bound(now);
-                let i_am_active = self.roles.role_name().is_active();
-                let mut floor = if last_token <= bound { last_token } else { 0 };
-                if (!i_am_active || beat.role.is_active()) && ceiling <= bound {
-                    floor = floor.max(ceiling);
-                }
-                if floor > 0 {
-                    self.tell_table(ClusterToTable::Observe(floor));
-                }
-                let effects = self.roles.handle_beat(now.ms, p, beat);
-                self.apply_role_effects(now, effects);
-                // Everything the active sent before this beat is applied
-                // (same link, in order): the state is current as of now.
-                if from_my_active && self.roles.following() == Some(p) && self.roles.beat().synced {
-                    self.flush_deltas_in();
-                    self.heard_active_ms = now.ms;
-                }
-            }
-            PeerMsg::SnapshotBegin if from_my_active => {
-                self.snapshot_ending = None;
-                // The table is emptied now and filled as the pieces and the
-                // deltas between them come: until the end this node holds
-                // part of its active's state, and says so.
-                self.flush_deltas_in();
-                self.roles.handle_snapshot_begun(p);
-                log::info!("replication: taking a snapshot from {}", self.names[p]);
-                self.pass_snapshot(link, p, Vec::new());
-                if let Some(l) = self.ins.get_mut(&link) {
-                    l.snapshot = Some(0);
-                    l.left_out = 0;
-                }
-            }
+            } => self.beat_in(now, p, beat, last_token, ceiling, from_my_active),
+            PeerMsg::SnapshotBegin if from_my_active => self.snapshot_begun(link, p),
             PeerMsg::Delta(_) if from_my_active && beyond => {
                 // Not applied: this node cannot take its token. It no
                 // longer holds (or will not hold) the active's whole state.
@@ -99,50 +38,8 @@ impl ClusterCore {
                     _ => self.roles.handle_state_lost(p),
                 }
             }
-            PeerMsg::Delta(delta) if from_my_active => {
-                if let Some(entries) = self.ins.get_mut(&link).and_then(|l| l.snapshot.as_mut()) {
-                    *entries = entries.saturating_add(1);
-                }
-                self.deltas_in_since_ms.get_or_insert(now.ms);
-                self.deltas_in.push(delta);
-                if self.deltas_in.len() >= APPLY_BATCH_MAX {
-                    self.flush_deltas_in();
-                }
-            }
-            PeerMsg::SnapshotEnd if from_my_active => {
-                let Some(l) = self.ins.get_mut(&link) else {
-                    return;
-                };
-                let left = std::mem::take(&mut l.left_out);
-                if let Some(entries) = l.snapshot.take() {
-                    self.flush_deltas_in();
-                    if left > 0 {
-                        // What it could take replaced the table (closer to
-                        // the active's than what it had), but it does not
-                        // hold the active's state.
-                        log::warn!(
-                            "replication: snapshot of {entries} entries from {}, {left} more left \
-                             out (tokens beyond this node's clock window): this node does not \
-                             hold its state",
-                            self.names[p]
-                        );
-                        self.roles.handle_state_lost(p);
-                        return;
-                    }
-                    log::info!(
-                        "replication: snapshot of {entries} entries from {}",
-                        self.names[p]
-                    );
-                    // The lock owner has applied it all (`SnapshotTaken`)
-                    // or refused part of it (`StateRefused`) once it reaches
-                    // this mark: only the first makes this node hold the
-                    // state.
-                    self.snapshot_ending = Some((link, p, self.snapshot_seq));
-                    self.tell_table(ClusterToTable::SnapshotEnd {
-                        seq: self.snapshot_seq,
-                    });
-                }
-            }
+            PeerMsg::Delta(delta) if from_my_active => self.delta_in(now, link, delta),
+            PeerMsg::SnapshotEnd if from_my_active => self.snapshot_ended(link, p),
             PeerMsg::Handoff => {
                 self.flush_deltas_in();
                 let effects = self.roles.handle_handoff(now.ms, p);
@@ -156,6 +53,141 @@ impl ClusterCore {
                 // From a node this one does not follow: stale, ignore.
             }
         }
+    }
+
+    /// A message the checks refused: warn (rate-limited), give up the
+    /// active's state if it came from the node this one follows or takes a
+    /// snapshot from, and drop the link.
+    fn refuse_peer_msg(&mut self, now: Now, link: LinkId, why: &'static str) {
+        let peer = self.ins.get(&link).and_then(|l| l.peer);
+        let limit = match peer {
+            Some(p) => &mut self.refusal_warn[p],
+            None => &mut self.stranger_warn,
+        };
+        if let Some(n) = limit.allow(now.ms, WARN_EVERY_MS) {
+            let who = peer.map_or("a link in its handshake", |p| self.names[p].as_str());
+            log::warn!(
+                "replication: refused {why} from {who}; dropping the link{}",
+                left_out(n)
+            );
+        }
+        if let Some(p) = peer
+            && (self.roles.following() == Some(p) || self.snapshot_from == Some(p))
+        {
+            // This node does not hold (and cannot take) its active's
+            // state from what it refused.
+            self.roles.handle_state_refused();
+        }
+        self.drop_in(now, link, why, InDrop::Refused);
+    }
+
+    /// A heartbeat of peer `p`: the token floor it tells, its role for the
+    /// roles, and (from the active this node follows) the mark up to which
+    /// the state is current.
+    fn beat_in(
+        &mut self,
+        now: Now,
+        p: usize,
+        beat: Beat,
+        last_token: u64,
+        ceiling: u64,
+        from_my_active: bool,
+    ) {
+        if beat.following != Some(self.me) {
+            // Whatever it had from this node is stale now (it may
+            // follow this node again by its very next heartbeat).
+            self.reset_snapshot(p);
+        }
+        // Stay above every token any peer issued itself (one that
+        // was active during a split included), and above the ceiling
+        // of any active; an active never takes a standby's ceiling
+        // (an echo of its own, which would only inflate tokens).
+        // Nothing beyond this node's window is taken; the beat
+        // counts all the same.
+        let bound = Self::token_bound(now);
+        let i_am_active = self.roles.role_name().is_active();
+        let mut floor = if last_token <= bound { last_token } else { 0 };
+        if (!i_am_active || beat.role.is_active()) && ceiling <= bound {
+            floor = floor.max(ceiling);
+        }
+        if floor > 0 {
+            self.tell_table(ClusterToTable::Observe(floor));
+        }
+        let effects = self.roles.handle_beat(now.ms, p, beat);
+        self.apply_role_effects(now, effects);
+        // Everything the active sent before this beat is applied
+        // (same link, in order): the state is current as of now.
+        if from_my_active && self.roles.following() == Some(p) && self.roles.beat().synced {
+            self.flush_deltas_in();
+            self.heard_active_ms = now.ms;
+        }
+    }
+
+    /// The active this node follows starts a snapshot on `link`.
+    fn snapshot_begun(&mut self, link: LinkId, p: usize) {
+        self.snapshot_ending = None;
+        // The table is emptied now and filled as the pieces and the
+        // deltas between them come: until the end this node holds
+        // part of its active's state, and says so.
+        self.flush_deltas_in();
+        self.roles.handle_snapshot_begun(p);
+        log::info!("replication: taking a snapshot from {}", self.names[p]);
+        self.pass_snapshot(link, p, Vec::new());
+        if let Some(l) = self.ins.get_mut(&link) {
+            l.snapshot = Some(0);
+            l.left_out = 0;
+        }
+    }
+
+    /// A delta (or a snapshot's grant) from the active: batched for the
+    /// lock owner.
+    fn delta_in(&mut self, now: Now, link: LinkId, delta: Delta) {
+        if let Some(entries) = self.ins.get_mut(&link).and_then(|l| l.snapshot.as_mut()) {
+            *entries = entries.saturating_add(1);
+        }
+        self.deltas_in_since_ms.get_or_insert(now.ms);
+        self.deltas_in.push(delta);
+        if self.deltas_in.len() >= APPLY_BATCH_MAX {
+            self.flush_deltas_in();
+        }
+    }
+
+    /// The active's snapshot on `link` ended: the lock owner is asked to
+    /// confirm it applied it all, unless grants were left out.
+    fn snapshot_ended(&mut self, link: LinkId, p: usize) {
+        let Some(l) = self.ins.get_mut(&link) else {
+            return;
+        };
+        let left = std::mem::take(&mut l.left_out);
+        let Some(entries) = l.snapshot.take() else {
+            return;
+        };
+        self.flush_deltas_in();
+        if left > 0 {
+            // What it could take replaced the table (closer to
+            // the active's than what it had), but it does not
+            // hold the active's state.
+            log::warn!(
+                "replication: snapshot of {entries} entries from {}, {left} more left \
+                 out (tokens beyond this node's clock window): this node does not \
+                 hold its state",
+                self.names[p]
+            );
+            self.roles.handle_state_lost(p);
+            return;
+        }
+        log::info!(
+            "replication: snapshot of {entries} entries from {}",
+            self.names[p]
+        );
+        // The lock owner has applied it all (`SnapshotTaken`)
+        // or refused part of it (`StateRefused`) once it reaches
+        // this mark: only the first makes this node hold the
+        // state.
+        self.snapshot_ending = Some((link, p, self.snapshot_seq));
+        self.tell_table(ClusterToTable::SnapshotEnd {
+            seq: self.snapshot_seq,
+        });
     }
 
     /// The lock owner refused part of the state its active sent (`why`),

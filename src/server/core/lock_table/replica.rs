@@ -299,53 +299,11 @@ impl LockTable {
                 slot,
                 value,
             } => {
-                if !(1..=crate::protocol::MAX_LIMIT).contains(&limit) {
-                    return Err("a limit outside 1..=10000");
-                }
-                if slot >= limit {
-                    return Err("a slot at or above its key's limit");
-                }
-                if token == 0 {
-                    return Err("token 0");
-                }
+                grant_fields_sane(limit, slot, token)?;
                 let expiry_ms = now_ms.saturating_add(ms_left);
-                let found = match self.index.find(&self.keys, &key) {
-                    Ok(idx) if self.limit(idx) != limit => {
-                        if whole {
-                            return Err("two limits for one key in a snapshot");
-                        }
-                        // The key held here with another limit (this node
-                        // was active before, or the key was freed and
-                        // registered afresh): the active's replaces it.
-                        // Watchers are told while the key is still
-                        // there to be named.
-                        self.holders_changed(idx);
-                        self.drop_key(idx);
-                        self.index.find(&self.keys, &key)
-                    }
-                    found => found,
-                };
-                match found {
+                match self.key_for_grant(&key, limit, whole)? {
                     Ok(idx) => {
-                        let at = match self.find_grant(idx, token) {
-                            Some(at) if self.grant_slot(idx, at) != slot => {
-                                return Err("a grant moved to another slot");
-                            }
-                            Some(_) if whole => return Err("two grants in one slot in a snapshot"),
-                            Some(at) => Some(at),
-                            None if whole && self.holder_count(idx) >= limit as usize => {
-                                return Err("more holders than the key's limit in a snapshot");
-                            }
-                            None => match self.grant_in_slot(idx, slot) {
-                                Some(_) if whole => {
-                                    return Err("two grants in one slot in a snapshot");
-                                }
-                                Some(at) if token < self.grant_token_expiry(idx, at).0 => {
-                                    return Err("a grant below the key's current token");
-                                }
-                                at => at,
-                            },
-                        };
+                        let at = self.place_for_grant(idx, token, slot, limit, whole)?;
                         if at.is_none() && self.grants >= self.limits.max_keys {
                             return Err("a grant past --max-keys");
                         }
@@ -365,27 +323,92 @@ impl LockTable {
                     }
                 }
             }
-            Delta::Free { key, token, slot } => {
-                if whole {
-                    return Err("a free inside a snapshot");
-                }
-                self.tokens.observe_granted(token);
-                let Some(idx) = self.index.get(&self.keys, &key) else {
-                    return Ok(());
-                };
-                let Some(at) = self.grant_in_slot(idx, slot) else {
-                    return Ok(());
-                };
-                // Held by this token or an older one: replication may send
-                // only a key's last state of a batch, so a handover's grant
-                // can be left out before its free.
-                let (held, _) = self.grant_token_expiry(idx, at);
-                if held <= token && self.keys[idx as usize].queue_len == 0 {
-                    self.wheel.cancel(self.grant_timer(idx, at));
-                    self.remove_grant(idx, at);
-                }
-            }
+            Delta::Free { key, token, slot } => self.apply_free(key, token, slot, whole)?,
             Delta::Ceiling(ceiling) => self.tokens.observe(ceiling),
+        }
+        Ok(())
+    }
+
+    /// Where a replicated grant of `key` of `limit` goes: the key's index
+    /// (Ok) or its hash for a new key (Err). A key held here with another
+    /// limit (this node was active before, or the key was freed and
+    /// registered afresh) is replaced by the active's, its watchers told
+    /// while it is still there to be named; within a snapshot that is a
+    /// refusal.
+    fn key_for_grant(
+        &mut self,
+        key: &Key,
+        limit: u32,
+        whole: bool,
+    ) -> Result<Result<u32, u32>, &'static str> {
+        match self.index.find(&self.keys, key) {
+            Ok(idx) if self.limit(idx) != limit => {
+                if whole {
+                    return Err("two limits for one key in a snapshot");
+                }
+                self.holders_changed(idx);
+                self.drop_key(idx);
+                Ok(self.index.find(&self.keys, key))
+            }
+            found => Ok(found),
+        }
+    }
+
+    /// Where `token`'s grant goes in key `idx`'s `slot`: its own grant (an
+    /// extension), an older grant there (a handover whose end was
+    /// coalesced away), or nowhere yet (None: a new grant). A grant never
+    /// moves to another slot or below the slot's current token; within a
+    /// snapshot a slot holds one grant and a key at most `limit`.
+    fn place_for_grant(
+        &self,
+        idx: u32,
+        token: u64,
+        slot: u32,
+        limit: u32,
+        whole: bool,
+    ) -> Result<Option<At>, &'static str> {
+        match self.find_grant(idx, token) {
+            Some(at) if self.grant_slot(idx, at) != slot => Err("a grant moved to another slot"),
+            Some(_) if whole => Err("two grants in one slot in a snapshot"),
+            Some(at) => Ok(Some(at)),
+            None if whole && self.holder_count(idx) >= limit as usize => {
+                Err("more holders than the key's limit in a snapshot")
+            }
+            None => match self.grant_in_slot(idx, slot) {
+                Some(_) if whole => Err("two grants in one slot in a snapshot"),
+                Some(at) if token < self.grant_token_expiry(idx, at).0 => {
+                    Err("a grant below the key's current token")
+                }
+                at => Ok(at),
+            },
+        }
+    }
+
+    /// A replicated free of `key`'s grant in `slot` by `token`: the grant
+    /// there goes if it is this token or an older one (replication may send
+    /// only a key's last state of a batch, so a handover's grant can be
+    /// left out before its free) and nobody waits for the key.
+    fn apply_free(
+        &mut self,
+        key: Key,
+        token: u64,
+        slot: u32,
+        whole: bool,
+    ) -> Result<(), &'static str> {
+        if whole {
+            return Err("a free inside a snapshot");
+        }
+        self.tokens.observe_granted(token);
+        let Some(idx) = self.index.get(&self.keys, &key) else {
+            return Ok(());
+        };
+        let Some(at) = self.grant_in_slot(idx, slot) else {
+            return Ok(());
+        };
+        let (held, _) = self.grant_token_expiry(idx, at);
+        if held <= token && self.keys[idx as usize].queue_len == 0 {
+            self.wheel.cancel(self.grant_timer(idx, at));
+            self.remove_grant(idx, at);
         }
         Ok(())
     }
@@ -436,4 +459,20 @@ impl LockTable {
     pub fn observe_token(&mut self, token: u64) {
         self.tokens.observe(token);
     }
+}
+
+/// A replicated grant's own fields are sane: a limit within
+/// 1..=[`MAX_LIMIT`](crate::protocol::MAX_LIMIT), a slot below it, a token
+/// above 0.
+fn grant_fields_sane(limit: u32, slot: u32, token: u64) -> Result<(), &'static str> {
+    if !(1..=crate::protocol::MAX_LIMIT).contains(&limit) {
+        return Err("a limit outside 1..=10000");
+    }
+    if slot >= limit {
+        return Err("a slot at or above its key's limit");
+    }
+    if token == 0 {
+        return Err("token 0");
+    }
+    Ok(())
 }
