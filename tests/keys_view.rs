@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
-use common::nodes::start_node;
+use common::nodes::two_nodes_with_metrics;
 use common::{DEADLINE, Node, free_port, token_of, wait_for};
 use serde_json::Value as Json;
 
@@ -250,25 +250,7 @@ fn bad_view_requests_are_refused_and_a_flood_is_bounded_without_the_lock_port_no
 
 #[test]
 fn a_standby_shows_its_replicated_holders_and_no_waiters() {
-    let ports = [free_port(), free_port()];
-    let metric_ports = [free_port(), free_port()];
-    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
-    let start = |i: usize| {
-        let metrics = format!("127.0.0.1:{}", metric_ports[i]);
-        let flags = [
-            "--cluster-key-file",
-            common::cluster_key_file(),
-            "--metrics",
-            metrics.as_str(),
-        ];
-        start_node(ports[i], &peers, &flags, &[])
-    };
-    let first = start(0);
-    let _second = start(1);
-    let m: Vec<SocketAddr> = metric_ports
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}").parse().expect("addr"))
-        .collect();
+    let (first, _second, m) = two_nodes_with_metrics(&[]);
     wait_for("node 0 active, node 1 its standby", DEADLINE, || {
         let a = get_ok(m[0], "/keys");
         let b = get_ok(m[1], "/keys");

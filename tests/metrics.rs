@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::nodes::start_node;
+use common::nodes::{start_node, two_nodes_with_metrics};
 use common::{DEADLINE, LineClient, Node, free_port, token_of, wait_for};
 
 /// One parsed scrape: sample (name with its labels, as written) → value.
@@ -543,29 +543,7 @@ fn without_the_flag_only_the_client_port_listens() {
 
 #[test]
 fn a_two_node_cluster_shows_roles_standbys_lag_and_a_failover() {
-    let ports = [free_port(), free_port()];
-    let metric_ports = [free_port(), free_port()];
-    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
-    let start = |i: usize| {
-        let metrics = format!("127.0.0.1:{}", metric_ports[i]);
-        let flags = [
-            "--cluster-key-file",
-            common::cluster_key_file(),
-            "--detect",
-            "0.3",
-            "--metrics",
-            metrics.as_str(),
-        ];
-        start_node(ports[i], &peers, &flags, &[])
-    };
-    let first = start(0);
-    let second = start(1);
-    let m0: SocketAddr = format!("127.0.0.1:{}", metric_ports[0])
-        .parse()
-        .expect("addr");
-    let m1: SocketAddr = format!("127.0.0.1:{}", metric_ports[1])
-        .parse()
-        .expect("addr");
+    let (first, second, [m0, m1]) = two_nodes_with_metrics(&["--detect", "0.3"]);
 
     let active = wait_for("node 0 active with a synced standby", DEADLINE, || {
         let s = scrape(m0);

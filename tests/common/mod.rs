@@ -97,6 +97,16 @@ pub struct Node {
 }
 
 impl Node {
+    /// The single node of the protocol tests (tests/server.rs,
+    /// tests/server_bad_input.rs, tests/semaphore.rs): `--max-lease 60`,
+    /// so that a lease or wait of 61 s is refused `*-too-long` while the
+    /// tests' 30 s leases pass, then `args`; waits until it listens.
+    pub fn start_protocol(args: &[&str]) -> Node {
+        let mut all = vec!["--max-lease", "60"];
+        all.extend_from_slice(args);
+        Node::start(&all)
+    }
+
     /// Start `batond --bind 127.0.0.1 --port 0 <args>` and wait until it listens.
     pub fn start(args: &[&str]) -> Node {
         let mut all = vec!["--bind", "127.0.0.1", "--port", "0"];
@@ -403,6 +413,16 @@ impl LineClient {
             "expected an I answer, got {answer:?}"
         );
         answer
+    }
+
+    /// Poll `I` on this connection until `conns=` is `n` (the node counts
+    /// this connection too).
+    pub fn wait_for_conns(&mut self, n: usize) {
+        let want = n.to_string();
+        wait_for(&format!("conns={n}"), DEADLINE, || {
+            let info = self.info();
+            (info_field(&info, "conns").as_deref() == Some(want.as_str())).then_some(())
+        });
     }
 
     /// `A key lease wait` on a key that is expected to be granted at once;
