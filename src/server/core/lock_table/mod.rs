@@ -77,6 +77,7 @@ use crate::server::core::watchers::Watchers;
 use crate::server::core::wheel::{TimerId, TimingWheel};
 
 mod index;
+#[cfg(any(test, feature = "test-hooks"))]
 mod invariants;
 mod line;
 mod replica;

@@ -76,7 +76,8 @@ impl Sem {
         }
     }
 
-    /// Whether `slot` is taken.
+    /// Whether `slot` is taken (for the invariants' check).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(super) fn is_taken(&self, slot: u32) -> bool {
         self.taken
             .get(slot as usize / 64)
