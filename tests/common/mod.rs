@@ -616,6 +616,29 @@ pub fn info_field(info: &str, name: &str) -> Option<String> {
         .find_map(|kv| kv.strip_prefix(&format!("{name}=")).map(str::to_string))
 }
 
+/// `program` on PATH, if it is there (a file with an execute bit): for
+/// the tests of a program the machine may lack (etcd, Prometheus, zsh,
+/// `ip`), which skip or fail as the CI run asks when it is missing.
+pub fn on_path(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// A multi-threaded tokio runtime with two workers and timers, for the
+/// tests of the client's async calls under the most common runtime.
+pub fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// Raise this process's soft limit on open files to its hard limit (children
 /// started afterwards inherit it); the soft limit now in force.
 pub fn raise_fd_limit() -> libc::rlim_t {
