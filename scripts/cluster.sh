@@ -168,7 +168,7 @@ launch() { # I
   touch "$log"
   offset[i]=$(stat -c %s "$log")
   local more=()
-  # One node is a single node: a --peers list of one never elects it.
+  # One node is a plain single node: no replication thread to run.
   ((n == 1)) || more+=(--peers "$(peers_of "$n" "$base")" --cluster-key-file "$dir/cluster.key")
   more+=("${flags[@]}")
   [ -z "${metrics:-}" ] || more+=(--metrics "$(metrics_of "$i")")

@@ -224,12 +224,14 @@ fn the_futures_need_no_runtime() {
 fn a_held_lock_outlives_its_lease_and_is_released_when_dropped() {
     let n = node();
     let c = client(&n);
-    let lease = Duration::from_millis(600);
+    // A lease long enough that a loaded machine's scheduling stalls (a
+    // keep goes every third of it) never outlast its slack.
+    let lease = Duration::from_millis(2000);
     let held = c.hold("job", lease, None).expect("held");
     let token = held.token();
-    // Five leases long: without the watchdog the server would have taken
-    // the key back four times over.
-    assert_eq!(held.wait_lost_timeout(lease * 5), None);
+    // Two and a half leases long: without the watchdog the server would
+    // have taken the key back twice over.
+    assert_eq!(held.wait_lost_timeout(lease * 5 / 2), None);
     assert!(!held.is_lost());
     assert_eq!(holder_of(&c, "job"), Some(token));
     drop(held);

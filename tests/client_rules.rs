@@ -3,7 +3,8 @@
 //! client to them too): a lost held key is said at once and every later
 //! call on it fails `Lost`, never re-acquired silently; a grant that
 //! arrives after its caller gave up is released; errors are typed and
-//! distinct. (Nothing running after `close` is `tests/client_close.rs`,
+//! distinct; a try-acquire of a key the same client already waits for in
+//! line answers `Timeout`, and that waiter keeps its place. (Nothing running after `close` is `tests/client_close.rs`,
 //! alone in its process so that it can count threads.)
 
 mod common;
@@ -12,10 +13,11 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use baton::client::{AcquireOptions, Client, Error, ReleaseOutcome};
+use baton::client::{AcquireOptions, Client, Error, Grant, ReleaseOutcome};
 use baton::protocol::Reason;
 use common::faults::FakeServer;
 use common::{DEADLINE, Node, wait_for};
@@ -137,6 +139,93 @@ fn an_async_acquire_given_up_on_its_own_timeout_releases_the_grant_that_comes_la
         let status = c.query("job").expect("query");
         (status.token.is_none() && status.waiting == 0).then_some(())
     });
+}
+
+/// `c` asks for `key` without a wait limit on its own thread; the grant
+/// comes on `granted`, tagged `name`, once `waiting` are in line on `node`.
+fn wait_in_line(
+    c: &Client,
+    key: &'static str,
+    name: &'static str,
+    granted: &mpsc::Sender<(&'static str, Grant)>,
+    watcher: &Client,
+    waiting: u64,
+) {
+    let (c, granted) = (c.clone(), granted.clone());
+    std::thread::spawn(move || {
+        let grant = c.acquire(key, Duration::from_secs(30), None);
+        let _ = granted.send((name, grant.expect("granted in turn")));
+    });
+    wait_for("the acquire to wait in line", DEADLINE, || {
+        (watcher.query(key).expect("query").waiting == waiting).then_some(())
+    });
+}
+
+/// The next grant to come, and whose it is.
+fn next_grant(granted: &mpsc::Receiver<(&'static str, Grant)>) -> (&'static str, Grant) {
+    granted.recv_timeout(DEADLINE).expect("a grant")
+}
+
+#[test]
+fn a_try_acquire_behind_the_clients_own_waiter_times_out_and_the_waiter_keeps_its_place() {
+    let n = node();
+    let (c, other) = (client(&n), client(&n));
+    let holder = other
+        .acquire("own", Duration::from_secs(30), None)
+        .expect("granted");
+    let (granted, grants) = mpsc::channel();
+    wait_in_line(&c, "own", "first", &granted, &other, 1);
+    // Two in a row: round-robin alone would put one of them behind the
+    // waiter, where the server holds its T back until the waiter is
+    // answered (and the connection, deemed dead, would be closed).
+    for _ in 0..2 {
+        let tried = c.acquire("own", Duration::from_secs(30), Some(Duration::ZERO));
+        assert_eq!(tried, Err(Error::Timeout));
+    }
+    wait_in_line(&other, "own", "second", &granted, &other, 2);
+    assert_eq!(other.release(&holder), Ok(ReleaseOutcome::Released));
+    let (first, grant) = next_grant(&grants);
+    assert_eq!(first, "first");
+    assert!(grant.token() > holder.token());
+    assert_eq!(c.release(&grant), Ok(ReleaseOutcome::Released));
+    let (second, grant) = next_grant(&grants);
+    assert_eq!(second, "second");
+    assert_eq!(other.release(&grant), Ok(ReleaseOutcome::Released));
+}
+
+#[test]
+fn a_try_acquire_held_back_on_every_connection_times_out_without_closing_one() {
+    let n = node();
+    // A short request timeout: the try-acquire's answer is due within it
+    // (plus its wait), by which time the server still holds it back.
+    let c = Client::builder([n.addr.to_string()])
+        .request_timeout(Duration::from_millis(300))
+        .connect()
+        .expect("a client");
+    let other = client(&n);
+    let holder = other
+        .acquire("full", Duration::from_secs(30), None)
+        .expect("granted");
+    let (granted, grants) = mpsc::channel();
+    // One waiter of `c` on each of its two connections, then another
+    // client's behind them.
+    wait_in_line(&c, "full", "first", &granted, &other, 1);
+    wait_in_line(&c, "full", "second", &granted, &other, 2);
+    wait_in_line(&other, "full", "third", &granted, &other, 3);
+    let tried = c.acquire("full", Duration::from_secs(30), Some(Duration::ZERO));
+    assert_eq!(tried, Err(Error::Timeout));
+    assert!(c.connections().iter().all(|s| s.connected));
+    // Had a connection been closed, its waiter would have been sent again,
+    // behind the third.
+    let mut last = holder.clone();
+    assert_eq!(other.release(&holder), Ok(ReleaseOutcome::Released));
+    for want in ["first", "second", "third"] {
+        let (name, grant) = next_grant(&grants);
+        assert_eq!(name, want);
+        assert!(grant.token() > last.token());
+        assert_eq!(other.release(&grant), Ok(ReleaseOutcome::Released));
+        last = grant;
+    }
 }
 
 #[test]

@@ -179,6 +179,21 @@ fn the_first_listed_node_becomes_active_and_the_other_its_standby() {
 }
 
 #[test]
+fn a_node_whose_peers_list_only_itself_becomes_active_and_serves() {
+    // A cluster of one (a first node set up before its peers, say) is
+    // elected at its first step, as a lone node of a larger list is when
+    // its discovery ends.
+    let cluster = Cluster::start_all(1);
+    let info = cluster.wait_serving(0);
+    assert_eq!(field(&info, "active"), cluster.name(0), "{info}");
+    let answer = cluster.client(0).ask("A job 30 0");
+    assert!(
+        answer.starts_with("A ") && answer.ends_with(" job"),
+        "{answer}"
+    );
+}
+
+#[test]
 fn a_standby_redirects_every_request_but_info_to_the_active() {
     let cluster = Cluster::start_all(2);
     cluster.wait_serving(0);

@@ -21,8 +21,18 @@
 //! one-way and two-way partitions (either a black hole, where data waits
 //! until the partition heals as TCP retransmits it, or a firewall that
 //! resets the links), paused nodes (SIGSTOP: the kernel still accepts
-//! connections and buffers data), crashes and restarts, and forged or
-//! malformed messages from a stranger.
+//! connections and buffers data), crashes and restarts, forged or
+//! malformed messages from a stranger, and a node's lock owner or
+//! replication thread held up for a while (busy, descheduled).
+//!
+//! The node's ports are bounded and small (`ports`), so that they fill:
+//! the owner's channel, replication's channel, what the owner keeps for
+//! replication, what replication lets wait for the owner, and the bytes a
+//! link holds for a receiver that does not read. What happens then is the
+//! node's own code (`rounds.rs`): a slow standby's link dropped, queued
+//! deltas dropped for a `DeltasLost` (and the standbys re-synced), peer
+//! links held (not silent) while the owner is behind. The runs count each
+//! (`Pressure`), and the tests assert that seeded runs reach every one.
 //!
 //! Client traffic is mutexes and two semaphores (limits 2 and 3, holders
 //! with and without values), whose grants replicate a `G` per holder.
@@ -32,10 +42,11 @@
 //! demoted active's `M <active> W <key>`, watching again when their node
 //! dies or restarts, now and then `X`-ing a key, watching one again, or
 //! reconnecting elsewhere. Each node's I/O loop keeps their watches with the
-//! node's own `WatchQueue` and `Fanout` (simulation/watch.rs), fed with the
-//! owner's answers and its change lines for the loop's watchers, and gives
-//! every watcher each line (newest state wins; a real loop may skip
-//! intermediate states, which the check allows for).
+//! node's own watch glue (`LoopWatches`, core/loop_watches.rs, the code
+//! `threads/io_loop.rs` runs; simulation/watch.rs gives it in-memory
+//! connections), fed with the owner's answers and its change lines for the
+//! loop's watchers, and gives every watcher each line (newest state wins; a
+//! real loop may skip intermediate states, which the check allows for).
 //!
 //! Checked after every step, on every node that runs:
 //! - the lock table's own invariants (`check_invariants`);
@@ -88,12 +99,13 @@ use baton::server::core::peer_msg::PeerMsg;
 use baton::server::core::roles::RoleName;
 use baton::server::core::table_core::TableCore;
 use baton::server::core::tokens::{self, TokenSource};
-use baton::server::messages::{ClusterToTable, Inbound, TableToCluster, ToOwner, ToRepl};
-use baton::server::rounds::{self, Gone, OwnerPorts, OwnerRound, ReplShell};
+use baton::server::messages::{ClusterToTable, Inbound, Retired, TableToCluster, ToOwner};
+use baton::server::rounds::{
+    self, Gone, Offer, OwnerPorts, OwnerQueue, OwnerRound, ReplInput, ReplShell,
+};
 use baton::server::shared::Gauges;
-use baton::server::trust::tls::Stream;
 use rng::Rng;
-use watch::{LoopWatches, WatchCheck};
+use watch::{LoopSide, MAX_WATCHES, WatchCheck, slot};
 
 const DETECT_MS: u64 = 400;
 /// A crashed node stays down at least this long (a real restart takes
@@ -109,6 +121,30 @@ const SYN_RETRY_MS: u64 = 1_000;
 const UNIX_BASE: u64 = 1_700_000_000_000;
 /// Most a node's wall clock is off, either way.
 const MAX_SKEW_MS: u64 = 30;
+/// The simulated node's bounded ports, small so that they fill in seeded
+/// runs (the threads' are in `messages::capacity` and `rounds.rs`); what
+/// happens when one is full is decided by the node's own code
+/// (`rounds.rs`): the owner drops queued deltas past `OWNER_DELTAS`
+/// (`ReplBacklog`), replication reads no peer link while `CLUSTER_ENTRIES`
+/// wait for the owner (`may_read_peer`), and drops an outgoing link whose
+/// unsent bytes pass `PEER_OUTPUT` (`carry_out`).
+mod ports {
+    /// Messages in the lock owner's channel (client batches and
+    /// replication's messages).
+    pub const TO_OWNER: usize = 8;
+    /// Messages in replication's channel from the owner.
+    pub const TO_REPL: usize = 2;
+    /// Deltas the owner keeps for replication past a full `TO_REPL`.
+    pub const OWNER_DELTAS: usize = 8;
+    /// Entries replication lets wait for the owner before it holds its
+    /// peer links.
+    pub const CLUSTER_ENTRIES: usize = 16;
+    /// Bytes of a link the kernel holds (sent, not yet read): what is
+    /// beyond it on a link is the sender's unsent output.
+    pub const KERNEL_BUFFER: usize = 2 * 1024;
+    /// Unsent bytes to one peer past which its link is dropped.
+    pub const PEER_OUTPUT: usize = 1024;
+}
 /// Seeds that once failed, replayed on every run.
 const REGRESSION_SEEDS: &[u64] = &[];
 
@@ -159,6 +195,8 @@ struct Link {
     to: usize,
     state: LinkState,
     queue: VecDeque<(u64, Item)>,
+    /// The bytes of the messages in `queue`.
+    bytes: usize,
     /// The receiver's core has been told of the connection.
     opened: bool,
     /// The retransmission timeout of the data at the head of the queue
@@ -194,6 +232,10 @@ impl Owed {
 struct Node {
     up: bool,
     paused_until: Option<u64>,
+    /// The lock owner's thread is held up (busy, descheduled) until then.
+    owner_stalled_until: Option<u64>,
+    /// The replication thread is held up until then.
+    repl_stalled_until: Option<u64>,
     down_since: u64,
     boot_ms: u64,
     skew_ms: i64,
@@ -206,9 +248,10 @@ struct Node {
     /// Socket events for the replication thread.
     inbox: VecDeque<NetEvent>,
     /// The replication thread's channel (the owner's messages).
-    repl_inbox: VecDeque<ToRepl>,
-    /// What replication queued for the owner and has not sent yet.
-    owner_backlog: VecDeque<ClusterToTable>,
+    repl_inbox: VecDeque<ReplInput>,
+    /// What replication queued for the owner and has not sent yet, and
+    /// the bound on what waits for it (rounds.rs).
+    owner_backlog: OwnerQueue,
     /// The owner's channel: client batches and cluster messages, in the
     /// order they arrived.
     owner_in: VecDeque<ToOwner>,
@@ -221,7 +264,7 @@ struct Node {
     /// Open client connections (the watchers' apart: `Sim::watchers`).
     conns: Vec<u64>,
     /// The I/O loop's side of the watches.
-    watches: LoopWatches,
+    watches: LoopSide,
     /// Entries a scenario adds to the owner's next round's answers (a
     /// stale watch line, to show that the check catches it).
     forged: Vec<(ConnId, Answer)>,
@@ -292,6 +335,19 @@ struct Sim {
     dual_this_step: bool,
     /// Lines the watchers were shown.
     watch_lines: u64,
+    /// How often each bound of the node's ports was reached.
+    pressure: Pressure,
+}
+
+/// How often a bounded port filled and the node's code acted on it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Pressure {
+    /// Links to a standby dropped for their unsent output.
+    slow_standby: u64,
+    /// Times an owner dropped the deltas queued for replication.
+    deltas_lost: u64,
+    /// Times replication held a peer link back for the owner.
+    reads_held: u64,
 }
 
 impl Sim {
@@ -323,6 +379,7 @@ impl Sim {
             split_epoch: 0,
             dual_this_step: false,
             watch_lines: 0,
+            pressure: Pressure::default(),
         };
         let skews: Vec<i64> = (0..n)
             .map(|_| sim.rng.between(0, 2 * MAX_SKEW_MS) as i64 - MAX_SKEW_MS as i64)
@@ -340,6 +397,9 @@ impl Sim {
 
     fn fresh_node(&self, me: usize, skew_ms: i64) -> Node {
         let now = Now::at(0, unix_at(self.now, skew_ms));
+        let gauges = Gauges::with_pollers(1);
+        let queued = std::sync::Arc::clone(&gauges.cluster_queued);
+        let owner_backlog = OwnerQueue::new(queued, ports::CLUSTER_ENTRIES);
         let table = LockTable::new(
             0,
             TableLimits::default(),
@@ -348,10 +408,15 @@ impl Sim {
         Node {
             up: true,
             paused_until: None,
+            owner_stalled_until: None,
+            repl_stalled_until: None,
             down_since: 0,
             boot_ms: self.now,
             skew_ms,
-            owner: OwnerRound::new(TableCore::new(table, true, self.names[me].clone(), 0)),
+            owner: OwnerRound::with_repl_limit(
+                TableCore::new(table, true, self.names[me].clone(), 0),
+                ports::OWNER_DELTAS,
+            ),
             cluster: ClusterCore::new(
                 me,
                 self.names.clone(),
@@ -361,16 +426,16 @@ impl Sim {
                 },
                 now,
             ),
-            gauges: Gauges::with_pollers(1),
+            gauges,
             inbox: VecDeque::new(),
             repl_inbox: VecDeque::new(),
-            owner_backlog: VecDeque::new(),
+            owner_backlog,
             owner_in: VecDeque::new(),
             client_in: Vec::new(),
             answers: Vec::new(),
             answer_log: None,
             conns: Vec::new(),
-            watches: LoopWatches::default(),
+            watches: LoopSide::default(),
             forged: Vec::new(),
             books: BTreeMap::new(),
             owed: Owed::default(),
@@ -398,9 +463,16 @@ impl Sim {
 
     fn step(&mut self) {
         self.now += 1;
-        for i in 0..self.nodes.len() {
-            if self.nodes[i].paused_until.is_some_and(|t| t <= self.now) {
-                self.nodes[i].paused_until = None;
+        let now = self.now;
+        for node in &mut self.nodes {
+            for until in [
+                &mut node.paused_until,
+                &mut node.owner_stalled_until,
+                &mut node.repl_stalled_until,
+            ] {
+                if until.is_some_and(|t| t <= now) {
+                    *until = None;
+                }
             }
         }
         let watching = !self.watchers.is_empty();
@@ -435,7 +507,53 @@ impl Sim {
         if io_first {
             self.io_loop_sends(i);
         }
+        if self.nodes[i].repl_stalled_until.is_none() {
+            self.repl_step(i, now);
+            if !self.nodes[i].up {
+                return;
+            }
+        }
+        if !io_first {
+            self.io_loop_sends(i);
+        }
+        if self.nodes[i].owner_stalled_until.is_none() {
+            self.owner_round(i, now);
+        }
+        self.check_node(i);
+    }
+
+    /// Node `i`'s replication thread: its socket events (an incoming
+    /// link's input only while the owner keeps up: `rounds::may_read_peer`
+    /// decides, as in the thread), then its inbox and its tick, as
+    /// rounds.rs orders them.
+    fn repl_step(&mut self, i: usize, now: Now) {
+        // Links held back this step, and their events, in order.
+        let mut held_links: Vec<LinkId> = Vec::new();
+        let mut held: VecDeque<NetEvent> = VecDeque::new();
         while let Some(event) = self.nodes[i].inbox.pop_front() {
+            let input_of = match &event {
+                NetEvent::Peer(link, _) | NetEvent::Malformed(link) => Some(*link),
+                _ => None,
+            };
+            let link_of = match &event {
+                NetEvent::Closed(link) => Some(*link),
+                _ => input_of,
+            };
+            if link_of.is_some_and(|link| held_links.contains(&link)) {
+                held.push_back(event);
+                continue;
+            }
+            if let Some(link) = input_of
+                && !rounds::may_read_peer(&mut self.repl(i), link)
+            {
+                self.pressure.reads_held += 1;
+                held_links.push(link);
+                held.push_back(event);
+                if !self.nodes[i].up {
+                    return;
+                }
+                continue;
+            }
             let cluster = &mut self.nodes[i].cluster;
             match event {
                 NetEvent::LinkUp(p) => cluster.handle_link_up(now, p),
@@ -456,29 +574,25 @@ impl Sim {
                 return;
             }
         }
+        // What was held back is read first next step (the kernel keeps
+        // it).
+        self.nodes[i].inbox = held;
         rounds::take_inbox(&mut self.repl(i));
         if !self.nodes[i].up {
             return;
         }
         rounds::tick(&mut self.repl(i));
-        if !self.nodes[i].up {
-            return;
-        }
-        if !io_first {
-            self.io_loop_sends(i);
-        }
-        self.owner_round(i, now);
-        self.check_node(i);
     }
 
     /// Node `i`'s I/O loop: its count of connections, and one batch of
-    /// what its clients sent, into the owner's channel.
+    /// what its clients sent, into the owner's channel if it has room
+    /// (else the batch waits, and grows, as the loop's does).
     fn io_loop_sends(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         node.gauges
             .conns
             .store(node.conns.len(), std::sync::atomic::Ordering::Relaxed);
-        if !node.client_in.is_empty() {
+        if !node.client_in.is_empty() && node.owner_in.len() < ports::TO_OWNER {
             let batch = std::mem::take(&mut node.client_in);
             node.owner_in.push_back(ToOwner::Clients(batch));
         }
@@ -496,8 +610,10 @@ impl Sim {
             answers: &mut answers,
             forgotten: &mut forgotten,
         };
+        let lost = node.owner.to_repl.lost();
         node.owner.take_more(&mut ports);
         node.owner.round(now, &node.gauges, &mut ports);
+        self.pressure.deltas_lost += node.owner.to_repl.lost() - lost;
         answers.append(&mut node.forged);
         // What the I/O loop writes to the watchers' connections, in order.
         let mut writes = Vec::new();
@@ -507,25 +623,29 @@ impl Sim {
             }
             let node = &mut self.nodes[i];
             if conn.is_watchers() {
-                node.watches
-                    .watchers_entry(&answer, &mut node.client_in, &mut writes);
+                // No clock here: the time only paces sweeps, which the
+                // simulation runs whole.
+                let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+                watches.watchers_entry(&mut conns, &answer, || 0);
                 continue;
             }
-            if node.watches.has(conn.0)
-                && matches!(
+            if node.watches.has(conn.0) {
+                let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+                watches.answer(&mut conns, slot(conn.0), &answer);
+                if matches!(
                     answer,
                     Answer::Watched { .. }
                         | Answer::Unwatched { .. }
                         | Answer::Moved { op: Op::Watch, .. }
-                )
-            {
-                node.watches
-                    .watch_answer(conn.0, &answer, &mut node.client_in);
-                writes.push((conn.0, answer.clone()));
+                ) {
+                    writes.push((conn.0, answer.clone()));
+                }
             }
             self.check_answer(i, conn, answer);
         }
-        self.nodes[i].watches.fan_out(&mut writes);
+        let node = &mut self.nodes[i];
+        let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+        watches.sweep(&mut conns, usize::MAX, usize::MAX);
         for (conn, answer) in writes {
             self.watcher_reads(i, conn, answer);
         }
@@ -571,6 +691,7 @@ impl Sim {
                     ready_at,
                 },
                 queue: VecDeque::new(),
+                bytes: 0,
                 opened: false,
                 rto_ms: 0,
             },
@@ -603,6 +724,7 @@ impl Sim {
             return;
         }
         assert_eq!(link.state, LinkState::Up, "node {a} sent on a link not up");
+        let bytes = wire_len(&msg);
         for _ in 0..copies {
             let at = link
                 .queue
@@ -610,7 +732,18 @@ impl Sim {
                 .map_or(0, |(t, _)| *t)
                 .max(self.now + delay);
             link.queue.push_back((at, Item::Msg(msg.clone())));
+            link.bytes += bytes;
         }
+    }
+
+    /// What node `a` has sent to `b` on its current link and the kernels
+    /// have not taken yet: the part of the link's bytes beyond what the
+    /// kernel holds (`ports::KERNEL_BUFFER`).
+    fn unsent(&self, a: usize, b: usize) -> usize {
+        let Some(link) = self.out_of.get(&(a, b)).and_then(|id| self.links.get(id)) else {
+            return 0;
+        };
+        link.bytes.saturating_sub(ports::KERNEL_BUFFER)
     }
 
     /// The sender closes its outgoing link: the data in flight, then FIN.
@@ -714,7 +847,12 @@ impl Sim {
                 }
                 LinkState::Up => {
                     if !self.blocked(a, b) {
-                        self.deliver(id);
+                        // A receiver that does not read (paused, or its
+                        // replication thread held up) leaves the data in
+                        // the kernels, up to the sender's unsent output.
+                        if self.runs(b) && self.nodes[b].repl_stalled_until.is_none() {
+                            self.deliver(id);
+                        }
                     } else {
                         self.lose_due_packets(id);
                     }
@@ -755,6 +893,9 @@ impl Sim {
         let to = link.to;
         while link.queue.front().is_some_and(|(t, _)| *t <= now) {
             let (_, item) = link.queue.pop_front().expect("front");
+            if let Item::Msg(msg) = &item {
+                link.bytes -= wire_len(msg);
+            }
             let inbox = &mut self.nodes[to].inbox;
             if !link.opened {
                 link.opened = true;
@@ -798,6 +939,7 @@ impl Sim {
             } else if link.to == x && link.state == LinkState::Up {
                 link.state = LinkState::Broken;
                 link.queue.clear();
+                link.bytes = 0;
             }
         }
     }
@@ -888,7 +1030,7 @@ impl Sim {
         let victim = self.rng.index(n);
         let other = (victim + 1 + self.rng.index(n - 1)) % n;
         let alive = self.nodes.iter().filter(|x| x.up).count();
-        match self.rng.below(8) {
+        match self.rng.below(10) {
             0 if alive > 1 && self.nodes[victim].up => self.crash(victim),
             1 if !self.nodes[victim].up
                 && self.now >= self.nodes[victim].down_since + MIN_DOWN_MS =>
@@ -905,6 +1047,17 @@ impl Sim {
                 self.pause(victim, until);
             }
             5 => self.forge(victim),
+            // A thread held up (busy, or descheduled on a loaded
+            // machine), mostly for less than a failure detection: its
+            // ports fill.
+            6 if self.runs(victim) => {
+                let until = self.now + self.rng.between(20, DETECT_MS);
+                self.nodes[victim].owner_stalled_until = Some(until);
+            }
+            7 if self.runs(victim) => {
+                let until = self.now + self.rng.between(20, DETECT_MS);
+                self.nodes[victim].repl_stalled_until = Some(until);
+            }
             _ => self.heal(),
         }
     }
@@ -1371,8 +1524,10 @@ impl Sim {
         wk.asked = true;
         let node = &mut self.nodes[n];
         node.expect(conn, Op::Watch, Some(wk.key.clone()));
-        node.watches
-            .parsed_watch(conn, &wk.key, &mut node.client_in);
+        let mut writes = Vec::new();
+        let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+        let (at, id) = (slot(conn), ConnId(conn));
+        watches.parsed_watch(&mut conns, at, id, wk.key.clone(), MAX_WATCHES);
     }
 
     fn send_unwatch(&mut self, w: usize, k: usize) {
@@ -1383,8 +1538,9 @@ impl Sim {
         wk.check.end();
         let node = &mut self.nodes[n];
         node.expect(conn, Op::Unwatch, Some(wk.key.clone()));
-        node.watches
-            .parsed_unwatch(conn, &wk.key, &mut node.client_in);
+        let mut writes = Vec::new();
+        let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+        watches.parsed_unwatch(&mut conns, slot(conn), ConnId(conn), wk.key.clone());
     }
 
     /// The watcher closes its connection; it watches on `next` (or any
@@ -1392,7 +1548,9 @@ impl Sim {
     fn watcher_closes(&mut self, w: usize, next: Option<usize>) {
         if let Some((n, _, conn)) = self.watchers[w].conn {
             let node = &mut self.nodes[n];
-            node.watches.close(conn, &mut node.client_in);
+            let mut writes = Vec::new();
+            let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+            watches.drop_watches(&mut conns, slot(conn));
             node.client_in.push(Inbound::Closed(ConnId(conn)));
         }
         self.watcher_lost(w);
@@ -1490,7 +1648,7 @@ impl Sim {
 /// thread's inbox, and this round's answers (checked once it ends).
 struct SimOwner<'a> {
     input: &'a mut VecDeque<ToOwner>,
-    to_repl: &'a mut VecDeque<ToRepl>,
+    to_repl: &'a mut VecDeque<ReplInput>,
     answers: &'a mut Vec<(ConnId, Answer)>,
     forgotten: &'a mut Vec<ConnId>,
 }
@@ -1500,8 +1658,12 @@ impl OwnerPorts for SimOwner<'_> {
         Ok(self.input.pop_front())
     }
 
-    fn queue_for_repl(&mut self, msg: TableToCluster) {
-        self.to_repl.push_back(ToRepl::Table(msg));
+    fn offer_to_repl(&mut self, msg: TableToCluster) -> Offer<TableToCluster> {
+        if self.to_repl.len() >= ports::TO_REPL {
+            return Offer::Full(msg);
+        }
+        self.to_repl.push_back(ReplInput::Table(msg));
+        Offer::Taken
     }
 
     fn answer(&mut self, conn: ConnId, answer: Answer) {
@@ -1512,14 +1674,13 @@ impl OwnerPorts for SimOwner<'_> {
         self.forgotten.push(conn);
     }
 
-    fn retiring(&mut self, done: crossbeam_channel::Sender<()>) {
+    fn retiring(&mut self, done: Retired) {
         // Only a single node retires; the simulated nodes are a cluster's.
-        let _ = done.send(());
+        done.signal();
     }
 
-    // The in-memory queues are never full: queued is sent.
-    fn send_to_repl(&mut self) {}
-
+    // The I/O loop takes every answer at once (its clients' outputs are
+    // not modelled).
     fn send_answers(&mut self) {}
 }
 
@@ -1554,7 +1715,7 @@ impl ReplShell for SimRepl<'_> {
         &self.sim.nodes[self.i].gauges
     }
 
-    fn next_inbox(&mut self) -> Result<Option<ToRepl>, Gone> {
+    fn next_inbox(&mut self) -> Result<Option<ReplInput>, Gone> {
         Ok(self.node().repl_inbox.pop_front())
     }
 
@@ -1569,20 +1730,32 @@ impl ReplShell for SimRepl<'_> {
         !self.up()
     }
 
-    fn adopt(&mut self, _: Stream, _: Vec<u8>) {
-        unreachable!("the simulated network hands over no sockets");
-    }
-
     fn dial(&mut self, peer: usize) {
         if self.up() {
             self.sim.dial(self.i, peer);
         }
     }
 
-    fn send(&mut self, peer: usize, msg: PeerMsg) {
-        if self.up() {
-            self.sim.send(self.i, peer, msg);
+    fn send(&mut self, peer: usize, msg: PeerMsg) -> usize {
+        if !self.up() {
+            return 0;
         }
+        self.sim.send(self.i, peer, msg);
+        self.sim.unsent(self.i, peer)
+    }
+
+    fn peer_output_limit(&self) -> usize {
+        ports::PEER_OUTPUT
+    }
+
+    fn too_far_behind(&mut self, peer: usize) {
+        if trace() {
+            eprintln!(
+                "{:>6} node {}: {peer} is too far behind, its link dropped",
+                self.sim.now, self.i
+            );
+        }
+        self.sim.pressure.slow_standby += 1;
     }
 
     fn drop_out(&mut self, peer: usize) {
@@ -1604,16 +1777,23 @@ impl ReplShell for SimRepl<'_> {
         if trace() {
             eprintln!("{:>6} node {}: to table {msg:?}", self.sim.now, self.i);
         }
-        let node = self.node();
-        node.gauges.cluster_queued.add(msg.weight());
-        node.owner_backlog.push_back(msg);
+        self.node().owner_backlog.push(msg);
+    }
+
+    fn owner_queue(&self) -> &OwnerQueue {
+        &self.sim.nodes[self.i].owner_backlog
     }
 
     fn send_to_owner(&mut self) {
         let node = self.node();
-        while let Some(msg) = node.owner_backlog.pop_front() {
-            node.owner_in.push_back(ToOwner::Cluster(msg));
-        }
+        let owner_in = &mut node.owner_in;
+        node.owner_backlog.send(|msg| {
+            if owner_in.len() >= ports::TO_OWNER {
+                return Offer::Full(msg);
+            }
+            owner_in.push_back(ToOwner::Cluster(msg));
+            Offer::Taken
+        });
     }
 
     // Sends went onto the simulated links as they were made.
@@ -1631,6 +1811,13 @@ impl ReplShell for SimRepl<'_> {
     }
 }
 
+/// A peer message's bytes on the wire (its line; the seal is left out).
+fn wire_len(msg: &PeerMsg) -> usize {
+    let mut line = Vec::new();
+    msg.write_to(&mut line);
+    line.len()
+}
+
 fn unix_at(now: u64, skew_ms: i64) -> u64 {
     (UNIX_BASE + now).saturating_add_signed(skew_ms)
 }
@@ -1638,6 +1825,12 @@ fn unix_at(now: u64, skew_ms: i64) -> u64 {
 /// One random run: faults for a while, then everything heals; the cluster
 /// must converge on node 0 and its next token be above every earlier one.
 fn run(seed: u64) {
+    let pressure = run_sim(seed);
+    PRESSURE.count(pressure);
+}
+
+/// The same run: how often its ports' bounds were reached.
+fn run_sim(seed: u64) -> Pressure {
     let mut rng = Rng::new(seed ^ 0x5eed);
     let n = 2 + rng.index(2);
     let mut sim = Sim::new(seed, n);
@@ -1664,6 +1857,8 @@ fn run(seed: u64) {
     sim.heal();
     for i in 0..n {
         sim.nodes[i].paused_until = None;
+        sim.nodes[i].owner_stalled_until = None;
+        sim.nodes[i].repl_stalled_until = None;
     }
     sim.steps(MIN_DOWN_MS);
     for i in 0..n {
@@ -1703,6 +1898,41 @@ fn run(seed: u64) {
         sim.watch_lines
     );
     WATCHES.count(&sim);
+    if std::env::var("BATON_SIM_PRESSURE").is_ok() {
+        eprintln!("seed {seed}: {:?}", sim.pressure);
+    }
+    sim.pressure
+}
+
+/// The ports' bounds reached over every random run: the test checks that
+/// the runs made each happen (a check that never sees one cannot fail).
+struct PressureTotals {
+    slow_standby: AtomicU64,
+    deltas_lost: AtomicU64,
+    reads_held: AtomicU64,
+}
+
+static PRESSURE: PressureTotals = PressureTotals {
+    slow_standby: AtomicU64::new(0),
+    deltas_lost: AtomicU64::new(0),
+    reads_held: AtomicU64::new(0),
+};
+
+impl PressureTotals {
+    fn count(&self, p: Pressure) {
+        self.slow_standby
+            .fetch_add(p.slow_standby, Ordering::Relaxed);
+        self.deltas_lost.fetch_add(p.deltas_lost, Ordering::Relaxed);
+        self.reads_held.fetch_add(p.reads_held, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Pressure {
+        Pressure {
+            slow_standby: self.slow_standby.load(Ordering::Relaxed),
+            deltas_lost: self.deltas_lost.load(Ordering::Relaxed),
+            reads_held: self.reads_held.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// What the watchers of every random run were shown, summed: the test
@@ -1770,12 +2000,35 @@ fn random_faults_never_repeat_a_token_and_the_cluster_converges_to_the_first_nod
     eprintln!(
         "watchers: {lines} lines, {across} compared with another node's, {lower} of them lower"
     );
+    let pressure = PRESSURE.get();
+    eprintln!("bounded ports: {pressure:?}");
     if seeds >= 500 {
         assert!(
             across > 0 && lower > 0,
             "the watchers never compared tokens across a move ({across}), or never saw a lower one after it ({lower})"
         );
+        assert!(
+            pressure.slow_standby > 0 && pressure.deltas_lost > 0 && pressure.reads_held > 0,
+            "a bound of the ports was never reached: {pressure:?}"
+        );
     }
+}
+
+/// Seeds whose runs reach each bound of the node's ports, the invariants
+/// checked at every step as always: seed 2 drops a slow standby's link
+/// (its unsent output past the bound, while it was paused), seed 3 has an
+/// owner drop the deltas queued for a held-up replication thread (the
+/// standbys re-synced from snapshots), seed 1 has replication hold its
+/// peer links while a held-up owner is behind (no failover for it). If a
+/// change makes one stop reaching its bound, this says which.
+#[test]
+fn seeded_runs_reach_each_bound_of_the_ports() {
+    let slow = run_sim(2);
+    assert!(slow.slow_standby > 0, "seed 2: {slow:?}");
+    let lost = run_sim(3);
+    assert!(lost.deltas_lost > 0, "seed 3: {lost:?}");
+    let held = run_sim(1);
+    assert!(held.reads_held > 0, "seed 1: {held:?}");
 }
 
 #[test]
@@ -1865,7 +2118,7 @@ fn consecutive_delta_messages_reach_the_standbys_as_one_batch() {
     let (one, two) = (Delta::Ceiling(ceiling), Delta::Ceiling(ceiling + 16));
     for delta in [&one, &two] {
         let msg = TableToCluster::Deltas(vec![delta.clone()]);
-        sim.nodes[0].repl_inbox.push_back(ToRepl::Table(msg));
+        sim.nodes[0].repl_inbox.push_back(ReplInput::Table(msg));
     }
     sim.send_log = Some(Vec::new());
     sim.step();
@@ -2152,7 +2405,7 @@ fn graceful_shutdown_transfers_the_role_to_the_synced_standby_before_exit() {
     }
     assert_eq!(sim.nodes[0].owner.core.table().stats().waiting, 1);
     // SIGTERM: the node's stop sequence tells the replication thread.
-    sim.nodes[0].repl_inbox.push_back(ToRepl::Shutdown);
+    sim.nodes[0].repl_inbox.push_back(ReplInput::Shutdown);
     sim.run_until(2 * DETECT_MS, "node 0 exits after the transfer", |s| {
         s.nodes[0].exited
     });

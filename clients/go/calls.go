@@ -31,6 +31,7 @@ const (
 	attAnswered    attemptKind = iota
 	attLost                    // the connection dropped (sent: the line may have gone out)
 	attOverdue                 // no answer within the connection's budget
+	attHeldBack                // an acquire's caller's deadline passed while the server held its answer (a T) back
 	attUnreachable             // no connection could be chosen
 	attStopped                 // the caller's context ended or the client closed
 )
@@ -56,7 +57,7 @@ func answerBudget(r *request, requestTimeout time.Duration) time.Duration {
 }
 
 func (c *Client) attempt(ctx context.Context, target int, r *request, due time.Time) attemptResult {
-	cn, err := c.pool.pick(ctx, target, due)
+	cn, err := c.pool.pick(ctx, target, r, due)
 	if err != nil {
 		if isUnreachable(err) {
 			return attemptResult{kind: attUnreachable, err: err}
@@ -71,16 +72,17 @@ func (c *Client) attempt(ctx context.Context, target int, r *request, due time.T
 	if t == nil {
 		return attemptResult{kind: attLost}
 	}
-	var connDue time.Time
-	if b := answerBudget(r, c.requestTimeout); b > 0 {
-		connDue = t.sentAt.Add(b)
-	}
-	a, out, err := t.wait(ctx, connDue, due)
+	a, out, err := t.wait(ctx, answerBudget(r, c.requestTimeout), due)
 	switch out {
 	case outAnswer:
 		return attemptResult{kind: attAnswered, ans: a, sentAt: t.sentAt}
 	case outLost:
 		return attemptResult{kind: attLost, sent: true}
+	case outHeldBack:
+		if r.op == opAcquire {
+			return attemptResult{kind: attHeldBack}
+		}
+		fallthrough
 	case outOverdue:
 		return attemptResult{kind: attOverdue, err: unavailable("%s did not answer within %v", cn.addr, time.Since(t.sentAt).Round(time.Millisecond))}
 	}
@@ -138,6 +140,10 @@ func (c *Client) exchange(ctx context.Context, target int, due time.Time, build 
 			failures++
 		case attOverdue:
 			return exchanged{}, &failure{res.err, true}
+		case attHeldBack:
+			// Its wait ran out long ago: the answer held back is a T (a
+			// grant that comes instead is released, its caller gone).
+			return exchanged{}, &failure{ErrTimeout, true}
 		default:
 			return exchanged{}, &failure{res.err, delivered}
 		}

@@ -43,6 +43,10 @@ type call struct {
 	// context); a grant that arrives for it is released at once.
 	// Guarded by the connection's lock.
 	abandoned bool
+	// frontAt is when the request reached the front of its (op, key) line
+	// on the connection (its answer can come from then on); zero while it
+	// is held back behind an earlier one. Guarded by the connection's lock.
+	frontAt time.Time
 }
 
 // link is one lifetime of a connection: its socket and what its writer
@@ -66,6 +70,15 @@ type link struct {
 //
 // Callers register a request in the pending table and queue its line under
 // the same lock, so answers are matched in the order the lines go out.
+//
+// The server answers one (op, key) on a connection in request order, so a
+// request sent behind an earlier one of its (op, key) (an acquire behind an
+// acquire of the same key waiting in line) cannot be answered before it,
+// even when its own wait has run out: its overdue clock (ticket.wait)
+// starts only when it reaches the front of that line, and a connection is
+// never closed for an answer the server is entitled to hold back. The pool
+// avoids the case where it can (statusFor: an acquire goes to a connection
+// with no acquire of its key outstanding, when one is up).
 type conn struct {
 	c    *Client
 	node int
@@ -103,6 +116,14 @@ func (cn *conn) status() (phase, string) {
 	return cn.phase, cn.lastErr
 }
 
+// statusFor is the phase, and whether a request with this (op, key) waits
+// for its answer here (a later one would be answered only after it).
+func (cn *conn) statusFor(op byte, key string) (phase, bool) {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.phase, cn.pending.has(op, key)
+}
+
 func (cn *conn) refusedReason() string {
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
@@ -126,7 +147,18 @@ func (cn *conn) send(r *request) *ticket {
 	if !cn.sendLocked(r, cl) {
 		return nil
 	}
-	return &ticket{cn: cn, gen: cn.gen, call: cl, sentAt: time.Now()}
+	now := time.Now()
+	if !cn.pendingBehind(r, cl) {
+		cl.frontAt = now
+	}
+	return &ticket{cn: cn, gen: cn.gen, call: cl, sentAt: now}
+}
+
+// pendingBehind: cl, just queued, waits behind an earlier request of r's
+// (op, key). Under the lock.
+func (cn *conn) pendingBehind(r *request, cl *call) bool {
+	first, ok := cn.pending.front(r.op, r.key)
+	return ok && first != cl
 }
 
 // sendLocked queues r's line and its slot (nil: nobody waits for the
@@ -195,41 +227,107 @@ const (
 	outLost            // the connection dropped before the answer came
 	outOverdue         // the deadline passed first
 	outStopped         // the caller's context ended, or the client closed
+	// outHeldBack: the caller's deadline passed while the server was
+	// entitled to hold the answer back (an earlier request of the same
+	// (op, key) on the connection is still unanswered).
+	outHeldBack
 )
 
-// wait waits for the answer until the earlier of connDue (past it the
-// connection is deemed dead and closed) and callerDue (zero: no limit), or
-// until ctx ends or the client closes (outStopped, with the error to
-// return).
-func (t *ticket) wait(ctx context.Context, connDue, callerDue time.Time) (answer, outcome, error) {
-	due := earliest(connDue, callerDue)
-	var timeout <-chan time.Time
-	if !due.IsZero() {
-		tm := time.NewTimer(time.Until(due))
-		defer tm.Stop()
-		timeout = tm.C
+// verdict is which deadline of a request still unanswered has passed.
+type verdict int
+
+const (
+	notYet        verdict = iota
+	connOverdue           // budget since it reached the front of its line: the connection is deemed dead
+	callerOverdue         // the caller's, with the request at the front of its line
+	heldBack              // the caller's, with the request still held back
+)
+
+// pastDeadline is the verdict at now for a request that reached the front
+// of its (op, key) line at frontAt (zero: not yet), with the connection's
+// budget (zero: no limit) and the caller's deadline (zero: none). Pure.
+func pastDeadline(now time.Time, budget time.Duration, frontAt, callerDue time.Time) verdict {
+	if budget > 0 && !frontAt.IsZero() && !now.Before(frontAt.Add(budget)) {
+		return connOverdue
 	}
-	select {
-	case a := <-t.call.ch:
-		if a.kind == 0 {
-			return a, outLost, nil
+	if !callerDue.IsZero() && !now.Before(callerDue) {
+		if frontAt.IsZero() {
+			return heldBack
 		}
-		return a, outAnswer, nil
-	case <-timeout:
-		return t.giveUp(connDue, nil)
-	case <-ctx.Done():
-		return t.giveUp(time.Time{}, ctx.Err())
-	case <-t.cn.c.stopped(ctx):
-		return t.giveUp(time.Time{}, ErrClosed)
+		return callerOverdue
+	}
+	return notYet
+}
+
+// frontAt is when the request reached the front of its line (zero: not yet).
+func (t *ticket) frontAt() time.Time {
+	t.cn.mu.Lock()
+	defer t.cn.mu.Unlock()
+	return t.call.frontAt
+}
+
+// wait waits for the answer until the caller's deadline callerDue (zero:
+// none), or until the connection is deemed dead and closed: budget (zero:
+// no limit) after the request reached the front of its (op, key) line on
+// the connection, since the server answers nothing behind an earlier
+// request of its (op, key) before that one; a request held back is looked
+// at again every budget until it gets there. Or until ctx ends or the
+// client closes (outStopped, with the error to return).
+func (t *ticket) wait(ctx context.Context, budget time.Duration, callerDue time.Time) (answer, outcome, error) {
+	for {
+		var check time.Time
+		if budget > 0 {
+			check = t.frontAt()
+			if check.IsZero() {
+				check = time.Now()
+			}
+			check = check.Add(budget)
+		}
+		due := earliest(check, callerDue)
+		var timeout <-chan time.Time
+		var tm *time.Timer
+		if !due.IsZero() {
+			tm = time.NewTimer(time.Until(due))
+			timeout = tm.C
+		}
+		stop := func() {
+			if tm != nil {
+				tm.Stop()
+			}
+		}
+		select {
+		case a := <-t.call.ch:
+			stop()
+			if a.kind == 0 {
+				return a, outLost, nil
+			}
+			return a, outAnswer, nil
+		case <-timeout:
+			switch pastDeadline(time.Now(), budget, t.frontAt(), callerDue) {
+			case connOverdue:
+				return t.giveUp(true, outOverdue, nil)
+			case callerOverdue:
+				return t.giveUp(false, outOverdue, nil)
+			case heldBack:
+				return t.giveUp(false, outHeldBack, nil)
+			}
+		case <-ctx.Done():
+			stop()
+			return t.giveUp(false, outStopped, ctx.Err())
+		case <-t.cn.c.stopped(ctx):
+			stop()
+			return t.giveUp(false, outStopped, ErrClosed)
+		}
 	}
 }
 
-// giveUp stops waiting. Its slot stays in the pending table (answers are
+// giveUp stops waiting, with outcome out (kill: the connection is deemed
+// dead and closed). Its slot stays in the pending table (answers are
 // matched in order) but is marked abandoned under the lock, so a grant
 // the reader dispatches either finds it abandoned (and is released) or was
 // delivered already: then a deadline takes it, a cancelled caller
 // releases it.
-func (t *ticket) giveUp(connDue time.Time, stopped error) (answer, outcome, error) {
+func (t *ticket) giveUp(kill bool, out outcome, stopped error) (answer, outcome, error) {
 	cn := t.cn
 	cn.mu.Lock()
 	select {
@@ -254,10 +352,10 @@ func (t *ticket) giveUp(connDue time.Time, stopped error) (answer, outcome, erro
 	if stopped != nil {
 		return answer{}, outStopped, stopped
 	}
-	if !connDue.IsZero() && !time.Now().Before(connDue) {
+	if kill {
 		cn.kill(t.gen, fmt.Sprintf("no answer within %v", time.Since(t.sentAt).Round(time.Millisecond)))
 	}
-	return answer{}, outOverdue, nil
+	return answer{}, out, nil
 }
 
 func earliest(a, b time.Time) time.Time {
@@ -597,6 +695,9 @@ func (cn *conn) dispatch(line string) string {
 	cl, found := cn.pending.take(a.op, a.key)
 	if !found {
 		return fmt.Sprintf("the server sent an answer for no request: %q", line)
+	}
+	if next, ok := cn.pending.front(a.op, a.key); ok && next != nil {
+		next.frontAt = time.Now()
 	}
 	switch {
 	case cl == nil:

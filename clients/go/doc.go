@@ -5,11 +5,15 @@
 //
 // A Client keeps persistent connections to the servers in the background
 // (two when one address is given, one per address otherwise), picks them
-// round-robin, pipelines requests on them, moves an acquire to the next
-// connection when one drops, follows redirects to the active node, and
-// retries a release for 5 s so that a connection that happens to be down
-// does not leave a lock held until its lease runs out. Every call that may
-// wait takes a context.Context and returns when it ends.
+// round-robin (an acquire of a key on one with no acquire of that key
+// outstanding, when one is up: the server answers a later acquire of a key
+// on a connection only after the earlier one, so a TryAcquire there would
+// wait behind the client's own waiting Acquire), pipelines requests on
+// them, moves an acquire to the next connection when one drops, follows
+// redirects to the active node, and retries a release for 5 s so that a
+// connection that happens to be down does not leave a lock held until its
+// lease runs out. Every call that may wait takes a context.Context and
+// returns when it ends.
 //
 // Errors are the sentinels ErrTimeout, ErrLost, ErrUnavailable, ErrClosed
 // and ErrBadArgument (test with errors.Is), a *RefusedError carrying the

@@ -406,3 +406,115 @@ func TestTheClientKeepsWorkingWhenTheActiveNodeDies(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// granted is a grant, tagged with whose acquire it answers.
+type granted struct {
+	name string
+	g    *Grant
+}
+
+// waitInLine: c asks for key without a wait limit on its own goroutine;
+// the grant comes on out, tagged name, once waiting are in line.
+func waitInLine(t *testing.T, c *Client, key, name string, out chan<- granted, watcher *Client, waiting int) {
+	t.Helper()
+	ctx := context.Background()
+	go func() {
+		g, err := c.Acquire(ctx, key, 30*time.Second)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		out <- granted{name, g}
+	}()
+	eventually(t, 10*time.Second, name+" waits in line", func() bool {
+		s, err := watcher.Query(ctx, key)
+		return err == nil && s.Waiting == waiting
+	})
+}
+
+// nextGrant is the next grant to come; its acquire must be want's.
+func nextGrant(t *testing.T, in <-chan granted, want string, after uint64) *Grant {
+	t.Helper()
+	select {
+	case got := <-in:
+		if got.name != want || got.g == nil || got.g.Token() <= after {
+			t.Fatalf("granted %s (%v), want %s above token %d", got.name, got.g, want, after)
+		}
+		return got.g
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no grant for %s", want)
+	}
+	return nil
+}
+
+func TestATryAcquireBehindTheClientsOwnWaiterTimesOutAndTheWaiterKeepsItsPlace(t *testing.T) {
+	n, c := single(t)
+	ctx := context.Background()
+	other, _ := New([]string{n.addr})
+	defer other.Close()
+	holder, err := other.Acquire(ctx, "own", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants := make(chan granted, 2)
+	waitInLine(t, c, "own", "first", grants, other, 1)
+	// Two in a row: round-robin alone would put one of them behind the
+	// waiter, where the server holds its T back until the waiter is
+	// answered (and the connection, deemed dead, would be closed).
+	for i := 0; i < 2; i++ {
+		if _, err := c.TryAcquire(ctx, "own", 30*time.Second); !errors.Is(err, ErrTimeout) {
+			t.Fatalf("try-acquire %d: %v", i, err)
+		}
+	}
+	waitInLine(t, other, "own", "second", grants, other, 2)
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := nextGrant(t, grants, "first", holder.Token())
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second := nextGrant(t, grants, "second", first.Token())
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestATryAcquireHeldBackOnEveryConnectionTimesOutWithoutClosingOne(t *testing.T) {
+	n := startNode(t, freeAddr(t))
+	ctx := context.Background()
+	// A short request timeout: the try-acquire's answer is due within it
+	// (plus its wait), by which time the server still holds it back.
+	c, err := New([]string{n.addr}, WithRequestTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	other, _ := New([]string{n.addr})
+	defer other.Close()
+	holder, err := other.Acquire(ctx, "full", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants := make(chan granted, 3)
+	// One waiter of c on each of its two connections, another client's
+	// behind them.
+	waitInLine(t, c, "full", "first", grants, other, 1)
+	waitInLine(t, c, "full", "second", grants, other, 2)
+	waitInLine(t, other, "full", "third", grants, other, 3)
+	if _, err := c.TryAcquire(ctx, "full", 30*time.Second); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("try-acquire: %v", err)
+	}
+	// Had a connection been closed, its waiter would have been sent again,
+	// behind the third.
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	last := holder.Token()
+	for _, want := range []string{"first", "second", "third"} {
+		g := nextGrant(t, grants, want, last)
+		if err := g.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		last = g.Token()
+	}
+}

@@ -9,7 +9,12 @@ type pendingID struct {
 // pending keeps, per (op, key), the requests sent on one connection that
 // still wait for their answer, oldest first. The server answers requests
 // with the same (op, key) on one connection in the order they arrived, so
-// an answer belongs to the oldest waiting request of its (op, key).
+// an answer belongs to the oldest waiting request of its (op, key), and
+// only that one can be answered next: the server holds back the answer to
+// a later acquire of a key (even a T whose wait ran out) until the earlier
+// one on the same connection is answered. push says whether a request went
+// to the front of its line, front names the one there, and has lets the
+// pool send a key's acquires to a connection with none of it outstanding.
 // T is whatever hands the answer over. Not safe for concurrent use: its
 // connection's lock guards it.
 type pending[T any] struct {
@@ -21,11 +26,29 @@ func newPending[T any]() pending[T] {
 	return pending[T]{queues: make(map[pendingID][]T)}
 }
 
-// push remembers a request just sent, behind those with the same (op, key).
-func (p *pending[T]) push(op byte, key string, slot T) {
+// push remembers a request just sent, behind those with the same (op, key);
+// true when none was waiting (it is at the front of its line).
+func (p *pending[T]) push(op byte, key string, slot T) bool {
 	id := pendingID{op, key}
 	p.queues[id] = append(p.queues[id], slot)
 	p.n++
+	return len(p.queues[id]) == 1
+}
+
+// has: a request with this (op, key) waits for its answer (one map lookup).
+func (p *pending[T]) has(op byte, key string) bool {
+	_, found := p.queues[pendingID{op, key}]
+	return found
+}
+
+// front is the oldest waiting request with this (op, key), left in place;
+// ok false when none waits.
+func (p *pending[T]) front(op byte, key string) (slot T, ok bool) {
+	q, found := p.queues[pendingID{op, key}]
+	if !found || len(q) == 0 {
+		return slot, false
+	}
+	return q[0], true
 }
 
 // take removes and returns the oldest waiting request with this (op, key);

@@ -33,34 +33,50 @@ const (
 	chooseNothing               // none is up or connecting
 )
 
-// connInfo is a connection's node and phase, for choosing.
+// connInfo is a connection's node and phase, for choosing, and busy: a
+// request of the same (op, key) as the one to send waits for its answer
+// there (only acquires ask).
 type connInfo struct {
 	node  int
 	phase phase
+	busy  bool
 }
 
-// choose picks a connection, round-robin (turn) among those that are up:
+// choose picks a connection, round-robin (turn) among those that are up
+// (the ones not busy first: the server would hold back the answer to an
+// acquire of a key behind an earlier one of that key on its connection,
+// even a try-acquire's T; when every one is busy it is sent all the same):
 // of the target node, or of the preferred node (the active one named by a
 // redirect) when it has one up or connecting, else of any node. Pure.
 func choose(conns []connInfo, target, preferred int, turn uint64) (int, choice) {
 	among := func(node int) (int, choice) {
 		fits := func(n int) bool { return node == anyNode || n == node }
-		up := 0
-		for _, c := range conns {
-			if fits(c.node) && c.phase == phaseUp {
-				up++
+		pickUp := func(free bool) (int, bool) {
+			up := 0
+			for _, c := range conns {
+				if fits(c.node) && c.phase == phaseUp && !(free && c.busy) {
+					up++
+				}
 			}
-		}
-		if up > 0 {
+			if up == 0 {
+				return -1, false
+			}
 			k := int(turn % uint64(up))
 			for i, c := range conns {
-				if fits(c.node) && c.phase == phaseUp {
+				if fits(c.node) && c.phase == phaseUp && !(free && c.busy) {
 					if k == 0 {
-						return i, chooseUse
+						return i, true
 					}
 					k--
 				}
 			}
+			return -1, false
+		}
+		if i, ok := pickUp(true); ok {
+			return i, chooseUse
+		}
+		if i, ok := pickUp(false); ok {
+			return i, chooseUse
 		}
 		for _, c := range conns {
 			if fits(c.node) && c.phase == phaseConnecting {
@@ -182,15 +198,21 @@ func (p *pool) allConns() []*conn {
 	return all
 }
 
-// chooseNow picks a connection that is up; nil and no error when one is
+// chooseNow picks a connection that is up (for an acquire r, one with no
+// acquire of its key outstanding if it can); nil and no error when one is
 // connecting (wait for it); an error when none is up or connecting.
-func (p *pool) chooseNow(target int) (*conn, error) {
+func (p *pool) chooseNow(target int, r *request) (*conn, error) {
 	conns := p.allConns()
 	var arr [16]connInfo
 	infos := arr[:0]
 	for _, cn := range conns {
+		if r != nil && r.op == opAcquire {
+			ph, busy := cn.statusFor(r.op, r.key)
+			infos = append(infos, connInfo{cn.node, ph, busy})
+			continue
+		}
 		ph, _ := cn.status()
-		infos = append(infos, connInfo{cn.node, ph})
+		infos = append(infos, connInfo{node: cn.node, phase: ph})
 	}
 	i, ch := choose(infos, target, int(p.preferred.Load()), p.turn.Add(1)-1)
 	switch ch {
@@ -228,9 +250,9 @@ func (p *pool) authRefused(target int) string {
 	return ""
 }
 
-// pick waits for a connection (of target) to be up, at most until due
-// (zero: no limit) and the connect timeout plus slack.
-func (p *pool) pick(ctx context.Context, target int, due time.Time) (*conn, error) {
+// pick waits for a connection (of target) to be up for r, at most until
+// due (zero: no limit) and the connect timeout plus slack.
+func (p *pool) pick(ctx context.Context, target int, r *request, due time.Time) (*conn, error) {
 	until := time.Now().Add(p.c.connectTimeout + connectSlack)
 	if !due.IsZero() && due.Before(until) {
 		until = due
@@ -246,7 +268,7 @@ func (p *pool) pick(ctx context.Context, target int, due time.Time) (*conn, erro
 		if p.c.isStopped(ctx) {
 			return nil, ErrClosed
 		}
-		cn, err := p.chooseNow(target)
+		cn, err := p.chooseNow(target, r)
 		if cn != nil || err != nil {
 			return cn, err
 		}

@@ -122,39 +122,102 @@ func TestRequestsAreWrittenAsTheProtocolSays(t *testing.T) {
 }
 
 func TestUpConnectionsAreUsedInTurn(t *testing.T) {
-	conns := []connInfo{{0, phaseUp}, {0, phaseUp}, {1, phaseUp}}
+	conns := []connInfo{{0, phaseUp, false}, {0, phaseUp, false}, {1, phaseUp, false}}
 	for turn, want := range []int{0, 1, 2, 0} {
 		if i, ch := choose(conns, anyNode, anyNode, uint64(turn)); ch != chooseUse || i != want {
 			t.Errorf("turn %d: %d %v, want %d", turn, i, ch, want)
 		}
 	}
-	conns = []connInfo{{0, phaseDown}, {1, phaseUp}, {2, phaseConnecting}}
+	conns = []connInfo{{0, phaseDown, false}, {1, phaseUp, false}, {2, phaseConnecting, false}}
 	for turn := 0; turn < 5; turn++ {
 		if i, _ := choose(conns, anyNode, anyNode, uint64(turn)); i != 1 {
 			t.Errorf("a down or connecting connection is left out: %d", i)
 		}
 	}
-	if _, ch := choose([]connInfo{{0, phaseDown}, {1, phaseConnecting}}, anyNode, anyNode, 0); ch != chooseWait {
+	if _, ch := choose([]connInfo{{0, phaseDown, false}, {1, phaseConnecting, false}}, anyNode, anyNode, 0); ch != chooseWait {
 		t.Error("with none up, wait for one connecting")
 	}
-	if _, ch := choose([]connInfo{{0, phaseDown}}, anyNode, anyNode, 0); ch != chooseNothing {
+	if _, ch := choose([]connInfo{{0, phaseDown, false}}, anyNode, anyNode, 0); ch != chooseNothing {
 		t.Error("none up or connecting")
 	}
-	conns = []connInfo{{0, phaseUp}, {1, phaseUp}, {1, phaseUp}}
+	conns = []connInfo{{0, phaseUp, false}, {1, phaseUp, false}, {1, phaseUp, false}}
 	if i, _ := choose(conns, anyNode, 1, 0); i != 1 {
 		t.Error("the preferred node comes first")
 	}
 	if i, _ := choose(conns, anyNode, 1, 1); i != 2 {
 		t.Error("round-robin within the preferred node")
 	}
-	if _, ch := choose([]connInfo{{0, phaseUp}, {1, phaseConnecting}}, anyNode, 1, 0); ch != chooseWait {
+	if _, ch := choose([]connInfo{{0, phaseUp, false}, {1, phaseConnecting, false}}, anyNode, 1, 0); ch != chooseWait {
 		t.Error("a connecting preferred node is waited for")
 	}
-	if i, _ := choose([]connInfo{{0, phaseUp}, {1, phaseDown}}, anyNode, 1, 0); i != 0 {
+	if i, _ := choose([]connInfo{{0, phaseUp, false}, {1, phaseDown, false}}, anyNode, 1, 0); i != 0 {
 		t.Error("a preferred node that is down is skipped")
 	}
-	if _, ch := choose([]connInfo{{0, phaseUp}, {1, phaseDown}}, 1, anyNode, 0); ch != chooseNothing {
+	if _, ch := choose([]connInfo{{0, phaseUp, false}, {1, phaseDown, false}}, 1, anyNode, 0); ch != chooseNothing {
 		t.Error("a request for one node uses only that node")
+	}
+}
+
+func TestAnAcquireGoesWhereNoneOfItsKeyIsOutstanding(t *testing.T) {
+	conns := []connInfo{{0, phaseUp, true}, {0, phaseUp, false}, {0, phaseDown, false}}
+	for turn := 0; turn < 4; turn++ {
+		if i, ch := choose(conns, anyNode, anyNode, uint64(turn)); ch != chooseUse || i != 1 {
+			t.Errorf("turn %d: %d %v, want the free connection", turn, i, ch)
+		}
+	}
+	conns = []connInfo{{0, phaseUp, true}, {0, phaseUp, true}}
+	for turn, want := range []int{0, 1} {
+		if i, _ := choose(conns, anyNode, anyNode, uint64(turn)); i != want {
+			t.Errorf("every one busy: still round-robin: %d, want %d", i, want)
+		}
+	}
+	// The other node would only redirect back to the preferred one.
+	if i, _ := choose([]connInfo{{0, phaseUp, false}, {1, phaseUp, true}}, anyNode, 1, 0); i != 1 {
+		t.Error("a free connection elsewhere does not beat the preferred node")
+	}
+}
+
+func TestARequestHeldBackNeverMakesItsConnectionOverdue(t *testing.T) {
+	t0 := time.Now()
+	s := time.Second
+	at := func(n int) time.Time { return t0.Add(time.Duration(n) * s) }
+	for _, c := range []struct {
+		now              int
+		budget           time.Duration
+		front, callerDue time.Time
+		want             verdict
+	}{
+		{60, 5 * s, time.Time{}, time.Time{}, notYet},
+		{6, 5 * s, time.Time{}, at(5), heldBack},
+		{14, 5 * s, at(10), time.Time{}, notYet},
+		{15, 5 * s, at(10), time.Time{}, connOverdue},
+		{14, 5 * s, at(10), at(12), callerOverdue},
+		{99, 0, t0, time.Time{}, notYet},
+	} {
+		if got := pastDeadline(at(c.now), c.budget, c.front, c.callerDue); got != c.want {
+			t.Errorf("%+v: got %v", c, got)
+		}
+	}
+}
+
+func TestPendingSaysWhoIsAtTheFront(t *testing.T) {
+	p := newPending[int]()
+	if !p.push(opAcquire, "a", 1) || !p.push(opAcquire, "b", 2) || p.push(opAcquire, "a", 3) {
+		t.Fatal("the first of an (op, key) is at the front, a later one not")
+	}
+	if !p.has(opAcquire, "a") || p.has(opRelease, "a") {
+		t.Error("has")
+	}
+	if f, _ := p.front(opAcquire, "a"); f != 1 {
+		t.Errorf("front %d", f)
+	}
+	p.take(opAcquire, "a")
+	if f, _ := p.front(opAcquire, "a"); f != 3 {
+		t.Errorf("front after take %d", f)
+	}
+	p.take(opAcquire, "a")
+	if p.has(opAcquire, "a") {
+		t.Error("none left")
 	}
 }
 

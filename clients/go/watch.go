@@ -150,7 +150,7 @@ func (c *Client) runWatch(ctx context.Context, key string, leadersOnly bool, emi
 			}
 		}
 		seen := c.notifier.wait()
-		cn, perr := c.pool.chooseNow(anyNode)
+		cn, perr := c.pool.chooseNow(anyNode, nil)
 		if perr != nil {
 			if isUnreachable(perr) {
 				failedTry(perr)

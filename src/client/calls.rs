@@ -18,6 +18,12 @@
 //! - deadlines: a connection has the request timeout to answer (an acquire:
 //!   its wait plus the request timeout; an acquire without a wait limit: no
 //!   limit), else it is closed; the caller's own deadline may be earlier.
+//!   That clock starts when the request reaches the front of its (op, key)
+//!   line on its connection (the server holds back the answer to an acquire
+//!   sent behind an earlier acquire of the same key there, even a `T`), and
+//!   an acquire still held back at its caller's deadline ends in
+//!   [`Error::Timeout`] (its wait ran out long before; a grant that comes
+//!   later is released), never in a closed connection;
 //!
 //! Each call is written once, as an `async fn` generic over a [`Wait`]: the
 //! three places a call waits (for a connection to come up, for an answer,
@@ -63,6 +69,10 @@ pub enum Attempt {
         sent: bool,
     },
     Overdue(String),
+    /// An acquire's caller's deadline passed while the server held its
+    /// answer back behind an earlier acquire of the same key on the
+    /// connection (that answer is a `T`: its wait ran out long ago).
+    HeldBack,
     Unreachable(Error),
 }
 
@@ -110,11 +120,12 @@ fn millis_until(end: Instant) -> u64 {
 /// Where a call waits: the one difference between the blocking and the
 /// async flavour of every call.
 pub trait Wait: Sync {
-    /// A connection that is up (see [`Pool::pick`]).
+    /// A connection that is up for `request` (see [`Pool::pick`]).
     fn pick(
         &self,
         pool: &Pool,
         target: Target,
+        request: &Request,
         due: Option<Instant>,
     ) -> impl Future<Output = Result<Arc<Conn>, Error>> + Send;
     /// The answer to a request sent, or why none came (see [`Ticket::wait`]).
@@ -122,7 +133,7 @@ pub trait Wait: Sync {
         &self,
         pool: &Pool,
         ticket: Ticket,
-        conn_due: Option<Instant>,
+        budget: Option<Duration>,
         due: Option<Instant>,
     ) -> impl Future<Output = Outcome> + Send;
     /// Nothing until `until`.
@@ -138,19 +149,20 @@ impl Wait for Blocking {
         &self,
         pool: &Pool,
         target: Target,
+        request: &Request,
         due: Option<Instant>,
     ) -> impl Future<Output = Result<Arc<Conn>, Error>> + Send {
-        ready(pool.pick(target, due))
+        ready(pool.pick(target, request, due))
     }
 
     fn answer(
         &self,
         _pool: &Pool,
         ticket: Ticket,
-        conn_due: Option<Instant>,
+        budget: Option<Duration>,
         due: Option<Instant>,
     ) -> impl Future<Output = Outcome> + Send {
-        ready(ticket.wait(conn_due, due))
+        ready(ticket.wait(budget, due))
     }
 
     fn pause(&self, _pool: &Pool, until: Instant) -> impl Future<Output = ()> + Send {
@@ -168,19 +180,20 @@ impl Wait for Async {
         &self,
         pool: &Pool,
         target: Target,
+        request: &Request,
         due: Option<Instant>,
     ) -> impl Future<Output = Result<Arc<Conn>, Error>> + Send {
-        pool.pick_async(target, due)
+        pool.pick_async(target, request, due)
     }
 
     fn answer(
         &self,
         pool: &Pool,
         ticket: Ticket,
-        conn_due: Option<Instant>,
+        budget: Option<Duration>,
         due: Option<Instant>,
     ) -> impl Future<Output = Outcome> + Send {
-        ticket.wait_async(conn_due, due, pool.timer())
+        ticket.wait_async(budget, due, pool.timer())
     }
 
     fn pause(&self, pool: &Pool, until: Instant) -> impl Future<Output = ()> + Send {
@@ -195,7 +208,7 @@ async fn attempt<W: Wait>(
     request: &Request,
     due: Option<Instant>,
 ) -> Attempt {
-    let conn = match wait.pick(pool, target, due).await {
+    let conn = match wait.pick(pool, target, request, due).await {
         Ok(conn) => conn,
         Err(e) => return Attempt::Unreachable(e),
     };
@@ -203,16 +216,17 @@ async fn attempt<W: Wait>(
         return Attempt::Lost { sent: false };
     };
     let sent_at = ticket.sent_at;
-    let conn_due = answer_budget(request, pool.request_timeout()).map(|b| sent_at + b);
-    let outcome = wait.answer(pool, ticket, conn_due, due).await;
-    attempted(&conn, sent_at, outcome)
+    let budget = answer_budget(request, pool.request_timeout());
+    let outcome = wait.answer(pool, ticket, budget, due).await;
+    attempted(&conn, request, sent_at, outcome)
 }
 
-fn attempted(conn: &Conn, sent_at: Instant, outcome: Outcome) -> Attempt {
+fn attempted(conn: &Conn, request: &Request, sent_at: Instant, outcome: Outcome) -> Attempt {
     match outcome {
         Outcome::Answer(answer) => Attempt::Answered(answer, sent_at),
         Outcome::Lost => Attempt::Lost { sent: true },
-        Outcome::Overdue => Attempt::Overdue(format!(
+        Outcome::HeldBack if matches!(request, Request::Acquire { .. }) => Attempt::HeldBack,
+        Outcome::Overdue | Outcome::HeldBack => Attempt::Overdue(format!(
             "{} did not answer within {:.1?}",
             conn.addr,
             sent_at.elapsed()
@@ -313,6 +327,10 @@ impl Call {
             Attempt::Overdue(why) => {
                 self.delivered = true;
                 return Err(self.fail(Error::NoAnswer(why)));
+            }
+            Attempt::HeldBack => {
+                self.delivered = true;
+                return Err(self.fail(Error::Timeout));
             }
             Attempt::Unreachable(e) => return Err(self.fail(e)),
         }

@@ -31,6 +31,16 @@
 //! connection. `W` lines for a key no longer watched (unwatched, its `X`
 //! not yet answered) are dropped.
 //!
+//! Held-back answers: the server answers one (op, key) on a connection in
+//! the order the requests came, so a request sent behind an earlier one of
+//! the same (op, key) (an acquire behind an acquire of the same key still
+//! waiting in line) cannot be answered before it, even when its own wait
+//! has run out. Its overdue clock ([`Ticket::wait`]) starts only when it
+//! reaches the front of that line: the connection is never closed for an
+//! answer the server is entitled to hold back. The pool avoids the case
+//! where it can ([`Conn::phase_and_busy`]: a key's acquires go to a
+//! connection with none of that key outstanding, when one is up).
+//!
 //! Liveness: when the connection has requests waiting or watches, and the
 //! server has said nothing for the request timeout, the reader sends an
 //! `I` probe; no answer to it within another request timeout closes the
@@ -86,9 +96,18 @@ pub enum Phase {
     Down,
 }
 
+/// Set to when a request held back behind an earlier one of its (op, key)
+/// reached the front of that line.
+type FrontMark = Arc<Mutex<Option<Instant>>>;
+
 /// Who waits for an answer: a caller, or nobody (a probe, or the release of
-/// a grant nobody waited for).
-type Slot = Option<oneshot::Sender<Answer>>;
+/// a grant nobody waited for); and, for a caller's request sent behind an
+/// earlier one of the same (op, key), the mark set when it reaches the
+/// front.
+struct Slot {
+    tx: Option<oneshot::Sender<Answer>>,
+    front: Option<FrontMark>,
+}
 
 /// One registered connection.
 pub struct Conn {
@@ -166,6 +185,9 @@ pub struct Ticket {
     settled: bool,
     /// When the line was queued for sending.
     pub sent_at: Instant,
+    /// None when the request was sent at the front of its (op, key) line
+    /// on the connection; else set when it gets there.
+    front: Option<FrontMark>,
 }
 
 /// How waiting for an answer ended.
@@ -175,6 +197,10 @@ pub enum Outcome {
     Lost,
     /// The deadline passed first.
     Overdue,
+    /// The caller's deadline passed while the server was entitled to hold
+    /// the answer back (an earlier request of the same (op, key) on the
+    /// connection is still unanswered).
+    HeldBack,
 }
 
 impl Conn {
@@ -235,20 +261,27 @@ impl Conn {
         self.state.lock().auth_refused
     }
 
+    /// The phase, and whether a request with this (op, key) waits for its
+    /// answer here (a later one would be answered only after it): one
+    /// lock, one hash lookup.
+    pub fn phase_and_busy(&self, id: &(Op, Option<Key>)) -> (Phase, bool) {
+        let st = self.state.lock();
+        (st.phase, st.pending.has(id))
+    }
+
     /// Queue `request` and register for its answer; None when the
     /// connection is not up (or full).
     pub fn send(self: &Arc<Self>, request: &Request) -> Option<Ticket> {
         let (tx, rx) = oneshot::channel();
         let mut st = self.state.lock();
-        if !send_locked(&mut st, request, Some(tx)) {
-            return None;
-        }
+        let front = send_locked(&mut st, request, Some(tx))?;
         Some(Ticket {
             conn: self.clone(),
             generation: st.generation,
             rx,
             settled: false,
             sent_at: Instant::now(),
+            front,
         })
     }
 
@@ -318,12 +351,6 @@ impl Conn {
         if let Some(stream) = &self.state.lock().stream {
             let _ = stream.shutdown(Shutdown::Both);
         }
-    }
-
-    /// The answer if it has just arrived (the caller's deadline passed).
-    fn take_late(&self, rx: &oneshot::Receiver<Answer>) -> Option<Answer> {
-        let _st = self.state.lock();
-        rx.try_recv()
     }
 
     // --- manager thread -----------------------------------------------------
@@ -518,7 +545,7 @@ impl Conn {
         }
         let mut st = self.state.lock();
         if !st.pending.is_empty() || !st.watches.is_empty() {
-            *probing = send_locked(&mut st, &Request::Info, None);
+            *probing = send_locked(&mut st, &Request::Info, None).is_some();
         }
         Ok(())
     }
@@ -566,12 +593,17 @@ impl Conn {
             Route::Fatal(reason) => return Err(refused_by_server(reason)),
         };
         let mut st = self.state.lock();
-        let Some(slot) = st.pending.take(op, key) else {
+        let moved_up = |next: &mut Slot| {
+            if let Some(mark) = &next.front {
+                *mark.lock() = Some(Instant::now());
+            }
+        };
+        let Some(slot) = st.pending.take_then(op, key, moved_up) else {
             return Err(format!(
                 "the server sent an answer for no request: {answer:?}"
             ));
         };
-        match slot {
+        match slot.tx {
             Some(tx) if closing && matches!(answer, Answer::Granted { .. }) => {
                 drop(tx);
                 release_orphan(&mut st, answer, &self.addr);
@@ -639,21 +671,29 @@ impl Conn {
 }
 
 /// Queue a request line and its slot, under the state lock so that lines go
-/// out in the order their slots were registered. False when not up or full.
-fn send_locked(st: &mut State, request: &Request, slot: Slot) -> bool {
-    let Some(writer) = st.writer.as_ref() else {
-        return false;
-    };
+/// out in the order their slots were registered. None when not up or full;
+/// else, for a caller's request sent behind an earlier one of the same
+/// (op, key), the mark set when it reaches the front of that line.
+fn send_locked(
+    st: &mut State,
+    request: &Request,
+    tx: Option<oneshot::Sender<Answer>>,
+) -> Option<Option<FrontMark>> {
+    let writer = st.writer.as_ref()?;
     if st.pending.len() >= MAX_IN_FLIGHT {
-        return false;
+        return None;
     }
     let mut line = Vec::with_capacity(64);
     request.write_to(&mut line);
-    if writer.send(line).is_err() {
-        return false;
-    }
-    st.pending.push(request.op(), request.key().cloned(), slot);
-    true
+    writer.send(line).ok()?;
+    let id = (request.op(), request.key().cloned());
+    let front = (tx.is_some() && st.pending.has(&id)).then(FrontMark::default);
+    let slot = Slot {
+        tx,
+        front: front.clone(),
+    };
+    st.pending.push(id.0, id.1, slot);
+    Some(front)
 }
 
 /// A grant arrived for a caller that had given up: release it at once, so
@@ -850,68 +890,150 @@ impl Sink for crate::client::tls::TlsWriter {
 }
 
 impl Ticket {
-    /// Wait for the answer until the earlier of `conn_due` (past it the
-    /// connection is deemed dead and closed) and `caller_due` (the caller's
-    /// own deadline); None waits without limit.
-    pub fn wait(self, conn_due: Option<Instant>, caller_due: Option<Instant>) -> Outcome {
-        let received = self.rx.recv_deadline(earliest(conn_due, caller_due));
-        self.outcome(received, conn_due)
+    /// Wait for the answer until the caller's own deadline (`caller_due`),
+    /// or until the connection is deemed dead and closed: `budget` (None:
+    /// no limit) after the request reached the front of its (op, key) line
+    /// on the connection, since the server answers nothing behind an
+    /// earlier request of the same (op, key) before it. A request held back
+    /// that long is looked at again every `budget` until it gets there.
+    pub fn wait(mut self, budget: Option<Duration>, caller_due: Option<Instant>) -> Outcome {
+        loop {
+            let wake = earliest(self.conn_check(budget), caller_due);
+            let received = self.rx.recv_deadline(wake);
+            if let Some(outcome) = self.outcome(received, budget, caller_due) {
+                return outcome;
+            }
+        }
     }
 
     /// [`Ticket::wait`] for async callers: the answer wakes the future from
     /// the reader thread, a deadline from the client's timer thread.
     pub async fn wait_async(
-        self,
-        conn_due: Option<Instant>,
+        mut self,
+        budget: Option<Duration>,
         caller_due: Option<Instant>,
         timer: &Timer,
     ) -> Outcome {
-        let mut sleep = earliest(conn_due, caller_due).map(|due| timer.sleep_until(due));
-        let received = std::future::poll_fn(|cx| {
-            if let Poll::Ready(received) = self.rx.poll_recv(cx) {
-                return Poll::Ready(received);
+        loop {
+            let wake = earliest(self.conn_check(budget), caller_due);
+            let mut sleep = wake.map(|due| timer.sleep_until(due));
+            let received = std::future::poll_fn(|cx| {
+                if let Poll::Ready(received) = self.rx.poll_recv(cx) {
+                    return Poll::Ready(received);
+                }
+                if let Some(sleep) = sleep.as_mut()
+                    && Pin::new(sleep).poll(cx).is_ready()
+                {
+                    return Poll::Ready(Err(RecvError::Timeout));
+                }
+                Poll::Pending
+            })
+            .await;
+            if let Some(outcome) = self.outcome(received, budget, caller_due) {
+                return outcome;
             }
-            if let Some(sleep) = sleep.as_mut()
-                && Pin::new(sleep).poll(cx).is_ready()
-            {
-                return Poll::Ready(Err(RecvError::Timeout));
-            }
-            Poll::Pending
-        })
-        .await;
-        self.outcome(received, conn_due)
+        }
     }
 
+    /// When the request reached the front of its (op, key) line on the
+    /// connection (its answer can come from then on); None while it is
+    /// held back behind an earlier one.
+    fn front_at(&self) -> Option<Instant> {
+        match &self.front {
+            None => Some(self.sent_at),
+            Some(mark) => *mark.lock(),
+        }
+    }
+
+    /// When to look at the connection next: its deadline for the answer,
+    /// or while the request is held back, `budget` from now.
+    fn conn_check(&self, budget: Option<Duration>) -> Option<Instant> {
+        let budget = budget?;
+        Some(self.front_at().unwrap_or_else(Instant::now) + budget)
+    }
+
+    /// How the wait ended; None to wait on (a deadline came but neither
+    /// the caller's nor the connection's has passed).
     fn outcome(
-        mut self,
+        &mut self,
         received: Result<Answer, RecvError>,
-        conn_due: Option<Instant>,
-    ) -> Outcome {
+        budget: Option<Duration>,
+        caller_due: Option<Instant>,
+    ) -> Option<Outcome> {
         match received {
             Ok(answer) => {
                 self.settled = true;
-                Outcome::Answer(answer)
+                Some(Outcome::Answer(answer))
             }
             Err(RecvError::Closed) => {
                 self.settled = true;
-                Outcome::Lost
+                Some(Outcome::Lost)
             }
-            Err(RecvError::Timeout) => self.give_up(conn_due),
+            Err(RecvError::Timeout) => self.on_deadline(budget, caller_due),
         }
     }
 
-    fn give_up(mut self, conn_due: Option<Instant>) -> Outcome {
-        if let Some(answer) = self.conn.take_late(&self.rx) {
-            self.settled = true;
-            return Outcome::Answer(answer);
-        }
-        if conn_due.is_some_and(|due| Instant::now() >= due) {
+    fn on_deadline(
+        &mut self,
+        budget: Option<Duration>,
+        caller_due: Option<Instant>,
+    ) -> Option<Outcome> {
+        let front_at = {
+            // Under the state lock: the answer, or the request's move to
+            // the front, is either seen here or not yet made.
+            let _st = self.conn.state.lock();
+            if let Some(answer) = self.rx.try_recv() {
+                self.settled = true;
+                return Some(Outcome::Answer(answer));
+            }
+            self.front_at()
+        };
+        let verdict = past_deadline(Instant::now(), budget, front_at, caller_due);
+        if verdict == Some(Verdict::ConnOverdue) {
             let waited = self.sent_at.elapsed();
             self.conn
                 .kill(self.generation, format!("no answer within {waited:.1?}"));
         }
-        Outcome::Overdue
+        verdict.map(|verdict| match verdict {
+            Verdict::ConnOverdue | Verdict::CallerOverdue => Outcome::Overdue,
+            Verdict::HeldBack => Outcome::HeldBack,
+        })
     }
+}
+
+/// Which deadline of a request still unanswered has passed at `now`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// The connection's: `budget` since the request reached the front of
+    /// its (op, key) line; the connection is deemed dead.
+    ConnOverdue,
+    /// The caller's, with the request at the front of its line.
+    CallerOverdue,
+    /// The caller's, with the request still held back behind an earlier one
+    /// of its (op, key): the server was entitled not to answer yet.
+    HeldBack,
+}
+
+/// [`Verdict`] at `now` for a request that reached the front of its line
+/// at `front_at` (None: not yet), with the connection's `budget` (None: no
+/// limit) and the caller's deadline; None when neither has passed.
+fn past_deadline(
+    now: Instant,
+    budget: Option<Duration>,
+    front_at: Option<Instant>,
+    caller_due: Option<Instant>,
+) -> Option<Verdict> {
+    let conn_due = budget.zip(front_at).map(|(budget, front)| front + budget);
+    if conn_due.is_some_and(|due| now >= due) {
+        return Some(Verdict::ConnOverdue);
+    }
+    if caller_due.is_some_and(|due| now >= due) {
+        return Some(match front_at {
+            None => Verdict::HeldBack,
+            Some(_) => Verdict::CallerOverdue,
+        });
+    }
+    None
 }
 
 impl Drop for Ticket {
@@ -949,6 +1071,32 @@ mod tests {
             Parsed::Line { result, .. } => result,
             Parsed::Incomplete => panic!("incomplete"),
         }
+    }
+
+    #[test]
+    fn a_request_held_back_never_makes_its_connection_overdue() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let budget = Some(s(5));
+        // Held back long past its budget: only the caller's deadline counts.
+        assert_eq!(past_deadline(t0 + s(60), budget, None, None), None);
+        assert_eq!(
+            past_deadline(t0 + s(6), budget, None, Some(t0 + s(5))),
+            Some(Verdict::HeldBack)
+        );
+        // At the front since t0 + 10 s: its budget runs from then.
+        let front = Some(t0 + s(10));
+        assert_eq!(past_deadline(t0 + s(14), budget, front, None), None);
+        assert_eq!(
+            past_deadline(t0 + s(15), budget, front, None),
+            Some(Verdict::ConnOverdue)
+        );
+        assert_eq!(
+            past_deadline(t0 + s(14), budget, front, Some(t0 + s(12))),
+            Some(Verdict::CallerOverdue)
+        );
+        // No budget (an acquire without a wait limit): never overdue.
+        assert_eq!(past_deadline(t0 + s(99), None, Some(t0), None), None);
     }
 
     #[test]

@@ -62,7 +62,9 @@
 //! - `oneshot.rs`: the one-shot completion an answer travels in;
 //! - `timer.rs`: deadlines and pauses of async calls;
 //! - `conn.rs`: one connection, its reader/manager and writer threads;
-//! - `pool.rs`: the servers and connections, round-robin choice, waiting
+//! - `pool.rs`: the servers and connections, round-robin choice (a key's
+//!   acquires kept on connections apart, since the server answers a later
+//!   acquire of a key on a connection only after the earlier one), waiting
 //!   for a connection to come up;
 //! - `calls.rs`: attempts, redirects, release retries, deadlines, each
 //!   call one body that the blocking and the async flavour both run;

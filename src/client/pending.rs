@@ -8,6 +8,14 @@
 //! connection in arrival order, so the oldest waiting request of that
 //! (op, key) is the one an answer belongs to.
 //!
+//! It also tells who is held back: the server keeps a later acquire's
+//! answer (even a `T` whose wait ran out) until the earlier acquire of the
+//! same key on the same connection is answered, so only the oldest waiting
+//! request of an (op, key) can be answered next. [`Pending::push`] says
+//! whether a request went to the front of its line, [`Pending::take_then`]
+//! hands the one that moves up to the front to its caller's mark, and
+//! [`Pending::has`] lets the pool keep a key's acquires apart.
+//!
 //! Runs on whichever thread holds the connection's state lock (a caller
 //! sending, or the connection's reader thread dispatching answers).
 //!
@@ -59,25 +67,50 @@ impl<T> Default for Pending<T> {
 }
 
 impl<T> Pending<T> {
-    /// Remember a request just sent, behind those with the same (op, key).
-    pub fn push(&mut self, op: Op, key: Option<Key>, slot: T) {
-        self.queues.entry((op, key)).or_default().push_back(slot);
+    /// Remember a request just sent, behind those with the same (op, key);
+    /// true when none was waiting (it is at the front of its line: its
+    /// answer can come next).
+    pub fn push(&mut self, op: Op, key: Option<Key>, slot: T) -> bool {
+        let queue = self.queues.entry((op, key)).or_default();
+        queue.push_back(slot);
         self.len += 1;
+        queue.len() == 1
     }
 
     /// The oldest waiting request with this (op, key), removed; None when no
     /// request of that (op, key) waits.
+    #[cfg(test)]
     pub fn take(&mut self, op: Op, key: Option<Key>) -> Option<T> {
+        self.take_then(op, key, |_| {})
+    }
+
+    /// [`Pending::take`], and `now_front` on the request that moves up to
+    /// the front of the line in its place (its answer can come now).
+    pub fn take_then(
+        &mut self,
+        op: Op,
+        key: Option<Key>,
+        now_front: impl FnOnce(&mut T),
+    ) -> Option<T> {
         let id = (op, key);
         let queue = self.queues.get_mut(&id)?;
         let slot = queue.pop_front();
-        if queue.is_empty() {
-            self.queues.remove(&id);
+        match queue.front_mut() {
+            Some(next) => now_front(next),
+            None => {
+                self.queues.remove(&id);
+            }
         }
         if slot.is_some() {
             self.len -= 1;
         }
         slot
+    }
+
+    /// True when a request with this (op, key) waits for its answer (one
+    /// hash lookup).
+    pub fn has(&self, id: &(Op, Option<Key>)) -> bool {
+        self.queues.contains_key(id)
     }
 
     /// How many requests wait for an answer.
@@ -190,6 +223,28 @@ mod tests {
         assert_eq!(pending.take(Op::Acquire, Some(key("a"))), None);
         assert_eq!(pending.take(Op::Acquire, Some(key("b"))), Some(2));
         assert!(pending.is_empty());
+    }
+
+    #[test]
+    fn a_request_is_at_the_front_when_none_of_its_op_and_key_waits() {
+        let mut pending = Pending::default();
+        assert!(pending.push(Op::Acquire, Some(key("a")), 1));
+        assert!(pending.push(Op::Acquire, Some(key("b")), 2));
+        assert!(!pending.push(Op::Acquire, Some(key("a")), 3));
+        assert!(!pending.push(Op::Acquire, Some(key("a")), 4));
+        assert!(pending.has(&(Op::Acquire, Some(key("a")))));
+        assert!(!pending.has(&(Op::Release, Some(key("a")))));
+        let mut moved_up = Vec::new();
+        let taken = pending.take_then(Op::Acquire, Some(key("a")), |n| moved_up.push(*n));
+        assert_eq!((taken, moved_up.as_slice()), (Some(1), &[3][..]));
+        let mut moved_up = Vec::new();
+        let taken = pending.take_then(Op::Acquire, Some(key("b")), |n| moved_up.push(*n));
+        assert_eq!((taken, moved_up.as_slice()), (Some(2), &[][..]));
+        assert!(!pending.has(&(Op::Acquire, Some(key("b")))));
+        assert_eq!(pending.take(Op::Acquire, Some(key("a"))), Some(3));
+        assert_eq!(pending.take(Op::Acquire, Some(key("a"))), Some(4));
+        assert!(!pending.has(&(Op::Acquire, Some(key("a")))));
+        assert!(pending.push(Op::Acquire, Some(key("a")), 5));
     }
 
     #[test]

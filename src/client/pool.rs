@@ -13,7 +13,14 @@
 //! changes through the notifier.
 //!
 //! Choice ([`choose`], pure): the preferred node's connections first, if one
-//! is up; else any connection that is up, round-robin. A caller waits only
+//! is up; else any connection that is up, round-robin. An acquire of key K
+//! goes to a connection with no acquire of K outstanding, when one of those
+//! is up: the server answers a later acquire of K on a connection (even its
+//! `T`) only after the earlier one, so a try-acquire sent behind the same
+//! client's acquire of K waiting in line would wait for that one. When
+//! every such connection has one, it is sent anyway (the connection's
+//! overdue clock for it starts only when the earlier one is answered: see
+//! `conn.rs`). The check is one hash lookup per connection. A caller waits only
 //! while some connection it could use is connecting — bounded by its own
 //! deadline and by the connect timeout — and fails at once with
 //! [`Error::NoConnection`] when every one is down.
@@ -35,7 +42,7 @@ use crate::client::ctx::Ctx;
 use crate::client::error::{AuthRefused, Error};
 use crate::client::grant::ConnectionStatus;
 use crate::client::timer::Timer;
-use crate::protocol::Secret;
+use crate::protocol::{Key, Op, Request, Secret};
 
 /// Connections kept to a server when it is the only one given.
 pub const CONNECTIONS_FOR_ONE_SERVER: usize = 2;
@@ -67,12 +74,14 @@ pub enum Choice {
     Nothing,
 }
 
-/// Pick a connection from `(node, phase)` pairs. The preferred node's up
-/// connections come first; while the preferred node is connecting and none
-/// of it is up, wait for it rather than go to a node that would redirect
-/// back. `turn` makes the choice round-robin.
+/// Pick a connection from `(node, phase, busy)` triples, `busy` when a
+/// request of the same (op, key) as this one's is outstanding on it (only
+/// acquires say so). The preferred node's up connections come first, the
+/// ones not busy first among them; while the preferred node is connecting
+/// and none of it is up, wait for it rather than go to a node that would
+/// redirect back. `turn` makes the choice round-robin.
 pub fn choose(
-    conns: &[(usize, Phase)],
+    conns: &[(usize, Phase, bool)],
     target: Target,
     preferred: Option<usize>,
     turn: usize,
@@ -82,12 +91,16 @@ pub fn choose(
         let up: Vec<usize> = (0..conns.len())
             .filter(|&i| fits(conns[i].0) && conns[i].1 == Phase::Up)
             .collect();
+        let free: Vec<usize> = up.iter().copied().filter(|&i| !conns[i].2).collect();
+        if !free.is_empty() {
+            return Choice::Use(free[turn % free.len()]);
+        }
         if !up.is_empty() {
             return Choice::Use(up[turn % up.len()]);
         }
         if conns
             .iter()
-            .any(|&(n, phase)| fits(n) && phase == Phase::Connecting)
+            .any(|&(n, phase, _)| fits(n) && phase == Phase::Connecting)
         {
             return Choice::Wait;
         }
@@ -99,6 +112,15 @@ pub fn choose(
             Some(choice @ (Choice::Use(_) | Choice::Wait)) => choice,
             _ => among(None),
         },
+    }
+}
+
+/// The (op, key) whose outstanding requests `request` keeps away from:
+/// an acquire's, whose answer the server would hold back behind theirs.
+fn keep_apart(request: &Request) -> Option<(Op, Option<Key>)> {
+    match request {
+        Request::Acquire { key, .. } => Some((Op::Acquire, Some(key.clone()))),
+        _ => None,
     }
 }
 
@@ -228,13 +250,20 @@ impl Pool {
         }
     }
 
-    /// A connection that is up, waiting (until `due` at the latest) while
-    /// one is connecting; [`Error::NoConnection`] when none can be had.
-    pub fn pick(&self, target: Target, due: Option<Instant>) -> Result<Arc<Conn>, Error> {
+    /// A connection that is up for `request`, waiting (until `due` at the
+    /// latest) while one is connecting; [`Error::NoConnection`] when none
+    /// can be had.
+    pub fn pick(
+        &self,
+        target: Target,
+        request: &Request,
+        due: Option<Instant>,
+    ) -> Result<Arc<Conn>, Error> {
         let until = self.patience(due);
+        let apart = keep_apart(request);
         loop {
             let seen = self.ctx.notifier.version();
-            if let Some(conn) = self.choose_now(target)? {
+            if let Some(conn) = self.choose_now(target, apart.as_ref())? {
                 return Ok(conn);
             }
             if !self.ctx.notifier.wait_change(seen, until) {
@@ -248,12 +277,14 @@ impl Pool {
     pub async fn pick_async(
         &self,
         target: Target,
+        request: &Request,
         due: Option<Instant>,
     ) -> Result<Arc<Conn>, Error> {
         let until = self.patience(due);
+        let apart = keep_apart(request);
         loop {
             let seen = self.ctx.notifier.version();
-            if let Some(conn) = self.choose_now(target)? {
+            if let Some(conn) = self.choose_now(target, apart.as_ref())? {
                 return Ok(conn);
             }
             let mut sleep = self.timer.sleep_until(until);
@@ -277,7 +308,7 @@ impl Pool {
     /// or why none can be had; never waits (for a watch, which waits in
     /// its own way: [`Pool::wait_change`], [`Pool::poll_change`]).
     pub fn try_pick(&self, target: Target) -> Result<Option<Arc<Conn>>, Error> {
-        self.choose_now(target)
+        self.choose_now(target, None)
     }
 
     /// The count of connection phase changes so far.
@@ -298,7 +329,7 @@ impl Pool {
     /// A connection that is up now, without waiting; None when none is
     /// (for a destructor, which must not block).
     pub fn pick_now(&self, target: Target) -> Option<Arc<Conn>> {
-        self.choose_now(target).ok().flatten()
+        self.choose_now(target, None).ok().flatten()
     }
 
     /// How long a caller waits for a connection to come up, at most.
@@ -329,10 +360,24 @@ impl Pool {
         Some(Error::Auth(AuthRefused::new(reason, self.describe(target))))
     }
 
-    /// A connection that is up now (Some), or None while one is connecting.
-    fn choose_now(&self, target: Target) -> Result<Option<Arc<Conn>>, Error> {
+    /// A connection that is up now (Some), or None while one is connecting;
+    /// one without a request of `apart`'s (op, key) outstanding if it can.
+    fn choose_now(
+        &self,
+        target: Target,
+        apart: Option<&(Op, Option<Key>)>,
+    ) -> Result<Option<Arc<Conn>>, Error> {
         let conns = self.all_conns();
-        let phases: Vec<(usize, Phase)> = conns.iter().map(|c| (c.node, c.phase())).collect();
+        let phases: Vec<(usize, Phase, bool)> = conns
+            .iter()
+            .map(|c| match apart {
+                Some(id) => {
+                    let (phase, busy) = c.phase_and_busy(id);
+                    (c.node, phase, busy)
+                }
+                None => (c.node, c.phase(), false),
+            })
+            .collect();
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         match choose(&phases, target, self.preferred(), turn) {
             Choice::Use(i) => Ok(Some(conns[i].clone())),
@@ -435,7 +480,7 @@ mod tests {
 
     #[test]
     fn up_connections_are_used_in_turn() {
-        let conns = [(0, Up), (0, Up), (1, Up)];
+        let conns = [(0, Up, false), (0, Up, false), (1, Up, false)];
         let picks: Vec<Choice> = (0..4)
             .map(|t| choose(&conns, Target::Any, None, t))
             .collect();
@@ -452,7 +497,7 @@ mod tests {
 
     #[test]
     fn a_connection_that_is_down_is_left_out() {
-        let conns = [(0, Down), (1, Up), (2, Connecting)];
+        let conns = [(0, Down, false), (1, Up, false), (2, Connecting, false)];
         for turn in 0..5 {
             assert_eq!(choose(&conns, Target::Any, None, turn), Choice::Use(1));
         }
@@ -461,11 +506,16 @@ mod tests {
     #[test]
     fn with_none_up_a_caller_waits_only_for_one_connecting() {
         assert_eq!(
-            choose(&[(0, Down), (1, Connecting)], Target::Any, None, 0),
+            choose(
+                &[(0, Down, false), (1, Connecting, false)],
+                Target::Any,
+                None,
+                0
+            ),
             Choice::Wait
         );
         assert_eq!(
-            choose(&[(0, Down), (1, Down)], Target::Any, None, 0),
+            choose(&[(0, Down, false), (1, Down, false)], Target::Any, None, 0),
             Choice::Nothing
         );
         assert_eq!(choose(&[], Target::Any, None, 0), Choice::Nothing);
@@ -473,29 +523,54 @@ mod tests {
 
     #[test]
     fn the_preferred_node_comes_first() {
-        let conns = [(0, Up), (1, Up), (1, Up)];
+        let conns = [(0, Up, false), (1, Up, false), (1, Up, false)];
         assert_eq!(choose(&conns, Target::Any, Some(1), 0), Choice::Use(1));
         assert_eq!(choose(&conns, Target::Any, Some(1), 1), Choice::Use(2));
     }
 
     #[test]
     fn a_connecting_preferred_node_is_waited_for() {
-        let conns = [(0, Up), (1, Connecting)];
+        let conns = [(0, Up, false), (1, Connecting, false)];
         assert_eq!(choose(&conns, Target::Any, Some(1), 0), Choice::Wait);
     }
 
     #[test]
     fn a_preferred_node_that_is_down_is_skipped() {
-        let conns = [(0, Up), (1, Down)];
+        let conns = [(0, Up, false), (1, Down, false)];
         assert_eq!(choose(&conns, Target::Any, Some(1), 0), Choice::Use(0));
     }
 
     #[test]
+    fn an_acquire_goes_where_none_of_its_key_is_outstanding() {
+        let conns = [(0, Up, true), (0, Up, false), (0, Down, false)];
+        for turn in 0..4 {
+            assert_eq!(choose(&conns, Target::Any, None, turn), Choice::Use(1));
+        }
+        let conns = [(0, Up, true), (1, Up, false), (1, Up, false)];
+        assert_eq!(choose(&conns, Target::Any, None, 0), Choice::Use(1));
+        assert_eq!(choose(&conns, Target::Any, None, 1), Choice::Use(2));
+    }
+
+    #[test]
+    fn with_every_connection_busy_an_acquire_still_goes_round_robin() {
+        let conns = [(0, Up, true), (0, Up, true)];
+        assert_eq!(choose(&conns, Target::Any, None, 0), Choice::Use(0));
+        assert_eq!(choose(&conns, Target::Any, None, 1), Choice::Use(1));
+    }
+
+    #[test]
+    fn a_free_connection_elsewhere_does_not_beat_the_preferred_node() {
+        // The other node would only redirect back to the preferred one.
+        let conns = [(0, Up, false), (1, Up, true)];
+        assert_eq!(choose(&conns, Target::Any, Some(1), 0), Choice::Use(1));
+    }
+
+    #[test]
     fn a_request_for_one_node_uses_only_that_node() {
-        let conns = [(0, Up), (1, Down)];
+        let conns = [(0, Up, false), (1, Down, false)];
         assert_eq!(choose(&conns, Target::Node(1), None, 0), Choice::Nothing);
         assert_eq!(choose(&conns, Target::Node(0), Some(1), 3), Choice::Use(0));
-        let conns = [(0, Up), (1, Connecting)];
+        let conns = [(0, Up, false), (1, Connecting, false)];
         assert_eq!(choose(&conns, Target::Node(1), None, 0), Choice::Wait);
     }
 }

@@ -22,6 +22,15 @@
 //! [`IdleStretch`] is the thin clock-reading part both threads share: when
 //! the current idle stretch began, and so when its polling window closes.
 //!
+//! The lock owner's input comes only from the node's other threads (the
+//! I/O loops, replication). Where it may run on one CPU only (the node
+//! pinned to one core, `taskset` or a cpuset), the thread it waits for
+//! cannot run while it polls: each look it takes only delays that thread
+//! (under Linux's EEVDF scheduler a `sched_yield` hands the CPU over only
+//! when the other thread is owed it), so there it sleeps at once and is
+//! woken, as with `--busy-poll-us 0` ([`IdleStretch::poll_until_beside`];
+//! [`OneCpu`] reads the thread's CPU set at most every 100 ms).
+//!
 //! Never does: block, or poll itself; only `IdleStretch` reads the clock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -105,6 +114,15 @@ impl IdleStretch {
         *self.since.get_or_insert_with(Instant::now) + self.window.window_if(serving)
     }
 
+    /// As [`IdleStretch::poll_until_if`], for a thread fed only by the
+    /// node's other threads (the lock owner): it does not poll either
+    /// while it may run on one CPU only (see the module doc).
+    pub fn poll_until_beside(&mut self, serving: bool, one_cpu: &mut OneCpu) -> Instant {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        let alone = serving && one_cpu.check(since, cpus_allowed_here);
+        since + self.window.window_if(serving && !alone)
+    }
+
     /// Work arrived from outside: the stretch is over and the window adapts
     /// to how long it lasted.
     pub fn end(&mut self) {
@@ -118,6 +136,52 @@ impl IdleStretch {
     pub fn restart(&mut self) {
         self.since = None;
     }
+}
+
+/// How often [`OneCpu`] reads the thread's CPU set again (a `taskset` or a
+/// cpuset change takes effect within this).
+const AFFINITY_RECHECK: Duration = Duration::from_millis(100);
+
+/// Whether the calling thread may run on one CPU only, read from the
+/// scheduler at most once per `AFFINITY_RECHECK` (time passed in, so the
+/// rule is tested without a clock).
+#[derive(Debug, Default)]
+pub struct OneCpu {
+    checked: Option<Instant>,
+    one: bool,
+}
+
+impl OneCpu {
+    /// One CPU only, as `read` (the number of CPUs allowed; None if it
+    /// cannot tell, taken as more than one) said at most
+    /// `AFFINITY_RECHECK` before `now`.
+    pub fn check(&mut self, now: Instant, read: impl FnOnce() -> Option<usize>) -> bool {
+        let due = self
+            .checked
+            .is_none_or(|at| now.saturating_duration_since(at) >= AFFINITY_RECHECK);
+        if due {
+            self.one = read() == Some(1);
+            self.checked = Some(now);
+        }
+        self.one
+    }
+}
+
+/// How many CPUs the calling thread may run on (None if the system does
+/// not say).
+pub fn cpus_allowed_here() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; the size passed
+        // is its own; pid 0 is the calling thread.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let rc =
+            unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+        // SAFETY: `set` was filled in by the kernel.
+        (rc == 0).then(|| unsafe { libc::CPU_COUNT(&set) } as usize)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 /// How many of a node's threads may busy-poll at once: more pollers than
@@ -234,6 +298,73 @@ mod tests {
         assert_eq!(poll.window_if(false), Duration::ZERO);
         // The window it learnt is kept for when it serves again.
         assert_eq!(poll.window(), us(200));
+    }
+
+    #[test]
+    fn the_cpu_set_is_read_once_then_again_when_the_recheck_is_due() {
+        let mut one = OneCpu::default();
+        let t0 = Instant::now();
+        let mut reads = 0;
+        let mut read = |n: Option<usize>| {
+            reads += 1;
+            move || n
+        };
+        let r = AFFINITY_RECHECK;
+        assert!(one.check(t0, read(Some(1))));
+        // Before the recheck is due: not read again, the answer kept.
+        assert!(one.check(t0 + r - Duration::from_millis(1), || Some(4)));
+        assert!(!one.check(t0 + r, read(Some(4))));
+        assert!(!one.check(t0 + r + r / 2, || Some(1)));
+        // A set that cannot be read counts as more than one CPU.
+        assert!(!one.check(t0 + 3 * r, read(None)));
+        assert_eq!(reads, 3);
+    }
+
+    #[test]
+    fn an_owner_confined_to_one_cpu_does_not_poll() {
+        let mut stretch = IdleStretch::new(us(500));
+        for _ in 0..6 {
+            stretch.window.idle_ended(us(180));
+        }
+        let since = *stretch.since.get_or_insert_with(Instant::now);
+        // Checked at the stretch's start: not due again within it, so the
+        // answers given here are the ones used.
+        let mut one = OneCpu::default();
+        one.check(since, || Some(1));
+        assert_eq!(stretch.poll_until_beside(true, &mut one), since);
+        let mut many = OneCpu::default();
+        many.check(since, || Some(2));
+        assert_eq!(stretch.poll_until_beside(true, &mut many), since + us(200));
+        assert_eq!(stretch.poll_until_beside(false, &mut many), since);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_thread_pinned_to_one_cpu_counts_one() {
+        let n = std::thread::spawn(|| {
+            // Pin this thread to the first CPU it may use (CPU 0 may not
+            // be one: a cpuset). SAFETY: zeroed cpu_set_t values are
+            // valid empty sets, filled by the kernel or with indices
+            // below CPU_SETSIZE; pid 0 is this thread.
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            let rc = unsafe {
+                libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set)
+            };
+            assert_eq!(rc, 0);
+            let first = (0..libc::CPU_SETSIZE as usize)
+                .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+                .expect("a CPU");
+            let mut one: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            unsafe { libc::CPU_SET(first, &mut one) };
+            let rc =
+                unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) };
+            assert_eq!(rc, 0);
+            cpus_allowed_here()
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(n, Some(1));
+        assert!(cpus_allowed_here().is_some_and(|n| n >= 1));
     }
 
     #[test]

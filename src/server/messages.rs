@@ -84,9 +84,25 @@ pub enum ToOwner {
     /// (`GET /keys`), between two rounds, like a scrape.
     Keys(KeysAsk),
     /// A single node is stopping: answer every waiter `M - A <key>` (no
-    /// node is active), as the last node of a cluster does, then signal on
-    /// the sender once those answers are on their way to the I/O loops.
-    Retire(Sender<()>),
+    /// node is active), as the last node of a cluster does, then signal
+    /// once those answers are on their way to the I/O loops.
+    Retire(Retired),
+}
+
+/// Whom a `ToOwner::Retire` tells that its answers have left: the round
+/// (rounds.rs) hands it to its shell, which signals once they have.
+#[derive(Debug)]
+pub struct Retired(Sender<()>);
+
+impl Retired {
+    pub fn new(done: Sender<()>) -> Retired {
+        Retired(done)
+    }
+
+    /// The answers have left (a waiter gone is no matter).
+    pub fn signal(self) {
+        let _ = self.0.send(());
+    }
 }
 
 /// What the lock owner sends one I/O loop per round.

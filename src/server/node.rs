@@ -27,7 +27,7 @@ use crate::server::core::cluster_core::ClusterParams;
 use crate::server::core::lock_table::{LockTable, TableLimits};
 use crate::server::core::table_core::TableCore;
 use crate::server::core::tokens::{self, TokenSource};
-use crate::server::messages::{IoLoopLink, ReplLink, ToOwner, ToRepl, capacity};
+use crate::server::messages::{IoLoopLink, ReplLink, Retired, ToOwner, ToRepl, capacity};
 use crate::server::os_limits;
 use crate::server::shared::{Gauges, Settings};
 use crate::server::stats::MetricsSlot;
@@ -490,7 +490,9 @@ impl Server {
             // before their connections close, as with a cluster's last node.
             let bound = std::time::Duration::from_secs(1);
             let (done, retired) = crossbeam_channel::bounded(1);
-            if to_owner.send_timeout(ToOwner::Retire(done), bound).is_ok()
+            if to_owner
+                .send_timeout(ToOwner::Retire(Retired::new(done)), bound)
+                .is_ok()
                 && retired.recv_timeout(bound).is_err()
             {
                 log::warn!("shutdown: the lock owner did not answer its waiters in time");

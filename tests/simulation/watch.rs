@@ -1,9 +1,8 @@
-//! Watches in the cluster simulation: what a node's I/O loop does with
-//! them ([`LoopWatches`]: the bookkeeping `threads/io_loop.rs` keeps around
-//! the real `WatchQueue` and `Fanout` of `core/watchers.rs`, with the
-//! sockets left out), and the rule a watcher's lines must keep
-//! ([`WatchCheck`]). Runs on the simulation's thread; decides nothing the
-//! node decides (the queue and the fan-out are the node's own types).
+//! Watches in the cluster simulation: a node's I/O loop's side of them
+//! ([`LoopSide`]: the node's own watch glue, `core/loop_watches.rs`, which
+//! `threads/io_loop.rs` runs too, over in-memory connections), and the rule
+//! a watcher's lines must keep ([`WatchCheck`]). Runs on the simulation's
+//! thread; decides nothing the node decides.
 //!
 //! The rule, for one watcher of one key. A *session* is the lines one node
 //! sends on one connection from its `W` answer until the watch ends (an
@@ -54,187 +53,106 @@
 
 use std::collections::BTreeMap;
 
-use baton::protocol::{Answer, Key, Op, Parsed, Reason, Request, WatchState, parse_answer};
-use baton::server::core::events::ConnId;
-use baton::server::core::watchers::{Delivery, Fanout, WatchQueue, WatchStep};
+use baton::protocol::{Answer, Parsed, WatchState, parse_answer};
+use baton::server::core::loop_watches::{LoopWatches, WatchConns};
+use baton::server::core::watchers::WatchQueue;
 use baton::server::messages::Inbound;
 
 /// `--max-watches` of the simulated loops (the default).
-const MAX_WATCHES: usize = 1024;
+pub const MAX_WATCHES: usize = 1024;
 
-/// One node's I/O loop as far as watches go: per watched key its newest
-/// state and watchers (`Fanout`), per connection its watches
-/// (`WatchQueue`), fed as `threads/io_loop.rs` feeds them. What the loop
-/// tells the owner goes into its next batch (`batch`); what it writes to
-/// a connection into `writes`, in order.
-#[derive(Default)]
-pub struct LoopWatches {
-    fanout: Fanout,
-    /// Connections that ever watched, by id (ordered: a run replays).
-    queues: BTreeMap<u64, WatchQueue>,
+/// One node's I/O loop as far as watches go: the node's own watch glue
+/// (`LoopWatches`, core/loop_watches.rs, which `threads/io_loop.rs` runs)
+/// and the queues of its connections that watch, by connection id (the
+/// simulation's ids are small: a connection's id is its slot).
+pub struct LoopSide {
+    pub watches: LoopWatches,
+    queues: BTreeMap<usize, Box<WatchQueue>>,
 }
 
-/// A connection's id as the loop's slot (the simulation's ids are small).
-fn slot(conn: u64) -> usize {
+impl Default for LoopSide {
+    fn default() -> LoopSide {
+        LoopSide {
+            watches: LoopWatches::new(0),
+            queues: BTreeMap::new(),
+        }
+    }
+}
+
+impl LoopSide {
+    /// Connection `conn` has a queue (its watch answers are looked at).
+    pub fn has(&self, conn: u64) -> bool {
+        self.queues.contains_key(&slot(conn))
+    }
+
+    /// The glue and the connections as it sees them: `batch`, the loop's
+    /// next batch for the owner; `writes`, what it writes to connections,
+    /// in order.
+    pub fn parts<'a>(
+        &'a mut self,
+        batch: &'a mut Vec<Inbound>,
+        writes: &'a mut Vec<(u64, Answer)>,
+    ) -> (&'a mut LoopWatches, SimConns<'a>) {
+        let conns = SimConns {
+            queues: &mut self.queues,
+            batch,
+            writes,
+        };
+        (&mut self.watches, conns)
+    }
+}
+
+/// A connection's id as the loop's slot.
+pub fn slot(conn: u64) -> usize {
     conn as usize
 }
 
-impl LoopWatches {
-    /// Connection `conn` has ever watched (its watch answers are looked at).
-    pub fn has(&self, conn: u64) -> bool {
-        self.queues.contains_key(&conn)
+/// The simulated loop's connections (`WatchConns`): their queues, the
+/// batch for the owner, the lines written. Their outputs always have room
+/// (the simulated watchers read at once).
+pub struct SimConns<'a> {
+    queues: &'a mut BTreeMap<usize, Box<WatchQueue>>,
+    batch: &'a mut Vec<Inbound>,
+    writes: &'a mut Vec<(u64, Answer)>,
+}
+
+impl WatchConns for SimConns<'_> {
+    fn queue(&mut self, slot: usize) -> Option<&mut WatchQueue> {
+        self.queues.get_mut(&slot).map(|q| &mut **q)
     }
 
-    /// `W <key>` parsed on `conn`.
-    pub fn parsed_watch(&mut self, conn: u64, key: &Key, batch: &mut Vec<Inbound>) {
-        let queue = self.queues.entry(conn).or_default();
-        match queue.watch(key, MAX_WATCHES) {
-            WatchStep::Forward { new_watcher } => {
-                if new_watcher {
-                    self.add_watcher(conn, key, batch);
-                }
-                batch.push(Inbound::Request(
-                    ConnId(conn),
-                    Request::Watch { key: key.clone() },
-                ));
-            }
-            WatchStep::TooMany | WatchStep::Unwatched { .. } => batch.push(Inbound::Refused(
-                ConnId(conn),
-                Op::Watch,
-                Some(key.clone()),
-                Reason::TooManyWatches,
-            )),
+    fn queue_or_new(&mut self, slot: usize) -> &mut WatchQueue {
+        self.queues.entry(slot).or_default()
+    }
+
+    fn take_queue(&mut self, slot: usize) -> Option<Box<WatchQueue>> {
+        self.queues.remove(&slot)
+    }
+
+    fn with_queues(&self) -> Vec<usize> {
+        self.queues.keys().copied().collect()
+    }
+
+    fn unsent(&self, slot: usize) -> Option<usize> {
+        self.queues.contains_key(&slot).then_some(0)
+    }
+
+    fn write_line(&mut self, slot: usize, line: &[u8]) {
+        match parse_answer(line) {
+            Parsed::Line {
+                used,
+                result: Ok(answer),
+            } if used == line.len() => self.writes.push((slot as u64, answer)),
+            other => panic!("a change line that does not parse back: {other:?}"),
         }
     }
 
-    /// `X <key>` parsed on `conn`.
-    pub fn parsed_unwatch(&mut self, conn: u64, key: &Key, batch: &mut Vec<Inbound>) {
-        let was_watcher = self.queues.get_mut(&conn).is_some_and(|queue| {
-            matches!(
-                queue.unwatch(key),
-                WatchStep::Unwatched { was_watcher: true }
-            )
-        });
-        batch.push(Inbound::Request(
-            ConnId(conn),
-            Request::Unwatch { key: key.clone() },
-        ));
-        if was_watcher {
-            self.remove_watcher(conn, key, batch);
-        }
+    fn write_answer(&mut self, slot: usize, answer: &Answer) {
+        self.writes.push((slot as u64, answer.clone()));
     }
 
-    /// `conn` closes: its watches end.
-    pub fn close(&mut self, conn: u64, batch: &mut Vec<Inbound>) {
-        let Some(mut queue) = self.queues.remove(&conn) else {
-            return;
-        };
-        let mut keys = queue.close();
-        keys.sort();
-        for key in keys {
-            self.remove_watcher(conn, &key, batch);
-        }
-    }
-
-    fn add_watcher(&mut self, conn: u64, key: &Key, batch: &mut Vec<Inbound>) {
-        if self.fanout.add(key, slot(conn)) {
-            batch.push(Inbound::Watching {
-                worker: ConnId(conn).worker(),
-                key: key.clone(),
-                on: true,
-            });
-        }
-    }
-
-    fn remove_watcher(&mut self, conn: u64, key: &Key, batch: &mut Vec<Inbound>) {
-        if self.fanout.remove(key, slot(conn)) == Some(true) {
-            batch.push(Inbound::Watching {
-                worker: ConnId(conn).worker(),
-                key: key.clone(),
-                on: false,
-            });
-        }
-    }
-
-    /// An entry the owner addressed to the loop's watchers: a change of a
-    /// key, or (`M <active> W -`) the end of every live watch.
-    pub fn watchers_entry(
-        &mut self,
-        answer: &Answer,
-        batch: &mut Vec<Inbound>,
-        writes: &mut Vec<(u64, Answer)>,
-    ) {
-        match answer {
-            // No clock here: the time only paces sweeps, which the
-            // simulation runs whole.
-            Answer::Watched { key, .. } => self.fanout.change(key, 0, |line| answer.write_to(line)),
-            Answer::Moved { active, .. } => {
-                let conns: Vec<u64> = self.queues.keys().copied().collect();
-                for conn in conns {
-                    let Some(queue) = self.queues.get_mut(&conn) else {
-                        continue;
-                    };
-                    let mut ended = queue.end_live();
-                    ended.sort();
-                    for key in ended {
-                        writes.push((
-                            conn,
-                            Answer::Moved {
-                                active: active.clone(),
-                                op: Op::Watch,
-                                key: Some(key.clone()),
-                            },
-                        ));
-                        self.remove_watcher(conn, &key, batch);
-                    }
-                }
-            }
-            other => panic!("an entry for the watchers that is no watch line: {other:?}"),
-        }
-    }
-
-    /// An answer about a watch on its way to `conn` (written after this).
-    pub fn watch_answer(&mut self, conn: u64, answer: &Answer, batch: &mut Vec<Inbound>) {
-        let Some(queue) = self.queues.get_mut(&conn) else {
-            return;
-        };
-        match answer {
-            Answer::Watched { key, .. } => queue.answered_watch(key, self.fanout.version(key)),
-            Answer::Unwatched { key } => queue.answered_unwatch(key),
-            Answer::Moved {
-                op: Op::Watch,
-                key: Some(key),
-                ..
-            } if queue.moved_watch(key) => self.remove_watcher(conn, key, batch),
-            _ => {}
-        }
-    }
-
-    /// The sweep after the owner's batch: every watcher behind is given
-    /// its key's newest line (the simulated outputs always have room).
-    pub fn fan_out(&mut self, writes: &mut Vec<(u64, Answer)>) {
-        if !self.fanout.has_work() {
-            return;
-        }
-        let queues = &mut self.queues;
-        self.fanout
-            .sweep(usize::MAX, usize::MAX, |slot, key, version, line| {
-                let conn = slot as u64;
-                let Some(queue) = queues.get_mut(&conn) else {
-                    return false;
-                };
-                let Delivery::Write { .. } = queue.offer(key, version, true) else {
-                    return false;
-                };
-                match parse_answer(line) {
-                    Parsed::Line {
-                        used,
-                        result: Ok(answer),
-                    } if used == line.len() => writes.push((conn, answer)),
-                    other => panic!("a change line that does not parse back: {other:?}"),
-                }
-                true
-            });
+    fn to_owner(&mut self, inbound: Inbound) {
+        self.batch.push(inbound);
     }
 }
 

@@ -8,7 +8,9 @@ the blocking connections: answers matched by (op, key) in send order,
 watches per key), the bytes waiting to be written (flushed once per loop
 turn, so many requests sent in one turn go out in one write), the
 liveness timer; per client, the same servers, round-robin and
-preference as ``_pool.Pool`` (it is one, with other connections).
+preference as ``_pool.Pool`` (it is one, with other connections), so the
+same rule for a key's acquires: each to a connection with none of that key
+outstanding when one is up.
 
 The task of a connection connects (TLS, then ``U <secret>`` and its
 answer, all within the connect timeout), serves until the connection

@@ -65,9 +65,11 @@ class PoolLike(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    def pick(self, due: Optional[float]) -> Generator[WaitChange, None, ConnLike]: ...
+    def pick(
+        self, due: Optional[float], acquire_key: Optional[bytes] = None
+    ) -> Generator[WaitChange, None, ConnLike]: ...
 
-    def choose(self) -> Optional[ConnLike]: ...
+    def choose(self, acquire_key: Optional[bytes] = None) -> Optional[ConnLike]: ...
 
     def node_for(self, addr: str) -> int: ...
 
@@ -267,6 +269,30 @@ def _budget(op: str, wait_ms: int, request_timeout: float) -> Optional[float]:
     return request_timeout
 
 
+#: Which deadline of a request still unanswered has passed (see
+#: ``past_deadline``).
+CONN_OVERDUE = "conn-overdue"
+CALLER_OVERDUE = "caller-overdue"
+HELD_BACK = "held-back"
+
+
+def past_deadline(
+    now: float, budget: Optional[float], front_at: Optional[float], due: Optional[float]
+) -> Optional[str]:
+    """At ``now``, for a request that reached the front of its (op, key)
+    line on its connection at ``front_at`` (None: not yet, it is held back
+    behind an earlier one), with the connection's ``budget`` (None: no
+    limit) and the caller's deadline ``due``: ``CONN_OVERDUE`` (the
+    connection is deemed dead: ``budget`` since ``front_at``),
+    ``CALLER_OVERDUE``, ``HELD_BACK`` (the caller's deadline, while the
+    server was entitled to hold the answer back), or None. Pure."""
+    if budget is not None and front_at is not None and now >= front_at + budget:
+        return CONN_OVERDUE
+    if due is not None and now >= due:
+        return HELD_BACK if front_at is None else CALLER_OVERDUE
+    return None
+
+
 def exchange(
     pool: Pool,
     op: str,
@@ -286,22 +312,35 @@ def exchange(
             raise Closed()
         line, wait_ms = make()
         try:
-            conn = yield from pool.pick(due)
+            conn = yield from pool.pick(due, key if op == "A" else None)
         except Unavailable as e:
             e.maybe_delivered = delivered
             raise
         slot = Slot()
-        sent_at = time.monotonic()
+        sent_at = slot.sent_at
         generation = conn.send(line, op, key, slot)
         answer = None
         if generation is None:
             failures += 1
         else:
             budget = _budget(op, wait_ms, pool.request_timeout)
-            conn_due = None if budget is None else sent_at + budget
-            until = conn_due if due is None else (due if conn_due is None else min(due, conn_due))
+            verdict = None
             try:
-                yield WaitSlot(slot, None if until is None else max(0.0, until - time.monotonic()))
+                # The connection's clock runs from when the request reached
+                # the front of its (op, key) line; while it is held back,
+                # look again every budget.
+                while True:
+                    front_at = slot.front_at
+                    check = None
+                    if budget is not None:
+                        check = (time.monotonic() if front_at is None else front_at) + budget
+                    until = check if due is None else (due if check is None else min(due, check))
+                    yield WaitSlot(slot, None if until is None else max(0.0, until - time.monotonic()))
+                    if slot.done:
+                        break
+                    verdict = past_deadline(time.monotonic(), budget, slot.front_at, due)
+                    if verdict is not None:
+                        break
             except GeneratorExit:
                 # The caller is gone (a cancelled task): a grant that came
                 # just now is released; one still to come is released by
@@ -319,9 +358,13 @@ def exchange(
             if answer is None and slot.lost:
                 delivered = True
                 failures += 1
+            elif answer is None and verdict == HELD_BACK and op == "A":
+                # Its wait ran out long ago: the answer held back is a T (a
+                # grant that comes instead is released, its caller gone).
+                raise Timeout("the key was not granted within the wait")
             elif answer is None:
                 waited = time.monotonic() - sent_at
-                if conn_due is not None and time.monotonic() >= conn_due:
+                if verdict == CONN_OVERDUE:
                     conn.kill(generation, "no answer within %.1fs" % waited)
                     # The connection is closed before the call fails: no
                     # later call can take it, and no late answer comes.

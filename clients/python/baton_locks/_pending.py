@@ -9,6 +9,14 @@ key, the sinks of the ``W`` requests sent and not ended yet, oldest first
 (an ``X``, ``M`` or ``E`` answer ends the oldest, a ``W`` line goes to it);
 and the rule that a grant nobody waits for any more is released at once.
 
+Held-back answers: only the oldest request of an (op, key) can be answered
+next (the server holds back the answer to a later acquire of a key on a
+connection, even a ``T`` whose wait ran out, until the earlier one is
+answered), so each slot's ``front_at`` says when its request reached the
+front of its line (None while it waits behind another): a call's overdue
+clock runs from then (``_calls.exchange``). ``has`` lets the pool send an
+acquire to a connection with none of its key outstanding.
+
 Never does: trust a line: an answer for no request raises ``WireError``,
 ``E - - reason`` raises ``ServerClosing`` (the server closes the
 connection after it).
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Callable, DefaultDict, Deque, Dict, List, Optional, Tuple
 
 from . import _wire
@@ -45,9 +54,16 @@ class Slot:
     blocking caller waits on an event, an async one registers a callback
     (called on the thread or loop that delivers the answer)."""
 
-    __slots__ = ("_lock", "_event", "answer", "lost", "_abandoned", "_callbacks")
+    __slots__ = ("_lock", "_event", "answer", "lost", "_abandoned", "_callbacks", "front_at", "sent_at")
 
     def __init__(self) -> None:
+        #: When its request is sent (made just before): a request sent at
+        #: the front of its line can be answered from then on.
+        self.sent_at = time.monotonic()
+        #: When the request reached the front of its (op, key) line on its
+        #: connection (``time.monotonic()``); None while it is held back
+        #: behind an earlier one. Set by the connection (one float store).
+        self.front_at: Optional[float] = None
         self._lock = threading.Lock()
         self._event: Optional[threading.Lock] = None
         self.answer: Optional[Answer] = None
@@ -161,8 +177,16 @@ class Pending:
         return self.in_flight > 0 or bool(self.watches)
 
     def add(self, op: str, key: Optional[bytes], slot: Optional[Slot]) -> None:
-        self.requests[(op, key)].append(slot)
+        queue = self.requests[(op, key)]
+        queue.append(slot)
         self.in_flight += 1
+        if slot is not None and len(queue) == 1:
+            slot.front_at = slot.sent_at
+
+    def has(self, op: str, key: Optional[bytes]) -> bool:
+        """A request with this (op, key) waits for its answer (one dict
+        lookup)."""
+        return (op, key) in self.requests
 
     def add_watch(self, key: bytes, sink: WatchSink) -> None:
         self.watches.setdefault(key, collections.deque()).append(sink)
@@ -200,6 +224,11 @@ class Pending:
         slot = queue.popleft()
         if not queue:
             del self.requests[route]
+        else:
+            # The next one of this (op, key) can be answered from now on.
+            following = queue[0]
+            if following is not None:
+                following.front_at = time.monotonic()
         self.in_flight -= 1
         return (slot, None, False)
 

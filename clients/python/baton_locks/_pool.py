@@ -20,7 +20,14 @@ allow). After a failed attempt or a drop it waits 3 s before the next.
 Liveness: when requests wait or keys are watched and the server has been
 silent for the request timeout, the thread sends an ``I`` probe; no answer within another
 request timeout closes the connection. A caller whose request is overdue
-closes it too.
+closes it too, counted from when its answer can come: the server answers
+one (op, key) on a connection in request order, so a request's clock
+starts when it reaches the front of its (op, key) line (``Slot.front_at``),
+never earlier; a connection is never closed for an answer the server is
+entitled to hold back. And so an acquire of a key goes to a connection with
+no acquire of that key outstanding, when one is up (``choose``): a
+try-acquire behind the same client's acquire of the key waiting in line
+would otherwise wait for it.
 
 Never does: retry or decide anything about a call (that is ``_calls.py``),
 trust a line from the network (a line that does not parse, longer than
@@ -171,6 +178,12 @@ class ConnBase:
     def status(self) -> Tuple[str, Optional[str]]:
         with self._lock:
             return self.phase, self.last_error
+
+    def status_for(self, op: str, key: Optional[bytes]) -> Tuple[str, bool]:
+        """The phase, and whether a request with this (op, key) waits for
+        its answer here (a later one would be answered only after it)."""
+        with self._lock:
+            return self.phase, self._table.has(op, key)
 
     def is_live(self, generation: int) -> bool:
         """The connection made in ``generation`` is still up."""
@@ -638,11 +651,15 @@ class Pool:
         with self._lock:
             return [addr for addr, _ in self._nodes]
 
-    def choose(self) -> Optional[ConnBase]:
-        """A connection that is up; ``None`` while one is connecting; raises
-        Unavailable when none is up or connecting."""
+    def choose(self, acquire_key: Optional[bytes] = None) -> Optional[ConnBase]:
+        """A connection that is up (for an acquire of ``acquire_key``, one
+        with no acquire of it outstanding if one is up); ``None`` while one
+        is connecting; raises Unavailable when none is up or connecting."""
         conns = self.conns()
-        phases = [(c.node, c.status()[0]) for c in conns]
+        if acquire_key is None:
+            phases = [(c.node, c.status()[0], False) for c in conns]
+        else:
+            phases = [(c.node,) + c.status_for("A", acquire_key) for c in conns]
         with self._lock:
             turn = self._turn
             self._turn += 1
@@ -658,9 +675,11 @@ class Pool:
             raise Unavailable("no connection: %s" % self.describe())
         return conns[index]
 
-    def pick(self, due: Optional[float]) -> Generator[WaitChange, None, ConnBase]:
-        """A generator: a connection that is up, waiting (until ``due`` at
-        the latest) while one is connecting."""
+    def pick(
+        self, due: Optional[float], acquire_key: Optional[bytes] = None
+    ) -> Generator[WaitChange, None, ConnBase]:
+        """A generator: a connection that is up (see ``choose``), waiting
+        (until ``due`` at the latest) while one is connecting."""
         now = time.monotonic()
         until = now + self.settings.connect_timeout + CONNECT_SLACK
         if due is not None:
@@ -669,7 +688,7 @@ class Pool:
             if self.settings.stopping:
                 raise Closed()
             seen = self.notifier.version
-            conn = self.choose()
+            conn = self.choose(acquire_key)
             if conn is not None:
                 return conn
             left = until - time.monotonic()
@@ -722,15 +741,19 @@ class Pool:
 
 
 def choose(
-    phases: List[Tuple[int, str]], preferred: Optional[int], turn: int
+    phases: List[Tuple[int, str, bool]], preferred: Optional[int], turn: int
 ) -> Union[int, Literal["wait"], None]:
-    """Pick from ``(node, phase)`` pairs: the preferred node's up connections
-    first (waiting for it while it is connecting), else any up one,
-    round-robin. An index, "wait", or None."""
+    """Pick from ``(node, phase, busy)`` triples: the preferred node's up
+    connections first (waiting for it while it is connecting), else any up
+    one, round-robin; among them the ones not ``busy`` (an acquire of the
+    same key outstanding there) first. An index, "wait", or None."""
 
     def among(node: Optional[int]) -> Union[int, Literal["wait"], None]:
-        fits = [i for i, (n, _) in enumerate(phases) if node is None or n == node]
+        fits = [i for i, (n, _, _) in enumerate(phases) if node is None or n == node]
         up = [i for i in fits if phases[i][1] == UP]
+        free = [i for i in up if not phases[i][2]]
+        if free:
+            return free[turn % len(free)]
         if up:
             return up[turn % len(up)]
         if any(phases[i][1] == CONNECTING for i in fits):

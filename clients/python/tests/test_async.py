@@ -77,3 +77,28 @@ def test_many_tasks_share_the_connections(node):
             assert len(set(tokens)) == 200
 
     run(main())
+
+
+def test_a_try_acquire_behind_the_clients_own_waiter_times_out_and_the_waiter_keeps_its_place(node):
+    async def main():
+        async with baton_locks.AsyncClient(node.addr) as c, baton_locks.AsyncClient(node.addr) as other:
+            holder = await other.acquire("own", lease=30)
+            first = asyncio.ensure_future(c.acquire("own", lease=30))
+            while (await other.query("own")).waiting != 1:
+                await asyncio.sleep(0.01)
+            # Two in a row: round-robin alone would put one of them behind
+            # the waiter, where the server holds its T back until the waiter
+            # is answered (and the connection, deemed dead, would be closed).
+            for _ in range(2):
+                with pytest.raises(baton_locks.Timeout):
+                    await c.acquire("own", lease=30, wait=0)
+            second = asyncio.ensure_future(other.acquire("own", lease=30))
+            while (await other.query("own")).waiting != 2:
+                await asyncio.sleep(0.01)
+            assert await other.release(holder)
+            grant = await first
+            assert grant.token > holder.token and not second.done()
+            assert await c.release(grant)
+            assert (await second).token > grant.token
+
+    run(main())

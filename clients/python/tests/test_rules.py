@@ -8,7 +8,10 @@ client family), each for the blocking ``Client`` and the asyncio
 - nothing keeps running after ``close`` (no thread of the client for the
   blocking one, no task for asyncio), held grants are released once and
   no ``lost`` is said for them;
-- errors are typed and distinct.
+- errors are typed and distinct;
+- an acquire goes to a connection with none of its key outstanding, and a
+  request held back behind an earlier one of its (op, key) never makes its
+  connection overdue.
 """
 
 import asyncio
@@ -384,3 +387,43 @@ def test_async_liveness_probe_and_out_of_order_answers(fake):
             watch.close()
 
     run(main())
+
+
+def test_an_acquire_goes_where_none_of_its_key_is_outstanding():
+    from baton_locks._pool import CONNECTING, DOWN, UP, choose
+
+    phases = [(0, UP, True), (0, UP, False), (0, DOWN, False)]
+    assert [choose(phases, None, turn) for turn in range(4)] == [1, 1, 1, 1]
+    # Every one busy: still sent, round-robin.
+    assert [choose([(0, UP, True), (0, UP, True)], None, turn) for turn in range(2)] == [0, 1]
+    # A free connection elsewhere does not beat the preferred node (it
+    # would only redirect back).
+    assert choose([(0, UP, False), (1, UP, True)], 1, 0) == 1
+    assert choose([(0, DOWN, False), (1, CONNECTING, False)], None, 0) == "wait"
+
+
+def test_a_request_held_back_never_makes_its_connection_overdue():
+    from baton_locks._calls import CALLER_OVERDUE, CONN_OVERDUE, HELD_BACK, past_deadline
+
+    assert past_deadline(60.0, 5.0, None, None) is None
+    assert past_deadline(6.0, 5.0, None, 5.0) == HELD_BACK
+    assert past_deadline(14.0, 5.0, 10.0, None) is None
+    assert past_deadline(15.0, 5.0, 10.0, None) == CONN_OVERDUE
+    assert past_deadline(14.0, 5.0, 10.0, 12.0) == CALLER_OVERDUE
+    assert past_deadline(99.0, None, 0.0, None) is None
+
+
+def test_a_slot_knows_when_it_reached_the_front_of_its_line():
+    from baton_locks._pending import Pending, Slot
+    from baton_locks._wire import parse_answer
+
+    table = Pending()
+    first, second, other = Slot(), Slot(), Slot()
+    table.add("A", b"k", first)
+    table.add("A", b"k", second)
+    table.add("A", b"j", other)
+    assert first.front_at is not None and other.front_at is not None
+    assert second.front_at is None and table.has("A", b"k") and not table.has("R", b"k")
+    assert table.match(parse_answer(b"T k"))[0] is first
+    assert second.front_at is not None
+    assert table.match(parse_answer(b"T k"))[0] is second and not table.has("A", b"k")

@@ -264,3 +264,66 @@ def test_an_interrupted_blocking_acquire_gives_up_its_request(node, closing):
     assert c.release(held)
     wait_for("the unwanted grant to be released", lambda: watcher.query("job").free)
     assert interrupted.type is Interrupted
+
+
+def _wait_in_line(c, key, name, granted, watcher, waiting):
+    """``c`` asks for ``key`` without a wait limit on its own thread; the
+    grant goes to ``granted`` as (name, grant) once ``waiting`` are in line."""
+
+    def run():
+        granted.put((name, c.acquire(key, lease=30)))
+
+    threading.Thread(target=run, daemon=True).start()
+    wait_for("%s waits in line" % name, lambda: watcher.query(key).waiting == waiting)
+
+
+def test_a_try_acquire_behind_the_clients_own_waiter_times_out_and_the_waiter_keeps_its_place(
+    node, closing
+):
+    import queue
+
+    c, other = closing(client_of(node)), closing(client_of(node))
+    holder = other.acquire("own", lease=30)
+    granted = queue.Queue()
+    _wait_in_line(c, "own", "first", granted, other, 1)
+    # Two in a row: round-robin alone would put one of them behind the
+    # waiter, where the server holds its T back until the waiter is
+    # answered (and the connection, deemed dead, would be closed).
+    for _ in range(2):
+        with pytest.raises(baton_locks.Timeout):
+            c.acquire("own", lease=30, wait=0)
+    _wait_in_line(other, "own", "second", granted, other, 2)
+    assert other.release(holder) is True
+    name, first = granted.get(timeout=DEADLINE)
+    assert name == "first" and first.token > holder.token
+    assert c.release(first) is True
+    name, second = granted.get(timeout=DEADLINE)
+    assert name == "second" and second.token > first.token
+    assert other.release(second) is True
+
+
+def test_a_try_acquire_held_back_on_every_connection_times_out_without_closing_one(node, closing):
+    import queue
+
+    # A short request timeout: the try-acquire's answer is due within it
+    # (plus its wait), by which time the server still holds it back.
+    c = closing(client_of(node, request_timeout=0.3))
+    other = closing(client_of(node))
+    holder = other.acquire("full", lease=30)
+    granted = queue.Queue()
+    # One waiter of c on each of its two connections, another client's
+    # behind them.
+    _wait_in_line(c, "full", "first", granted, other, 1)
+    _wait_in_line(c, "full", "second", granted, other, 2)
+    _wait_in_line(other, "full", "third", granted, other, 3)
+    with pytest.raises(baton_locks.Timeout):
+        c.acquire("full", lease=30, wait=0)
+    # Had a connection been closed, its waiter would have been sent again,
+    # behind the third.
+    assert other.release(holder) is True
+    last = holder
+    for want in ["first", "second", "third"]:
+        name, grant = granted.get(timeout=DEADLINE)
+        assert name == want and grant.token > last.token
+        assert other.release(grant) is True
+        last = grant

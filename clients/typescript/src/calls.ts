@@ -20,7 +20,7 @@
 //
 // Never does: touch sockets (conn.ts) or choose connections (pool.ts).
 
-import type { Conn } from './conn.js';
+import type { Conn, Slot } from './conn.js';
 import { BatonError, LostError, RefusedError, TimeoutError, UnavailableError } from './errors.js';
 import type { Pool, Target } from './pool.js';
 import type { Answer, Request } from './wire.js';
@@ -37,6 +37,10 @@ type Attempt =
   | { kind: 'answered'; answer: Answer; sentAt: number }
   | { kind: 'lost'; sent: boolean }
   | { kind: 'overdue'; why: string }
+  /** An acquire's caller's deadline passed while the server held its
+   * answer (a T) back behind an earlier acquire of the key on the
+   * connection. */
+  | { kind: 'held-back' }
   | { kind: 'unreachable'; error: Error };
 
 export interface Exchanged {
@@ -75,9 +79,23 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
+/** Which deadline of a request still unanswered has passed at `at`, for a
+ * request that reached the front of its (op, key) line on its connection at
+ * `frontAt` (null: not yet, it is held back behind an earlier one), with the
+ * connection's `budget` (null: no limit) and the caller's deadline `due`:
+ * 'conn-overdue' (the connection is deemed dead), 'caller-overdue',
+ * 'held-back' (the caller's deadline, while the server was entitled to hold
+ * the answer back), or null. Pure. */
+export function pastDeadline(at: number, budget: number | null, frontAt: number | null, due: number | null): 'conn-overdue' | 'caller-overdue' | 'held-back' | null {
+  if (budget !== null && frontAt !== null && at >= frontAt + budget - 1) return 'conn-overdue';
+  if (due !== null && at >= due) return frontAt === null ? 'held-back' : 'caller-overdue';
+  return null;
+}
+
 /** Send on `conn` and wait for the answer, the connection's end, the
- * connection's deadline (which closes it) or the caller's. */
-function sendAndWait(conn: Conn, request: Request, connDue: number | null, callerDue: number | null, signal?: AbortSignal): Promise<Attempt> {
+ * connection's deadline (`budget` from when the request reached the front
+ * of its (op, key) line there, which closes it) or the caller's. */
+function sendAndWait(conn: Conn, request: Request, budget: number | null, callerDue: number | null, signal?: AbortSignal): Promise<Attempt> {
   return new Promise<Attempt>((resolve, reject) => {
     let timer: NodeJS.Timeout | null = null;
     const sentAt = now();
@@ -85,8 +103,10 @@ function sendAndWait(conn: Conn, request: Request, connDue: number | null, calle
       if (timer !== null) clearTimeout(timer);
       signal?.removeEventListener('abort', onAbort);
     };
-    const slot = {
+    const slot: Slot = {
       abandoned: false,
+      frontAt: null,
+      sentAt,
       settle(answer: Answer | null) {
         finish();
         resolve(answer === null ? { kind: 'lost', sent: true } : { kind: 'answered', answer, sentAt });
@@ -102,16 +122,24 @@ function sendAndWait(conn: Conn, request: Request, connDue: number | null, calle
       return;
     }
     const generation = conn.generation;
-    const due = connDue === null ? callerDue : callerDue === null ? connDue : Math.min(connDue, callerDue);
-    if (due !== null) {
+    // Look again at the earlier deadline; while the request is held back,
+    // the connection's is a budget from now.
+    const watch = () => {
+      const check = budget === null ? null : (slot.frontAt ?? now()) + budget;
+      const due = check === null ? callerDue : callerDue === null ? check : Math.min(check, callerDue);
+      if (due === null) return;
       timer = setTimeout(() => {
+        const verdict = pastDeadline(now(), budget, slot.frontAt, callerDue);
+        if (verdict === null) return watch();
         slot.abandoned = true;
         finish();
+        if (verdict === 'held-back' && request.op === 'A') return resolve({ kind: 'held-back' });
         const waited = Math.round(now() - sentAt);
-        if (connDue !== null && now() >= connDue - 1) conn.kill(generation, `no answer within ${waited} ms`);
+        if (verdict === 'conn-overdue') conn.kill(generation, `no answer within ${waited} ms`);
         resolve({ kind: 'overdue', why: `${conn.addr} did not answer within ${waited} ms` });
       }, Math.max(0, due - now()));
-    }
+    };
+    watch();
     signal?.addEventListener('abort', onAbort, { once: true });
   });
 }
@@ -119,14 +147,12 @@ function sendAndWait(conn: Conn, request: Request, connDue: number | null, calle
 async function attempt(pool: Pool, target: Target, request: Request, due: number | null, signal?: AbortSignal): Promise<Attempt> {
   let conn: Conn;
   try {
-    conn = await pool.pick(target, due, signal);
+    conn = await pool.pick(target, due, signal, request.op === 'A' ? request.key : undefined);
   } catch (e) {
     if (signal?.aborted) throw signal.reason;
     return { kind: 'unreachable', error: e as Error };
   }
-  const budget = answerBudget(request, pool.requestTimeoutMs);
-  const connDue = budget === null ? null : now() + budget;
-  return sendAndWait(conn, request, connDue, due, signal);
+  return sendAndWait(conn, request, answerBudget(request, pool.requestTimeoutMs), due, signal);
 }
 
 /** One request to one result: failover, redirects and deadlines. Throws a
@@ -196,6 +222,11 @@ export async function exchange(pool: Pool, target: Target, due: number | null, m
       case 'overdue':
         delivered = true;
         throw fail(new UnavailableError(`no answer: ${outcome.why}`));
+      case 'held-back':
+        // Its wait ran out long ago: the answer held back is a T (a grant
+        // that comes instead is released, its caller gone).
+        delivered = true;
+        throw fail(new TimeoutError());
       case 'unreachable':
         throw fail(outcome.error);
     }

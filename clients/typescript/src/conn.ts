@@ -6,6 +6,13 @@
 // its timers: the connect / TLS / auth timeout, the liveness probe, and the
 // 3 s reconnect after a failed attempt or a drop.
 //
+// Held-back answers: the server answers one (op, key) on a connection in
+// request order, so a request sent behind an earlier one of its (op, key)
+// (an acquire behind an acquire of the same key waiting in line) cannot be
+// answered before it, even when its own wait has run out: its slot's
+// `frontAt` is set when it reaches the front of that line, and the call's
+// overdue clock (calls.ts) runs only from then.
+//
 // Liveness: when the connection has requests waiting or watches and the
 // server has said nothing for the request timeout, an `I` probe goes out;
 // no answer within another request timeout closes the connection.
@@ -32,6 +39,12 @@ export type Phase = 'connecting' | 'up' | 'down';
  * nothing; a grant for it is released at once. */
 export interface Slot {
   abandoned: boolean;
+  /** When the request reached the front of its (op, key) line here
+   * (performance.now); null while it waits behind an earlier one. */
+  frontAt: number | null;
+  /** When the request is sent (performance.now): one sent at the front of
+   * its line can be answered from then on. */
+  readonly sentAt: number;
   settle(answer: Answer | null): void;
 }
 
@@ -111,9 +124,15 @@ export class Conn {
   send(request: Request, slot: Slot | null): boolean {
     if (!this.ready || this.pending.size >= MAX_IN_FLIGHT) return false;
     this.write(encode(request));
-    this.pending.push(request.op, requestKey(request), slot);
+    if (this.pending.push(request.op, requestKey(request), slot) && slot !== null) slot.frontAt = slot.sentAt;
     this.touch();
     return true;
+  }
+
+  /** A request with this (op, key) waits for its answer here (a later one
+   * would be answered only after it). */
+  hasPending(op: string, key: string): boolean {
+    return this.pending.has(op, key);
   }
 
   /** Subscribe `sub` to a key's lines: its generation, or null when down. */
@@ -469,6 +488,8 @@ export class Conn {
     }
     const taken = this.pending.take(route[0], route[1]);
     if (taken === undefined) return `the server sent an answer for no request: ${JSON.stringify(line.slice(0, 80))}`;
+    const next = this.pending.front(route[0], route[1])?.slot;
+    if (next != null && next.frontAt === null) next.frontAt = performance.now();
     const slot = taken.slot;
     if (slot === null) return null;
     if (slot.abandoned) {

@@ -5,7 +5,13 @@
 // one for a node first learned from an `M` redirect (at most MAX_SERVERS).
 // Choice (`choose`, pure): the preferred node's connections first (the
 // active one, after a redirect), if one is up or coming up; else any
-// connection that is up, round-robin. A caller waits only while some
+// connection that is up, round-robin. An acquire of key K goes to a
+// connection with no acquire of K outstanding, when one of those is up: the
+// server answers a later acquire of K on a connection (even its T) only
+// after the earlier one, so a try-acquire sent behind the same client's
+// acquire of K waiting in line would wait for that one. When every such
+// connection has one it is sent anyway, and its overdue clock starts only
+// when the earlier one is answered (calls.ts). A caller waits only while some
 // connection it could use is connecting, bounded by its own deadline and
 // the connect timeout (+1 s), and fails at once when every one is down.
 
@@ -22,15 +28,22 @@ export type Target = number | 'any';
 
 export type Choice = { use: number } | 'wait' | 'nothing';
 
-/** Which connection a request takes: `conns` are (node, phase) pairs. */
-export function choose(conns: readonly (readonly [number, Phase])[], target: Target, preferred: number | null, turn: number): Choice {
+/** Which connection a request takes: `conns` are (node, phase, busy)
+ * triples, busy when an acquire of the same key is outstanding there (those
+ * not busy come first). */
+export function choose(conns: readonly (readonly [number, Phase, boolean?])[], target: Target, preferred: number | null, turn: number): Choice {
   const among = (node: number | null): Choice => {
     const fits = (n: number) => node === null || node === n;
     const up: number[] = [];
+    const free: number[] = [];
     for (let i = 0; i < conns.length; i++) {
-      const [n, phase] = conns[i]!;
-      if (fits(n) && phase === 'up') up.push(i);
+      const [n, phase, busy] = conns[i]!;
+      if (fits(n) && phase === 'up') {
+        up.push(i);
+        if (busy !== true) free.push(i);
+      }
     }
+    if (free.length > 0) return { use: free[turn % free.length]! };
     if (up.length > 0) return { use: up[turn % up.length]! };
     if (conns.some(([n, phase]) => fits(n) && phase === 'connecting')) return 'wait';
     return 'nothing';
@@ -128,12 +141,14 @@ export class Pool implements ConnOwner {
     return this.nodes[target]?.conns.length ?? 0;
   }
 
-  /** A connection that is up now; null while one could come up soon;
-   * throws when none can (every one is down, or the client is closed). */
-  tryPick(target: Target): Conn | null {
+  /** A connection that is up now (for an acquire of `acquireKey`, one with
+   * no acquire of it outstanding if it can); null while one could come up
+   * soon; throws when none can (every one is down, or the client is
+   * closed). */
+  tryPick(target: Target, acquireKey?: string): Conn | null {
     if (this.closed) throw new ClosedError();
     const conns = this.all;
-    const phases = conns.map((c) => [c.node, c.phase] as const);
+    const phases = conns.map((c) => [c.node, c.phase, acquireKey !== undefined && c.hasPending('A', acquireKey)] as const);
     const choice = choose(phases, target, this.preferred, this.turn++);
     if (this.turn > 0x3fffffff) this.turn = 0;
     if (choice === 'wait') return null;
@@ -143,11 +158,11 @@ export class Pool implements ConnOwner {
 
   /** A connection that is up, waiting for one that is connecting until
    * `due` (ms, performance.now) or the connect timeout. */
-  async pick(target: Target, due: number | null, signal?: AbortSignal): Promise<Conn> {
+  async pick(target: Target, due: number | null, signal?: AbortSignal, acquireKey?: string): Promise<Conn> {
     const patience = performance.now() + this.connectTimeoutMs + CONNECT_SLACK_MS;
     const until = due === null ? patience : Math.min(due, patience);
     for (;;) {
-      const conn = this.tryPick(target);
+      const conn = this.tryPick(target, acquireKey);
       if (conn !== null) return conn;
       const changed = await this.waitChange(until, signal);
       if (!changed) {

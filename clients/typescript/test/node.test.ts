@@ -50,6 +50,55 @@ test('a wait that runs out is TimeoutError; a wait of 0 is a try; await using re
   assert.equal((await client.query('busy')).token, 0n, 'released at the end of the block');
 });
 
+test('a try-acquire behind the client\'s own waiter times out, and the waiter keeps its place', async () => {
+  await using client = connect(node.addr);
+  await using other = connect(node.addr);
+  const holder = await other.acquire('own', { leaseMs: 30_000 });
+  const first = client.acquire('own', { leaseMs: 30_000 });
+  await waitFor('the first waiter', async () => (await other.query('own')).waiting === 1);
+  // Two in a row: round-robin alone would put one of them behind the
+  // waiter, where the server holds its T back until the waiter is answered
+  // (and the connection, deemed dead, would be closed).
+  for (let i = 0; i < 2; i++) await assert.rejects(client.acquire('own', { leaseMs: 30_000, waitMs: 0 }), TimeoutError);
+  let secondDone = false;
+  const second = other.acquire('own', { leaseMs: 30_000 }).finally(() => (secondDone = true));
+  await waitFor('the second waiter', async () => (await other.query('own')).waiting === 2);
+  await holder.release();
+  const g1 = await first;
+  assert.ok(g1.token > holder.token);
+  assert.equal(secondDone, false, 'the first waiter kept its place');
+  await g1.release();
+  const g2 = await second;
+  assert.ok(g2.token > g1.token);
+  await g2.release();
+});
+
+test('a try-acquire held back on every connection times out without closing one', async () => {
+  // A short request timeout: the try-acquire's answer is due within it
+  // (plus its wait), by which time the server still holds it back.
+  await using client = connect(node.addr, { requestTimeoutMs: 300 });
+  await using other = connect(node.addr);
+  const holder = await other.acquire('full', { leaseMs: 30_000 });
+  // One waiter of the client on each of its two connections, another
+  // client's behind them.
+  const waiters = [];
+  for (const [c, n] of [[client, 1], [client, 2], [other, 3]] as const) {
+    waiters.push(c.acquire('full', { leaseMs: 30_000 }));
+    await waitFor(`waiter ${n}`, async () => (await other.query('full')).waiting === n);
+  }
+  await assert.rejects(client.acquire('full', { leaseMs: 30_000, waitMs: 0 }), TimeoutError);
+  // Had a connection been closed, its waiter would have been sent again,
+  // behind the third.
+  await holder.release();
+  let last = holder.token;
+  for (const waiter of waiters) {
+    const g = await waiter;
+    assert.ok(g.token > last);
+    last = g.token;
+    await g.release();
+  }
+});
+
 test('a waiter gets the key when the holder releases; an aborted waiter leaks nothing', async () => {
   await using client = connect(node.addr);
   const first = await client.acquire('line', { leaseMs: 10_000 });

@@ -4,7 +4,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { answerBudget, releaseOutcome } from '../dist/calls.js';
+import { answerBudget, pastDeadline, releaseOutcome } from '../dist/calls.js';
 import { Pending } from '../dist/pending.js';
 import { choose } from '../dist/pool.js';
 import { answerRoute, checkKey, checkValue, encode, normaliseAddress, parseAnswer, seconds } from '../dist/wire.js';
@@ -80,6 +80,40 @@ test('the preferred node comes first, unless it is down', () => {
   assert.equal(choose([[0, 'up'], [1, 'connecting']], 'any', 1, 0), 'wait');
   assert.deepEqual(choose([[0, 'up'], [1, 'down']], 'any', 1, 0), { use: 0 });
   assert.equal(choose([[0, 'up'], [1, 'down']], 1, null, 0), 'nothing');
+});
+
+test('an acquire goes where none of its key is outstanding', () => {
+  const conns = [[0, 'up', true], [0, 'up', false], [0, 'down', false]] as const;
+  for (let t = 0; t < 4; t++) assert.deepEqual(choose(conns, 'any', null, t), { use: 1 });
+  // Every one busy: still sent, round-robin.
+  const busy = [[0, 'up', true], [0, 'up', true]] as const;
+  assert.deepEqual([0, 1].map((t) => choose(busy, 'any', null, t)), [{ use: 0 }, { use: 1 }]);
+  // A free connection elsewhere does not beat the preferred node (it would
+  // only redirect back).
+  assert.deepEqual(choose([[0, 'up', false], [1, 'up', true]], 'any', 1, 0), { use: 1 });
+});
+
+test('a request held back never makes its connection overdue', () => {
+  const s = 1000;
+  assert.equal(pastDeadline(60 * s, 5 * s, null, null), null);
+  assert.equal(pastDeadline(6 * s, 5 * s, null, 5 * s), 'held-back');
+  assert.equal(pastDeadline(14 * s, 5 * s, 10 * s, null), null);
+  assert.equal(pastDeadline(15 * s, 5 * s, 10 * s, null), 'conn-overdue');
+  assert.equal(pastDeadline(14 * s, 5 * s, 10 * s, 12 * s), 'caller-overdue');
+  assert.equal(pastDeadline(99 * s, null, 0, null), null);
+});
+
+test('the pending table knows the front of each line', () => {
+  const p = new Pending<number>();
+  assert.equal(p.push('A', 'a', 1), true);
+  assert.equal(p.push('A', 'a', 2), false);
+  assert.equal(p.has('A', 'a'), true);
+  assert.equal(p.has('R', 'a'), false);
+  assert.deepEqual(p.front('A', 'a'), { slot: 1 });
+  p.take('A', 'a');
+  assert.deepEqual(p.front('A', 'a'), { slot: 2 });
+  p.take('A', 'a');
+  assert.equal(p.has('A', 'a'), false);
 });
 
 test('N after an attempt that may have got through counts as released', () => {

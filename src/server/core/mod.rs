@@ -15,6 +15,7 @@ pub mod counters;
 pub mod deadlines;
 pub mod events;
 pub mod lock_table;
+pub mod loop_watches;
 pub mod now;
 pub mod peer_msg;
 pub mod roles;

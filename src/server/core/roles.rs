@@ -122,16 +122,14 @@ pub struct Roles {
 }
 
 impl Roles {
-    /// Node `me` of `nodes`, starting at `now_ms`. A single node is active
-    /// at once; otherwise it discovers for at most `discovery_ms`.
+    /// Node `me` of `nodes`, starting at `now_ms`: it discovers for at most
+    /// `discovery_ms`. A node alone in its list knows everyone at once, so
+    /// its first step elects it (and says so: [`RoleEffect::BecomeActive`]
+    /// is what tells the lock owner to serve).
     pub fn new(me: usize, nodes: usize, detect_ms: u64, discovery_ms: u64, now_ms: u64) -> Roles {
         assert!(me < nodes, "a node is in its own peers list");
-        let role = if nodes == 1 {
-            Role::Active
-        } else {
-            Role::Discovering {
-                until_ms: now_ms + discovery_ms,
-            }
+        let role = Role::Discovering {
+            until_ms: now_ms + discovery_ms,
         };
         Roles {
             me,
@@ -517,10 +515,12 @@ mod tests {
     }
 
     #[test]
-    fn a_single_node_is_active_at_once() {
-        let roles = Roles::new(0, 1, DETECT, 500, 0);
+    fn a_single_node_is_elected_at_its_first_step_and_says_so() {
+        let mut roles = Roles::new(0, 1, DETECT, 500, 0);
+        assert_eq!(roles.poll(0), vec![RoleEffect::BecomeActive]);
         assert_eq!(roles.role_name(), RoleName::Active);
         assert_eq!(roles.active(), Some(0));
+        assert!(roles.poll(1).is_empty());
     }
 
     #[test]
@@ -748,7 +748,7 @@ mod tests {
         assert!(!n2.beat().has_state, "not preferred in the election");
         // An active node keeps serving what it has.
         let mut n0 = Roles::new(0, 1, DETECT, 500, 0);
-        assert_eq!(n0.role_name(), RoleName::Active);
+        assert_eq!(n0.poll(0), vec![RoleEffect::BecomeActive]);
         n0.handle_state_refused();
         assert_eq!(n0.role_name(), RoleName::Active);
     }

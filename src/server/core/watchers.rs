@@ -375,7 +375,10 @@ impl WatchQueue {
     /// The node stopped being active: every live watch ends (the loop
     /// writes `M <active> W <key>` for each key returned, and has one
     /// watcher fewer of it). A watch whose `W` is unanswered stays: its
-    /// answer will come.
+    /// answer will come. The keys are in order, so what the loop writes
+    /// and tells the owner follows from what happened, not from a hash
+    /// seed (the simulation replays a seed exactly; a sort of at most
+    /// `--max-watches` keys, once per connection per role change).
     pub fn end_live(&mut self) -> Vec<Key> {
         let mut ended = Vec::new();
         for (key, watch) in &mut self.watches {
@@ -396,13 +399,14 @@ impl WatchQueue {
             self.forget_if_done(key);
         }
         self.stalled.clear();
+        ended.sort_unstable();
         ended
     }
 
     /// The connection closes: the keys it was subscribed to (the loop has
-    /// one watcher fewer of each).
+    /// one watcher fewer of each), in order (as [`WatchQueue::end_live`]'s).
     pub fn close(&mut self) -> Vec<Key> {
-        let keys = self
+        let mut keys: Vec<Key> = self
             .watches
             .drain()
             .filter(|(_, watch)| watch.subscribed)
@@ -410,6 +414,7 @@ impl WatchQueue {
             .collect();
         self.subscribed = 0;
         self.stalled.clear();
+        keys.sort_unstable();
         keys
     }
 

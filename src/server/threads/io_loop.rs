@@ -143,7 +143,8 @@ use crate::server::core::connection::{
 };
 use crate::server::core::deadlines::Deadlines;
 use crate::server::core::events::ConnId;
-use crate::server::core::watchers::{Delivery, Fanout, Pace, WATCH_ROOM, WatchQueue, WatchStep};
+use crate::server::core::loop_watches::{LoopWatches, WatchConns};
+use crate::server::core::watchers::{Delivery, Fanout, Pace, WATCH_ROOM, WatchQueue};
 use crate::server::messages::{
     Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room, with_headroom,
 };
@@ -297,9 +298,9 @@ pub struct IoLoop {
     /// The loop is stopping (`end_all`): nothing more is parsed.
     stopping: bool,
     /// Per watched key, its newest state and this loop's connections that
-    /// watch it (core/watchers.rs); the owner knows only that this loop
-    /// does.
-    fanout: Fanout,
+    /// watch it, and what the loop does with watches
+    /// (core/loop_watches.rs); the owner knows only that this loop does.
+    watches: LoopWatches,
     /// When the next sweep of `fanout` may run.
     pace: Pace,
     /// When this loop last warned of a client refused by protected mode
@@ -363,7 +364,7 @@ impl IoLoop {
             clock: Clock::new(),
             deadlines: Deadlines::default(),
             stopping: false,
-            fanout: Fanout::default(),
+            watches: LoopWatches::new(index),
             pace: Pace::default(),
             protected_warned: None,
         };
@@ -514,9 +515,7 @@ impl IoLoop {
 
     /// µs on the loop's clock (for the fan-out's pace).
     fn micros(&self) -> u64 {
-        let origin = self.clock.instant_of(0);
-        u64::try_from(Instant::now().saturating_duration_since(origin).as_micros())
-            .unwrap_or(u64::MAX)
+        micros_on(&self.clock)
     }
 
     /// Send the round's requests to the owner. A full channel keeps them
@@ -570,7 +569,7 @@ impl IoLoop {
         self.send_batch();
         self.take_answers();
         self.flush_dirty();
-        if self.fanout.has_work() && self.pace.ready(self.micros()) {
+        if self.watches.fanout().has_work() && self.pace.ready(self.micros()) {
             // After the answers: watchers behind get the newest states,
             // a bounded share of the loop's time.
             let start = self.micros();
@@ -589,7 +588,7 @@ impl IoLoop {
             || self.answers_pending
             || !self.backlog.is_empty()
             || !self.batch.is_empty()
-            || (self.fanout.has_work() && self.pace.ready(self.micros()));
+            || (self.watches.fanout().has_work() && self.pace.ready(self.micros()));
         if busy {
             self.idle.restart();
             self.stop_polling();
@@ -605,7 +604,7 @@ impl IoLoop {
         }
         self.stop_polling();
         let mut sleep = self.may_sleep();
-        if self.fanout.has_work() {
+        if self.watches.fanout().has_work() {
             // Watchers are behind: come back for them when the pace allows.
             let until = Duration::from_micros(self.pace.next_us().saturating_sub(self.micros()));
             sleep = Some(sleep.map_or(until, |s| s.min(until)));
@@ -1118,8 +1117,15 @@ impl IoLoop {
     /// and so does a refusal, so that its answer leaves in request order.
     fn forward(&mut self, slot: usize, id: ConnId, result: Result<Request, LineError>) {
         match result {
-            Ok(Request::Watch { key }) => self.parsed_watch(slot, key),
-            Ok(Request::Unwatch { key }) => self.parsed_unwatch(slot, key),
+            Ok(Request::Watch { key }) => {
+                let max = self.settings.max_watches;
+                let (watches, mut conns) = self.watch_parts();
+                watches.parsed_watch(&mut conns, slot, id, key, max);
+            }
+            Ok(Request::Unwatch { key }) => {
+                let (watches, mut conns) = self.watch_parts();
+                watches.parsed_unwatch(&mut conns, slot, id, key);
+            }
             Ok(request) => self.batch.push(Inbound::Request(id, request)),
             Err(LineError::Refused { op, key, reason }) => {
                 log::debug!(
@@ -1287,185 +1293,43 @@ impl IoLoop {
         self.batch.push(Inbound::Closed(self.conns[slot].id));
     }
 
-    /// `W <key>` parsed: watch it (the owner told first if this is the
-    /// loop's first watcher of it), or refuse it past `--max-watches`.
-    fn parsed_watch(&mut self, slot: usize, key: protocol::Key) {
-        let max = self.settings.max_watches;
-        let conn = &mut self.conns[slot];
-        let id = conn.id;
-        let queue = conn.watches.get_or_insert_with(Box::default);
-        match queue.watch(&key, max) {
-            WatchStep::Forward { new_watcher } => {
-                if new_watcher {
-                    self.add_watcher(slot, &key);
-                }
-                self.batch
-                    .push(Inbound::Request(id, Request::Watch { key }));
-            }
-            WatchStep::TooMany | WatchStep::Unwatched { .. } => {
-                let reason = Reason::TooManyWatches;
-                self.batch
-                    .push(Inbound::Refused(id, Op::Watch, Some(key), reason));
-            }
-        }
-    }
-
-    /// `X <key>` parsed: no more change lines for it; the owner is told
-    /// after the `X` if that was the loop's last watcher of the key.
-    fn parsed_unwatch(&mut self, slot: usize, key: protocol::Key) {
-        let conn = &mut self.conns[slot];
-        let id = conn.id;
-        let was_watcher = match conn.watches.as_deref_mut() {
-            Some(queue) => matches!(
-                queue.unwatch(&key),
-                WatchStep::Unwatched { was_watcher: true }
-            ),
-            None => false,
+    /// The watch glue and the loop's connections as it sees them
+    /// (`WatchConns`), borrowed apart.
+    fn watch_parts(&mut self) -> (&mut LoopWatches, LoopConns<'_>) {
+        let conns = LoopConns {
+            conns: &mut self.conns,
+            dirty: &mut self.dirty,
+            batch: &mut self.batch,
+            gauges: &self.gauges,
         };
-        self.batch
-            .push(Inbound::Request(id, Request::Unwatch { key: key.clone() }));
-        if was_watcher {
-            self.remove_watcher(slot, &key);
-        }
-    }
-
-    /// Connection `slot` watches `key` now.
-    fn add_watcher(&mut self, slot: usize, key: &protocol::Key) {
-        if self.fanout.add(key, slot) {
-            self.batch.push(Inbound::Watching {
-                worker: self.index,
-                key: key.clone(),
-                on: true,
-            });
-        }
-        self.gauges.watches.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Connection `slot` no longer watches `key`.
-    fn remove_watcher(&mut self, slot: usize, key: &protocol::Key) {
-        let Some(last) = self.fanout.remove(key, slot) else {
-            return;
-        };
-        self.gauges.watches.fetch_sub(1, Ordering::Relaxed);
-        if last {
-            self.batch.push(Inbound::Watching {
-                worker: self.index,
-                key: key.clone(),
-                on: false,
-            });
-        }
+        (&mut self.watches, conns)
     }
 
     /// The connection is going (closing, forgotten, freed): its watches end.
     fn drop_watches(&mut self, slot: usize) {
-        let Some(mut queue) = self.conns.get_mut(slot).and_then(|c| c.watches.take()) else {
-            return;
-        };
-        for key in queue.close() {
-            self.remove_watcher(slot, &key);
-        }
+        let (watches, mut conns) = self.watch_parts();
+        watches.drop_watches(&mut conns, slot);
     }
 
-    /// An entry for this loop's watchers: a change of a watched key (its
-    /// newest state, swept out to the watchers by `fan_out`), or (`M
-    /// <active> W -`) the end of every live watch as the node stops being
-    /// active. `now_us`: the batch's time on the loop's clock, read once
-    /// for all its entries.
+    /// An entry for this loop's watchers (`LoopWatches::watchers_entry`).
+    /// `now_us`: the batch's time on the loop's clock, read once for all
+    /// its entries, and only if one is a change.
     fn watchers_entry(&mut self, answer: &Answer, now_us: &mut Option<u64>) {
-        match answer {
-            Answer::Watched { key, .. } => {
-                let now_us = *now_us.get_or_insert_with(|| self.micros());
-                self.fanout
-                    .change(key, now_us, |line| answer.write_to(line));
-            }
-            Answer::Moved { active, .. } => {
-                let slots: Vec<usize> = self
-                    .conns
-                    .iter()
-                    .filter(|(_, c)| c.watches.is_some())
-                    .map(|(slot, _)| slot)
-                    .collect();
-                for slot in slots {
-                    let Some(queue) = self.conns[slot].watches.as_deref_mut() else {
-                        continue;
-                    };
-                    for key in queue.end_live() {
-                        let moved = Answer::Moved {
-                            active: active.clone(),
-                            op: Op::Watch,
-                            key: Some(key.clone()),
-                        };
-                        self.write_answer(slot, &moved);
-                        self.remove_watcher(slot, &key);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// An answer about a watch on its way to connection `slot`.
-    fn watch_answer(&mut self, slot: usize, answer: &Answer) {
-        let Some(queue) = self.conns[slot].watches.as_deref_mut() else {
-            return;
-        };
-        match answer {
-            Answer::Watched { key, .. } => {
-                queue.answered_watch(key, self.fanout.version(key));
-                self.gauges.io_counters.watch_lines(1);
-            }
-            Answer::Unwatched { key } => queue.answered_unwatch(key),
-            Answer::Moved {
-                op: Op::Watch,
-                key: Some(key),
-                ..
-            } if queue.moved_watch(key) => {
-                let key = key.clone();
-                self.remove_watcher(slot, &key);
-            }
-            _ => {}
-        }
+        let clock = self.clock;
+        let (watches, mut conns) = self.watch_parts();
+        watches.watchers_entry(&mut conns, answer, || {
+            *now_us.get_or_insert_with(|| micros_on(&clock))
+        });
     }
 
     /// Write the newest state of changed keys to watchers behind, at most
-    /// `FANOUT_LINES` of them (see `Fanout::sweep`); whether every line
-    /// was part of a pass (see `Swept`).
+    /// `FANOUT_LINES` of them (see `LoopWatches::sweep`); whether every
+    /// line was part of a pass (see `Swept`).
     fn fan_out(&mut self) -> bool {
-        let (conns, dirty) = (&mut self.conns, &mut self.dirty);
-        let mut skipped = 0;
-        let swept = self
-            .fanout
-            .sweep(FANOUT_LINES, FANOUT_LOOKS, |slot, key, version, line| {
-                let Some(conn) = conns.get_mut(slot) else {
-                    return false;
-                };
-                let has_room = conn.pending_output() < WATCH_ROOM;
-                let Some(queue) = conn.watches.as_deref_mut() else {
-                    return false;
-                };
-                let Delivery::Write { skipped: s } = queue.offer(key, version, has_room) else {
-                    return false;
-                };
-                skipped += s;
-                conn.output.extend_from_slice(line);
-                if !conn.dirty {
-                    conn.dirty = true;
-                    dirty.push(slot);
-                }
-                true
-            });
-        self.count_watch_lines(swept.lines as u64, skipped);
-        swept.keeping_up
-    }
-
-    fn count_watch_lines(&self, written: u64, skipped: u64) {
-        let counters = &self.gauges.io_counters;
-        if written > 0 {
-            counters.watch_lines(written);
-        }
-        if skipped > 0 {
-            counters.watch_lines_skipped(skipped);
-        }
+        let (watches, mut conns) = self.watch_parts();
+        watches
+            .sweep(&mut conns, FANOUT_LINES, FANOUT_LOOKS)
+            .keeping_up
     }
 
     fn take_answers(&mut self) {
@@ -1492,7 +1356,7 @@ impl IoLoop {
     /// sweep is due now, so that the first sweep after a change is paced
     /// too.
     fn note_served(&mut self) {
-        if self.fanout.is_watching() {
+        if self.watches.fanout().is_watching() {
             self.pace.served(self.micros());
         }
     }
@@ -1512,7 +1376,8 @@ impl IoLoop {
                         | Answer::Unwatched { .. }
                         | Answer::Moved { op: Op::Watch, .. }
                 ) {
-                    self.watch_answer(slot, answer);
+                    let (watches, mut conns) = self.watch_parts();
+                    watches.answer(&mut conns, slot, answer);
                 }
                 self.write_answer(slot, answer);
             }
@@ -1575,7 +1440,7 @@ impl IoLoop {
         loop {
             // Watches offered while the output was full get their newest
             // state as it drains.
-            let (written, s) = conn.fill_stalled(&self.fanout);
+            let (written, s) = conn.fill_stalled(self.watches.fanout());
             watch_lines += written;
             skipped += s;
             let before = conn.written;
@@ -1722,6 +1587,99 @@ impl IoLoop {
     fn free(&mut self, slot: usize) {
         let conn = self.unlist(slot);
         log::debug!("{}: closed", who(&conn));
+    }
+}
+
+/// µs on `clock` (for the fan-out's pace).
+fn micros_on(clock: &Clock) -> u64 {
+    let origin = clock.instant_of(0);
+    u64::try_from(Instant::now().saturating_duration_since(origin).as_micros()).unwrap_or(u64::MAX)
+}
+
+fn count_watch_lines(gauges: &Gauges, written: u64, skipped: u64) {
+    let counters = &gauges.io_counters;
+    if written > 0 {
+        counters.watch_lines(written);
+    }
+    if skipped > 0 {
+        counters.watch_lines_skipped(skipped);
+    }
+}
+
+/// The loop's connections as the watch glue sees them
+/// (`core/loop_watches.rs`): their queues, their output, the batch for the
+/// owner, the node's counts.
+struct LoopConns<'a> {
+    conns: &'a mut Slab<Conn>,
+    dirty: &'a mut Vec<usize>,
+    batch: &'a mut Vec<Inbound>,
+    gauges: &'a Gauges,
+}
+
+impl LoopConns<'_> {
+    fn mark_dirty(&mut self, slot: usize) {
+        if let Some(conn) = self.conns.get_mut(slot)
+            && !conn.dirty
+        {
+            conn.dirty = true;
+            self.dirty.push(slot);
+        }
+    }
+}
+
+impl WatchConns for LoopConns<'_> {
+    fn queue(&mut self, slot: usize) -> Option<&mut WatchQueue> {
+        self.conns.get_mut(slot)?.watches.as_deref_mut()
+    }
+
+    fn queue_or_new(&mut self, slot: usize) -> &mut WatchQueue {
+        self.conns[slot].watches.get_or_insert_with(Box::default)
+    }
+
+    fn take_queue(&mut self, slot: usize) -> Option<Box<WatchQueue>> {
+        self.conns.get_mut(slot)?.watches.take()
+    }
+
+    fn with_queues(&self) -> Vec<usize> {
+        self.conns
+            .iter()
+            .filter(|(_, c)| c.watches.is_some())
+            .map(|(slot, _)| slot)
+            .collect()
+    }
+
+    fn unsent(&self, slot: usize) -> Option<usize> {
+        self.conns.get(slot).map(Conn::pending_output)
+    }
+
+    fn write_line(&mut self, slot: usize, line: &[u8]) {
+        if let Some(conn) = self.conns.get_mut(slot) {
+            conn.output.extend_from_slice(line);
+            self.mark_dirty(slot);
+        }
+    }
+
+    fn write_answer(&mut self, slot: usize, answer: &Answer) {
+        if let Some(conn) = self.conns.get_mut(slot) {
+            answer.write_to(&mut conn.output);
+            self.mark_dirty(slot);
+        }
+    }
+
+    fn to_owner(&mut self, inbound: Inbound) {
+        self.batch.push(inbound);
+    }
+
+    fn counted_watch(&mut self, on: bool) {
+        if on {
+            self.gauges.watches.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.gauges.watches.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn counted_lines(&mut self, written: u64, skipped: u64) {
+        count_watch_lines(self.gauges, written, skipped);
     }
 }
 
@@ -2352,7 +2310,7 @@ mod tests {
             })
             .expect("send");
         turn(&mut io_loop);
-        assert!(io_loop.fanout.is_watching() && !io_loop.fanout.has_work());
+        assert!(io_loop.watches.fanout().is_watching() && !io_loop.watches.fanout().has_work());
         // No sweep is due, yet the loop is serving: the other client's
         // request counts, and then its answer.
         let before = io_loop.micros();

@@ -562,3 +562,59 @@ impl MetricsServer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader};
+
+    /// `GET path` on a fresh connection; the status line and the body.
+    fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(REQUEST_DEADLINE * 2))
+            .expect("timeout");
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").expect("send");
+        let mut reader = BufReader::new(stream);
+        let mut status = String::new();
+        reader.read_line(&mut status).expect("status line");
+        let mut rest = String::new();
+        reader.read_to_string(&mut rest).expect("the rest");
+        let body = rest.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status.trim_end().to_string(), body.to_string())
+    }
+
+    #[test]
+    fn an_owner_that_never_answers_gets_503_for_keys_and_metrics_and_the_thread_stops() {
+        // The lock owner's channel is there but nobody serves it: the
+        // owner is stuck (or too slow) from the start, so there is no view
+        // or snapshot to fall back on.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (to_owner, stuck_owner) = crossbeam_channel::bounded(4);
+        let gauges = Arc::new(Gauges::new());
+        let (server, slot) = MetricsServer::new(listener, to_owner, gauges.clone()).expect("new");
+        let thread = std::thread::spawn(move || server.run());
+
+        let (status, body) = get(addr, "/keys?top=5");
+        assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
+        assert!(
+            body.contains("the lock owner gave no view in time"),
+            "{body}"
+        );
+        let (status, _) = get(addr, "/keys/some-key");
+        assert_eq!(status, "HTTP/1.1 503 Service Unavailable");
+        let (status, _) = get(addr, "/metrics");
+        assert_eq!(status, "HTTP/1.1 503 Service Unavailable");
+        // It asked the owner, without blocking on it.
+        let asked: Vec<ToOwner> = stuck_owner.try_iter().collect();
+        assert!(
+            asked.iter().any(|m| matches!(m, ToOwner::Keys(_))),
+            "{asked:?}"
+        );
+
+        gauges.shutdown.store(true, Ordering::Release);
+        slot.wake();
+        thread.join().expect("the metrics thread stops");
+    }
+}

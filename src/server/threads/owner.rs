@@ -21,7 +21,8 @@
 //! A full outgoing channel never blocks it: the batch stays here, in order,
 //! and is retried a millisecond later (see `messages::capacity`). What
 //! waits for replication so is bounded (`capacity::OWNER_DELTAS`): past it
-//! the queued deltas are dropped and the standbys re-synced from snapshots. Each
+//! the queued deltas are dropped and the standbys re-synced from snapshots
+//! (`rounds::ReplBacklog` decides, for the simulation too). Each
 //! message from the replication thread it has applied it takes off
 //! `Gauges::cluster_queued`, which bounds how far that thread reads its
 //! peers ahead of it (`capacity::CLUSTER_ENTRIES`).
@@ -43,7 +44,6 @@
 //! Never does: socket I/O, lock decisions, or blocking on anything but its
 //! own input channel.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError, TrySendError};
 
 use crate::protocol::Answer;
-use crate::server::busy_poll::IdleStretch;
+use crate::server::busy_poll::{IdleStretch, OneCpu};
 use crate::server::clock::Clock;
 use crate::server::shared::{Gauges, Settings};
 
@@ -59,10 +59,10 @@ use crate::server::core::counters::Snapshot;
 use crate::server::core::events::ConnId;
 use crate::server::core::table_core::TableCore;
 use crate::server::messages::{
-    IoLoopLink, OwnerBatch, ReplLink, TableToCluster, ToOwner, ToRepl, capacity, next_room,
+    IoLoopLink, OwnerBatch, ReplLink, Retired, TableToCluster, ToOwner, ToRepl, next_room,
     with_headroom,
 };
-use crate::server::rounds::{Gone, OwnerPorts, OwnerRound};
+use crate::server::rounds::{Gone, Offer, OwnerPorts, OwnerRound};
 use crate::server::stats::MetricsSlot;
 
 /// How soon the owner retries a send into a full channel.
@@ -80,6 +80,9 @@ pub struct Owner {
     metrics: Option<Arc<MetricsSlot>>,
     /// When the round started (for handoff times).
     round_start: Instant,
+    /// Whether this thread may run on one CPU only (then it never polls:
+    /// busy_poll.rs).
+    one_cpu: OneCpu,
 }
 
 /// The owner's channels, as the round sees them ([`OwnerPorts`]).
@@ -91,16 +94,12 @@ struct Links {
     rounds: Vec<OwnerBatch>,
     /// Room each loop's next batch is made with (`messages::next_room`).
     rooms: Vec<usize>,
-    /// Messages for replication not sent yet (its channel was full), and
-    /// how many deltas they carry (bounded: `capacity::OWNER_DELTAS`).
-    to_repl: VecDeque<TableToCluster>,
-    to_repl_deltas: usize,
     /// Since when no message has come and no client was answered, and the
     /// polling window.
     idle: IdleStretch,
     /// Whom to tell once the answers of a `ToOwner::Retire` have all gone
     /// to the I/O loops.
-    retired: Vec<crossbeam_channel::Sender<()>>,
+    retired: Vec<Retired>,
 }
 
 impl Owner {
@@ -123,8 +122,6 @@ impl Owner {
                 repl,
                 rooms: vec![0; rounds.len()],
                 rounds,
-                to_repl: VecDeque::new(),
-                to_repl_deltas: 0,
                 idle: IdleStretch::new(busy_poll_max),
                 retired: Vec::new(),
             },
@@ -132,6 +129,7 @@ impl Owner {
             gauges,
             metrics: None,
             round_start: Instant::now(),
+            one_cpu: OneCpu::default(),
         }
     }
 
@@ -156,7 +154,7 @@ impl Owner {
                 // channel keeps them here; the next round, within
                 // `RETRY_FULL`, tries again).
                 for done in links.retired.drain(..) {
-                    let _ = done.send(());
+                    done.signal();
                 }
             }
             self.end_round_metrics(now);
@@ -232,9 +230,12 @@ impl Owner {
     fn wait_first(&mut self) -> Result<Option<ToOwner>, ()> {
         let core = &self.round.core;
         // Only while serving: a standby's input is replication batches.
-        let window_closes = self.links.idle.poll_until_if(core.is_serving());
+        let window_closes = self
+            .links
+            .idle
+            .poll_until_beside(core.is_serving(), &mut self.one_cpu);
         let mut wake_at = core.next_wake_ms().map(|ms| self.clock.instant_of(ms));
-        if self.links.backed_up() {
+        if self.links.backed_up() || !self.round.to_repl.is_empty() {
             let retry = Instant::now() + RETRY_FULL;
             wake_at = Some(wake_at.map_or(retry, |at| at.min(retry)));
         }
@@ -281,9 +282,10 @@ impl Owner {
 }
 
 impl Links {
-    /// Something is waiting for room in a full channel.
+    /// Answers are waiting for room in a full channel (what waits for
+    /// replication is the round's: `OwnerRound::to_repl`).
     fn backed_up(&self) -> bool {
-        !self.to_repl.is_empty() || self.rounds.iter().any(|r| !r.is_empty())
+        self.rounds.iter().any(|r| !r.is_empty())
     }
 }
 
@@ -296,8 +298,23 @@ impl OwnerPorts for Links {
         }
     }
 
-    fn queue_for_repl(&mut self, msg: TableToCluster) {
-        queue_for_repl(&mut self.to_repl, &mut self.to_repl_deltas, msg);
+    fn offer_to_repl(&mut self, msg: TableToCluster) -> Offer<TableToCluster> {
+        let Some(repl) = &self.repl else {
+            return Offer::Gone;
+        };
+        match repl.tx.try_send(ToRepl::Table(msg)) {
+            Ok(()) => Offer::Taken,
+            Err(TrySendError::Full(ToRepl::Table(msg))) => Offer::Full(msg),
+            Err(_) => Offer::Gone,
+        }
+    }
+
+    /// The core sends deltas at most once per `REPL_BATCH_MS` while they
+    /// stream: each round that sent is worth a wake.
+    fn sent_to_repl(&mut self) {
+        if let Some(repl) = &self.repl {
+            let _ = repl.waker.wake();
+        }
     }
 
     fn answer(&mut self, conn: ConnId, answer: Answer) {
@@ -333,43 +350,8 @@ impl OwnerPorts for Links {
         self.idle.restart();
     }
 
-    fn retiring(&mut self, done: crossbeam_channel::Sender<()>) {
+    fn retiring(&mut self, done: Retired) {
         self.retired.push(done);
-    }
-
-    /// Send what is queued for replication, in order, as far as its channel
-    /// has room; wake it once.
-    fn send_to_repl(&mut self) {
-        let Some(repl) = &self.repl else {
-            self.to_repl.clear();
-            self.to_repl_deltas = 0;
-            return;
-        };
-        let mut sent = false;
-        while let Some(msg) = self.to_repl.pop_front() {
-            let deltas = deltas_in(&msg);
-            match repl.tx.try_send(ToRepl::Table(msg)) {
-                Ok(()) => {
-                    sent = true;
-                    self.to_repl_deltas -= deltas;
-                }
-                Err(TrySendError::Full(ToRepl::Table(msg))) => {
-                    self.to_repl.push_front(msg);
-                    bound_repl_backlog(&mut self.to_repl, &mut self.to_repl_deltas);
-                    break;
-                }
-                Err(_) => {
-                    self.to_repl.clear();
-                    self.to_repl_deltas = 0;
-                    break;
-                }
-            }
-        }
-        // The core sends deltas at most once per `REPL_BATCH_MS` while
-        // they stream: each message is worth a wake.
-        if sent {
-            let _ = repl.waker.wake();
-        }
     }
 
     /// Deal this round's answers out to their I/O loops: one send and one
@@ -412,56 +394,6 @@ impl OwnerPorts for Links {
     }
 }
 
-/// Queue `msg` for replication behind `queue`, which carries `deltas`
-/// deltas.
-fn queue_for_repl(queue: &mut VecDeque<TableToCluster>, deltas: &mut usize, msg: TableToCluster) {
-    *deltas += deltas_in(&msg);
-    queue.push_back(msg);
-}
-
-/// The channel to replication is full: past `capacity::OWNER_DELTAS`
-/// (replication has taken nothing for seconds) every queued delta message
-/// is dropped, each run of them replaced by one `DeltasLost` where it
-/// stood, so a snapshot or role transfer queued after it knows the deltas
-/// before it are missing. Token ceilings dropped so still reach the
-/// standbys: every heartbeat carries this node's ceiling (`gauges.ceiling`,
-/// stored each round), and the fresh snapshot too. A message alone in the
-/// queue is kept (it goes out next; one round's deltas, however many
-/// leases ran out in it, are bounded by --max-keys).
-fn bound_repl_backlog(queue: &mut VecDeque<TableToCluster>, deltas: &mut usize) {
-    if queue.len() <= 1 || *deltas <= capacity::OWNER_DELTAS {
-        return;
-    }
-    log::warn!(
-        "lock owner: replication has taken no change for too long ({} waiting); dropping \
-         them, the standbys get fresh snapshots",
-        *deltas
-    );
-    let mut kept = VecDeque::with_capacity(queue.len());
-    for msg in queue.drain(..) {
-        match msg {
-            TableToCluster::Deltas(_) => {
-                if !matches!(kept.back(), Some(TableToCluster::DeltasLost)) {
-                    kept.push_back(TableToCluster::DeltasLost);
-                }
-            }
-            other => kept.push_back(other),
-        }
-    }
-    *queue = kept;
-    *deltas = 0;
-}
-
-/// The deltas a message for replication carries (what
-/// `capacity::OWNER_DELTAS` counts; a snapshot is bounded by `--max-keys`
-/// instead and counts nothing).
-fn deltas_in(msg: &TableToCluster) -> usize {
-    match msg {
-        TableToCluster::Deltas(deltas) => deltas.len(),
-        _ => 0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,7 +402,7 @@ mod tests {
     use crate::server::core::events::Delta;
     use crate::server::core::lock_table::{LockTable, TableLimits};
     use crate::server::core::tokens::TokenSource;
-    use crate::server::messages::Inbound;
+    use crate::server::messages::{Inbound, capacity};
     use crate::server::rounds::MAX_REQUESTS_PER_ROUND;
 
     /// An owner's clock, core (in a cluster or not) and shared state.
@@ -493,52 +425,6 @@ mod tests {
     }
 
     #[test]
-    fn deltas_waiting_for_replication_are_bounded_and_their_loss_marked_in_place() {
-        let (mut queue, mut deltas) = (VecDeque::new(), 0);
-        let step = capacity::OWNER_DELTAS / 4;
-        // Alone, even a message over the bound is kept: it goes out next.
-        queue_for_repl(&mut queue, &mut deltas, grants(capacity::OWNER_DELTAS + 1));
-        bound_repl_backlog(&mut queue, &mut deltas);
-        assert_eq!((queue.len(), deltas), (1, capacity::OWNER_DELTAS + 1));
-        queue.clear();
-        deltas = 0;
-        let snapshot = TableToCluster::Snapshot {
-            peer: 1,
-            entries: vec![],
-            ceiling: 9,
-        };
-        queue_for_repl(&mut queue, &mut deltas, grants(step));
-        queue_for_repl(&mut queue, &mut deltas, snapshot.clone());
-        queue_for_repl(&mut queue, &mut deltas, grants(step));
-        queue_for_repl(&mut queue, &mut deltas, grants(step));
-        queue_for_repl(
-            &mut queue,
-            &mut deltas,
-            TableToCluster::TransferReady { to: 1 },
-        );
-        queue_for_repl(&mut queue, &mut deltas, grants(step));
-        bound_repl_backlog(&mut queue, &mut deltas);
-        assert_eq!((queue.len(), deltas), (6, 4 * step), "at the bound: kept");
-        queue_for_repl(&mut queue, &mut deltas, grants(1));
-        bound_repl_backlog(&mut queue, &mut deltas);
-        let kept: Vec<_> = queue.iter().cloned().collect();
-        assert_eq!(
-            kept,
-            [
-                TableToCluster::DeltasLost,
-                snapshot,
-                TableToCluster::DeltasLost,
-                TableToCluster::TransferReady { to: 1 },
-                TableToCluster::DeltasLost,
-            ]
-        );
-        assert_eq!(deltas, 0);
-        // And the count follows what is queued.
-        queue_for_repl(&mut queue, &mut deltas, grants(3));
-        assert_eq!(deltas, 3);
-    }
-
-    #[test]
     fn a_full_replication_channel_bounds_what_the_owner_keeps_and_marks_the_loss() {
         let (clock, core, settings) = parts(true);
         let (_to_owner, inbound) = crossbeam_channel::bounded(4);
@@ -558,41 +444,28 @@ mod tests {
         // Replication takes the first message, then nothing.
         let step = capacity::OWNER_DELTAS / 2;
         for _ in 0..3 {
-            let msg = grants(step);
-            queue_for_repl(
-                &mut owner.links.to_repl,
-                &mut owner.links.to_repl_deltas,
-                msg,
-            );
-            owner.links.send_to_repl();
+            owner.round.to_repl.push(grants(step));
+            owner.round.send_to_repl(&mut owner.links);
         }
+        let waiting = owner.round.to_repl.iter().count();
+        assert_eq!(waiting, 2, "one sent, two kept: at the bound");
+        owner.round.to_repl.push(grants(1));
+        owner.round.send_to_repl(&mut owner.links);
         assert_eq!(
-            owner.links.to_repl.len(),
-            2,
-            "one sent, two kept: at the bound"
-        );
-        let msg = grants(1);
-        queue_for_repl(
-            &mut owner.links.to_repl,
-            &mut owner.links.to_repl_deltas,
-            msg,
-        );
-        owner.links.send_to_repl();
-        assert_eq!(
-            owner.links.to_repl.iter().cloned().collect::<Vec<_>>(),
+            owner.round.to_repl.iter().cloned().collect::<Vec<_>>(),
             [TableToCluster::DeltasLost]
         );
-        assert_eq!(owner.links.to_repl_deltas, 0);
+        assert_eq!(owner.round.to_repl.deltas(), 0);
         // Once replication takes again, the marker follows what it had.
         assert!(
             matches!(full.try_recv(), Ok(ToRepl::Table(TableToCluster::Deltas(d))) if d.len() == step)
         );
-        owner.links.send_to_repl();
+        owner.round.send_to_repl(&mut owner.links);
         assert!(matches!(
             full.try_recv(),
             Ok(ToRepl::Table(TableToCluster::DeltasLost))
         ));
-        assert!(owner.links.to_repl.is_empty());
+        assert!(owner.round.to_repl.is_empty());
     }
 
     #[test]

@@ -14,11 +14,12 @@
 //! crypto, feeds the core socket events, and implements `rounds::ReplShell`. No incoming link gets more than
 //! [`READ_BUDGET`] bytes read per round, so a flood on one link never
 //! starves the heartbeats. What waits for the lock owner is bounded
-//! ([`OwnerQueue`], `messages::capacity::CLUSTER_ENTRIES`): at the bound no
-//! incoming link is read until the owner catches up, so what peers send
-//! waits in the kernel's socket buffers (TCP pushes back on the sender),
-//! not in this node's memory; a link held back so is not silent to the
-//! core, nor is its peer dead ([`ClusterCore::handle_in_held`]).
+//! (`rounds::OwnerQueue`, `messages::capacity::CLUSTER_ENTRIES`): at the
+//! bound no incoming link is read until the owner catches up
+//! (`rounds::may_read_peer` decides), so what peers send waits in the
+//! kernel's socket buffers (TCP pushes back on the sender), not in this
+//! node's memory; a link held back so is not silent to the core, nor is
+//! its peer dead ([`ClusterCore::handle_in_held`]).
 //!
 //! TLS (`--tls-cert`): every link is a [`Stream`]. An outgoing link is
 //! dialed as a TLS client that checks the peer's certificate against
@@ -29,13 +30,14 @@
 //! to be (checked with the proof, before the link is acted on). The
 //! cluster-key handshake and the seals run inside TLS unchanged.
 //!
-//! Never does: touch lock state, decide anything, or block: a slow or dead
-//! standby only grows its own bounded output buffer (past `MAX_PEER_OUTPUT`
-//! the link is dropped and later re-synced from a fresh snapshot), never the
-//! active's answers; a full channel to the lock owner keeps the messages
-//! here, in order, until it has room — and never more than the bound above.
+//! Never does: touch lock state, decide anything (the core and rounds.rs
+//! do, its backpressure included), or block: a slow or dead standby only
+//! grows its own bounded output buffer (past `rounds::MAX_PEER_OUTPUT`,
+//! rounds.rs drops the link, later re-synced from a fresh snapshot), never
+//! the active's answers; a full channel to the lock owner keeps the
+//! messages here, in order, until it has room — and never more than the
+//! bound above.
 
-use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -55,9 +57,9 @@ use crate::server::core::cluster_core::{
 };
 use crate::server::core::now::Now;
 use crate::server::core::peer_msg::{PeerMsg, PeerParsed, parse_peer};
-use crate::server::messages::{ClusterQueued, ClusterToTable, ToOwner, ToRepl, capacity};
+use crate::server::messages::{ClusterToTable, ToOwner, ToRepl, capacity};
 use crate::server::peer_wire::{PeerReader, PeerWriter};
-use crate::server::rounds::{self, Gone, ReplShell};
+use crate::server::rounds::{self, Gone, Offer, OwnerQueue, ReplInput, ReplShell};
 use crate::server::trust::peer_auth::{
     Acceptor, ClusterKey, Dialer, LinkIds, NONCE_LEN, Opener, peers_fingerprint,
 };
@@ -67,87 +69,11 @@ use crate::server::trust::tls::Stream;
 pub const REPL_WAKER: Token = Token(usize::MAX - 1);
 /// Incoming links use tokens from here on (outgoing links use 0..nodes).
 const IN_BASE: usize = 1 << 20;
-/// Unsent bytes to one peer past which its link is dropped.
-const MAX_PEER_OUTPUT: usize = 64 * 1024 * 1024;
 /// How soon a full channel to the lock owner is tried again.
 const RETRY_FULL_MS: u64 = 1;
 /// Bytes read from one incoming link per round, at most; the rest waits for
 /// the next round (which comes at once).
 pub const READ_BUDGET: usize = 64 * 1024;
-
-/// The messages for the lock owner, in order, and the bound on them.
-///
-/// `queued` counts the entries of every message pushed here and not yet
-/// applied by the owner, which takes each off once it has applied it
-/// (owner.rs): this backlog plus the owner's channel. While it is at
-/// `limit` (`capacity::CLUSTER_ENTRIES`) or more,
-/// [`OwnerQueue::takes_peer_input`] says no and no incoming peer link is
-/// read. Messages for the owner come from peer input, or from a tick or the
-/// owner's own messages (a handful each), so the bound holds to within one
-/// read's worth.
-pub struct OwnerQueue {
-    backlog: VecDeque<ClusterToTable>,
-    queued: Arc<ClusterQueued>,
-    limit: usize,
-}
-
-impl OwnerQueue {
-    pub fn new(queued: Arc<ClusterQueued>, limit: usize) -> OwnerQueue {
-        OwnerQueue {
-            backlog: VecDeque::new(),
-            queued,
-            limit,
-        }
-    }
-
-    /// Queue `msg` behind the others.
-    pub fn push(&mut self, msg: ClusterToTable) {
-        self.queued.add(msg.weight());
-        self.backlog.push_back(msg);
-    }
-
-    /// Send what is queued, in order, as far as the owner's channel has
-    /// room. A channel whose owner is gone drops everything.
-    pub fn send(&mut self, to_owner: &Sender<ToOwner>) {
-        while let Some(msg) = self.backlog.pop_front() {
-            match to_owner.try_send(ToOwner::Cluster(msg)) {
-                Ok(()) => {}
-                Err(TrySendError::Full(ToOwner::Cluster(msg))) => {
-                    self.backlog.push_front(msg);
-                    return;
-                }
-                Err(e) => {
-                    // The owner is gone (the node stops): none of it will
-                    // ever be applied.
-                    let this = match e.into_inner() {
-                        ToOwner::Cluster(msg) => msg.weight(),
-                        _ => 0,
-                    };
-                    let rest: usize = self.backlog.iter().map(ClusterToTable::weight).sum();
-                    self.backlog.clear();
-                    self.queued.applied(this.saturating_add(rest));
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Messages wait here for room in the owner's channel.
-    pub fn is_waiting(&self) -> bool {
-        !self.backlog.is_empty()
-    }
-
-    /// Entries queued here or in the owner's channel, not yet applied.
-    pub fn queued(&self) -> usize {
-        self.queued.get()
-    }
-
-    /// May incoming peer links be read now? Not while what waits for the
-    /// owner is at its bound.
-    pub fn takes_peer_input(&self) -> bool {
-        self.queued() < self.limit
-    }
-}
 
 /// Where an outgoing link is in its life.
 enum OutPhase {
@@ -337,7 +263,13 @@ impl Replication {
     /// Send what is queued for the lock owner, in order, as far as its
     /// channel has room.
     fn send_to_owner(&mut self) {
-        self.owner_backlog.send(&self.to_owner);
+        let to_owner = &self.to_owner;
+        self.owner_backlog
+            .send(|msg| match to_owner.try_send(ToOwner::Cluster(msg)) {
+                Ok(()) => Offer::Taken,
+                Err(TrySendError::Full(ToOwner::Cluster(msg))) => Offer::Full(msg),
+                Err(_) => Offer::Gone,
+            });
     }
 
     fn flush_outs(&mut self) {
@@ -595,12 +527,11 @@ impl Replication {
             if !self.ins.contains(link) {
                 return;
             }
-            if budget == 0 || !self.owner_backlog.takes_peer_input() {
+            // Held back while the owner is behind (rounds.rs decides): not
+            // silence, else a busy owner would cost the links, and a
+            // standby would find its active dead.
+            if budget == 0 || !rounds::may_read_peer(self, link) {
                 if budget > 0 {
-                    // Held back: not silence (else a busy owner would cost
-                    // the links, and a standby would find its active dead).
-                    self.core.handle_in_held(self.clock.now(), link);
-                    self.carry_out();
                     self.warn_owner_behind();
                 }
                 if !self.unread.contains(&link) {
@@ -811,11 +742,21 @@ impl ReplShell for Replication {
         &self.gauges
     }
 
-    fn next_inbox(&mut self) -> Result<Option<ToRepl>, Gone> {
-        match self.inbox.try_recv() {
-            Ok(msg) => Ok(Some(msg)),
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(Gone),
+    /// A peer link an I/O loop hands over is adopted here, as it is taken
+    /// (a socket: none of the round's business).
+    fn next_inbox(&mut self) -> Result<Option<ReplInput>, Gone> {
+        loop {
+            return match self.inbox.try_recv() {
+                Ok(ToRepl::Table(msg)) => Ok(Some(ReplInput::Table(msg))),
+                Ok(ToRepl::AdoptPeerLink(stream, bytes)) => {
+                    self.adopt_incoming(stream, bytes);
+                    continue;
+                }
+                Ok(ToRepl::Shutdown) => Ok(Some(ReplInput::Shutdown)),
+                Ok(ToRepl::Stop) => Ok(Some(ReplInput::Stop)),
+                Err(TryRecvError::Empty) => Ok(None),
+                Err(TryRecvError::Disconnected) => Err(Gone),
+            };
         }
     }
 
@@ -827,26 +768,23 @@ impl ReplShell for Replication {
         self.done
     }
 
-    fn adopt(&mut self, stream: Stream, bytes: Vec<u8>) {
-        self.adopt_incoming(stream, bytes);
-    }
-
     fn dial(&mut self, peer: usize) {
         Replication::dial(self, peer);
     }
 
-    fn send(&mut self, peer: usize, msg: PeerMsg) {
+    fn send(&mut self, peer: usize, msg: PeerMsg) -> usize {
         let Some(out) = self.outs.get_mut(peer) else {
-            return;
+            return 0;
         };
         out.writer.push(&msg);
-        if out.writer.pending().len() > MAX_PEER_OUTPUT {
-            log::warn!(
-                "replication: {} is too far behind; dropping its link",
-                self.peers[peer]
-            );
-            self.out_failed(peer, &io::Error::other("output over limit"));
-        }
+        out.writer.pending().len()
+    }
+
+    fn too_far_behind(&mut self, peer: usize) {
+        log::warn!(
+            "replication: {} is too far behind; dropping its link",
+            self.peers[peer]
+        );
     }
 
     fn drop_out(&mut self, peer: usize) {
@@ -862,6 +800,10 @@ impl ReplShell for Replication {
 
     fn to_owner(&mut self, msg: ClusterToTable) {
         self.owner_backlog.push(msg);
+    }
+
+    fn owner_queue(&self) -> &OwnerQueue {
+        &self.owner_backlog
     }
 
     fn send_to_owner(&mut self) {
@@ -880,118 +822,4 @@ impl ReplShell for Replication {
 
 fn resolve(peer: &str) -> Option<SocketAddr> {
     peer.to_socket_addrs().ok()?.next()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::server::core::events::Delta;
-    use crossbeam_channel::bounded;
-
-    fn deltas(n: u64) -> ClusterToTable {
-        ClusterToTable::Deltas((1..=n).map(|c| Delta::Ceiling(c * 16)).collect())
-    }
-
-    /// What the lock owner does with one message (owner.rs): apply it, then
-    /// take its entries off what waits.
-    fn owner_applies(rx: &Receiver<ToOwner>, queued: &ClusterQueued) -> Option<ClusterToTable> {
-        match rx.try_recv().ok()? {
-            ToOwner::Cluster(msg) => {
-                queued.applied(msg.weight());
-                Some(msg)
-            }
-            _ => None,
-        }
-    }
-
-    #[test]
-    fn peer_input_stops_at_the_bound_and_resumes_once_the_owner_catches_up() {
-        let queued = Arc::new(ClusterQueued::default());
-        let mut q = OwnerQueue::new(Arc::clone(&queued), 100);
-        let (tx, rx) = bounded(2);
-        assert!(q.takes_peer_input());
-        q.push(ClusterToTable::Observe(5));
-        q.push(deltas(49));
-        q.send(&tx);
-        assert!(!q.is_waiting(), "both went into the channel");
-        assert_eq!(q.queued(), 51, "counted while in the channel too");
-        assert!(q.takes_peer_input());
-        q.push(deltas(48));
-        q.send(&tx);
-        assert!(q.is_waiting(), "the channel is full: it waits here");
-        assert_eq!(q.queued(), 100);
-        assert!(!q.takes_peer_input(), "at the bound: no peer link is read");
-        // The owner applies one: under the bound again, and the rest goes
-        // on in order.
-        assert_eq!(
-            owner_applies(&rx, &queued),
-            Some(ClusterToTable::Observe(5))
-        );
-        assert!(q.takes_peer_input());
-        q.send(&tx);
-        assert!(!q.is_waiting());
-        assert_eq!(owner_applies(&rx, &queued), Some(deltas(49)));
-        assert_eq!(owner_applies(&rx, &queued), Some(deltas(48)));
-        assert_eq!(q.queued(), 0);
-    }
-
-    #[test]
-    fn a_flood_faster_than_the_owner_stays_within_the_bound_and_loses_nothing() {
-        // A reader that queues a batch whenever peer input is taken, eight
-        // times a round, and an owner that applies one message a round: what
-        // waits never passes the bound by more than one batch, and every
-        // batch arrives, in order.
-        const LIMIT: usize = 10_000;
-        let queued = Arc::new(ClusterQueued::default());
-        let mut q = OwnerQueue::new(Arc::clone(&queued), LIMIT);
-        let (tx, rx) = bounded(4);
-        let (mut pushed, mut applied, mut most) = (0u64, 0u64, 0usize);
-        for _ in 0..5_000 {
-            for _ in 0..8 {
-                if q.takes_peer_input() {
-                    pushed += 1;
-                    q.push(ClusterToTable::Observe(pushed));
-                    q.push(deltas(999));
-                }
-            }
-            most = most.max(q.queued());
-            q.send(&tx);
-            if let Some(ClusterToTable::Observe(n)) = owner_applies(&rx, &queued) {
-                applied += 1;
-                assert_eq!(n, applied, "in order");
-            }
-            owner_applies(&rx, &queued);
-        }
-        assert!(
-            pushed > 1000,
-            "the reader was throttled, not stopped: {pushed}"
-        );
-        assert!(most <= LIMIT + 1001, "{most} entries waited");
-        assert!(applied + 10 >= pushed, "{applied} of {pushed}");
-    }
-
-    #[test]
-    fn a_snapshot_counts_whole_and_an_owner_gone_leaves_nothing_counted() {
-        let queued = Arc::new(ClusterQueued::default());
-        let mut q = OwnerQueue::new(Arc::clone(&queued), 100);
-        q.push(ClusterToTable::Snapshot {
-            seq: 1,
-            entries: (1..=500).map(|c| Delta::Ceiling(c * 16)).collect(),
-        });
-        assert_eq!(q.queued(), 501);
-        assert!(!q.takes_peer_input());
-        let (tx, rx) = bounded(1);
-        q.send(&tx);
-        q.push(deltas(10));
-        q.send(&tx);
-        assert!(q.is_waiting());
-        drop(rx);
-        q.send(&tx);
-        assert!(!q.is_waiting());
-        assert_eq!(q.queued(), 501, "the one in the channel is the owner's");
-        queued.applied(501);
-        assert_eq!(q.queued(), 0);
-        queued.applied(7);
-        assert_eq!(q.queued(), 0, "never below zero");
-    }
 }

@@ -22,7 +22,10 @@ import javax.net.ssl.SSLContext;
 /**
  * A client of a baton service: one or more servers, each reached through
  * persistent connections kept up in the background (two when one address is
- * given, one per address otherwise), picked round-robin, reconnected every
+ * given, one per address otherwise), picked round-robin (an acquire of a key
+ * goes to one with no acquire of that key outstanding when one is up, so that
+ * a try-acquire never waits behind this client's own acquire of the key),
+ * reconnected every
  * 3 s after a drop, with requests from every thread pipelined on them.
  * Thread-safe: build one and share it. {@link #close()} stops every thread it
  * started.

@@ -21,7 +21,12 @@ import java.util.function.Supplier;
  * up to the request timeout; at most 8 redirects per call;</li>
  * <li>a connection has the request timeout to answer (an acquire: its wait
  * plus the request timeout; one without a wait limit: no limit), else it is
- * closed and the call fails unavailable;</li>
+ * closed and the call fails unavailable; that clock starts when the request
+ * reaches the front of its (op, key) line on its connection (the server
+ * holds back the answer to an acquire sent behind an earlier acquire of the
+ * same key there, even a {@code T}), and an acquire still held back at its
+ * caller's deadline fails with a timeout (its wait ran out long before; a
+ * grant that comes later is released), never closing the connection;</li>
  * <li>a grant answered after more than a third of its lease is confirmed at
  * once with {@code K};</li>
  * <li>a release is retried for 5 s at 200 ms while no connection can carry
@@ -83,6 +88,33 @@ final class Calls {
         return new UnavailableException("unexpected answer: " + Wire.abbreviate(a.text));
     }
 
+    /** Which deadline of a request still unanswered has passed: see {@link #pastDeadline}. */
+    enum Verdict { NOT_YET, CONN_OVERDUE, CALLER_OVERDUE, HELD_BACK }
+
+    /**
+     * At {@code now}, for a request that reached the front of its (op, key)
+     * line on its connection at {@code frontAt} (when {@code atFront}; else it
+     * is held back behind an earlier one), with the connection's budget
+     * ({@code budgetNanos}, -1: no limit) and the caller's deadline
+     * ({@code due}, {@link Pool#NONE}: none): CONN_OVERDUE (the connection is
+     * deemed dead), CALLER_OVERDUE, HELD_BACK (the caller's deadline, while
+     * the server was entitled to hold the answer back), or NOT_YET. Pure.
+     * The caller's deadline is taken just before the send, the connection's
+     * just after it: for a request whose budget is the request timeout they
+     * differ by the send's microseconds, and the connection is as overdue as
+     * the caller (it is closed and reconnected, as every official client
+     * does).
+     */
+    static Verdict pastDeadline(long now, long budgetNanos, boolean atFront, long frontAt, long due) {
+        if (budgetNanos >= 0 && atFront && now - deadline(frontAt, budgetNanos) >= -SAME_DEADLINE_NANOS) {
+            return Verdict.CONN_OVERDUE;
+        }
+        if (due != Pool.NONE && now - due >= 0) {
+            return atFront ? Verdict.CALLER_OVERDUE : Verdict.HELD_BACK;
+        }
+        return Verdict.NOT_YET;
+    }
+
     static long deadline(long fromNanos, long addNanos) {
         return fromNanos + addNanos < fromNanos ? Pool.NONE : fromNanos + addNanos;
     }
@@ -97,6 +129,8 @@ final class Calls {
         private int hops;
         private long waitingSince = -1;
         private volatile Conn.Ticket current;
+        /** The current attempt's next look at its deadlines. */
+        private volatile ScheduledFuture<?> timer;
         final CompletableFuture<Exchanged> result = new CompletableFuture<>();
 
         Exchange(Pool pool, long due, Supplier<Wire.Request> make) {
@@ -137,7 +171,7 @@ final class Calls {
                 fail(e);
                 return;
             }
-            pool.pick(due).whenComplete((conn, err) -> {
+            pool.pick(due, request.op() == 'A' ? request.key() : null).whenComplete((conn, err) -> {
                 if (err != null) {
                     fail(error(err));
                 } else {
@@ -160,11 +194,9 @@ final class Calls {
                 t.future.cancel(false);
             }
             long budget = request.budgetMs(pool.requestTimeoutMs);
-            long connDue = budget < 0 ? Pool.NONE : deadline(t.sentAt, ms(budget));
-            long until = Math.min(connDue, due);
-            ScheduledFuture<?> timer = until == Pool.NONE ? null
-                : pool.schedule(() -> overdue(t, connDue), until - System.nanoTime());
+            watch(t, budget < 0 ? -1 : ms(budget), request.op());
             t.future.whenComplete((answer, e) -> {
+                ScheduledFuture<?> timer = this.timer;
                 if (timer != null) {
                     timer.cancel(false);
                 }
@@ -176,22 +208,66 @@ final class Calls {
             });
         }
 
-        private void overdue(Conn.Ticket t, long connDue) {
+        /**
+         * Look at {@code t} again at the earlier of the caller's deadline and
+         * the connection's ({@code budgetNanos}, -1: none, from when the
+         * request reached the front of its (op, key) line; while it is held
+         * back, a budget from now).
+         */
+        private void watch(Conn.Ticket t, long budgetNanos, char op) {
+            long check = Pool.NONE;
+            if (budgetNanos >= 0) {
+                check = deadline(t.atFront() ? t.frontAt() : System.nanoTime(), budgetNanos);
+            }
+            long until = Math.min(check, due);
+            if (until == Pool.NONE) {
+                return;
+            }
+            timer = pool.schedule(() -> onDeadline(t, budgetNanos, op), until - System.nanoTime());
+            if (t.future.isDone() && timer != null) {
+                timer.cancel(false);
+            }
+        }
+
+        private void onDeadline(Conn.Ticket t, long budgetNanos, char op) {
+            if (t.future.isDone()) {
+                return;
+            }
+            boolean atFront = t.atFront();
+            switch (pastDeadline(System.nanoTime(), budgetNanos, atFront, atFront ? t.frontAt() : 0, due)) {
+                case CONN_OVERDUE -> overdue(t, true);
+                case CALLER_OVERDUE -> overdue(t, false);
+                case HELD_BACK -> {
+                    if (op == 'A') {
+                        heldBack(t);
+                    } else {
+                        overdue(t, false);
+                    }
+                }
+                default -> watch(t, budgetNanos, op);
+            }
+        }
+
+        private void overdue(Conn.Ticket t, boolean kill) {
             if (!t.future.cancel(false)) {
                 return; // answered after all
             }
             long waited = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - t.sentAt);
             String why = t.conn.addr + " did not answer within " + waited + " ms";
-            // The caller's deadline is taken just before the send, the
-            // connection's just after it: for a request whose budget is the
-            // request timeout they differ by the send's microseconds, and the
-            // connection is as overdue as the caller (it is closed and
-            // reconnected, as every official client does).
-            if (System.nanoTime() - connDue >= -SAME_DEADLINE_NANOS) {
+            if (kill) {
                 t.conn.kill(t.generation, "no answer within " + waited + " ms");
             }
             delivered = true;
             fail(new UnavailableException("no answer: " + why));
+        }
+
+        /** Its wait ran out long ago: the answer held back is a T (a grant that comes instead is released). */
+        private void heldBack(Conn.Ticket t) {
+            if (!t.future.cancel(false)) {
+                return; // answered after all
+            }
+            delivered = true;
+            fail(new BatonTimeoutException("timed out: the key was not granted within the wait"));
         }
 
         private void answered(Wire.Answer a, long sentAt) {

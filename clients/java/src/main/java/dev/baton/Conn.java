@@ -24,7 +24,12 @@ import javax.net.ssl.SSLSocket;
  * reads and dispatches every answer, probes a silent server with {@code I},
  * and reconnects every 3 s after a drop. Callers write their request lines
  * themselves, under the write lock, in the order they push them into the
- * pending table, so answers are matched by (op, key) in send order.
+ * pending table, so answers are matched by (op, key) in send order. A
+ * request sent behind an earlier one of its (op, key) (an acquire behind an
+ * acquire of the same key waiting in line) cannot be answered before it,
+ * even when its own wait has run out: its ticket says when it reached the
+ * front of that line ({@link Ticket#atFront}), and the overdue clock of the
+ * call (Calls) runs only from then.
  * Never does: retry, choose, or interpret answers beyond routing them.
  */
 final class Conn {
@@ -50,10 +55,37 @@ final class Conn {
         final long generation;
         final long sentAt = System.nanoTime();
         final CompletableFuture<Wire.Answer> future = new CompletableFuture<>();
+        /** When the request reached the front of its (op, key) line here; valid once {@link #atFront}. */
+        private volatile long frontAt;
+        private volatile boolean atFront;
 
         Ticket(Conn conn, long generation) {
             this.conn = conn;
             this.generation = generation;
+        }
+
+        /** The request was sent at the front of its line: it can be answered from its send on. */
+        void sentAtFront() {
+            frontAt = sentAt;
+            atFront = true;
+        }
+
+        /** The request can be answered from now on: none before it of its (op, key) is unanswered. */
+        void reachedFront() {
+            if (!atFront) {
+                frontAt = System.nanoTime();
+                atFront = true;
+            }
+        }
+
+        /** True once the request reached the front of its line (else the server may hold its answer back). */
+        boolean atFront() {
+            return atFront;
+        }
+
+        /** When it reached the front of its line; only once {@link #atFront}. */
+        long frontAt() {
+            return frontAt;
         }
     }
 
@@ -136,6 +168,13 @@ final class Conn {
         }
     }
 
+    /** True when a request with this (op, key) waits for its answer here (a later one would be answered after it). */
+    boolean hasPending(char op, String key) {
+        synchronized (state) {
+            return pending.has(op, key);
+        }
+    }
+
     /** The reason word when the server refused this client's secret on the last attempt. */
     String authRefused() {
         synchronized (state) {
@@ -169,7 +208,13 @@ final class Conn {
                 ticket = new Ticket(this, generation);
             } else {
                 ticket = new Ticket(this, wanted ? generation : -1);
-                pending.push(op, key, wanted ? ticket : null);
+                if (pending.push(op, key, wanted ? ticket : null)) {
+                    // Not the time now: the first push of a JVM can take
+                    // tens of milliseconds (a record's first hashCode), and
+                    // the connection's deadline must not drift past the
+                    // caller's (see Calls.pastDeadline).
+                    ticket.sentAtFront();
+                }
             }
             outbox.write(line, 0, line.length);
             if (flushing) {
@@ -557,6 +602,10 @@ final class Conn {
         String key = op == 'I' || op == 'U' ? null : a.key;
         synchronized (state) {
             found = pending.take(op, key, slot);
+            Ticket next = found ? pending.front(op, key) : null;
+            if (next != null) {
+                next.reachedFront();
+            }
         }
         if (!found) {
             return "the server sent an answer for no request: " + Wire.abbreviate(a.text);

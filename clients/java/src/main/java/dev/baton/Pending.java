@@ -11,7 +11,13 @@ import java.util.Objects;
  * Requests waiting for their answer on one connection, per (op, key), oldest
  * first. The server answers requests with the same (op, key) on one
  * connection in arrival order, so the oldest waiting request of that
- * (op, key) is the one an answer belongs to. Pure; the connection locks it.
+ * (op, key) is the one an answer belongs to, and only that one can be
+ * answered next: the server holds back the answer to a later acquire of a key
+ * (even a {@code T} whose wait ran out) until the earlier one on the same
+ * connection is answered. {@link #push} says whether a request went to the
+ * front of its line, {@link #front} names the one there, and {@link #has}
+ * lets the pool send an acquire to a connection with none of its key
+ * outstanding. Pure; the connection locks it.
  *
  * @param <T> what hands the answer over (a ticket; null for a request whose
  *     answer nobody waits for)
@@ -24,10 +30,29 @@ final class Pending<T> {
     private int len;
     private static final Object NONE = new Object();
 
-    /** Remember a request just sent, behind those with the same (op, key). */
-    void push(char op, String key, T slot) {
-        queues.computeIfAbsent(new Id(op, key), k -> new ArrayDeque<>()).addLast(slot == null ? NONE : slot);
+    /**
+     * Remember a request just sent, behind those with the same (op, key).
+     *
+     * @return true when none was waiting: it is at the front of its line
+     */
+    boolean push(char op, String key, T slot) {
+        ArrayDeque<Object> q = queues.computeIfAbsent(new Id(op, key), k -> new ArrayDeque<>());
+        q.addLast(slot == null ? NONE : slot);
         len++;
+        return q.size() == 1;
+    }
+
+    /** True when a request with this (op, key) waits for its answer (one hash lookup). */
+    boolean has(char op, String key) {
+        return queues.containsKey(new Id(op, key));
+    }
+
+    /** The oldest waiting request's slot with this (op, key), left in place; null when none (or nobody waits for it). */
+    @SuppressWarnings("unchecked")
+    T front(char op, String key) {
+        ArrayDeque<Object> q = queues.get(new Id(op, key));
+        Object slot = q == null ? null : q.peekFirst();
+        return slot == null || slot == NONE ? null : (T) slot;
     }
 
     /**

@@ -16,7 +16,13 @@ import javax.net.ssl.SSLContext;
  * pauses between retries, keep-alives) and the signal of connection phase
  * changes that callers waiting for a connection wait on.
  * Choice ({@link #choose}, pure): the preferred node's connections first, if
- * one is up; else any connection that is up, round-robin. A caller waits only
+ * one is up; else any connection that is up, round-robin. An acquire of key K
+ * goes to a connection with no acquire of K outstanding, when one of those is
+ * up: the server answers a later acquire of K on a connection (even its
+ * {@code T}) only after the earlier one, so a try-acquire sent behind the same
+ * client's acquire of K waiting in line would wait for that one. When every
+ * such connection has one it is sent anyway, and its overdue clock starts only
+ * when the earlier one is answered (Calls). A caller waits only
  * while some connection it could use is connecting, bounded by its own
  * deadline and the connect timeout (+1 s), and fails at once when every one
  * is down. Never does: send, retry or interpret answers.
@@ -165,21 +171,40 @@ final class Pool {
      * @return the index to use, {@link #WAIT}, or {@link #NOTHING}
      */
     static int choose(int[] nodes, Conn.Phase[] phases, int preferred, int turn) {
+        return choose(nodes, phases, null, preferred, turn);
+    }
+
+    /**
+     * {@link #choose(int[], Conn.Phase[], int, int)}, the up connections not
+     * {@code busy} (an acquire of the same key outstanding there; null: none
+     * is) first among those of a node.
+     */
+    static int choose(int[] nodes, Conn.Phase[] phases, boolean[] busy, int preferred, int turn) {
         if (preferred >= 0) {
-            int c = among(nodes, phases, preferred, turn);
+            int c = among(nodes, phases, busy, preferred, turn);
             if (c != NOTHING) {
                 return c;
             }
         }
-        return among(nodes, phases, -1, turn);
+        return among(nodes, phases, busy, -1, turn);
     }
 
-    private static int among(int[] nodes, Conn.Phase[] phases, int node, int turn) {
+    private static int among(int[] nodes, Conn.Phase[] phases, boolean[] busy, int node, int turn) {
+        if (busy != null) {
+            int c = among(nodes, phases, busy, node, turn, true);
+            if (c >= 0) {
+                return c;
+            }
+        }
+        return among(nodes, phases, busy, node, turn, false);
+    }
+
+    private static int among(int[] nodes, Conn.Phase[] phases, boolean[] busy, int node, int turn, boolean free) {
         int up = 0;
         boolean connecting = false;
         for (int i = 0; i < nodes.length; i++) {
             if (node < 0 || nodes[i] == node) {
-                if (phases[i] == Conn.Phase.UP) {
+                if (phases[i] == Conn.Phase.UP && !(free && busy[i])) {
                     up++;
                 } else if (phases[i] == Conn.Phase.CONNECTING) {
                     connecting = true;
@@ -189,7 +214,8 @@ final class Pool {
         if (up > 0) {
             int want = Math.floorMod(turn, up);
             for (int i = 0; i < nodes.length; i++) {
-                if ((node < 0 || nodes[i] == node) && phases[i] == Conn.Phase.UP && want-- == 0) {
+                if ((node < 0 || nodes[i] == node) && phases[i] == Conn.Phase.UP && !(free && busy[i])
+                    && want-- == 0) {
                     return i;
                 }
             }
@@ -199,17 +225,30 @@ final class Pool {
 
     /** A connection up now; null while one is connecting; throws when none can be had. */
     Conn chooseNow() {
+        return chooseNow(null);
+    }
+
+    /**
+     * A connection up now, for an acquire of {@code acquireKey} (null: not an
+     * acquire) one with no acquire of it outstanding if it can; null while
+     * one is connecting; throws when none can be had.
+     */
+    Conn chooseNow(String acquireKey) {
         if (closed) {
             throw new ClosedException("the client is closed");
         }
         Conn[] all = conns;
         int[] nodes = new int[all.length];
         Conn.Phase[] phases = new Conn.Phase[all.length];
+        boolean[] busy = acquireKey == null ? null : new boolean[all.length];
         for (int i = 0; i < all.length; i++) {
             nodes[i] = all[i].node;
             phases[i] = all[i].phase();
+            if (busy != null) {
+                busy[i] = all[i].hasPending('A', acquireKey);
+            }
         }
-        int c = choose(nodes, phases, preferred.get(), turn.getAndIncrement());
+        int c = choose(nodes, phases, busy, preferred.get(), turn.getAndIncrement());
         if (c >= 0) {
             return all[c];
         }
@@ -257,12 +296,15 @@ final class Pool {
         return b.toString();
     }
 
-    /** A connection that is up, waiting until {@code dueNanos} at most while one is connecting. */
-    CompletableFuture<Conn> pick(long dueNanos) {
+    /**
+     * A connection that is up (see {@link #chooseNow(String)}), waiting until
+     * {@code dueNanos} at most while one is connecting.
+     */
+    CompletableFuture<Conn> pick(long dueNanos, String acquireKey) {
         Conn c;
         long seen = version();
         try {
-            c = chooseNow();
+            c = chooseNow(acquireKey);
         } catch (BatonException e) {
             return CompletableFuture.failedFuture(e);
         }
@@ -279,15 +321,15 @@ final class Pool {
                 timer.cancel(false);
             }
         });
-        retryPick(f, seen);
+        retryPick(f, seen, acquireKey);
         return f;
     }
 
-    private void retryPick(CompletableFuture<Conn> f, long seen) {
+    private void retryPick(CompletableFuture<Conn> f, long seen, String acquireKey) {
         while (!f.isDone()) {
             Conn c;
             try {
-                c = chooseNow();
+                c = chooseNow(acquireKey);
             } catch (BatonException e) {
                 f.completeExceptionally(e);
                 return;
@@ -297,7 +339,7 @@ final class Pool {
                 return;
             }
             final long now = seen;
-            if (onChange(now, () -> retryPick(f, version()))) {
+            if (onChange(now, () -> retryPick(f, version(), acquireKey))) {
                 return;
             }
             seen = version();

@@ -65,6 +65,69 @@ class ClientTest {
         }
     }
 
+    /** Poll until {@code n} acquires of {@code k} wait in line (bounded by the class's timeout). */
+    private static void waiting(BatonClient c, String k, long n) throws Exception {
+        while (c.query(k).waiting() != n) {
+            Thread.sleep(5);
+        }
+    }
+
+    @Test
+    void aTryAcquireBehindTheClientsOwnWaiterTimesOutAndTheWaiterKeepsItsPlace() throws Exception {
+        try (BatonClient c = client(); BatonClient other = client()) {
+            String k = key("own");
+            Grant holder = other.acquire(k, LEASE);
+            CompletableFuture<Grant> first = c.acquireAsync(k, LEASE, null);
+            waiting(other, k, 1);
+            // Two in a row: round-robin alone would put one of them behind
+            // the waiter, where the server holds its T back until the waiter
+            // is answered (and the connection, deemed dead, would be closed).
+            for (int i = 0; i < 2; i++) {
+                assertThrows(BatonTimeoutException.class, () -> c.tryAcquire(k, LEASE));
+            }
+            CompletableFuture<Grant> second = other.acquireAsync(k, LEASE, null);
+            waiting(other, k, 2);
+            holder.release();
+            Grant g1 = first.get(10, TimeUnit.SECONDS);
+            assertTrue(Long.compareUnsigned(g1.token(), holder.token()) > 0);
+            assertFalse(second.isDone(), "the first waiter kept its place");
+            g1.release();
+            Grant g2 = second.get(10, TimeUnit.SECONDS);
+            assertTrue(Long.compareUnsigned(g2.token(), g1.token()) > 0);
+            g2.release();
+        }
+    }
+
+    @Test
+    void aTryAcquireHeldBackOnEveryConnectionTimesOutWithoutClosingOne() throws Exception {
+        // A short request timeout: the try-acquire's answer is due within it
+        // (plus its wait), by which time the server still holds it back.
+        try (BatonClient c = BatonClient.builder(node.addr).requestTimeout(Duration.ofMillis(300)).build();
+             BatonClient other = client()) {
+            String k = key("full");
+            Grant holder = other.acquire(k, LEASE);
+            // One waiter of c on each of its two connections, another
+            // client's behind them.
+            CompletableFuture<Grant> first = c.acquireAsync(k, LEASE, null);
+            waiting(other, k, 1);
+            CompletableFuture<Grant> second = c.acquireAsync(k, LEASE, null);
+            waiting(other, k, 2);
+            CompletableFuture<Grant> third = other.acquireAsync(k, LEASE, null);
+            waiting(other, k, 3);
+            assertThrows(BatonTimeoutException.class, () -> c.tryAcquire(k, LEASE));
+            // Had a connection been closed, its waiter would have been sent
+            // again, behind the third.
+            holder.release();
+            long last = holder.token();
+            for (CompletableFuture<Grant> next : List.of(first, second, third)) {
+                Grant g = next.get(10, TimeUnit.SECONDS);
+                assertTrue(Long.compareUnsigned(g.token(), last) > 0);
+                last = g.token();
+                g.release();
+            }
+        }
+    }
+
     @Test
     void theNextInLineGetsTheKeyOnRelease() throws Exception {
         try (BatonClient c = client()) {

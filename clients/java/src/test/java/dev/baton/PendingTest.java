@@ -42,4 +42,21 @@ class PendingTest {
         assertEquals(java.util.List.of(5), p.drain());
         assertEquals(0, p.size());
     }
+
+    @Test
+    void theFrontOfEachLineIsKnown() {
+        Pending<Integer> p = new Pending<>();
+        assertTrue(p.push('A', "a", 1));
+        assertFalse(p.push('A', "a", 2));
+        assertTrue(p.push('A', "b", 3));
+        assertTrue(p.has('A', "a"));
+        assertFalse(p.has('R', "a"));
+        assertEquals(1, p.front('A', "a"));
+        Object[] out = new Object[1];
+        assertTrue(p.take('A', "a", out));
+        assertEquals(2, p.front('A', "a"));
+        assertTrue(p.take('A', "a", out));
+        assertFalse(p.has('A', "a"));
+        assertEquals(null, p.front('A', "a"));
+    }
 }

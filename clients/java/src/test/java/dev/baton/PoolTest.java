@@ -40,4 +40,34 @@ class PoolTest {
         assertEquals(Pool.WAIT, Pool.choose(new int[] {0, 1}, new Phase[] {UP, CONNECTING}, 1, 0));
         assertEquals(0, Pool.choose(new int[] {0, 1}, new Phase[] {UP, DOWN}, 1, 0));
     }
+
+    @Test
+    void anAcquireGoesWhereNoneOfItsKeyIsOutstanding() {
+        int[] nodes = {0, 0, 0};
+        Phase[] phases = {UP, UP, DOWN};
+        for (int t = 0; t < 4; t++) {
+            assertEquals(1, Pool.choose(nodes, phases, new boolean[] {true, false, false}, -1, t));
+        }
+        // Every one busy: still sent, round-robin.
+        assertEquals(0, Pool.choose(new int[] {0, 0}, new Phase[] {UP, UP}, new boolean[] {true, true}, -1, 0));
+        assertEquals(1, Pool.choose(new int[] {0, 0}, new Phase[] {UP, UP}, new boolean[] {true, true}, -1, 1));
+        // A free connection elsewhere does not beat the preferred node (it
+        // would only redirect back).
+        assertEquals(1, Pool.choose(new int[] {0, 1}, new Phase[] {UP, UP}, new boolean[] {false, true}, 1, 0));
+    }
+
+    @Test
+    void aRequestHeldBackNeverMakesItsConnectionOverdue() {
+        long s = 1_000_000_000L;
+        long budget = 5 * s;
+        // Held back long past its budget: only the caller's deadline counts.
+        assertEquals(Calls.Verdict.NOT_YET, Calls.pastDeadline(60 * s, budget, false, 0, Pool.NONE));
+        assertEquals(Calls.Verdict.HELD_BACK, Calls.pastDeadline(6 * s, budget, false, 0, 5 * s));
+        // At the front since 10 s: its budget runs from then.
+        assertEquals(Calls.Verdict.NOT_YET, Calls.pastDeadline(14 * s, budget, true, 10 * s, Pool.NONE));
+        assertEquals(Calls.Verdict.CONN_OVERDUE, Calls.pastDeadline(15 * s, budget, true, 10 * s, Pool.NONE));
+        assertEquals(Calls.Verdict.CALLER_OVERDUE, Calls.pastDeadline(14 * s, budget, true, 10 * s, 12 * s));
+        // No budget (an acquire without a wait limit): never overdue.
+        assertEquals(Calls.Verdict.NOT_YET, Calls.pastDeadline(99 * s, -1, true, 0, Pool.NONE));
+    }
 }
