@@ -1,7 +1,8 @@
 //! Test support shared by the integration tests: real `batond` processes on
 //! loopback ports, a line-oriented TCP client, and deadline-bounded polling;
 //! `faults` adds a proxy that cuts, stalls or refuses connections and a fake
-//! standby that answers `M`, for the client tests; `info` reads the `I`
+//! standby that answers `M`, for the client tests; `http` one request to
+//! a metrics port and its response; `info` reads the `I`
 //! answers the cluster tests poll, and `nodes` holds a test cluster's nodes
 //! and puts together their command lines.
 //!
@@ -13,6 +14,7 @@
 
 pub mod cluster_key;
 pub mod faults;
+pub mod http;
 pub mod info;
 pub mod nodes;
 pub mod pki;
