@@ -6,16 +6,16 @@
 //! server holding a million keys, or a hundred thousand queued waiters), and
 //! the small blocking helpers that ask servers things (`SCRIPT LOAD`, `I`,
 //! `DBSIZE`). The load itself is engine.rs, the wire formats wire.rs, the
-//! tables report.rs; the TLS, semaphore, watch, connection-storm, etcd and
-//! fleet rows are their own files (tls_rows.rs, semaphore_rows.rs,
+//! tables report.rs; the TLS, semaphore, watch, connection-storm, etcd,
+//! join and fleet rows are their own files (tls_rows.rs, semaphore_rows.rs,
 //! watch_rows.rs, storm_rows.rs, etcd_rows.rs with etcd.rs and http.rs,
-//! fleet_rows.rs), run after the main rows.
+//! join_rows.rs, fleet_rows.rs), run after the main rows.
 //! `scripts/bench.sh` starts the servers and runs this.
 //!
 //! Never does: start a server, or end one but the fleet row's active and
 //! the etcd rows' cluster leaders (the
 //! script starts them; the storm rows pause one, SIGSTOP then SIGCONT, for
-//! 50 ms), or run under
+//! 50 ms, and the join row a standby until it rejoins), or run under
 //! `cargo test` (it is a `harness = false` bench; there are no timing
 //! thresholds in tests).
 
@@ -31,6 +31,8 @@ mod etcd_rows;
 mod fleet_rows;
 #[path = "lockbench/http.rs"]
 mod http;
+#[path = "lockbench/join_rows.rs"]
+mod join_rows;
 #[path = "lockbench/placement.rs"]
 mod placement;
 #[path = "lockbench/report.rs"]
@@ -100,6 +102,10 @@ SERVERS (each optional; rows of a server not given are left out):
                          fresh servers for the connection-storm rows, with
                          a connection limit above --storm-conns (the PID:
                          the stalled row stops the server with SIGSTOP)
+  --join ACTIVE,STANDBY --join-pids PID,PID
+                         a 2-node cluster, standby synced, for the join row
+                         (its standby is stopped, then rejoins; the keys it
+                         loads stay held: one join run per bench run)
   --failover ACTIVE,STANDBY --failover-pids PID,PID
                          a 2-node cluster, standby synced, for the fleet row
                          (its active is killed: one fleet run per bench run)
@@ -111,7 +117,8 @@ SHAPE:
   --rounds N             runs per (row, system), interleaved (default 2; quick 1)
   --client-threads N     load-generator threads (default 1)
   --only LIST            sections to run: sweep,pipelined,contended,expiry,
-                         memory,deployed,tls,semaphore,watch,storm,etcd,fleet
+                         memory,deployed,tls,semaphore,watch,storm,etcd,join,
+                         fleet
                          (default: all)
   --sweep LIST           connections of the closed-loop sweep
                          (default 1,10,50,100,200,500)
@@ -125,6 +132,9 @@ SHAPE:
                          (default 4)
   --storm-conns N        sequential idle connects per storm run (default
                          10000)
+  --join-keys N          keys the join row's active holds (default 1000000)
+  --join-clients N       clients acquiring and releasing during the join
+                         (default 16)
   --fleet N              clients of the fleet row, two connections each
                          (default 10000, scaled to the open-file limits)
   --fleet-threads N      threads that connect the fleet (default: one per
@@ -165,7 +175,10 @@ changes; the owner's rate against no watchers, and change → last watcher.
 Storm rows: --storm-conns clients connecting one after another, each left
 idle (baton and Redis interleaved): connections that waited for a
 retransmitted SYN, and the time it took; then the same with the server
-stopped for its first 50 ms. Fleet row: a cluster's active killed, and
+stopped for its first 50 ms. Join row: --join-keys held keys on a
+cluster's active and --join-clients clients busy on it; its standby,
+stopped, rejoins: the acquire p99.9, max and rate during the join against
+before, and the time until the standby holds the state. Fleet row: a cluster's active killed, and
 --fleet clients following the failover, two connections each, their first
 requests answered within how long of the promotion. Etcd rows: etcd's
 lock and election (JSON gateway) beside baton and Redis: uncontended and
@@ -243,6 +256,10 @@ fn main() -> ExitCode {
         Ok(storm) => storm,
         Err(e) => return usage_error(&e),
     };
+    let join = match join_rows::parse(&mut args) {
+        Ok(join) => join,
+        Err(e) => return usage_error(&e),
+    };
     let fleet = match fleet_rows::parse(&mut args) {
         Ok(fleet) => fleet,
         Err(e) => return usage_error(&e),
@@ -302,6 +319,9 @@ fn main() -> ExitCode {
                     redis,
                 };
                 more.push(etcd_rows::run(&etcd, &shape, &others, script_load_text));
+            }
+            if options.wants("join") {
+                more.push(join_rows::run(&join));
             }
             if options.wants("fleet") {
                 // Last: it kills the cluster's active.

@@ -24,8 +24,11 @@
 # batond and redis-server with TLS (the TLS rows), and batond and
 # redis-server allowing more connections than the most watchers (the watch
 # rows; the semaphore rows use the first batond and redis-server), and a
-# fresh batond and redis-server for the connection-storm rows, and a second
-# 2-node cluster for the fleet row (whose active the harness kills) (the
+# fresh batond and redis-server for the connection-storm rows, a 2-node
+# cluster for the join row (whose standby the harness stops and resumes;
+# --max-keys JOIN_MAX_KEYS, default 11000000, for --join-keys up to 10M),
+# and a second 2-node cluster for the fleet row (whose active the harness
+# kills) (the
 # Redis rows are left out with a note when it is not installed); for the
 # etcd rows (section etcd: when --only names it or is not given), etcd
 # (Debian's etcd-server, installed when missing and run as root; the rows
@@ -222,6 +225,40 @@ start_cluster() {
     "standby 127.0.0.1:${ports[$standby]} (pid ${node_pids[$standby]})" >&2
 }
 start_cluster
+
+# The join row: a 2-node cluster whose standby the harness stops, then
+# resumes once the active holds --join-keys keys and clients are busy.
+start_join_cluster() {
+  local ports peers i active=""
+  mapfile -t ports < <("$bench_bin" --free-ports 2)
+  peers=127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}
+  local node_pids=()
+  for i in 0 1; do
+    # shellcheck disable=SC2086
+    RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${ports[$i]}" --peers "$peers" \
+      --cluster-key-file "$work/cluster.key" --max-keys "${JOIN_MAX_KEYS:-11000000}" \
+      ${BATOND_FLAGS:-} >/dev/null 2>"$work/join$i.log" &
+    node_pids+=($!)
+    pids+=($!)
+  done
+  for _ in $(seq 200); do
+    case $(info "${ports[0]}" 2>/dev/null) in
+    *role=active*standbys=1*) active=yes ;;
+    esac
+    [ -n "$active" ] && break
+    sleep 0.05
+  done
+  if [ -z "$active" ]; then
+    echo "bench.sh: the join cluster did not sync within 10 s:" >&2
+    cat "$work/join0.log" "$work/join1.log" >&2
+    exit 1
+  fi
+  args+=(--join "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}"
+    --join-pids "${node_pids[0]},${node_pids[1]}")
+  echo "bench.sh: join cluster: active 127.0.0.1:${ports[0]} (pid ${node_pids[0]})," \
+    "standby 127.0.0.1:${ports[1]} (pid ${node_pids[1]})" >&2
+}
+start_join_cluster
 
 # The fleet row: a second 2-node cluster whose active the harness kills,
 # room for the fleet's two connections per client on the new active.

@@ -266,7 +266,6 @@ impl ReplParts {
         let params = ClusterParams {
             detect_ms: config.detect_ms,
             max_lease_ms: config.max_lease_ms,
-            max_keys: config.max_keys,
             insecure: cluster_key.as_ref().is_none_or(ClusterKey::is_insecure),
             seed: 0,
         };

@@ -189,7 +189,8 @@ impl ReplBacklog {
 }
 
 /// The deltas a message for replication carries (what [`ReplBacklog`]
-/// counts).
+/// counts; a snapshot piece counts nothing: the pieces in flight are
+/// bounded by `table_core::CHUNKS_IN_FLIGHT`).
 fn deltas_in(msg: &TableToCluster) -> usize {
     match msg {
         TableToCluster::Deltas(deltas) => deltas.len(),
@@ -287,6 +288,8 @@ impl OwnerRound {
             conns: gauges.conns.load(Ordering::Relaxed),
             heard_active_ms: gauges.heard_active_ms.load(Ordering::Relaxed),
             synced_standbys: gauges.synced_standbys.load(Ordering::Relaxed),
+            chunks_taken: gauges.chunks_taken.load(Ordering::Relaxed),
+            peer_output: gauges.peer_output.load(Ordering::Relaxed),
         };
         self.core.begin_round(now, readings);
         let mut budget = MAX_REQUESTS_PER_ROUND;
@@ -654,7 +657,13 @@ fn hand_deltas<S: ReplShell>(shell: &mut S, deltas: &mut Vec<Delta>) {
 fn take_one<S: ReplShell>(shell: &mut S, msg: ReplInput) {
     let now = shell.now();
     match msg {
-        ReplInput::Table(msg) => shell.core().handle_table(now, msg),
+        ReplInput::Table(msg) => {
+            if matches!(msg, TableToCluster::SnapshotChunk { .. }) {
+                // The owner makes the next piece once this one is taken.
+                shell.gauges().chunks_taken.fetch_add(1, Ordering::Relaxed);
+            }
+            shell.core().handle_table(now, msg)
+        }
         ReplInput::Shutdown => shell.core().handle_shutdown(now),
         ReplInput::Stop => return shell.stop(),
     }
@@ -686,10 +695,13 @@ mod tests {
         assert!(!backlog.send(full));
         assert_eq!((backlog.iter().count(), backlog.deltas()), (1, LIMIT + 1));
         let mut backlog = ReplBacklog::new(LIMIT);
-        let snapshot = TableToCluster::Snapshot {
+        let snapshot = TableToCluster::SnapshotChunk {
             peer: 1,
+            ask: 1,
+            ceiling: Some(9),
+            held: 0,
             entries: vec![],
-            ceiling: 9,
+            last: true,
         };
         backlog.push(grants(step));
         backlog.push(snapshot.clone());

@@ -95,6 +95,14 @@ pub struct Gauges {
     /// Entries of messages for the lock owner that the replication thread
     /// has queued and the owner has not applied yet.
     pub cluster_queued: Arc<ClusterQueued>,
+    /// Snapshot pieces the replication thread has taken from the owner,
+    /// ever (by `rounds::take_inbox`; read by the owner, which makes the
+    /// next piece only once replication keeps up).
+    pub chunks_taken: AtomicU64,
+    /// The most bytes queued and not yet written on one outgoing peer link
+    /// (by replication after it writes; read by the owner, which makes no
+    /// snapshot piece while a link is backed up).
+    pub peer_output: AtomicUsize,
     /// What the I/O loops count for `--metrics`.
     pub io_counters: IoCounters,
     /// Watched (connection, key) pairs now, over all I/O loops (by the
@@ -121,6 +129,8 @@ impl Gauges {
             heard_active_ms: AtomicU64::new(0),
             synced_standbys: AtomicUsize::new(0),
             cluster_queued: Arc::default(),
+            chunks_taken: AtomicU64::new(0),
+            peer_output: AtomicUsize::new(0),
             io_counters: IoCounters::default(),
             watches: AtomicUsize::new(0),
         }

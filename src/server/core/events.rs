@@ -76,11 +76,21 @@ pub enum Inbound {
 pub enum TableToCluster {
     /// State changes while active, in order.
     Deltas(Vec<Delta>),
-    /// The whole table, for a standby that asked.
-    Snapshot {
+    /// A piece of the table for standby `peer`, which asked for it with
+    /// `ask` (`ClusterToTable::SnapshotWanted`). The pieces go one per
+    /// round of the lock owner at most, in the same queue as the deltas,
+    /// so that a piece and the deltas around it reach the standby in the
+    /// owner's order: a key the cursor has passed is kept current by the
+    /// deltas, one it has not reached comes in a later piece. The first
+    /// piece carries the token ceiling (`Some`) and the number of grants
+    /// the table held then (for the log); the last says `last`.
+    SnapshotChunk {
         peer: usize,
+        ask: u64,
+        ceiling: Option<u64>,
+        held: usize,
         entries: Vec<Delta>,
-        ceiling: u64,
+        last: bool,
     },
     /// Every delta before this one has been sent: the role transfer message
     /// may go to `to`.
@@ -100,6 +110,10 @@ pub enum TableToCluster {
     /// if none), so that the cluster core ignores a refusal that a newer
     /// snapshot has made stale and drops only the link that carried it.
     StateRefused { why: &'static str, snapshot: u64 },
+    /// A standby's lock owner applied the whole snapshot numbered `seq`
+    /// (`ClusterToTable::SnapshotEnd`) and refused none of it: only now does
+    /// the standby hold its active's state.
+    SnapshotTaken { seq: u64 },
 }
 
 /// What the cluster core tells the lock owner's core.
@@ -121,14 +135,25 @@ pub enum ClusterToTable {
     /// answer `Redirected`.
     Retire,
     /// Replace the table with the active's; `seq` numbers the snapshots
-    /// the cluster core passed on (from 1), for `StateRefused`.
+    /// the cluster core passed on (from 1), for `StateRefused`. A snapshot
+    /// that streams in pieces is passed as one with no entries (the table
+    /// is emptied) followed by its entries and the active's deltas as
+    /// `Deltas`, in the order they came.
     Snapshot { seq: u64, entries: Vec<Delta> },
     /// Apply the active's deltas.
     Deltas(Vec<Delta>),
+    /// The snapshot numbered `seq` ended: everything of it was passed on.
+    /// Answered `TableToCluster::SnapshotTaken` unless part of it was
+    /// refused (`StateRefused` was said instead).
+    SnapshotEnd { seq: u64 },
     /// Lift the token counter above this.
     Observe(u64),
-    /// Send a snapshot for `peer`.
-    SnapshotWanted { peer: usize },
+    /// Send a snapshot for `peer`, in pieces tagged `ask` (a newer ask for
+    /// the same peer starts its pieces again from the start).
+    SnapshotWanted { peer: usize, ask: u64 },
+    /// Stop sending the pieces of a snapshot to `peer` (its link went, or
+    /// this node no longer leads it).
+    SnapshotStop { peer: usize },
 }
 
 impl ClusterToTable {

@@ -119,6 +119,11 @@ pub struct Roles {
     has_state: bool,
     shutting_down: bool,
     peers: Vec<Peer>,
+    /// The node that handed its role to this one, until a heartbeat of it
+    /// says it no longer hands it over: its `handing-off` heartbeats sent
+    /// before it heard `Took` are in flight behind the handoff, and must
+    /// not make this node step back to it.
+    handed_by: Option<usize>,
 }
 
 impl Roles {
@@ -140,6 +145,7 @@ impl Roles {
             has_state: false,
             shutting_down: false,
             peers: vec![Peer::default(); nodes],
+            handed_by: None,
         }
     }
 
@@ -199,9 +205,15 @@ impl Roles {
         if from == self.me || from >= self.peers.len() {
             return Vec::new();
         }
+        let stale = self.handed_by == Some(from) && beat.role == RoleName::HandingOff;
+        if self.handed_by == Some(from) && !stale {
+            self.handed_by = None;
+        }
         let peer = &mut self.peers[from];
         peer.last_heard_ms = Some(now_ms);
-        peer.beat = Some(beat);
+        if !stale {
+            peer.beat = Some(beat);
+        }
         peer.dead = false;
         self.decide(now_ms)
     }
@@ -249,6 +261,18 @@ impl Roles {
         }
     }
 
+    /// `from` began sending a snapshot: if it is the active this node
+    /// follows, its table is emptied and filled piece by piece from now
+    /// on, so until the snapshot ends it neither holds that state nor says
+    /// it holds replicated state at all (an election prefers a node that
+    /// holds the whole state to one with part of it).
+    pub fn handle_snapshot_begun(&mut self, from: usize) {
+        if self.following == Some(from) && matches!(self.role, Role::Standby) {
+            self.synced = false;
+            self.has_state = false;
+        }
+    }
+
     /// This node refused part of the state it replicates (a grant past its
     /// `--max-keys`, a lease above its `--max-lease`; the caller knows
     /// whose): unless it is active (serving what it has), it neither holds
@@ -276,6 +300,7 @@ impl Roles {
         self.role = Role::Active;
         self.following = None;
         self.synced = false;
+        self.handed_by = Some(from);
         // The old active handed its role over: it is not active any more,
         // whatever its last heartbeat said (else a lower-priority successor,
         // on a graceful shutdown, would step back to it at once).
@@ -754,6 +779,35 @@ mod tests {
     }
 
     #[test]
+    fn a_standby_in_the_middle_of_a_snapshot_is_neither_handed_the_role_nor_preferred() {
+        // Node 1 (ranked above node 2) follows node 0 and held its state;
+        // node 0 sends it a fresh snapshot, in pieces.
+        let mut n1 = Roles::new(1, 3, DETECT, 500, 0);
+        n1.handle_beat(1, 0, beat(RoleName::Active, None, false, true));
+        n1.handle_synced(2, 0);
+        assert!(n1.beat().synced && n1.beat().has_state);
+        // A snapshot from a node it does not follow changes nothing.
+        n1.handle_snapshot_begun(2);
+        assert!(n1.beat().synced && n1.beat().has_state);
+        n1.handle_snapshot_begun(0);
+        assert!(!n1.beat().synced, "not counted, not a successor");
+        assert!(!n1.beat().has_state, "not preferred in an election");
+        n1.handle_handoff(3, 0);
+        assert_eq!(n1.role_name(), RoleName::Standby, "not handed the role");
+        // Node 0 goes silent; node 2 holds its whole state: node 2 is
+        // elected, not node 1 with its part of it.
+        n1.handle_beat(4, 2, standby_of(0));
+        let effects = n1.poll(2 + DETECT);
+        assert!(!effects.contains(&RoleEffect::BecomeActive), "{effects:?}");
+        // Alone, it is promoted with what it has.
+        let mut n1 = Roles::new(1, 2, DETECT, 500, 0);
+        n1.handle_beat(1, 0, beat(RoleName::Active, None, false, true));
+        n1.handle_snapshot_begun(0);
+        let effects = n1.handle_peer_dead(5, 0);
+        assert!(effects.contains(&RoleEffect::BecomeActive), "{effects:?}");
+    }
+
+    #[test]
     fn a_node_that_handed_over_to_shut_down_is_never_handed_the_role_back() {
         // Node 0 hands over to node 1 and waits to exit; node 1, now
         // active, sends it a snapshot as to any follower.
@@ -820,6 +874,21 @@ mod tests {
         );
         assert_eq!(n1.role_name(), RoleName::Active);
         assert!(n1.poll(5).is_empty(), "it does not step back to node 0");
+        // Node 0's heartbeats sent before it heard `Took` come after the
+        // handoff on the same link: they say handing-off, and change
+        // nothing.
+        assert!(
+            n1.handle_beat(6, 0, beat(RoleName::HandingOff, None, false, true))
+                .is_empty()
+        );
+        assert_eq!(n1.role_name(), RoleName::Active);
+        // Once node 0 says anything else, it counts again: an abandoned
+        // transfer makes it active, and the higher node leads.
+        n1.handle_beat(7, 0, beat(RoleName::Standby, Some(1), false, false));
+        assert_eq!(n1.role_name(), RoleName::Active);
+        n1.handle_beat(8, 0, active());
+        assert_eq!(n1.role_name(), RoleName::Standby);
+        assert_eq!(n1.following(), Some(0));
     }
 
     #[test]

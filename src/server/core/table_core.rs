@@ -23,6 +23,13 @@
 //! (so a refusal a newer one made stale is ignored), which drops the link
 //! that carried it: it does not hold the active's state.
 //!
+//! A standby's snapshot goes in pieces, one per round at most and after the
+//! round's own work (`SNAPSHOT_CHUNK` grants), in the same queue as the
+//! deltas so that the standby applies both in the owner's order; the next
+//! piece waits while the replication thread has not taken the last ones or
+//! a peer link is backed up (`GaugeReadings`), so a join never stalls the
+//! owner nor grows a buffer without bound.
+//!
 //! Run by the lock-owner thread (owner.rs, which only moves messages) and,
 //! for every simulated node, by the deterministic simulation.
 //!
@@ -72,6 +79,28 @@ pub const REPL_YOUNG_MIN: usize = 16;
 /// redirected at once (`M -`). Closes are always held, so that a held
 /// request of a closed connection is never served.
 pub const MAX_HELD_BACK: usize = 100_000;
+/// A standby's snapshot goes in pieces of at most this many grants, one
+/// piece per round of the lock owner at most, after the round's own work,
+/// so that a join never stalls the owner: the piece costs a round about as
+/// much as a few hundred requests (docs/performance.md, "Joining a standby").
+pub const SNAPSHOT_CHUNK: usize = 1024;
+/// At most one piece per this many ms: a join spreads its cost (the
+/// pieces' lines made, sent, read and applied, on both nodes) over about
+/// two seconds per million held keys, rather than taking every cycle the
+/// machine has for a third of that (docs/performance.md, "Joining a
+/// standby": 1024 grants every 2 ms cost the active's clients less than
+/// 1024 every 1 ms or every round, and sync 1M keys within 3 s).
+pub const SNAPSHOT_PIECE_MS: u64 = 2;
+/// Pieces handed to the replication thread and not yet taken by it, at
+/// most (`GaugeReadings::chunks_taken`): the owner makes the next one only
+/// once replication keeps up.
+pub const CHUNKS_IN_FLIGHT: u64 = 2;
+/// No piece is made while a peer link has this many bytes or more queued
+/// and not yet written (`GaugeReadings::peer_output`): a standby slower to
+/// take the stream than the owner to make it holds the stream back (TCP
+/// pushes back on the active), instead of growing the active's buffers
+/// toward `MAX_PEER_OUTPUT`, which drops the link.
+pub const SNAPSHOT_OUTPUT_MAX: usize = 4 * 1024 * 1024;
 
 /// Figures the core reports in `I` but does not decide: read by the shell
 /// from the other threads' counters and passed in each round.
@@ -83,6 +112,22 @@ pub struct GaugeReadings {
     pub heard_active_ms: u64,
     /// Live standbys that hold this node's full state.
     pub synced_standbys: usize,
+    /// Snapshot pieces the replication thread has taken, ever (by
+    /// `rounds::take_inbox`): with the pieces made, what is in flight.
+    pub chunks_taken: u64,
+    /// The most bytes queued and not yet written on one outgoing peer link
+    /// (by the replication thread, after it writes).
+    pub peer_output: usize,
+}
+
+/// Where a standby's snapshot has got to: the next key slot of the table
+/// (`LockTable::snapshot_from`) to put in a piece for `peer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Cursor {
+    peer: usize,
+    ask: u64,
+    next: u32,
+    begun: bool,
 }
 
 /// What a round of the core asks its shell to do, in this order: send
@@ -147,6 +192,18 @@ pub struct TableCore {
     /// while they stay the same (forgotten when a cluster message may have
     /// changed the mode or the active's name).
     info: Option<(InfoFigures, Info)>,
+    /// Snapshots being sent in pieces, one per standby that asked, in turn.
+    cursors: Vec<Cursor>,
+    /// Snapshot pieces made, ever (see `GaugeReadings::chunks_taken`).
+    chunks_made: u64,
+    /// Grants per piece (`SNAPSHOT_CHUNK`; smaller in the simulation), and
+    /// the ms between pieces (`SNAPSHOT_PIECE_MS`).
+    chunk_grants: usize,
+    piece_ms: u64,
+    /// When the last piece was made.
+    last_piece_ms: Option<u64>,
+    /// The clock of the round running (for `next_wake_ms`).
+    round_ms: u64,
 }
 
 /// The numbers an `I` answer shows, to tell whether a rendered one is
@@ -177,7 +234,32 @@ impl TableCore {
             refused: None,
             snapshot_seq: 0,
             info: None,
+            cursors: Vec::new(),
+            chunks_made: 0,
+            chunk_grants: SNAPSHOT_CHUNK,
+            piece_ms: SNAPSHOT_PIECE_MS,
+            last_piece_ms: None,
+            round_ms: 0,
         }
+    }
+
+    /// Send snapshots in pieces of at most `grants` grants (at least one):
+    /// the simulation makes them small, so that its tables stream over
+    /// many rounds.
+    pub fn with_chunk_grants(mut self, grants: usize) -> Self {
+        self.chunk_grants = grants.max(1);
+        self
+    }
+
+    /// Make at most one snapshot piece per `ms` (0: one per round).
+    pub fn with_piece_ms(mut self, ms: u64) -> Self {
+        self.piece_ms = ms;
+        self
+    }
+
+    /// A snapshot is being sent in pieces (to some standby).
+    pub fn is_sending_snapshot(&self) -> bool {
+        !self.cursors.is_empty()
     }
 
     /// The lock table (read only: invariants, stats).
@@ -217,9 +299,80 @@ impl TableCore {
             .table
             .next_wake_ms()
             .filter(|_| !self.is_transferring());
-        match self.deltas_due_ms() {
+        let due = [self.deltas_due_ms(), self.chunk_due_ms()]
+            .into_iter()
+            .flatten()
+            .min();
+        match due {
             Some(due) => Some(timer.map_or(due, |t| t.min(due))),
             None => timer,
+        }
+    }
+
+    /// When the next snapshot piece may go: its time (`piece_ms` after
+    /// the last) if replication keeps up, else a millisecond on (the
+    /// readings that hold it back are other threads' counters, which wake
+    /// no one).
+    fn chunk_due_ms(&self) -> Option<u64> {
+        if self.cursors.is_empty() {
+            return None;
+        }
+        Some(if self.chunk_room() {
+            self.next_piece_ms()
+        } else {
+            self.round_ms.saturating_add(1).max(self.next_piece_ms())
+        })
+    }
+
+    /// When the next piece may be made, replication keeping up.
+    fn next_piece_ms(&self) -> u64 {
+        self.last_piece_ms
+            .map_or(0, |last| last.saturating_add(self.piece_ms))
+            .max(self.round_ms)
+    }
+
+    /// Replication has taken the pieces made but `CHUNKS_IN_FLIGHT`, and no
+    /// peer link's output is backed up.
+    fn chunk_room(&self) -> bool {
+        self.chunks_made.saturating_sub(self.gauges.chunks_taken) < CHUNKS_IN_FLIGHT
+            && self.gauges.peer_output < SNAPSHOT_OUTPUT_MAX
+    }
+
+    /// The next piece of the snapshot of the standby whose turn it is,
+    /// after the round's own work (its deltas taken first): at most
+    /// `chunk_grants` grants from where its cursor is. A key the cursor
+    /// has passed is kept current on the standby by the deltas that follow
+    /// in the same queue; a key granted after the snapshot began whose
+    /// grant has not gone in a batch yet is left to that batch
+    /// (`LockTable::snapshot_from`).
+    fn send_chunk(&mut self, now: Now) {
+        if self.cursors.is_empty()
+            || !self.replicating()
+            || !self.chunk_room()
+            || now.ms < self.next_piece_ms()
+        {
+            return;
+        }
+        self.last_piece_ms = Some(now.ms);
+        let mut cursor = self.cursors.remove(0);
+        let mut entries = Vec::with_capacity(self.chunk_grants.min(self.table.stats().holders));
+        let next =
+            self.table
+                .snapshot_from(now.ms_ceil, cursor.next, self.chunk_grants, &mut entries);
+        let ceiling = (!cursor.begun).then_some(self.ceiling);
+        cursor.begun = true;
+        self.chunks_made = self.chunks_made.saturating_add(1);
+        self.effects.to_cluster.push(TableToCluster::SnapshotChunk {
+            peer: cursor.peer,
+            ask: cursor.ask,
+            ceiling,
+            held: self.table.stats().holders,
+            entries,
+            last: next.is_none(),
+        });
+        if let Some(next) = next {
+            cursor.next = next;
+            self.cursors.push(cursor);
         }
     }
 
@@ -269,6 +422,7 @@ impl TableCore {
     /// larger, clocks permitting), and due timers fire.
     pub fn begin_round(&mut self, now: Now, gauges: GaugeReadings) {
         self.gauges = gauges;
+        self.round_ms = now.ms;
         self.table.metrics_mut().begin_round();
         self.table.observe_token(tokens::clock_floor(now.unix_ms));
         self.table.set_replicating(self.replicating());
@@ -419,15 +573,28 @@ impl TableCore {
             ClusterToTable::Snapshot { seq, entries } => self.load_snapshot(now, seq, entries),
             ClusterToTable::Deltas(deltas) => self.apply_deltas(now, deltas),
             ClusterToTable::Observe(token) => self.table.observe_token(token),
-            ClusterToTable::SnapshotWanted { peer } => {
+            ClusterToTable::SnapshotWanted { peer, ask } => {
+                // Pieces go from the end of this round on; the changes so
+                // far go first (the first piece's ceiling is above them).
                 self.flush_deltas(now);
                 self.raise_ceiling();
-                let entries = self.table.snapshot(now.ms_ceil);
-                self.effects.to_cluster.push(TableToCluster::Snapshot {
-                    peer,
-                    entries,
-                    ceiling: self.ceiling,
-                });
+                self.cursors.retain(|c| c.peer != peer);
+                if self.replicating() {
+                    self.cursors.push(Cursor {
+                        peer,
+                        ask,
+                        next: 0,
+                        begun: false,
+                    });
+                }
+            }
+            ClusterToTable::SnapshotStop { peer } => self.cursors.retain(|c| c.peer != peer),
+            ClusterToTable::SnapshotEnd { seq } => {
+                if seq == self.snapshot_seq && self.refused.is_none() {
+                    self.effects
+                        .to_cluster
+                        .push(TableToCluster::SnapshotTaken { seq });
+                }
             }
         }
     }
@@ -541,6 +708,7 @@ impl TableCore {
         if self.deltas_due_ms().is_some_and(|due| now.ms >= due) {
             self.send_deltas(now, REPL_YOUNG_MS);
         }
+        self.send_chunk(now);
         // Usually the effects are empty: swap the vectors (each keeps its
         // capacity for the next round) instead of copying every answer.
         if self.effects.answers.is_empty() {
@@ -593,6 +761,7 @@ impl TableCore {
         self.table
             .redirect_waiters(active.as_deref(), &mut self.outbox);
         self.table.set_replicating(false);
+        self.cursors.clear();
         if was_serving {
             self.end_watches(active);
         }
@@ -797,9 +966,17 @@ mod tests {
         }
     }
 
+    /// Readings of a node whose replication thread keeps up.
+    fn keeping_up() -> GaugeReadings {
+        GaugeReadings {
+            chunks_taken: u64::MAX,
+            ..GaugeReadings::default()
+        }
+    }
+
     /// One round with these client events; the answers it decided.
     fn round(core: &mut TableCore, now: Now, inbound: Vec<Inbound>) -> TableEffects {
-        core.begin_round(now, GaugeReadings::default());
+        core.begin_round(now, keeping_up());
         for i in inbound {
             core.handle_inbound(now, i);
         }
@@ -807,7 +984,7 @@ mod tests {
     }
 
     fn cluster(core: &mut TableCore, now: Now, msg: ClusterToTable) -> TableEffects {
-        core.begin_round(now, GaugeReadings::default());
+        core.begin_round(now, keeping_up());
         core.handle_cluster(now, msg);
         std::mem::take(core.end_round(now))
     }
@@ -863,9 +1040,13 @@ mod tests {
             .collect();
         assert_eq!(leases, vec![1000]);
         // A snapshot taken then says the same.
-        let out = cluster(&mut core, now, ClusterToTable::SnapshotWanted { peer: 1 });
+        let out = cluster(
+            &mut core,
+            now,
+            ClusterToTable::SnapshotWanted { peer: 1, ask: 1 },
+        );
         let snap = out.to_cluster.iter().find_map(|m| match m {
-            TableToCluster::Snapshot { entries, .. } => Some(entries.clone()),
+            TableToCluster::SnapshotChunk { entries, .. } => Some(entries.clone()),
             _ => None,
         });
         assert!(
@@ -1495,6 +1676,65 @@ mod tests {
     }
 
     #[test]
+    fn a_streamed_snapshot_past_max_keys_is_refused_and_its_end_not_confirmed() {
+        // A hostile (or larger) active streams more grants than this
+        // standby's --max-keys: it holds at most that many, refuses the
+        // rest once, and does not say it took the snapshot.
+        let limits = TableLimits {
+            max_keys: 100,
+            ..TableLimits::default()
+        };
+        let table = LockTable::new(0, limits, TokenSource::new(0, 0));
+        let mut core = TableCore::new(table, true, "n1:1".into(), 0);
+        let active = Some("n0:1".to_string());
+        cluster(&mut core, at(1), ClusterToTable::Follow { active });
+        let taken = |out: &TableEffects| {
+            out.to_cluster
+                .iter()
+                .filter(|m| matches!(m, TableToCluster::SnapshotTaken { .. }))
+                .count()
+        };
+        // One it can hold: taken.
+        let begin = |seq| ClusterToTable::Snapshot {
+            seq,
+            entries: vec![],
+        };
+        cluster(&mut core, at(2), begin(1));
+        let some: Vec<Delta> = (0..100)
+            .map(|i| Delta::grant(key(&format!("k{i}")), 16 * (i + 1), 60_000))
+            .collect();
+        cluster(&mut core, at(2), ClusterToTable::Deltas(some));
+        let out = cluster(&mut core, at(2), ClusterToTable::SnapshotEnd { seq: 1 });
+        assert_eq!(taken(&out), 1);
+        assert_eq!(core.table().stats().holders, 100);
+        // An endless one: bounded, refused once, never taken.
+        cluster(&mut core, at(3), begin(2));
+        let mut refusals = 0;
+        for batch in 0..50u64 {
+            let flood: Vec<Delta> = (0..1000)
+                .map(|i| {
+                    let n = batch * 1000 + i;
+                    Delta::grant(key(&format!("f{n}")), 16 * (n + 1), 60_000)
+                })
+                .collect();
+            let out = cluster(&mut core, at(3), ClusterToTable::Deltas(flood));
+            refusals += out
+                .to_cluster
+                .iter()
+                .filter(|m| matches!(m, TableToCluster::StateRefused { snapshot: 2, .. }))
+                .count();
+            assert!(core.table().stats().holders <= 100);
+        }
+        assert_eq!(refusals, 1, "said once");
+        let out = cluster(&mut core, at(4), ClusterToTable::SnapshotEnd { seq: 2 });
+        assert_eq!(taken(&out), 0);
+        // Nor is an end of another snapshot than the last confirmed.
+        let out = cluster(&mut core, at(4), ClusterToTable::SnapshotEnd { seq: 1 });
+        assert_eq!(taken(&out), 0);
+        core.table().check_invariants();
+    }
+
+    #[test]
     fn a_standby_that_refuses_part_of_its_actives_state_tells_the_cluster_core_once_per_snapshot() {
         let limits = TableLimits {
             max_keys: 2,
@@ -1568,21 +1808,266 @@ mod tests {
         core.table().check_invariants();
     }
 
+    /// The snapshot pieces among `out`'s messages for the cluster core.
+    fn chunks(out: &TableEffects) -> Vec<(Option<u64>, usize, bool)> {
+        out.to_cluster
+            .iter()
+            .filter_map(|m| match m {
+                TableToCluster::SnapshotChunk {
+                    peer: 1,
+                    ask: 7,
+                    ceiling,
+                    entries,
+                    last,
+                    ..
+                } => Some((*ceiling, entries.len(), *last)),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_snapshot_asked_for_carries_the_table_and_the_ceiling() {
-        let mut core = active_core();
-        round(&mut core, at(2), vec![Inbound::Request(C, acquire("k", 0))]);
-        let out = cluster(&mut core, at(3), ClusterToTable::SnapshotWanted { peer: 1 });
-        let Some(TableToCluster::Snapshot {
-            peer: 1,
-            entries,
-            ceiling,
-        }) = out.to_cluster.last()
-        else {
-            panic!("a snapshot for peer 1");
+    fn a_snapshot_goes_in_pieces_one_per_round_the_first_with_the_ceiling() {
+        let mut core = active_core().with_chunk_grants(4).with_piece_ms(0);
+        let requests = (0..10)
+            .map(|i| Inbound::Request(ConnId::new(0, i, 1), acquire(&format!("k{i}"), 0)))
+            .collect();
+        round(&mut core, at(2), requests);
+        let out = cluster(
+            &mut core,
+            at(3),
+            ClusterToTable::SnapshotWanted { peer: 1, ask: 7 },
+        );
+        assert!(
+            matches!(out.to_cluster.first(), Some(TableToCluster::Deltas(_))),
+            "the changes so far go before the first piece: {:?}",
+            out.to_cluster
+        );
+        assert_eq!(chunks(&out), [(Some(core.ceiling()), 4, false)]);
+        assert!(core.is_sending_snapshot());
+        assert_eq!(
+            core.next_wake_ms(),
+            Some(3),
+            "the next piece is due at once"
+        );
+        let out = round(&mut core, at(3), vec![]);
+        assert_eq!(chunks(&out), [(None, 4, false)]);
+        let out = round(&mut core, at(4), vec![]);
+        assert_eq!(chunks(&out), [(None, 2, true)]);
+        assert!(!core.is_sending_snapshot());
+        assert!(chunks(&round(&mut core, at(5), vec![])).is_empty());
+        // A new ask starts again from the start; a stop ends it.
+        cluster(
+            &mut core,
+            at(6),
+            ClusterToTable::SnapshotWanted { peer: 1, ask: 7 },
+        );
+        assert!(core.is_sending_snapshot());
+        cluster(&mut core, at(7), ClusterToTable::SnapshotStop { peer: 1 });
+        assert!(!core.is_sending_snapshot());
+        assert_eq!(core.next_wake_ms(), core.table().next_wake_ms());
+    }
+
+    #[test]
+    fn pieces_wait_while_replication_has_not_taken_them_or_a_peer_link_is_backed_up() {
+        let mut core = active_core().with_chunk_grants(1).with_piece_ms(0);
+        let requests = (0..10)
+            .map(|i| Inbound::Request(ConnId::new(0, i, 1), acquire(&format!("k{i}"), 0)))
+            .collect();
+        round(&mut core, at(2), requests);
+        let mut made = 0;
+        let mut step = |core: &mut TableCore, ms: u64, gauges: GaugeReadings| {
+            core.begin_round(at(ms), gauges);
+            let out = std::mem::take(core.end_round(at(ms)));
+            made += chunks(&out).len();
+            made
         };
-        assert_eq!(entries.len(), 1);
-        assert_eq!(*ceiling, core.ceiling());
+        core.begin_round(at(3), GaugeReadings::default());
+        core.handle_cluster(at(3), ClusterToTable::SnapshotWanted { peer: 1, ask: 7 });
+        assert_eq!(chunks(&std::mem::take(core.end_round(at(3)))).len(), 1);
+        // Replication has taken none: a second piece, then no more.
+        assert_eq!(step(&mut core, 4, GaugeReadings::default()), 1);
+        assert_eq!(step(&mut core, 5, GaugeReadings::default()), 1);
+        assert_eq!(core.next_wake_ms(), Some(6), "looks again a millisecond on");
+        let taken = |chunks_taken, peer_output| GaugeReadings {
+            chunks_taken,
+            peer_output,
+            ..GaugeReadings::default()
+        };
+        assert_eq!(step(&mut core, 6, taken(1, 0)), 2);
+        // A peer link backed up holds the pieces back however many were taken.
+        assert_eq!(step(&mut core, 7, taken(3, SNAPSHOT_OUTPUT_MAX)), 2);
+        assert_eq!(step(&mut core, 8, taken(3, SNAPSHOT_OUTPUT_MAX - 1)), 3);
+    }
+
+    #[test]
+    fn pieces_go_at_most_one_per_piece_ms() {
+        let mut core = active_core().with_chunk_grants(1).with_piece_ms(3);
+        let requests = (0..10)
+            .map(|i| Inbound::Request(ConnId::new(0, i, 1), acquire(&format!("k{i}"), 0)))
+            .collect();
+        round(&mut core, at(2), requests);
+        let out = cluster(
+            &mut core,
+            at(3),
+            ClusterToTable::SnapshotWanted { peer: 1, ask: 7 },
+        );
+        assert_eq!(chunks(&out).len(), 1);
+        assert_eq!(core.next_wake_ms(), Some(6), "the next piece's time");
+        let made: Vec<usize> = (4..=12)
+            .map(|ms| chunks(&round(&mut core, at(ms), vec![])).len())
+            .collect();
+        assert_eq!(made, [0, 0, 1, 0, 0, 1, 0, 0, 1]);
+    }
+
+    /// What a standby's table holds of `entries` and the deltas, applied in
+    /// the order they left `core` for peer 1 (from its first piece on).
+    fn apply_for_peer(standby: &mut LockTable, now_ms: u64, out: &TableEffects, begun: &mut bool) {
+        for msg in &out.to_cluster {
+            match msg {
+                TableToCluster::SnapshotChunk {
+                    ceiling, entries, ..
+                } => {
+                    if let Some(ceiling) = ceiling {
+                        *begun = true;
+                        standby.load_snapshot(now_ms, vec![]).expect("emptied");
+                        standby.observe_token(*ceiling);
+                    }
+                    for e in entries {
+                        standby
+                            .apply_delta(now_ms, e.clone())
+                            .expect("a piece applies");
+                    }
+                }
+                TableToCluster::Deltas(deltas) if *begun => {
+                    for d in deltas {
+                        standby
+                            .apply_delta(now_ms, d.clone())
+                            .expect("a delta applies");
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A little deterministic generator for the tests' draws.
+    struct Draws(u64);
+
+    impl Draws {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 33) % n
+        }
+    }
+
+    /// One round of `n` requests at random on keys k0..k59 (mutexes and
+    /// limit-3 semaphores): acquires, and releases and keeps of `held`,
+    /// whose grants it notes.
+    fn busy_round(
+        core: &mut TableCore,
+        draws: &mut Draws,
+        held: &mut Vec<(Key, u64)>,
+        ms: u64,
+        n: u64,
+    ) -> TableEffects {
+        let mut inbound = Vec::new();
+        for i in 0..n {
+            let conn = ConnId::new(0, (ms * 8 + i) as usize % 64, 1);
+            let k = key(&format!("k{}", draws.below(60)));
+            let request = match draws.below(4) {
+                0 | 1 => Request::Acquire {
+                    key: k,
+                    lease_ms: 5_000 + draws.below(1000),
+                    wait_ms: 0,
+                    limit: (draws.below(3) == 0).then_some(3),
+                    value: None,
+                },
+                2 if !held.is_empty() => {
+                    let (key, token) = held.swap_remove(draws.below(held.len() as u64) as usize);
+                    Request::Release { key, token }
+                }
+                _ if !held.is_empty() => {
+                    let (key, token) = held[draws.below(held.len() as u64) as usize].clone();
+                    Request::Keep {
+                        key,
+                        token,
+                        lease_ms: 6_000,
+                    }
+                }
+                _ => continue,
+            };
+            inbound.push(Inbound::Request(conn, request));
+        }
+        let out = round(core, at(ms), inbound);
+        for (_, answer) in &out.answers {
+            if let Answer::Granted { key, token, .. } = answer {
+                held.push((key.clone(), *token));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_snapshot_in_pieces_with_changes_all_the_while_ends_in_the_actives_table() {
+        // Keys granted, handed over, extended, released and granted afresh
+        // while the pieces go, on both sides of the cursor: the standby
+        // ends with every key, token, lease, slot and value of the active.
+        for seed in 1..=40u64 {
+            let mut draws = Draws(seed);
+            let chunk = 1 + draws.below(7) as usize;
+            let mut core = active_core().with_chunk_grants(chunk);
+            let mut standby = LockTable::new(0, TableLimits::default(), TokenSource::new(1, 0));
+            let mut held = Vec::new();
+            let mut begun = false;
+            let mut ms = 2;
+            for _ in 0..40 {
+                busy_round(&mut core, &mut draws, &mut held, ms, 5);
+                ms += 1;
+            }
+            let out = cluster(
+                &mut core,
+                at(ms),
+                ClusterToTable::SnapshotWanted { peer: 1, ask: 7 },
+            );
+            apply_for_peer(&mut standby, ms, &out, &mut begun);
+            assert!(begun);
+            let mut rounds = 0;
+            while core.is_sending_snapshot() {
+                ms += draws.below(2);
+                let n = draws.below(4);
+                let out = busy_round(&mut core, &mut draws, &mut held, ms, n);
+                apply_for_peer(&mut standby, ms, &out, &mut begun);
+                rounds += 1;
+            }
+            assert!(
+                rounds >= 1,
+                "seed {seed}: in pieces of {chunk}, {} held",
+                core.table().stats().holders
+            );
+            for _ in 0..5 {
+                ms += 1;
+                let n = draws.below(4);
+                let out = busy_round(&mut core, &mut draws, &mut held, ms, n);
+                apply_for_peer(&mut standby, ms, &out, &mut begun);
+            }
+            // Whatever is left goes in the next batch.
+            ms += REPL_SETTLED_MS + REPL_YOUNG_MS;
+            let out = round(&mut core, at(ms), vec![]);
+            apply_for_peer(&mut standby, ms, &out, &mut begun);
+            standby.check_invariants();
+            let sorted = |mut v: Vec<Delta>| {
+                v.sort_by_key(|d| format!("{d:?}"));
+                v
+            };
+            let want = sorted(core.table().snapshot(ms));
+            assert!(want.len() > 5, "seed {seed}: keys held");
+            assert_eq!(sorted(standby.snapshot(ms)), want, "seed {seed}");
+            assert!(standby.stats().last_token >= core.table().stats().last_token);
+        }
     }
 
     #[test]
@@ -1599,6 +2084,7 @@ mod tests {
             conns: 3,
             heard_active_ms: 90,
             synced_standbys: 2,
+            ..GaugeReadings::default()
         };
         core.begin_round(at(100), gauges);
         core.handle_inbound(at(100), Inbound::Request(C, Request::Info));
@@ -1654,6 +2140,7 @@ mod tests {
             conns: 3,
             heard_active_ms: 90,
             synced_standbys: 2,
+            ..GaugeReadings::default()
         };
         let follow = ClusterToTable::Follow {
             active: Some("n1:1".into()),

@@ -41,6 +41,7 @@
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
@@ -250,8 +251,22 @@ impl Replication {
             // time-driven work (rounds.rs).
             rounds::take_inbox(&mut self);
             rounds::tick(&mut self);
+            self.publish_peer_output();
         }
         log::info!("replication: stopped");
+    }
+
+    /// Tell the lock owner the most output queued on one peer link: it
+    /// makes no snapshot piece while a link is backed up
+    /// (`table_core::SNAPSHOT_OUTPUT_MAX`).
+    fn publish_peer_output(&self) {
+        let most = self
+            .outs
+            .iter()
+            .map(|out| out.writer.pending().len())
+            .max()
+            .unwrap_or(0);
+        self.gauges.peer_output.store(most, Ordering::Relaxed);
     }
 
     /// Carry out the core's effects (rounds.rs), including those that

@@ -66,34 +66,21 @@ impl ClusterCore {
                     Verdict::Refuse("token 0")
                 } else if *ms_left > self.params.max_lease_ms {
                     Verdict::Refuse("a lease above --max-lease")
-                } else if state
-                    .snapshot
-                    .as_ref()
-                    .is_some_and(|s| s.len() >= self.params.max_keys)
-                {
-                    Verdict::Refuse("a snapshot above --max-keys")
                 } else if too_far(*token) {
                     Verdict::BeyondWindow
                 } else {
                     Verdict::Accept
                 }
             }
-            PeerMsg::Delta(Delta::Free { .. }) if state.snapshot.is_some() => {
-                Verdict::Refuse("a free inside a snapshot")
-            }
             PeerMsg::Delta(Delta::Free { slot, .. }) if *slot >= MAX_LIMIT => {
                 Verdict::Refuse("a slot at or above its key's limit")
             }
             PeerMsg::Delta(Delta::Free { token, .. } | Delta::Ceiling(token)) => {
-                // A snapshot is at most --max-keys grants and its ceiling:
-                // ceilings beyond that are refused like grants beyond it.
-                if state
-                    .snapshot
-                    .as_ref()
-                    .is_some_and(|s| s.len() > self.params.max_keys)
-                {
-                    Verdict::Refuse("a snapshot above --max-keys")
-                } else if *token == 0 {
+                // Inside a snapshot too: its pieces and the active's deltas
+                // between them come in the active's order. What a snapshot
+                // may grow to is the lock owner's bound (`--max-keys`, on
+                // apply): nothing of it is gathered here.
+                if *token == 0 {
                     Verdict::Refuse("token 0")
                 } else if too_far(*token) {
                     Verdict::BeyondWindow

@@ -23,8 +23,9 @@ pub(super) struct InLink {
     pub(super) opened_ms: u64,
     /// When it last carried a message (its handshake, at first).
     pub(super) heard_ms: u64,
-    /// A snapshot is being received (entries so far).
-    pub(super) snapshot: Option<Vec<Delta>>,
+    /// A snapshot is being received (its entries so far: they go to the
+    /// lock owner as they come, with the deltas between them).
+    pub(super) snapshot: Option<usize>,
     /// Entries of that snapshot left out: their tokens are beyond this
     /// node's window.
     pub(super) left_out: usize,
@@ -148,9 +149,7 @@ impl ClusterCore {
             let retry_at_ms = self.redial_after_drop(now, p, refused);
             self.outs[p].state = OutState::Down { retry_at_ms };
         }
-        let out = &mut self.outs[p];
-        out.snap_sent = false;
-        out.snap_pending = false;
+        self.reset_snapshot(p);
     }
 
     /// A line on incoming link `link` that did not parse.

@@ -35,10 +35,19 @@ pub(super) struct OutLink {
     /// them up for `--detect` ([`ClusterCore::redial_after_drop`]).
     pub(super) flaps: u32,
     pub(super) flap_warn: RateLimit,
-    /// The peer has this node's snapshot on this link.
+    /// The peer has this node's snapshot on this link (all of it).
     pub(super) snap_sent: bool,
-    /// A snapshot was asked of the lock owner and has not come yet.
+    /// A snapshot was asked of the lock owner (`snap_ask`) and its first
+    /// piece has not come yet.
     pub(super) snap_pending: bool,
+    /// A snapshot is going out in pieces on this link: begun, not ended.
+    /// The deltas go to the link meanwhile, in order with the pieces.
+    pub(super) snap_streaming: bool,
+    /// The last snapshot asked for this peer (pieces of an older one are
+    /// stale), and the grants and pieces of the one going out.
+    pub(super) snap_ask: u64,
+    pub(super) snap_entries: usize,
+    pub(super) snap_pieces: u32,
     /// When the snapshot went out.
     pub(super) snap_sent_ms: u64,
     /// Snapshots sent again in a row on this link without the peer saying
@@ -138,9 +147,8 @@ impl ClusterCore {
         // Dials succeed again; whether links with `p` keep dropping
         // (`flaps`) is told when this one has lasted or dropped.
         out.failures = 0;
-        out.snap_sent = false;
-        out.snap_pending = false;
         out.resends = 0;
+        self.reset_snapshot(p);
         self.send_beats();
     }
 
@@ -201,7 +209,9 @@ impl ClusterCore {
     /// (a lower `--max-keys` or `--max-lease`), or a drop in the middle of
     /// a snapshot (counted the same: only the second in a row backs off).
     pub(super) fn peer_refusing(&self, p: usize) -> bool {
-        self.outs.get(p).is_some_and(|o| o.snap_sent)
+        self.outs
+            .get(p)
+            .is_some_and(|o| o.snap_sent || o.snap_streaming)
             && self.roles.role_name().is_active()
             && !self
                 .roles
@@ -277,9 +287,8 @@ impl ClusterCore {
             let wait = self.backoff_ms(failures, why);
             now.ms.saturating_add(wait)
         };
+        self.reset_snapshot(p);
         let out = &mut self.outs[p];
-        out.snap_sent = false;
-        out.snap_pending = false;
         out.state = OutState::Down { retry_at_ms };
         let name = &self.names[p];
         if was_up {

@@ -22,11 +22,12 @@
 //! within [`ClusterCore::dial_timeout_ms`] (a heartbeat period) fails.
 //! Even a proved peer's messages are checked
 //! ([`ClusterCore::check_peer_msg`]): tokens and ceilings never 0, leases
-//! within `--max-lease`, limits within 1..=10000 and slots below them,
-//! snapshots within `--max-keys` (a line, so a count, per holder);
-//! anything else drops
-//! the link. So does state the lock owner refuses (a replicated grant past
-//! its `--max-keys`: `TableToCluster::StateRefused`). Either way a standby
+//! within `--max-lease`, limits within 1..=10000 and slots below them;
+//! anything else drops the link. So does state the lock owner refuses (a
+//! replicated grant past its `--max-keys`, a snapshot's included:
+//! `TableToCluster::StateRefused`). A snapshot streams through to the lock
+//! owner in batches as it comes, the active's deltas between its pieces,
+//! so nothing of it gathers here: `--max-keys`, on apply, is what bounds it. Either way a standby
 //! that refused its active's state says it does not hold it (no
 //! `standbys=` count, no role handed to it, an election prefers a node
 //! that holds it), and the active's next link starts with a fresh snapshot.
@@ -175,8 +176,6 @@ pub struct ClusterParams {
     pub detect_ms: u64,
     /// `--max-lease`: the longest lease a replicated grant may have.
     pub max_lease_ms: u64,
-    /// `--max-keys`: the most entries a snapshot may have.
-    pub max_keys: usize,
     /// Peers run without a cluster key (warned about every minute).
     pub insecure: bool,
     /// Seed of the reconnect jitter (random in the server, fixed in tests).
@@ -189,7 +188,6 @@ impl ClusterParams {
         ClusterParams {
             detect_ms,
             max_lease_ms: 86_400_000,
-            max_keys: 1_000_000,
             insecure: false,
             seed: 1,
         }
@@ -287,6 +285,10 @@ pub struct ClusterCore {
     /// is stale: the lock owner's table has been replaced since.
     snapshot_seq: u64,
     snapshot_from: Option<usize>,
+    /// The snapshot whose end was passed to the lock owner and that it has
+    /// not yet said it took whole: the link it came on, from whom, its
+    /// `seq`.
+    snapshot_ending: Option<(LinkId, usize, u64)>,
     effects: Vec<ClusterEffect>,
 }
 
@@ -311,6 +313,10 @@ impl ClusterCore {
                 flap_warn: RateLimit::default(),
                 snap_sent: false,
                 snap_pending: false,
+                snap_streaming: false,
+                snap_ask: 0,
+                snap_entries: 0,
+                snap_pieces: 0,
                 snap_sent_ms: 0,
                 resends: 0,
             };
@@ -340,6 +346,7 @@ impl ClusterCore {
             heard_active_ms: 0,
             snapshot_seq: 0,
             snapshot_from: None,
+            snapshot_ending: None,
             effects: Vec::new(),
         }
     }
@@ -549,7 +556,8 @@ impl ClusterCore {
         match msg {
             TableToCluster::Deltas(deltas) => {
                 for p in 0..self.outs.len() {
-                    if p == self.me || !self.outs[p].snap_sent {
+                    let out = &self.outs[p];
+                    if p == self.me || !(out.snap_sent || out.snap_streaming) {
                         continue;
                     }
                     for delta in &deltas {
@@ -557,11 +565,14 @@ impl ClusterCore {
                     }
                 }
             }
-            TableToCluster::Snapshot {
+            TableToCluster::SnapshotChunk {
                 peer,
-                entries,
+                ask,
                 ceiling,
-            } => self.send_snapshot(now, peer, entries, ceiling),
+                held,
+                entries,
+                last,
+            } => self.send_chunk(now, peer, ask, ceiling, held, entries, last),
             TableToCluster::TransferReady { to } => {
                 // Only over a link that carried the snapshot and every delta
                 // since: else the successor would take the role without
@@ -593,7 +604,8 @@ impl ClusterCore {
                 // counted as synced nor handed the role), and the redialed
                 // link carries a fresh snapshot.
                 for p in 0..self.outs.len() {
-                    if p != self.me && self.outs[p].snap_sent {
+                    let out = &self.outs[p];
+                    if p != self.me && (out.snap_sent || out.snap_streaming) {
                         log::warn!(
                             "replication: changes for {} were dropped while this thread was \
                              held up; re-syncing it from a fresh snapshot",
@@ -607,6 +619,7 @@ impl ClusterCore {
             TableToCluster::StateRefused { why, snapshot } => {
                 self.handle_state_refused(now, why, snapshot)
             }
+            TableToCluster::SnapshotTaken { seq } => self.handle_snapshot_taken(now, seq),
         }
     }
 
@@ -649,8 +662,8 @@ impl ClusterCore {
                         floor,
                         failover: !transferred,
                     });
-                    for out in &mut self.outs {
-                        out.snap_sent = false;
+                    for p in 0..self.outs.len() {
+                        self.reset_snapshot(p);
                     }
                 }
                 RoleEffect::Follow { active } => {

@@ -51,7 +51,7 @@ impl ClusterCore {
                 if beat.following != Some(self.me) {
                     // Whatever it had from this node is stale now (it may
                     // follow this node again by its very next heartbeat).
-                    self.outs[p].snap_sent = false;
+                    self.reset_snapshot(p);
                 }
                 // Stay above every token any peer issued itself (one that
                 // was active during a split included), and above the ceiling
@@ -78,8 +78,16 @@ impl ClusterCore {
                 }
             }
             PeerMsg::SnapshotBegin if from_my_active => {
+                self.snapshot_ending = None;
+                // The table is emptied now and filled as the pieces and the
+                // deltas between them come: until the end this node holds
+                // part of its active's state, and says so.
+                self.flush_deltas_in();
+                self.roles.handle_snapshot_begun(p);
+                log::info!("replication: taking a snapshot from {}", self.names[p]);
+                self.pass_snapshot(link, p, Vec::new());
                 if let Some(l) = self.ins.get_mut(&link) {
-                    l.snapshot = Some(Vec::new());
+                    l.snapshot = Some(0);
                     l.left_out = 0;
                 }
             }
@@ -92,15 +100,13 @@ impl ClusterCore {
                 }
             }
             PeerMsg::Delta(delta) if from_my_active => {
-                match self.ins.get_mut(&link).and_then(|l| l.snapshot.as_mut()) {
-                    Some(entries) => entries.push(delta),
-                    None => {
-                        self.deltas_in_since_ms.get_or_insert(now.ms);
-                        self.deltas_in.push(delta);
-                        if self.deltas_in.len() >= APPLY_BATCH_MAX {
-                            self.flush_deltas_in();
-                        }
-                    }
+                if let Some(entries) = self.ins.get_mut(&link).and_then(|l| l.snapshot.as_mut()) {
+                    *entries = entries.saturating_add(1);
+                }
+                self.deltas_in_since_ms.get_or_insert(now.ms);
+                self.deltas_in.push(delta);
+                if self.deltas_in.len() >= APPLY_BATCH_MAX {
+                    self.flush_deltas_in();
                 }
             }
             PeerMsg::SnapshotEnd if from_my_active => {
@@ -111,33 +117,30 @@ impl ClusterCore {
                 if let Some(entries) = l.snapshot.take() {
                     self.flush_deltas_in();
                     if left > 0 {
-                        // What it could take replaces the table (closer to
+                        // What it could take replaced the table (closer to
                         // the active's than what it had), but it does not
                         // hold the active's state.
                         log::warn!(
-                            "replication: snapshot of {} entries from {}, {left} more left out \
-                             (tokens beyond this node's clock window): this node does not hold \
-                             its state",
-                            entries.len(),
+                            "replication: snapshot of {entries} entries from {}, {left} more left \
+                             out (tokens beyond this node's clock window): this node does not \
+                             hold its state",
                             self.names[p]
                         );
-                        self.pass_snapshot(link, p, entries);
                         self.roles.handle_state_lost(p);
                         return;
                     }
                     log::info!(
-                        "replication: snapshot of {} entries from {}",
-                        entries.len(),
+                        "replication: snapshot of {entries} entries from {}",
                         self.names[p]
                     );
-                    self.pass_snapshot(link, p, entries);
-                    let effects = self.roles.handle_synced(now.ms, p);
-                    self.apply_role_effects(now, effects);
-                    self.heard_active_ms = now.ms;
-                    // Tell every peer at once that this node now holds the
-                    // state: the active may transfer its role to it, and it
-                    // must win an election from now on.
-                    self.send_beats();
+                    // The lock owner has applied it all (`SnapshotTaken`)
+                    // or refused part of it (`StateRefused`) once it reaches
+                    // this mark: only the first makes this node hold the
+                    // state.
+                    self.snapshot_ending = Some((link, p, self.snapshot_seq));
+                    self.tell_table(ClusterToTable::SnapshotEnd {
+                        seq: self.snapshot_seq,
+                    });
                 }
             }
             PeerMsg::Handoff => {
@@ -228,36 +231,109 @@ impl ClusterCore {
         });
     }
 
-    pub(super) fn send_snapshot(
+    /// The lock owner applied the whole snapshot numbered `seq` with
+    /// nothing refused: if it is the one this node's active last sent, on
+    /// a link still up, this node holds its state.
+    pub(super) fn handle_snapshot_taken(&mut self, now: Now, seq: u64) {
+        let Some((link, p, ending)) = self.snapshot_ending.take() else {
+            return;
+        };
+        if ending != seq
+            || self.roles.following() != Some(p)
+            || self.ins.get(&link).is_none_or(|l| l.peer != Some(p))
+        {
+            return;
+        }
+        let effects = self.roles.handle_synced(now.ms, p);
+        self.apply_role_effects(now, effects);
+        self.heard_active_ms = now.ms;
+        // Tell every peer at once that this node now holds the state: the
+        // active may transfer its role to it, and it must win an election
+        // from now on.
+        self.send_beats();
+    }
+
+    /// A piece of the snapshot asked for `peer` (`ask`): the first
+    /// (`ceiling`) begins it on the link, after the deltas that went
+    /// before (which the standby's emptied table forgets), the last ends
+    /// it; from the first on, the deltas go to the link too, in the lock
+    /// owner's order with the pieces. A piece of an older ask, or for a
+    /// link that is down or no longer waits for it, is dropped (the link's
+    /// next snapshot starts afresh).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn send_chunk(
         &mut self,
         now: Now,
         peer: usize,
+        ask: u64,
+        ceiling: Option<u64>,
+        held: usize,
         entries: Vec<Delta>,
-        ceiling: u64,
+        last: bool,
     ) {
+        let active = self.roles.role_name().is_active();
         let Some(out) = self.outs.get_mut(peer) else {
             return;
         };
-        out.snap_pending = false;
-        if out.state != OutState::Up || !self.roles.role_name().is_active() {
+        if out.state != OutState::Up || !active || out.snap_ask != ask {
             return;
         }
-        self.log_link(
-            peer,
-            format_args!(
-                "sending a snapshot of {} keys to {}",
-                entries.len(),
-                self.names[peer]
-            ),
-        );
-        self.send(peer, PeerMsg::SnapshotBegin);
+        match ceiling {
+            Some(ceiling) if out.snap_pending => {
+                out.snap_pending = false;
+                out.snap_streaming = true;
+                out.snap_entries = 0;
+                out.snap_pieces = 0;
+                self.log_link(
+                    peer,
+                    format_args!(
+                        "sending a snapshot of {held} keys to {}, in pieces",
+                        self.names[peer]
+                    ),
+                );
+                self.send(peer, PeerMsg::SnapshotBegin);
+                self.send(peer, PeerMsg::Delta(Delta::Ceiling(ceiling)));
+            }
+            None if out.snap_streaming => {}
+            _ => return,
+        }
+        let out = &mut self.outs[peer];
+        out.snap_entries = out.snap_entries.saturating_add(entries.len());
+        out.snap_pieces = out.snap_pieces.saturating_add(1);
         for entry in entries {
             self.send(peer, PeerMsg::Delta(entry));
         }
-        self.send(peer, PeerMsg::Delta(Delta::Ceiling(ceiling)));
-        self.send(peer, PeerMsg::SnapshotEnd);
-        self.outs[peer].snap_sent = true;
-        self.outs[peer].snap_sent_ms = now.ms;
+        if last {
+            self.send(peer, PeerMsg::SnapshotEnd);
+            let out = &mut self.outs[peer];
+            out.snap_streaming = false;
+            out.snap_sent = true;
+            out.snap_sent_ms = now.ms;
+            let (entries, pieces) = (out.snap_entries, out.snap_pieces);
+            self.log_link(
+                peer,
+                format_args!(
+                    "sent a snapshot of {entries} grants to {} in {pieces} pieces",
+                    self.names[peer]
+                ),
+            );
+        }
+    }
+
+    /// `p`'s link no longer carries this node's state (it went, or `p`
+    /// follows another node, or this node no longer leads): what it had
+    /// is stale, and a snapshot asked or going out for it stops.
+    pub(super) fn reset_snapshot(&mut self, p: usize) {
+        let Some(out) = self.outs.get_mut(p) else {
+            return;
+        };
+        let stop = out.snap_pending || out.snap_streaming;
+        out.snap_sent = false;
+        out.snap_pending = false;
+        out.snap_streaming = false;
+        if stop {
+            self.tell_table(ClusterToTable::SnapshotStop { peer: p });
+        }
     }
 
     /// Ask the lock owner for a snapshot for `p` when `p` follows this
@@ -266,11 +342,11 @@ impl ClusterCore {
         let beat = self.roles.peer_beat(p);
         let follows_me = beat.is_some_and(|b| b.following == Some(self.me));
         let active = self.roles.role_name().is_active();
-        let out = &mut self.outs[p];
         if !follows_me || !active {
-            out.snap_sent = false;
+            self.reset_snapshot(p);
             return;
         }
+        let out = &mut self.outs[p];
         if beat.is_some_and(|b| b.synced) {
             out.resends = 0;
         }
@@ -292,11 +368,13 @@ impl ClusterCore {
             out.snap_sent = false;
             out.resends = out.resends.saturating_add(1);
         }
-        if out.snap_sent || out.snap_pending || out.state != OutState::Up {
+        if out.snap_sent || out.snap_pending || out.snap_streaming || out.state != OutState::Up {
             return;
         }
         out.snap_pending = true;
-        self.tell_table(ClusterToTable::SnapshotWanted { peer: p });
+        out.snap_ask = out.snap_ask.wrapping_add(1);
+        let ask = out.snap_ask;
+        self.tell_table(ClusterToTable::SnapshotWanted { peer: p, ask });
     }
 
     pub(super) fn flush_deltas_in(&mut self) {

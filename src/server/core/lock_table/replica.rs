@@ -202,6 +202,58 @@ impl LockTable {
         }
     }
 
+    /// A piece of a standby's snapshot: every live grant of the keys in
+    /// slots `from..` of the table, as `Delta::Grant`s into `out`, until at
+    /// least `max_grants` are in it (a key's grants go in one piece) or
+    /// `4 * max_grants` slots were looked at (a table emptied of many keys
+    /// costs a piece no more). The slot to go on from, or None at the end.
+    ///
+    /// A key whose grant waits in the changes as a new key's
+    /// ([`Change::Held`] with `new_since`: not sent to the standbys yet) is
+    /// left out: the batch that takes it carries it, or nothing if it is
+    /// freed first, so a standby never holds a key whose free no batch
+    /// would carry. Every other key is as the standbys must hold it now;
+    /// its later changes follow in the batches.
+    pub fn snapshot_from(
+        &self,
+        now_ms: u64,
+        from: u32,
+        max_grants: usize,
+        out: &mut Vec<Delta>,
+    ) -> Option<u32> {
+        let end = self.keys.capacity();
+        let start = out.len();
+        let mut idx = from as usize;
+        let looks = max_grants.saturating_mul(4).max(1);
+        let mut looked = 0;
+        while idx < end {
+            if out.len() - start >= max_grants || looked >= looks {
+                return Some(idx as u32);
+            }
+            looked += 1;
+            if let Some(state) = self.keys.get(idx)
+                && !matches!(
+                    self.changes.get(state.pending as usize),
+                    Some(Change::Held {
+                        new_since: Some(_),
+                        ..
+                    })
+                )
+            {
+                let view = KeyView {
+                    state,
+                    sem: self.sem(idx as u32),
+                };
+                out.extend(
+                    view.deltas(now_ms)
+                        .filter(|d| matches!(d, Delta::Grant { ms_left, .. } if *ms_left > 0)),
+                );
+            }
+            idx += 1;
+        }
+        None
+    }
+
     /// Every live grant of every key as a `Delta::Grant` (its limit, slot
     /// and value with it), for a standby's snapshot.
     pub fn snapshot(&self, now_ms: u64) -> Vec<Delta> {

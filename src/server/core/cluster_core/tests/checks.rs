@@ -67,37 +67,48 @@ fn forged_tokens_ceilings_and_leases_are_refused_or_left_out_even_from_a_proved_
 }
 
 #[test]
-fn a_snapshot_above_max_keys_is_refused_and_nothing_of_it_applied() {
-    let params = ClusterParams {
-        max_keys: 3,
-        ..ClusterParams::with_detect(DETECT)
-    };
-    let mut core = linked_with(1, params);
+fn a_snapshot_streams_to_the_lock_owner_as_it_comes_and_nothing_of_it_gathers_here() {
+    // A hostile active's endless snapshot: grants past --max-keys,
+    // frees, ceilings. The cluster core passes them on in batches of at
+    // most APPLY_BATCH_MAX (the lock owner's --max-keys bounds what is
+    // applied, and refuses the state past it: table_core's tests), in
+    // the order they came, and holds no more than one batch itself.
+    let mut core = linked(1);
     core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
     core.handle_tick(at(2));
     assert_eq!(core.roles().following(), Some(0));
     effects(&mut core);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
-    for i in 0..4u64 {
-        core.handle_peer_msg(
-            at(3),
-            7,
-            PeerMsg::Delta(Delta::grant(
-                Key::new(format!("k{i}").as_bytes()).expect("key"),
-                16 * (i + 1),
-                1000,
-            )),
-        );
-    }
-    core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
     let out = effects(&mut core);
-    assert!(out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
     assert!(
-        !out.iter()
-            .any(|e| matches!(e, ClusterEffect::ToTable(ClusterToTable::Snapshot { .. }))),
-        "{out:?}"
+        out.contains(&ClusterEffect::ToTable(ClusterToTable::Snapshot {
+            seq: 1,
+            entries: vec![]
+        })),
+        "the table is emptied at once: {out:?}"
     );
-    assert!(!core.roles().beat().synced);
+    let mut sent = Vec::new();
+    let mut passed = Vec::new();
+    for i in 0..3 * APPLY_BATCH_MAX as u64 {
+        let k = key(&format!("k{}", i % 10));
+        let delta = match i % 3 {
+            0 => Delta::grant(k, 16 * (i + 1), 1000),
+            1 => Delta::free(k, 16 * i),
+            _ => Delta::Ceiling(16 * (i + 1)),
+        };
+        sent.push(delta.clone());
+        core.handle_peer_msg(at(3), 7, PeerMsg::Delta(delta));
+        assert!(core.deltas_in.len() < APPLY_BATCH_MAX);
+        let out = effects(&mut core);
+        assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+        passed.extend(to_table_deltas(&out));
+    }
+    assert!(!core.roles().beat().synced && !core.roles().beat().has_state);
+    core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
+    passed.extend(to_table_deltas(&effects(&mut core)));
+    assert_eq!(passed, sent, "all of it, in order");
+    assert!(core.roles().beat().synced);
 }
 
 #[test]
@@ -155,44 +166,6 @@ fn a_semaphore_grant_with_a_limit_or_slot_out_of_range_is_refused_even_from_a_pr
         check(&free(MAX_LIMIT)),
         Verdict::Refuse("a slot at or above its key's limit")
     );
-}
-
-#[test]
-fn a_snapshot_counts_every_holder_of_a_semaphore_against_max_keys() {
-    let params = ClusterParams {
-        max_keys: 3,
-        ..ClusterParams::with_detect(DETECT)
-    };
-    let mut core = linked_with(1, params);
-    core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
-    core.handle_tick(at(2));
-    assert_eq!(core.roles().following(), Some(0));
-    effects(&mut core);
-    core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
-    // One key, four holders: four entries.
-    for slot in 0..4u32 {
-        core.handle_peer_msg(
-            at(3),
-            7,
-            PeerMsg::Delta(Delta::Grant {
-                key: Key::new(b"pool").expect("key"),
-                token: 16 * (u64::from(slot) + 1),
-                ms_left: 1000,
-                limit: 4,
-                slot,
-                value: None,
-            }),
-        );
-    }
-    core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
-    let out = effects(&mut core);
-    assert!(out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
-    assert!(
-        !out.iter()
-            .any(|e| matches!(e, ClusterEffect::ToTable(ClusterToTable::Snapshot { .. }))),
-        "{out:?}"
-    );
-    assert!(!core.roles().beat().synced);
 }
 
 #[test]
@@ -298,15 +271,17 @@ fn a_standby_whose_clock_is_ten_minutes_behind_still_hears_its_active_and_stays_
     let far_ceiling = Delta::Ceiling(token_from_ahead(t) + 1);
     core.handle_peer_msg(at(t), 7, PeerMsg::Delta(far_ceiling.clone()));
     core.handle_peer_msg(at(t), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(t));
     let out = effects(&mut core);
     assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
     assert!(
         out.contains(&ClusterEffect::ToTable(ClusterToTable::Snapshot {
             seq: 1,
-            entries: vec![near]
+            entries: vec![]
         })),
         "{out:?}"
     );
+    assert_eq!(to_table_deltas(&out), [near]);
     assert!(!core.roles().beat().synced, "it left part of the state out");
     // Nor do deltas beyond the window reach its table.
     core.handle_peer_msg(at(t + 1), 7, PeerMsg::Delta(far_ceiling));
@@ -327,6 +302,7 @@ fn a_synced_standby_that_is_sent_a_token_beyond_its_window_no_longer_says_it_hol
     core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().synced);
     effects(&mut core);
     let far = Delta::free(key("k"), token_from_ahead(4));

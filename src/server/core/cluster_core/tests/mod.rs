@@ -137,16 +137,10 @@ fn assert_backs_off(waits: &[u64]) {
 fn snapshot_to_follower(core: &mut ClusterCore, link: LinkId, t: u64) {
     core.handle_peer_msg(at(t), link, beat(RoleName::Standby, Some(0), false));
     core.handle_tick(at(t));
-    let wanted = ClusterEffect::ToTable(ClusterToTable::SnapshotWanted { peer: 1 });
-    assert!(effects(core).contains(&wanted));
-    core.handle_table(
-        at(t),
-        TableToCluster::Snapshot {
-            peer: 1,
-            entries: vec![],
-            ceiling: 99,
-        },
-    );
+    let wanted = 1;
+    assert!(asked(&effects(core), wanted).is_some());
+    let ask = core.outs[1].snap_ask;
+    core.handle_table(at(t), whole(1, ask, 99));
     effects(core);
 }
 
@@ -253,4 +247,33 @@ fn observed(out: &[ClusterEffect]) -> Vec<u64> {
             _ => None,
         })
         .collect()
+}
+
+/// The `ask` of the snapshot `out` asks the lock owner for, for `peer`.
+fn asked(out: &[ClusterEffect], peer: usize) -> Option<u64> {
+    out.iter().find_map(|e| match e {
+        ClusterEffect::ToTable(ClusterToTable::SnapshotWanted { peer: p, ask }) if *p == peer => {
+            Some(*ask)
+        }
+        _ => None,
+    })
+}
+
+/// A snapshot for `peer` in one piece (its first and its last).
+fn whole(peer: usize, ask: u64, ceiling: u64) -> TableToCluster {
+    TableToCluster::SnapshotChunk {
+        peer,
+        ask,
+        ceiling: Some(ceiling),
+        held: 0,
+        entries: vec![],
+        last: true,
+    }
+}
+
+/// The lock owner's answer to the end of the snapshot just passed to it:
+/// it took it whole.
+fn took(core: &mut ClusterCore, now: Now) {
+    let seq = core.snapshot_seq;
+    core.handle_table(now, TableToCluster::SnapshotTaken { seq });
 }

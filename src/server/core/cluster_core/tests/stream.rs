@@ -11,6 +11,7 @@ fn a_standby_whose_lock_owner_refuses_the_actives_state_drops_the_link_and_holds
     assert_eq!(core.roles().following(), Some(0));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().synced);
     effects(&mut core);
     // Its lock owner refused a grant past --max-keys.
@@ -44,6 +45,7 @@ fn a_standby_whose_lock_owner_refuses_the_actives_state_drops_the_link_and_holds
     );
     core.handle_peer_msg(at(t + 1), 8, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(t + 1), 8, PeerMsg::SnapshotEnd);
+    took(&mut core, at(t + 1));
     assert!(core.roles().beat().synced && core.roles().beat().has_state);
     // Told after it took the active role: the link to its old active
     // is no business of it any more.
@@ -75,6 +77,7 @@ fn a_state_refusal_is_matched_to_the_snapshot_it_came_after() {
     core.handle_tick(at(2));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     // Link 7 drops (a blip); link 8 from node 0 carries snapshot 2,
     // which the lock owner takes.
     core.handle_in_closed(at(4), 7, "eof");
@@ -84,6 +87,7 @@ fn a_state_refusal_is_matched_to_the_snapshot_it_came_after() {
     core.handle_peer_msg(at(t), 8, beat(RoleName::Active, None, false));
     core.handle_peer_msg(at(t), 8, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(t), 8, PeerMsg::SnapshotEnd);
+    took(&mut core, at(t));
     assert!(core.roles().beat().synced);
     effects(&mut core);
     // A refusal of snapshot 1 comes through late: stale, the table was
@@ -109,6 +113,7 @@ fn a_state_refusal_is_matched_to_the_snapshot_it_came_after() {
     // A refusal of the snapshot a link still carries drops that link.
     core.handle_peer_msg(at(t + 4), 9, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(t + 4), 9, PeerMsg::SnapshotEnd);
+    took(&mut core, at(t + 4));
     effects(&mut core);
     core.handle_table(at(t + 5), refused(3));
     let out = effects(&mut core);
@@ -133,6 +138,7 @@ fn a_state_refusal_after_the_active_is_found_dead_still_means_no_state_held() {
     core.handle_peer_msg(at(2), 8, beat(RoleName::Standby, Some(0), true));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().has_state);
     core.handle_in_closed(at(4), 7, "eof");
     core.handle_link_down(at(4), 0, OutDown::Refused, "refused");
@@ -171,20 +177,9 @@ fn standbys_count_only_while_both_links_are_up_and_carried_the_snapshot() {
     effects(&mut core);
     core.handle_tick(at(4));
     let out = effects(&mut core);
-    assert!(
-        out.contains(&ClusterEffect::ToTable(ClusterToTable::SnapshotWanted {
-            peer: 1
-        })),
-        "{out:?}"
-    );
-    core.handle_table(
-        at(4),
-        TableToCluster::Snapshot {
-            peer: 1,
-            entries: Vec::new(),
-            ceiling: 16,
-        },
-    );
+    assert!(asked(&out, 1).is_some(), "{out:?}");
+    let ask = core.outs[1].snap_ask;
+    core.handle_table(at(4), whole(1, ask, 16));
     assert_eq!(core.synced_standbys(at(5)), 1);
     core.handle_in_closed(at(6), 7, "reset");
     assert_eq!(core.synced_standbys(at(6)), 0, "a dropped link resets it");
@@ -198,6 +193,7 @@ fn a_standby_whose_link_from_the_active_drops_is_no_longer_synced() {
     assert_eq!(core.roles().following(), Some(0));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().synced);
     assert_eq!(core.heard_active_ms(), 3);
     // A flood of deltas does not move lag; a beat after them does.
@@ -217,6 +213,7 @@ fn a_standby_whose_link_from_the_active_is_replaced_holds_its_state_no_more() {
     core.handle_tick(at(2));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     assert!(core.roles().beat().synced);
     // A new link from the active replaces the old one: the old one's
     // unread tail (and what the active cleared from its writer) is lost.
@@ -231,46 +228,33 @@ fn a_standby_whose_link_from_the_active_is_replaced_holds_its_state_no_more() {
     assert_eq!(core.roles().role_name(), RoleName::Standby);
     core.handle_peer_msg(at(6), 8, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(6), 8, PeerMsg::SnapshotEnd);
+    took(&mut core, at(6));
     assert!(core.roles().beat().synced);
 }
 
 #[test]
-fn a_snapshot_holds_at_most_max_keys_grants_and_its_ceiling() {
-    let params = ClusterParams {
-        max_keys: 3,
-        ..ClusterParams::with_detect(DETECT)
-    };
-    // Endless ceilings, or any free, inside a snapshot: refused.
-    for flood in [Delta::Ceiling(16), Delta::free(key("k"), 16)] {
-        let mut core = linked_with(1, params);
-        core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
-        core.handle_tick(at(2));
-        effects(&mut core);
-        core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
-        for _ in 0..10 {
-            core.handle_peer_msg(at(3), 7, PeerMsg::Delta(flood.clone()));
-        }
-        let out = effects(&mut core);
-        assert!(
-            out.contains(&ClusterEffect::DropIn { link: 7 }),
-            "{flood:?}"
-        );
-        assert!(!core.ins.contains_key(&7));
-    }
-    // The most a snapshot may be: max_keys grants and a ceiling.
-    let mut core = linked_with(1, params);
+fn a_snapshot_may_hold_frees_and_ceilings_between_its_grants() {
+    // The active's deltas come between the pieces: a free of a key
+    // granted in an earlier piece, a raised ceiling. None costs the link.
+    let mut core = linked(1);
     core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
     core.handle_tick(at(2));
     effects(&mut core);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
-    for k in ["a", "b", "c"] {
-        let grant = Delta::grant(key(k), 16, 1000);
-        core.handle_peer_msg(at(3), 7, PeerMsg::Delta(grant));
+    for delta in [
+        Delta::Ceiling(32),
+        Delta::grant(key("a"), 16, 1000),
+        Delta::free(key("a"), 16),
+        Delta::grant(key("b"), 48, 1000),
+        Delta::Ceiling(64),
+    ] {
+        core.handle_peer_msg(at(3), 7, PeerMsg::Delta(delta));
     }
-    core.handle_peer_msg(at(3), 7, PeerMsg::Delta(Delta::Ceiling(32)));
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     let out = effects(&mut core);
     assert!(!out.contains(&ClusterEffect::DropIn { link: 7 }), "{out:?}");
+    assert_eq!(to_table_deltas(&out).len(), 5);
     assert!(core.roles().beat().synced);
 }
 
@@ -281,18 +265,12 @@ fn an_active_asks_for_a_snapshot_for_a_new_follower_and_resends_a_stale_one() {
     core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(0), false));
     effects(&mut core);
     core.handle_tick(at(DETECT + 4));
-    let wanted = ClusterEffect::ToTable(ClusterToTable::SnapshotWanted { peer: 1 });
-    assert!(effects(&mut core).contains(&wanted));
+    let wanted = 1;
+    assert!(asked(&effects(&mut core), wanted).is_some());
     core.handle_tick(at(DETECT + 5));
-    assert!(!effects(&mut core).contains(&wanted), "asked once");
-    core.handle_table(
-        at(DETECT + 6),
-        TableToCluster::Snapshot {
-            peer: 1,
-            entries: vec![],
-            ceiling: 99,
-        },
-    );
+    assert!(asked(&effects(&mut core), wanted).is_none(), "asked once");
+    let ask = core.outs[1].snap_ask;
+    core.handle_table(at(DETECT + 6), whole(1, ask, 99));
     let sent = effects(&mut core);
     assert_eq!(
         sent.first(),
@@ -313,7 +291,7 @@ fn an_active_asks_for_a_snapshot_for_a_new_follower_and_resends_a_stale_one() {
     let later = 2 * DETECT + 10;
     core.handle_peer_msg(at(later), 7, beat(RoleName::Standby, Some(0), false));
     core.handle_tick(at(later));
-    assert!(effects(&mut core).contains(&wanted));
+    assert!(asked(&effects(&mut core), wanted).is_some());
 }
 
 #[test]
@@ -321,18 +299,14 @@ fn deltas_the_owner_dropped_cost_each_standby_a_fresh_snapshot_and_nothing_is_se
     let mut core = linked_at(0, DETECT + 1);
     core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(0), true));
     core.handle_tick(at(DETECT + 4));
-    let wanted = ClusterEffect::ToTable(ClusterToTable::SnapshotWanted { peer: 1 });
-    assert!(effects(&mut core).contains(&wanted));
-    let snapshot = TableToCluster::Snapshot {
-        peer: 1,
-        entries: vec![],
-        ceiling: 99,
-    };
+    let wanted = 1;
+    assert!(asked(&effects(&mut core), wanted).is_some());
+    let snapshot = whole(1, core.outs[1].snap_ask, 99);
     core.handle_table(at(DETECT + 5), snapshot.clone());
     effects(&mut core);
     core.handle_tick(at(DETECT + 6));
     assert!(
-        !effects(&mut core).contains(&wanted),
+        asked(&effects(&mut core), wanted).is_none(),
         "synced: no new snapshot"
     );
     core.handle_table(at(DETECT + 7), TableToCluster::DeltasLost);
@@ -357,7 +331,12 @@ fn deltas_the_owner_dropped_cost_each_standby_a_fresh_snapshot_and_nothing_is_se
     let t = dial_up(&mut core, 1, DETECT + 8);
     core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), false));
     core.handle_tick(at(t));
-    assert!(effects(&mut core).contains(&wanted));
+    assert!(asked(&effects(&mut core), wanted).is_some());
+    assert!(
+        !matches!(&snapshot, TableToCluster::SnapshotChunk { ask, .. } if *ask == core.outs[1].snap_ask),
+        "asked again"
+    );
+    let snapshot = whole(1, core.outs[1].snap_ask, 99);
     core.handle_table(at(t + 1), snapshot);
     assert_eq!(
         effects(&mut core).first(),
@@ -369,21 +348,32 @@ fn deltas_the_owner_dropped_cost_each_standby_a_fresh_snapshot_and_nothing_is_se
 }
 
 #[test]
-fn a_standby_assembles_a_snapshot_and_says_it_is_synced() {
+fn a_standby_takes_a_snapshot_as_it_streams_and_says_it_is_synced_at_its_end() {
     let mut core = linked(1);
     core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(2));
+    assert!(core.roles().beat().synced);
     effects(&mut core);
+    // A fresh snapshot: not synced from its first line to its last.
     let grant = Delta::grant(Key::new(b"k").expect("key"), 33, 100);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotBegin);
+    assert!(!core.roles().beat().synced);
     core.handle_peer_msg(at(3), 7, PeerMsg::Delta(grant.clone()));
+    assert!(!core.roles().beat().synced);
     core.handle_peer_msg(at(3), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(3));
     let out = effects(&mut core);
     assert_eq!(
-        out[0],
-        ClusterEffect::ToTable(ClusterToTable::Snapshot {
-            seq: 1,
-            entries: vec![grant]
-        })
+        out[..2],
+        [
+            ClusterEffect::ToTable(ClusterToTable::Snapshot {
+                seq: 2,
+                entries: vec![]
+            }),
+            ClusterEffect::ToTable(ClusterToTable::Deltas(vec![grant])),
+        ]
     );
     assert!(core.roles().beat().synced);
     assert!(out.iter().any(|e| matches!(
@@ -402,6 +392,7 @@ fn a_standby_passes_deltas_to_its_owner_in_batches_and_at_once_on_a_heartbeat() 
     core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
     core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
     core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    took(&mut core, at(2));
     effects(&mut core);
     let ceiling = |c: u64| PeerMsg::Delta(Delta::Ceiling(c));
     core.handle_peer_msg(at(10), 7, ceiling(1));
@@ -481,19 +472,9 @@ fn a_transfer_of_the_active_role_sends_handoff_after_the_last_delta() {
     core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(1), false));
     core.handle_tick(at(DETECT + 3));
     let out = effects(&mut core);
-    assert!(
-        out.contains(&ClusterEffect::ToTable(ClusterToTable::SnapshotWanted {
-            peer: 0
-        }))
-    );
-    core.handle_table(
-        at(DETECT + 3),
-        TableToCluster::Snapshot {
-            peer: 0,
-            entries: Vec::new(),
-            ceiling: 16,
-        },
-    );
+    assert!(asked(&out, 0).is_some());
+    let ask = core.outs[0].snap_ask;
+    core.handle_table(at(DETECT + 3), whole(0, ask, 16));
     effects(&mut core);
     core.handle_peer_msg(at(DETECT + 3), 7, beat(RoleName::Standby, Some(1), true));
     let out = effects(&mut core);
@@ -543,28 +524,22 @@ fn no_handoff_goes_over_a_link_that_has_not_carried_the_state() {
 fn a_follower_that_never_takes_its_snapshot_is_sent_one_ever_less_often() {
     let mut core = linked_at(0, DETECT + 1);
     assert!(core.roles().role_name().is_active());
-    let wanted = ClusterEffect::ToTable(ClusterToTable::SnapshotWanted { peer: 1 });
-    let mut asked = Vec::new();
+    let wanted = 1;
+    let mut asks = Vec::new();
     let period = DETECT / BEATS_PER_DETECT;
     let mut t = DETECT + 2;
     while t < DETECT + 2 + 4 * SNAPSHOT_RESEND_MAX_MS {
         core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), false));
         core.handle_tick(at(t));
-        if effects(&mut core).contains(&wanted) {
-            asked.push(t);
-            core.handle_table(
-                at(t),
-                TableToCluster::Snapshot {
-                    peer: 1,
-                    entries: Vec::new(),
-                    ceiling: 16,
-                },
-            );
+        if asked(&effects(&mut core), wanted).is_some() {
+            asks.push(t);
+            let ask = core.outs[1].snap_ask;
+            core.handle_table(at(t), whole(1, ask, 16));
             effects(&mut core);
         }
         t += period;
     }
-    let gaps: Vec<u64> = asked.windows(2).map(|w| w[1] - w[0]).collect();
+    let gaps: Vec<u64> = asks.windows(2).map(|w| w[1] - w[0]).collect();
     assert!(gaps.len() >= 5, "{gaps:?}");
     assert!(gaps[0] <= DETECT + period, "the first resend: {gaps:?}");
     assert!(gaps.windows(2).all(|g| g[1] >= g[0]), "{gaps:?}");
@@ -586,7 +561,7 @@ fn a_follower_that_never_takes_its_snapshot_is_sent_one_ever_less_often() {
         t += period;
         core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), false));
         core.handle_tick(at(t));
-        if effects(&mut core).contains(&wanted) {
+        if asked(&effects(&mut core), wanted).is_some() {
             break t;
         }
     };
@@ -595,4 +570,184 @@ fn a_follower_that_never_takes_its_snapshot_is_sent_one_ever_less_often() {
         "{}",
         again - synced_at
     );
+}
+
+/// A piece of the snapshot for node 1 asked as `ask`: the first
+/// carries ceiling 99; a grant of each of `keys`.
+fn piece(ask: u64, first: bool, keys: &[&str], last: bool) -> TableToCluster {
+    TableToCluster::SnapshotChunk {
+        peer: 1,
+        ask,
+        ceiling: first.then_some(99),
+        held: 2,
+        entries: keys
+            .iter()
+            .map(|k| Delta::grant(key(k), 16, 1000))
+            .collect(),
+        last,
+    }
+}
+
+/// What these effects send to node 1.
+fn sent_to_1(out: &[ClusterEffect]) -> Vec<PeerMsg> {
+    out.iter()
+        .filter_map(|e| match e {
+            ClusterEffect::Send { peer: 1, msg } => Some(msg.clone()),
+            _ => None,
+        })
+        .filter(|m| !matches!(m, PeerMsg::Beat { .. }))
+        .collect()
+}
+
+#[test]
+fn an_active_sends_a_snapshot_in_pieces_with_its_deltas_between_them_in_order() {
+    let (mut core, t) = active_with_follower(DETECT, 7);
+    core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), false));
+    core.handle_tick(at(t));
+    let ask = asked(&effects(&mut core), 1).expect("a snapshot asked for");
+    core.handle_tick(at(t + 1));
+    assert_eq!(asked(&effects(&mut core), 1), None, "asked once");
+    // Deltas before the first piece do not go: the standby empties its
+    // table at the first piece, which holds their keys as they are now.
+    let early = Delta::grant(key("x"), 8, 1000);
+    core.handle_table(at(t), TableToCluster::Deltas(vec![early]));
+    assert_eq!(sent_to_1(&effects(&mut core)), []);
+    core.handle_table(at(t), piece(ask, true, &["a"], false));
+    let free = Delta::free(key("a"), 16);
+    core.handle_table(at(t), TableToCluster::Deltas(vec![free.clone()]));
+    // Not holding the whole state yet: the active role is not handed to
+    // it, nor is it counted, whatever it says.
+    core.handle_table(at(t), TableToCluster::TransferReady { to: 1 });
+    core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), true));
+    assert_eq!(core.synced_standbys(at(t)), 0);
+    let mut sent = sent_to_1(&effects(&mut core));
+    core.handle_tick(at(t + 2));
+    let out = effects(&mut core);
+    assert_eq!(asked(&out, 1), None, "not asked again meanwhile");
+    sent.extend(sent_to_1(&out));
+    core.handle_table(at(t), piece(ask, false, &["b"], true));
+    sent.extend(sent_to_1(&effects(&mut core)));
+    assert_eq!(
+        sent,
+        [
+            PeerMsg::SnapshotBegin,
+            PeerMsg::Delta(Delta::Ceiling(99)),
+            PeerMsg::Delta(Delta::grant(key("a"), 16, 1000)),
+            PeerMsg::Delta(free),
+            PeerMsg::Delta(Delta::grant(key("b"), 16, 1000)),
+            PeerMsg::SnapshotEnd,
+        ]
+    );
+    assert_eq!(core.synced_standbys(at(t)), 1);
+    // Now the role may go to it.
+    core.handle_table(at(t), TableToCluster::TransferReady { to: 1 });
+    assert_eq!(sent_to_1(&effects(&mut core)), [PeerMsg::Handoff]);
+}
+
+#[test]
+fn pieces_of_an_older_ask_or_for_a_link_that_went_are_dropped_and_the_owner_told_to_stop() {
+    let (mut core, t) = active_with_follower(DETECT, 7);
+    core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), false));
+    core.handle_tick(at(t));
+    let ask = asked(&effects(&mut core), 1).expect("a snapshot asked for");
+    core.handle_table(at(t), piece(ask, true, &["a"], false));
+    effects(&mut core);
+    // The link drops mid-stream: the lock owner stops, and what was
+    // still on its way goes nowhere.
+    core.handle_link_down(at(t + 1), 1, OutDown::Failed, "reset");
+    let out = effects(&mut core);
+    assert!(
+        out.contains(&ClusterEffect::ToTable(ClusterToTable::SnapshotStop {
+            peer: 1
+        })),
+        "{out:?}"
+    );
+    core.handle_table(at(t + 1), piece(ask, false, &["b"], true));
+    let late = Delta::grant(key("y"), 8, 1000);
+    core.handle_table(at(t + 1), TableToCluster::Deltas(vec![late]));
+    assert_eq!(sent_to_1(&effects(&mut core)), []);
+    assert_eq!(core.synced_standbys(at(t + 1)), 0);
+    // Up again: asked afresh; a piece of the old ask is dropped, even a
+    // first one, and the new ask's first begins the snapshot.
+    let t = dial_up(&mut core, 1, t + 1);
+    core.handle_peer_msg(at(t), 7, beat(RoleName::Standby, Some(0), false));
+    core.handle_tick(at(t));
+    let again = asked(&effects(&mut core), 1).expect("asked again");
+    assert!(again > ask);
+    core.handle_table(at(t), piece(ask, true, &["old"], true));
+    assert_eq!(sent_to_1(&effects(&mut core)), []);
+    core.handle_table(at(t), piece(again, true, &["a"], false));
+    assert_eq!(
+        sent_to_1(&effects(&mut core)).first(),
+        Some(&PeerMsg::SnapshotBegin)
+    );
+    // Changes the owner dropped cost a link in the middle of its
+    // snapshot too: it lacks them.
+    core.handle_table(at(t), TableToCluster::DeltasLost);
+    let out = effects(&mut core);
+    assert!(out.contains(&ClusterEffect::DropOut { peer: 1 }), "{out:?}");
+    assert!(
+        out.contains(&ClusterEffect::ToTable(ClusterToTable::SnapshotStop {
+            peer: 1
+        }))
+    );
+    // A follower that turns to another node stops its snapshot too.
+    let t = dial_up(&mut core, 1, t);
+    core.handle_in_opened(at(t), 8);
+    core.handle_in_authenticated(at(t), 8, 1);
+    core.handle_peer_msg(at(t), 8, beat(RoleName::Standby, Some(0), false));
+    core.handle_tick(at(t));
+    let third = asked(&effects(&mut core), 1).expect("asked again");
+    core.handle_table(at(t), piece(third, true, &["a"], false));
+    effects(&mut core);
+    core.handle_peer_msg(at(t), 8, beat(RoleName::Standby, None, false));
+    let out = effects(&mut core);
+    assert!(
+        out.contains(&ClusterEffect::ToTable(ClusterToTable::SnapshotStop {
+            peer: 1
+        })),
+        "{out:?}"
+    );
+    core.handle_table(at(t), piece(third, false, &["b"], true));
+    assert_eq!(sent_to_1(&effects(&mut core)), []);
+}
+
+#[test]
+fn a_standby_holds_the_state_only_once_its_lock_owner_took_the_whole_snapshot() {
+    let mut core = linked(1);
+    core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
+    core.handle_peer_msg(at(2), 7, PeerMsg::Delta(Delta::grant(key("k"), 16, 1000)));
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    let out = effects(&mut core);
+    assert!(
+        out.contains(&ClusterEffect::ToTable(ClusterToTable::SnapshotEnd {
+            seq: 1
+        })),
+        "{out:?}"
+    );
+    // The lock owner has not answered: not synced, whatever the wire said.
+    assert!(!core.roles().beat().synced);
+    // It refused part of it instead: never synced by this snapshot.
+    core.handle_table(
+        at(3),
+        TableToCluster::StateRefused {
+            why: "a grant past --max-keys",
+            snapshot: 1,
+        },
+    );
+    core.handle_table(at(3), TableToCluster::SnapshotTaken { seq: 1 });
+    assert!(!core.roles().beat().synced);
+    // A stale confirmation (of an older snapshot) changes nothing either.
+    let mut core = linked(1);
+    core.handle_peer_msg(at(2), 7, beat(RoleName::Active, None, false));
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotBegin);
+    core.handle_table(at(2), TableToCluster::SnapshotTaken { seq: 1 });
+    assert!(!core.roles().beat().synced);
+    core.handle_peer_msg(at(2), 7, PeerMsg::SnapshotEnd);
+    core.handle_table(at(2), TableToCluster::SnapshotTaken { seq: 2 });
+    assert!(core.roles().beat().synced);
+    assert_eq!(core.heard_active_ms(), 2);
 }

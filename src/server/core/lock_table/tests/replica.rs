@@ -818,3 +818,59 @@ fn a_promotion_grace_placeholder_of_a_semaphore_lets_every_slot_go_when_it_ends(
     );
     assert_eq!(h.table.stats().waiting, 1);
 }
+
+#[test]
+fn a_snapshot_in_pieces_holds_every_grant_once_and_leaves_new_keys_to_their_batch() {
+    let mut h = Harness::replicating();
+    for i in 0..10 {
+        h.grant(0, C1, &format!("k{i}"), 1000);
+    }
+    let (_, slot) = h.grant_slot(0, C2, "pool", 3);
+    assert_eq!(slot, 0);
+    h.grant_slot(0, C3, "pool", 3);
+    // Keys freed leave holes in the table, which pieces step over.
+    for i in [2, 3, 4] {
+        let token = h.table.query_token(&key(&format!("k{i}"))).expect("held");
+        h.release(0, C1, &format!("k{i}"), token);
+    }
+    h.table.take_deltas(1, 0);
+    // A key granted since the last batch: its batch carries it (or
+    // nothing, if it is freed first), not a piece.
+    h.grant(1, C1, "young", 1000);
+    let mut all = Vec::new();
+    let mut from = 0;
+    let mut pieces = 0;
+    loop {
+        let mut piece = Vec::new();
+        let next = h.table.snapshot_from(1, from, 2, &mut piece);
+        // A key's grants go in one piece: at most one key over.
+        assert!(piece.len() <= 3, "{piece:?}");
+        pieces += 1;
+        all.extend(piece);
+        match next {
+            Some(next) => {
+                assert!(next > from, "it moves on");
+                from = next;
+            }
+            None => break,
+        }
+    }
+    assert!(pieces >= 5, "{pieces} pieces");
+    let sorted = |mut v: Vec<Delta>| {
+        v.sort_by_key(|d| format!("{d:?}"));
+        v
+    };
+    let whole: Vec<Delta> = h
+        .table
+        .snapshot(1)
+        .into_iter()
+        .filter(|d| !matches!(d, Delta::Grant { key: k, .. } if *k == key("young")))
+        .collect();
+    assert_eq!(whole.len(), 9, "seven mutexes and two holders of pool");
+    assert_eq!(sorted(all), sorted(whole));
+    // Once its batch went, the young key is in the pieces too.
+    h.table.take_deltas(2, 0);
+    let mut piece = Vec::new();
+    assert_eq!(h.table.snapshot_from(2, 0, 100, &mut piece), None);
+    assert_eq!(piece.len(), 10);
+}
