@@ -8,7 +8,11 @@ docs/performance.md, "The contention view's cost". Standard library only.
       --busy-poll-us 0): each runs a fixed workload of SMALL and then LARGE
       pairs (depth 16, one connection), and the difference of the two
       totals over the difference of pairs is the cost per pair (start-up
-      and shutdown cancel out).
+      and shutdown cancel out). Also the same difference for the lock
+      table's two handlers alone (LockTable::handle_acquire and
+      handle_release, inclusive, by callgrind_annotate): the hot path's
+      table work, which the batching of rounds (how many requests one read
+      brings, which varies with timing) does not move.
 
   view_cost.py keys BATOND
       Latency of GET /keys?top=20 and GET /keys/<key> on a node with 10
@@ -18,6 +22,7 @@ docs/performance.md, "The contention view's cost". Standard library only.
 """
 
 import os
+import re
 import signal
 import socket
 import statistics
@@ -106,17 +111,33 @@ def callgrind_total(batond, n):
         for line in f:
             if line.startswith("summary:") or line.startswith("totals:"):
                 total = int(line.split()[1])
+    table = table_handlers(out)
     os.unlink(out)
-    return total
+    return total, table
+
+
+# The inclusive cost of the table's request handlers, as callgrind_annotate
+# prints it: "10,475,067 (13.93%)  ???:baton::...LockTable>::handle_acquire [...]".
+HANDLER = re.compile(r"^\s*([\d,]+) .*LockTable>::handle_(acquire|release) ")
+
+
+def table_handlers(out):
+    annotated = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", out],
+        capture_output=True, text=True, check=True).stdout
+    return sum(int(m.group(1).replace(",", ""))
+               for m in map(HANDLER.match, annotated.splitlines()) if m)
 
 
 def measure_pairs(batonds):
     for batond in batonds:
-        small = callgrind_total(batond, SMALL)
-        large = callgrind_total(batond, LARGE)
+        small, small_table = callgrind_total(batond, SMALL)
+        large, large_table = callgrind_total(batond, LARGE)
         per = (large - small) / (LARGE - SMALL)
+        table = (large_table - small_table) / (LARGE - SMALL)
         print(f"{batond}: {small} Ir for {SMALL} pairs, {large} Ir for {LARGE}: "
-              f"{per:.0f} instructions per pair")
+              f"{per:.0f} instructions per pair, {table:.1f} of them in the "
+              f"table's handle_acquire + handle_release")
 
 
 def http_get(port, target):

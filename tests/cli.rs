@@ -536,8 +536,7 @@ done
 /// Whether zsh is installed; CI sets BATON_REQUIRE_ZSH=1 (it installs
 /// zsh), so that a missing zsh fails there instead of skipping.
 fn zsh_present() -> bool {
-    let found = std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("zsh").is_file()));
+    let found = common::on_path("zsh").is_some();
     if !found {
         assert!(
             std::env::var_os("BATON_REQUIRE_ZSH").is_none(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use baton::client::{Client, Error, ReleaseOutcome};
 use common::faults::FakeServer;
-use common::{DEADLINE, Node, block_on, wait_for};
+use common::{DEADLINE, Node, block_on, tokio_runtime, wait_for};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -32,14 +32,6 @@ fn wait_free(client: &Client, key: &str) {
     });
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
-        .build()
-        .expect("a tokio runtime")
-}
-
 fn assert_send<T: Send>(_: &T) {}
 
 fn assert_static_send<T: Send + 'static>(_: &T) {}
@@ -55,7 +47,7 @@ async fn bounded<F: Future>(future: F) -> F::Output {
 fn the_async_calls_work_end_to_end_under_tokio() {
     let n = node();
     let c = client(&n);
-    runtime().block_on(async {
+    tokio_runtime().block_on(async {
         // Right after connect, the connections are still being made: the
         // first call waits for one without blocking the task's thread.
         let mut grant = bounded(c.acquire_async("job", Duration::from_secs(2), None))
@@ -95,7 +87,7 @@ fn a_waiting_acquire_is_woken_by_the_hand_over_and_a_wait_runs_out() {
     let n = node();
     let c = client(&n);
     let held = c.acquire("job", LEASE, None).expect("granted");
-    runtime().block_on(async {
+    tokio_runtime().block_on(async {
         // Spawned: the future is Send and 'static.
         let waiter = tokio::spawn(c.acquire_async("job", LEASE, None));
         let short = bounded(c.acquire_async("job", LEASE, Some(Duration::from_millis(50)))).await;
@@ -116,7 +108,7 @@ fn a_dropped_acquire_leaves_nothing_held() {
     let n = node();
     let c = client(&n);
     let held = c.acquire("job", LEASE, None).expect("granted");
-    runtime().block_on(async {
+    tokio_runtime().block_on(async {
         let waiter = tokio::spawn(c.acquire_async("job", LEASE, None));
         wait_for("the waiter to be in line", DEADLINE, || {
             (c.query("job").expect("query").waiting == 1).then_some(())
@@ -149,7 +141,7 @@ fn a_grant_dropped_while_it_is_being_confirmed_is_released() {
         }
     });
     let c = Client::connect([server.server()]).expect("a client");
-    let rt = runtime();
+    let rt = tokio_runtime();
     let acquire = rt.spawn(c.acquire_async("job", Duration::from_millis(300), None));
     wait_for("the confirming K", DEADLINE, || {
         server
@@ -263,7 +255,7 @@ fn a_held_lock_says_at_once_when_its_key_is_taken_away() {
     let why = held.wait_lost_timeout(DEADLINE).expect("lost");
     assert_eq!(why, Error::NotHeld);
     assert!(held.is_lost());
-    runtime().block_on(async {
+    tokio_runtime().block_on(async {
         assert_eq!(bounded(held.lost()).await, Error::NotHeld);
     });
     // A lost key is not asked for again.
@@ -274,7 +266,7 @@ fn a_held_lock_says_at_once_when_its_key_is_taken_away() {
 fn a_held_lock_whose_server_dies_is_lost_when_its_lease_runs_out() {
     let mut n = node();
     let c = client(&n);
-    let rt = runtime();
+    let rt = tokio_runtime();
     let held = rt
         .block_on(bounded(c.hold_async(
             "job",
@@ -298,7 +290,7 @@ fn async_acquires_with_a_limit_get_slots_0_and_1() {
     let n = node();
     let c = client(&n);
     let two = AcquireOptions::new().limit(2).value("async");
-    runtime().block_on(async {
+    tokio_runtime().block_on(async {
         let first = c.acquire_with_async("pool", LEASE, None, &two);
         assert_static_send(&first);
         let first = bounded(first).await.expect("slot 0");

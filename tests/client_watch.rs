@@ -20,7 +20,7 @@ use std::time::Duration;
 use baton::client::{AcquireOptions, Client, Error, ReleaseOutcome, Watch, WatchState};
 use baton::protocol::Reason;
 use common::nodes::{Nodes, deref_to_nodes};
-use common::{DEADLINE, Node, baton_path, block_on, wait_for};
+use common::{DEADLINE, Node, baton_path, block_on, tokio_runtime, wait_for};
 
 const LEASE: Duration = Duration::from_secs(10);
 
@@ -194,14 +194,6 @@ fn too_many_watches_on_a_connection_end_the_watch_with_the_refusal() {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_time()
-        .build()
-        .expect("a tokio runtime")
-}
-
 async fn bounded<F: Future>(future: F) -> F::Output {
     tokio::time::timeout(DEADLINE, future)
         .await
@@ -214,7 +206,7 @@ fn assert_send<T: Send>(_: &T) {}
 fn an_async_watch_under_tokio_sees_grants_and_releases() {
     let n = node(&[]);
     let c = client(&[n.addr.to_string()]);
-    runtime().block_on(async {
+    tokio_runtime().block_on(async {
         let mut watch = c.watch("job").expect("a watch");
         assert_send(&watch.next_async());
         let first = bounded(watch.next_async()).await.expect("a state");
@@ -319,7 +311,7 @@ fn a_leader_is_told_at_once_when_its_key_is_taken_away() {
         Ok(ReleaseOutcome::Released)
     );
     assert_eq!(leadership.wait_lost_timeout(DEADLINE), Some(Error::NotHeld));
-    runtime().block_on(async {
+    tokio_runtime().block_on(async {
         assert_eq!(bounded(leadership.lost()).await, Error::NotHeld);
     });
     assert_eq!(fields(&next(&mut leaders)), free(), "nobody leads");

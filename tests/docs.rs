@@ -473,8 +473,7 @@ fn tour_parts() -> Vec<Part> {
 
 /// Whether a private network namespace can be made here; if not, why.
 fn netns_args() -> Result<Vec<&'static str>, String> {
-    let has_ip = std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("ip").is_file()));
+    let has_ip = common::on_path("ip").is_some();
     if !has_ip {
         return Err("no `ip` (iproute2)".into());
     }

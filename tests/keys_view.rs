@@ -9,39 +9,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
-use common::nodes::start_node;
+use common::http::try_exchange;
+use common::nodes::two_nodes_with_metrics;
 use common::{DEADLINE, Node, free_port, token_of, wait_for};
 use serde_json::Value as Json;
-
-/// Send `request`; the status, the Content-Type and the body (checked
-/// against Content-Length). None if the server closed without a response.
-fn try_exchange(addr: SocketAddr, request: &[u8]) -> Option<(u16, String, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, DEADLINE).expect("connect to metrics");
-    stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
-    stream.write_all(request).expect("send request");
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    if response.is_empty() {
-        return None;
-    }
-    let text = String::from_utf8(response).expect("a UTF-8 response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a response head");
-    let mut lines = head.split("\r\n");
-    let status = lines.next().expect("status line");
-    let code: u16 = status[9..12].parse().expect("a status code");
-    let mut content_type = String::new();
-    let mut length = None;
-    for line in lines {
-        if let Some(v) = line.strip_prefix("Content-Type: ") {
-            content_type = v.to_string();
-        }
-        if let Some(v) = line.strip_prefix("Content-Length: ") {
-            length = v.parse::<usize>().ok();
-        }
-    }
-    assert_eq!(Some(body.len()), length, "the body is Content-Length long");
-    Some((code, content_type, body.to_string()))
-}
 
 fn get(addr: SocketAddr, target: &str) -> (u16, Json) {
     let request = format!("GET {target} HTTP/1.1\r\nHost: test\r\n\r\n");
@@ -250,25 +221,7 @@ fn bad_view_requests_are_refused_and_a_flood_is_bounded_without_the_lock_port_no
 
 #[test]
 fn a_standby_shows_its_replicated_holders_and_no_waiters() {
-    let ports = [free_port(), free_port()];
-    let metric_ports = [free_port(), free_port()];
-    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
-    let start = |i: usize| {
-        let metrics = format!("127.0.0.1:{}", metric_ports[i]);
-        let flags = [
-            "--cluster-key-file",
-            common::cluster_key_file(),
-            "--metrics",
-            metrics.as_str(),
-        ];
-        start_node(ports[i], &peers, &flags, &[])
-    };
-    let first = start(0);
-    let _second = start(1);
-    let m: Vec<SocketAddr> = metric_ports
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}").parse().expect("addr"))
-        .collect();
+    let (first, _second, m) = two_nodes_with_metrics(&[]);
     wait_for("node 0 active, node 1 its standby", DEADLINE, || {
         let a = get_ok(m[0], "/keys");
         let b = get_ok(m[1], "/keys");

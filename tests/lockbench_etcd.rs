@@ -12,6 +12,8 @@
 //! `BATON_REQUIRE_ETCD=1`: then it fails. It is bounded (90 s); it checks
 //! what the rows count, never how fast.
 
+mod common;
+
 #[allow(dead_code)]
 #[path = "../benches/lockbench/http.rs"]
 mod http;
@@ -26,6 +28,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::on_path;
 use http::{Framing, Reader, Response};
 
 /// A reader that gives out at most `step` bytes per read.
@@ -211,16 +214,6 @@ fn gateway_errors_and_numbers_are_read_as_the_gateway_writes_them() {
 
 /// The whole live test, etcd's start included.
 const TEST_BOUND: Duration = Duration::from_secs(90);
-
-fn on_path(program: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-}
 
 /// A one-member etcd, killed by PID and its directory removed on drop.
 struct Etcd {

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::nodes::start_node;
+use common::nodes::{start_node, two_nodes_with_metrics};
 use common::{DEADLINE, LineClient, Node, free_port, token_of, wait_for};
 
 /// One parsed scrape: sample (name with its labels, as written) → value.
@@ -209,39 +209,14 @@ fn exchange(addr: SocketAddr, request: &[u8]) -> (u16, String) {
     try_exchange(addr, request).expect("an HTTP response")
 }
 
-/// The same; None if the server closed without a response.
+/// The same; None if the server closed without a response. A scrape
+/// (200) is in the Prometheus text format's Content-Type.
 fn try_exchange(addr: SocketAddr, request: &[u8]) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&addr, DEADLINE).expect("connect to metrics");
-    stream.set_read_timeout(Some(DEADLINE)).expect("timeout");
-    stream.write_all(request).expect("send request");
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
-    if response.is_empty() {
-        return None;
-    }
-    let text = String::from_utf8(response).expect("a UTF-8 response");
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no response head: {text:?}"));
-    let mut lines = head.split("\r\n");
-    let status = lines.next().expect("status line");
-    let code: u16 = status
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|s| s.get(..3))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("bad status line {status:?}"));
-    let length: usize = lines
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .and_then(|l| l.parse().ok())
-        .unwrap_or_else(|| panic!("no Content-Length: {head}"));
-    assert_eq!(body.len(), length, "the body is Content-Length long");
+    let (code, content_type, body) = common::http::try_exchange(addr, request)?;
     if code == 200 {
-        assert!(
-            head.contains("\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8"),
-            "{head}"
-        );
+        assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
     }
-    Some((code, body.to_string()))
+    Some((code, body))
 }
 
 fn scrape(addr: SocketAddr) -> Scrape {
@@ -543,29 +518,7 @@ fn without_the_flag_only_the_client_port_listens() {
 
 #[test]
 fn a_two_node_cluster_shows_roles_standbys_lag_and_a_failover() {
-    let ports = [free_port(), free_port()];
-    let metric_ports = [free_port(), free_port()];
-    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
-    let start = |i: usize| {
-        let metrics = format!("127.0.0.1:{}", metric_ports[i]);
-        let flags = [
-            "--cluster-key-file",
-            common::cluster_key_file(),
-            "--detect",
-            "0.3",
-            "--metrics",
-            metrics.as_str(),
-        ];
-        start_node(ports[i], &peers, &flags, &[])
-    };
-    let first = start(0);
-    let second = start(1);
-    let m0: SocketAddr = format!("127.0.0.1:{}", metric_ports[0])
-        .parse()
-        .expect("addr");
-    let m1: SocketAddr = format!("127.0.0.1:{}", metric_ports[1])
-        .parse()
-        .expect("addr");
+    let (first, second, [m0, m1]) = two_nodes_with_metrics(&["--detect", "0.3"]);
 
     let active = wait_for("node 0 active with a synced standby", DEADLINE, || {
         let s = scrape(m0);

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use common::nodes::Nodes;
-use common::{DEADLINE, free_port, run_to_exit, token_of, wait_for};
+use common::{DEADLINE, free_port, on_path, run_to_exit, token_of, wait_for};
 
 /// The whole test, Prometheus's start included.
 const TEST_BOUND: Duration = Duration::from_secs(60);
@@ -128,17 +128,6 @@ fn the_dashboard_is_importable_and_the_rules_link_to_panels_it_has() {
         "the alerts link to the dashboard: {links} links"
     );
     assert!(!dashboard_queries(&dashboard).is_empty());
-}
-
-/// `program` on PATH, if it is there (a file with an execute bit).
-fn on_path(program: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(program))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
 }
 
 /// `prometheus` and `promtool`; None (the test skips) when one is missing,

@@ -53,8 +53,7 @@ fn a_far_client_is_refused_by_default_and_served_once_the_node_is_opened() {
     }
     // A namespace can be made at all? (`true` in it.)
     let probe = Command::new("unshare").args(&args).arg("true").output();
-    let has_ip = std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("ip").is_file()));
+    let has_ip = common::on_path("ip").is_some();
     let usable = has_ip && probe.as_ref().is_ok_and(|out| out.status.success());
     if !usable {
         let why = match &probe {

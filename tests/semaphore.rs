@@ -16,12 +16,6 @@ use common::{DEADLINE, LineClient, Node, token_of, wait_for};
 /// How long a test watches to show that nothing arrives.
 const SILENCE: Duration = Duration::from_millis(300);
 
-fn start_node(args: &[&str]) -> Node {
-    let mut all = vec!["--max-lease", "60"];
-    all.extend_from_slice(args);
-    Node::start(&all)
-}
-
 /// `A <token> <key> <slot>`: the token and the slot; fails the test on any
 /// other answer.
 fn token_and_slot(answer: &str, key: &str) -> (u64, u32) {
@@ -44,7 +38,7 @@ fn grant(client: &mut LineClient, key: &str, lease: &str, limit: u32) -> (u64, u
 
 #[test]
 fn a_limit_of_three_grants_three_at_once_and_the_fourth_gets_the_freed_slot() {
-    let node = start_node(&[]);
+    let node = Node::start_protocol(&[]);
     let mut clients: Vec<LineClient> = (0..4).map(|_| node.client()).collect();
     let grants: Vec<(u64, u32)> = clients[..3]
         .iter_mut()
@@ -78,7 +72,7 @@ fn a_limit_of_three_grants_three_at_once_and_the_fourth_gets_the_freed_slot() {
 
 #[test]
 fn an_expired_holder_frees_its_slot_on_time_for_the_waiter() {
-    let node = start_node(&[]);
+    let node = Node::start_protocol(&[]);
     let mut a = node.client();
     let mut b = node.client();
     let (_, _) = grant(&mut a, "pool", "30", 2);
@@ -103,7 +97,7 @@ fn an_expired_holder_frees_its_slot_on_time_for_the_waiter() {
 
 #[test]
 fn an_acquire_naming_another_limit_is_refused_until_the_key_is_free() {
-    let node = start_node(&[]);
+    let node = Node::start_protocol(&[]);
     let mut a = node.client();
     let (token, _) = grant(&mut a, "k", "30", 3);
     assert_eq!(a.ask("A k 30 0 2"), "E A k limit-mismatch");
@@ -124,7 +118,7 @@ fn an_acquire_naming_another_limit_is_refused_until_the_key_is_free() {
 
 #[test]
 fn bad_limits_and_bad_values_are_refused_and_the_connection_stays() {
-    let node = start_node(&[]);
+    let node = Node::start_protocol(&[]);
     let mut a = node.client();
     for limit in ["0", "10001", "x", "-1", "1.5"] {
         assert_eq!(
@@ -160,7 +154,7 @@ fn grant_line(client: &mut LineClient, line: &str, key: &str) -> u32 {
 
 #[test]
 fn a_plain_acquire_is_answered_without_a_slot_and_limit_one_with_slot_zero() {
-    let node = start_node(&[]);
+    let node = Node::start_protocol(&[]);
     let mut a = node.client();
     let mut b = node.client();
     let token = a.acquire_now("plain", "30");
@@ -188,7 +182,7 @@ fn token_of_query(client: &mut LineClient, key: &str) -> u64 {
 
 #[test]
 fn max_keys_counts_every_holder_of_a_semaphore() {
-    let node = start_node(&["--max-keys", "3"]);
+    let node = Node::start_protocol(&["--max-keys", "3"]);
     let mut a = node.client();
     grant(&mut a, "pool", "30", 5);
     grant(&mut a, "pool", "30", 5);
@@ -205,7 +199,7 @@ fn max_keys_counts_every_holder_of_a_semaphore() {
 
 #[test]
 fn release_and_keep_name_any_holder_by_its_token_from_any_connection() {
-    let node = start_node(&[]);
+    let node = Node::start_protocol(&[]);
     let mut a = node.client();
     let mut b = node.client();
     let grants: Vec<(u64, u32)> = (0..3).map(|_| grant(&mut a, "pool", "30", 3)).collect();

@@ -18,10 +18,6 @@ use common::{DEADLINE, LineClient, Node, Query, info_field, token_of, wait_for};
 /// How long a test watches to show that nothing arrives.
 const SILENCE: Duration = Duration::from_millis(400);
 
-fn start_node() -> Node {
-    Node::start(&["--max-lease", "60"])
-}
-
 /// Poll `Q key` on `probe` until `pred` holds; the last answer.
 fn wait_for_query(
     probe: &mut LineClient,
@@ -33,15 +29,6 @@ fn wait_for_query(
         let q = probe.query(key);
         pred(&q).then_some(q)
     })
-}
-
-/// Poll `I` on `probe` until `conns=` is `n`.
-fn wait_for_conns(probe: &mut LineClient, n: usize) {
-    let want = n.to_string();
-    wait_for(&format!("conns={n}"), DEADLINE, || {
-        let info = probe.info();
-        (info_field(&info, "conns").as_deref() == Some(want.as_str())).then_some(())
-    });
 }
 
 /// Send `A key lease 0` on `waiter` and wait until `probe` sees the queue at
@@ -62,7 +49,7 @@ fn queue_behind(waiter: &mut LineClient, probe: &mut LineClient, key: &str, posi
 
 #[test]
 fn an_unregistered_key_is_granted_at_once() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     let answer = c.ask("A fresh 30 0");
     let token = token_of(&answer);
@@ -77,7 +64,7 @@ fn an_unregistered_key_is_granted_at_once() {
 
 #[test]
 fn a_key_whose_lease_expired_is_granted_again_with_a_larger_token() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     let first = c.acquire_now("k", "0.2");
     wait_for_query(&mut c, "k", "the lease to run out", |q| *q == Query::FREE);
@@ -95,7 +82,7 @@ fn a_key_whose_lease_expired_is_granted_again_with_a_larger_token() {
 
 #[test]
 fn a_held_key_queues_the_acquire_and_grants_it_on_release() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut waiter = node.client();
     let mut probe = node.client();
@@ -117,7 +104,7 @@ fn a_held_key_queues_the_acquire_and_grants_it_on_release() {
 
 #[test]
 fn waiters_on_separate_connections_are_granted_in_fifo_order() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut probe = node.client();
     let mut token = holder.acquire_now("fifo", "30");
@@ -145,7 +132,7 @@ fn waiters_on_separate_connections_are_granted_in_fifo_order() {
 
 #[test]
 fn an_expired_lease_hands_the_key_to_the_next_waiter_without_any_request() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut waiter = node.client();
     let mut probe = node.client();
@@ -174,7 +161,7 @@ fn an_expired_lease_hands_the_key_to_the_next_waiter_without_any_request() {
 
 #[test]
 fn an_expired_lease_with_nobody_waiting_frees_the_key() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     c.acquire_now("k", "0.2");
     let mut probe = node.client();
@@ -189,7 +176,7 @@ fn an_expired_lease_with_nobody_waiting_frees_the_key() {
 
 #[test]
 fn an_acquire_that_waits_too_long_times_out_and_is_granted_nothing() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut waiter = node.client();
     let first = holder.acquire_now("k", "30");
@@ -218,7 +205,7 @@ fn an_acquire_that_waits_too_long_times_out_and_is_granted_nothing() {
 
 #[test]
 fn a_wait_of_zero_waits_without_limit() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut waiter = node.client();
     let mut probe = node.client();
@@ -233,7 +220,7 @@ fn a_wait_of_zero_waits_without_limit() {
 
 #[test]
 fn a_waiter_that_disconnects_is_dropped_from_the_queue() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut probe = node.client();
     let mut gone = node.client();
@@ -261,12 +248,12 @@ fn a_waiter_that_disconnects_is_dropped_from_the_queue() {
 
 #[test]
 fn a_grant_survives_its_connection_closing_and_is_released_from_another() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut probe = node.client();
     let mut owner = node.client();
     let token = owner.acquire_now("k", "30");
     drop(owner);
-    wait_for_conns(&mut probe, 1);
+    probe.wait_for_conns(1);
     let q = probe.query("k");
     assert_eq!(q.token, token, "the grant outlives its connection");
     assert!(q.ms_left > 20_000);
@@ -277,7 +264,7 @@ fn a_grant_survives_its_connection_closing_and_is_released_from_another() {
 
 #[test]
 fn a_release_on_another_connection_hands_the_key_to_the_next_waiter() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut waiter = node.client();
     let mut probe = node.client();
@@ -291,7 +278,7 @@ fn a_release_on_another_connection_hands_the_key_to_the_next_waiter() {
 
 #[test]
 fn a_release_with_a_token_that_does_not_hold_the_key_changes_nothing() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     let mut waiter = node.client();
 
@@ -328,7 +315,7 @@ fn a_release_with_a_token_that_does_not_hold_the_key_changes_nothing() {
 
 #[test]
 fn keep_extends_the_lease_past_its_original_expiry_with_the_same_token() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut waiter = node.client();
     let token = holder.acquire_now("k", "0.5");
@@ -351,7 +338,7 @@ fn keep_extends_the_lease_past_its_original_expiry_with_the_same_token() {
 
 #[test]
 fn keep_of_a_lost_grant_is_refused_as_not_held() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     assert_eq!(c.ask("K never 5 10"), "E K never not-held");
 
@@ -372,7 +359,7 @@ fn keep_of_a_lost_grant_is_refused_as_not_held() {
 
 #[test]
 fn keep_sets_the_expiry_to_now_plus_the_new_lease_even_when_shorter() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut waiter = node.client();
     let mut probe = node.client();
@@ -427,7 +414,7 @@ fn leases_and_waits_longer_than_a_minute_do_not_run_out_early() {
 
 #[test]
 fn query_reports_free_held_and_waiting() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     assert_eq!(c.ask("Q free"), "Q free 0 0 0");
     let token = c.acquire_now("k", "30");
@@ -449,7 +436,7 @@ fn query_reports_free_held_and_waiting() {
 
 #[test]
 fn many_pipelined_requests_in_one_write_are_all_answered() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     let n = 100;
     let mut lines: Vec<String> = (0..n).map(|i| format!("A pipe{i} 30 0")).collect();
@@ -493,7 +480,7 @@ fn many_pipelined_requests_in_one_write_are_all_answered() {
 
 #[test]
 fn a_pipelined_write_far_larger_than_one_read_is_answered_in_full() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     let n = 20_000;
     let mut bytes = Vec::new();
@@ -519,7 +506,7 @@ fn a_pipelined_write_far_larger_than_one_read_is_answered_in_full() {
 
 #[test]
 fn answers_to_the_same_op_and_key_come_in_arrival_order() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     let token = c.acquire_now("k", "30");
     c.send_lines(&[&format!("R k {token}"), &format!("R k {token}")]);
@@ -539,7 +526,7 @@ fn answers_to_the_same_op_and_key_come_in_arrival_order() {
 
 #[test]
 fn a_client_that_half_closes_after_sending_still_gets_its_answers() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     c.send_lines(&["Q a", "A b 30 0", "I"]);
     c.shutdown_write();
@@ -553,7 +540,7 @@ fn a_client_that_half_closes_after_sending_still_gets_its_answers() {
 
 #[test]
 fn an_acquire_that_waits_does_not_hold_up_later_requests_on_the_same_connection() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut c = node.client();
     let first = holder.acquire_now("busy", "30");
@@ -572,7 +559,7 @@ fn an_acquire_that_waits_does_not_hold_up_later_requests_on_the_same_connection(
 
 #[test]
 fn a_later_timeout_does_not_overtake_an_earlier_waiting_acquire_of_the_same_key() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut c = node.client();
     let mut probe = node.client();
@@ -603,7 +590,7 @@ fn a_later_timeout_does_not_overtake_an_earlier_waiting_acquire_of_the_same_key(
 
 #[test]
 fn a_refused_acquire_does_not_overtake_an_earlier_waiting_acquire_of_the_same_key() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut c = node.client();
     let mut probe = node.client();
@@ -624,7 +611,7 @@ fn a_refused_acquire_does_not_overtake_an_earlier_waiting_acquire_of_the_same_ke
 
 #[test]
 fn acquires_of_one_key_on_one_connection_are_granted_in_arrival_order() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     let mut probe = node.client();
     c.send_lines(&["A s 30 0", "A s 30 0", "A s 30 0"]);
@@ -650,14 +637,14 @@ fn acquires_of_one_key_on_one_connection_are_granted_in_arrival_order() {
 
 #[test]
 fn info_reports_the_role_the_node_and_the_right_counts() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut holder = node.client();
     let mut w1 = node.client();
     let mut w2 = node.client();
     let mut probe = node.client();
 
     // The kernel completes connects before the server accepts them.
-    wait_for_conns(&mut probe, 4);
+    probe.wait_for_conns(4);
     let info = probe.info();
     let me = node.addr.to_string();
     assert_eq!(
@@ -722,7 +709,7 @@ fn info_reports_the_role_the_node_and_the_right_counts() {
 
     drop(w2);
     drop(holder);
-    wait_for_conns(&mut probe, 2);
+    probe.wait_for_conns(2);
     let info = probe.info();
     assert_eq!(info_field(&info, "waiting").as_deref(), Some("0"), "{info}");
     assert_eq!(
@@ -738,7 +725,7 @@ fn info_reports_the_role_the_node_and_the_right_counts() {
 
 #[test]
 fn tokens_strictly_increase_across_keys_connections_and_handoffs() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut clients: Vec<LineClient> = (0..3).map(|_| node.client()).collect();
     let mut probe = node.client();
     let mut last = 0;
@@ -768,7 +755,7 @@ fn tokens_strictly_increase_across_keys_connections_and_handoffs() {
 
 #[test]
 fn a_few_hundred_connections_at_once_are_all_served() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let n = 300;
     let mut clients: Vec<LineClient> = (0..n).map(|_| node.client()).collect();
     for (i, c) in clients.iter_mut().enumerate() {

@@ -13,10 +13,6 @@ use std::time::{Duration, Instant};
 
 use common::{DEADLINE, LineClient, Node, Query, Received, info_field, token_of, wait_for};
 
-fn start_node() -> Node {
-    Node::start(&["--max-lease", "60"])
-}
-
 /// The healthy client (connected before the bad input) and a new one are
 /// both served: a key can be acquired, queried and released.
 fn assert_still_served(node: &Node, healthy: &mut LineClient) {
@@ -49,22 +45,13 @@ fn assert_refused_and_open(node: &Node, line: &[u8], answer: &str) {
     assert_eq!(c.ask("Q after"), "Q after 0 0 0", "open after {line:?}");
 }
 
-/// Poll `I` on `probe` until `conns=` is `n`.
-fn wait_for_conns(probe: &mut LineClient, n: usize) {
-    let want = n.to_string();
-    wait_for(&format!("conns={n}"), DEADLINE, || {
-        let info = probe.info();
-        (info_field(&info, "conns").as_deref() == Some(want.as_str())).then_some(())
-    });
-}
-
 // ---------------------------------------------------------------------------
 // Lines not understood: E - - <reason>, then closed
 // ---------------------------------------------------------------------------
 
 #[test]
 fn an_unknown_op_is_refused_and_the_connection_closed() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     for line in ["Z k\n", "AA k 30 0\n", "E A k bad-key\n", "- k\n"] {
         assert_refused_and_closed(&node, line.as_bytes(), "E - - unknown-op");
@@ -74,7 +61,7 @@ fn an_unknown_op_is_refused_and_the_connection_closed() {
 
 #[test]
 fn a_lowercase_op_is_an_unknown_op() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     for line in ["a k 30 0\n", "q k\n", "i\n", "r k 5\n", "k k 5 30\n"] {
         assert_refused_and_closed(&node, line.as_bytes(), "E - - unknown-op");
@@ -84,7 +71,7 @@ fn a_lowercase_op_is_an_unknown_op() {
 
 #[test]
 fn missing_fields_are_refused_and_the_connection_closed() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     for line in ["A k 30\n", "A k\n", "A\n", "R k\n", "K k 5\n", "Q\n"] {
         assert_refused_and_closed(&node, line.as_bytes(), "E - - missing-fields");
@@ -94,7 +81,7 @@ fn missing_fields_are_refused_and_the_connection_closed() {
 
 #[test]
 fn an_over_long_line_without_newline_is_refused_and_the_connection_closed() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     assert_refused_and_closed(&node, &[b'x'; 2000], "E - - line-too-long");
     let mut long_request = b"A ".to_vec();
@@ -106,7 +93,7 @@ fn an_over_long_line_without_newline_is_refused_and_the_connection_closed() {
 
 #[test]
 fn a_line_of_exactly_1024_bytes_is_read_and_one_of_1025_is_too_long() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     // 1024 bytes with the line ending: read (and refused for its key).
     for ending in ["\n", "\r\n"] {
@@ -129,7 +116,7 @@ fn a_line_of_exactly_1024_bytes_is_read_and_one_of_1025_is_too_long() {
 
 #[test]
 fn binary_junk_is_refused_and_the_connection_closed() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     assert_refused_and_closed(&node, b"\x00\xff\xfe\n", "E - - unknown-op");
     assert_refused_and_closed(&node, b"\xff\n", "E - - unknown-op");
@@ -162,7 +149,7 @@ fn binary_junk_is_refused_and_the_connection_closed() {
 
 #[test]
 fn requests_before_a_fatal_line_are_answered_before_its_error_which_is_the_last_line() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     let mut c = node.client();
     c.send_raw(b"Q before\nZ\nQ after\n");
@@ -190,7 +177,7 @@ fn requests_before_a_fatal_line_are_answered_before_its_error_which_is_the_last_
 /// connection, and a reset loses the answers the client has not read.)
 #[test]
 fn a_client_still_sending_after_a_fatal_line_gets_every_answer_and_an_orderly_end() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     let mut c = node.client();
     let mut burst = "Q before\n".repeat(20_000);
@@ -217,7 +204,7 @@ fn a_client_still_sending_after_a_fatal_line_gets_every_answer_and_an_orderly_en
 
 #[test]
 fn extra_fields_are_refused_and_the_connection_stays_open() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     let cases: [(&str, &str); 8] = [
         // A takes a limit and a value after its wait; a field past them is extra.
@@ -239,7 +226,7 @@ fn extra_fields_are_refused_and_the_connection_stays_open() {
 
 #[test]
 fn a_refusal_leaves_in_request_order_with_the_answers_before_it() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     c.send_raw(b"I\nI x\nA bad-key\x01 30 0\nQ k\n");
     assert!(c.recv().starts_with("I "), "the I answer comes first");
@@ -251,7 +238,7 @@ fn a_refusal_leaves_in_request_order_with_the_answers_before_it() {
 #[test]
 fn bad_numbers_are_refused_and_the_connection_stays_open() {
     // The node runs with --max-lease 60.
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     let cases: [(&str, &str); 20] = [
         ("A k abc 0", "E A k bad-lease"),
@@ -298,7 +285,7 @@ fn bad_numbers_are_refused_and_the_connection_stays_open() {
 /// number is bad (docs/protocol.md).
 #[test]
 fn a_huge_lease_or_wait_is_too_long_not_bad_however_many_digits_it_has() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     for huge in [
         "18446744073709551",
@@ -322,7 +309,7 @@ fn a_huge_lease_or_wait_is_too_long_not_bad_however_many_digits_it_has() {
 
 #[test]
 fn bad_keys_are_refused_and_the_connection_stays_open() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     let long_key = "k".repeat(251);
     let cases: Vec<Vec<u8>> = vec![
@@ -357,7 +344,7 @@ fn bad_keys_are_refused_and_the_connection_stays_open() {
 
 #[test]
 fn crlf_line_endings_are_accepted_and_blank_lines_ignored() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut c = node.client();
     c.send_raw(b"A crlf 30 0\r\n");
     let answer = c.recv();
@@ -380,7 +367,7 @@ fn crlf_line_endings_are_accepted_and_blank_lines_ignored() {
 
 #[test]
 fn a_client_that_connects_and_says_nothing_does_not_stop_others() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut silent = node.client();
     let mut healthy = node.client();
     assert_still_served(&node, &mut healthy);
@@ -397,7 +384,7 @@ fn a_client_that_connects_and_says_nothing_does_not_stop_others() {
 
 #[test]
 fn a_client_that_disconnects_mid_line_does_not_affect_others() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     let mut gone = node.client();
     gone.send_raw(b"A half 30");
@@ -405,7 +392,7 @@ fn a_client_that_disconnects_mid_line_does_not_affect_others() {
     let mut gone = node.client();
     gone.send_raw(b"A half2 30 0\nQ hal");
     drop(gone);
-    wait_for_conns(&mut healthy, 1);
+    healthy.wait_for_conns(1);
     assert_eq!(
         healthy.ask("Q half"),
         "Q half 0 0 0",
@@ -418,7 +405,7 @@ fn a_client_that_disconnects_mid_line_does_not_affect_others() {
 fn a_client_that_never_reads_its_answers_does_not_stop_others() {
     // Threads that sleep at once: busy polling would hide a lost wake-up
     // (a close decided while the loop had nothing else to do).
-    let node = Node::start(&["--max-lease", "60", "--busy-poll-us", "0"]);
+    let node = Node::start_protocol(&["--busy-poll-us", "0"]);
     let mut healthy = node.client();
     let mut flood = node.client();
     flood
@@ -451,13 +438,13 @@ fn a_client_that_never_reads_its_answers_does_not_stop_others() {
     assert_eq!(holder.ask(&format!("R k {token}")), "R k");
     // When the flooder goes away, its connection is cleaned up.
     drop(flood);
-    wait_for_conns(&mut healthy, 2);
+    healthy.wait_for_conns(2);
     assert_still_served(&node, &mut healthy);
 }
 
 #[test]
 fn a_client_that_never_reads_its_answers_does_not_make_the_node_buffer_without_limit() {
-    let node = start_node();
+    let node = Node::start_protocol(&[]);
     let mut healthy = node.client();
     let before_kib = node.peak_rss_kib();
     let mut flood = node.client();

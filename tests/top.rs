@@ -8,7 +8,7 @@ mod common;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use common::nodes::start_node;
+use common::nodes::two_nodes_with_metrics;
 use common::{DEADLINE, LineClient, Node, baton_path, free_port, run_to_exit, token_of, wait_for};
 use serde_json::Value as Json;
 
@@ -104,24 +104,8 @@ fn json_gives_the_nodes_and_the_active_s_keys() {
 
 #[test]
 fn a_cluster_shows_each_node_s_role_and_the_active_s_keys() {
-    let ports = [free_port(), free_port()];
-    let metric_ports = [free_port(), free_port()];
-    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
-    let metrics: Vec<String> = metric_ports
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    let start = |i: usize| {
-        let flags = [
-            "--cluster-key-file",
-            common::cluster_key_file(),
-            "--metrics",
-            metrics[i].as_str(),
-        ];
-        start_node(ports[i], &peers, &flags, &[])
-    };
-    let first = start(0);
-    let _second = start(1);
+    let (first, _second, metrics) = two_nodes_with_metrics(&[]);
+    let metrics = metrics.map(|m| m.to_string());
     // The standby first in the list: top still shows the active's keys.
     let list = format!("{},{},127.0.0.1:1", metrics[1], metrics[0]);
     let mut holder = first.client();

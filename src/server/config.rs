@@ -278,7 +278,8 @@ pub enum Command {
 }
 
 impl Config {
-    /// Parse `batond`'s arguments (without the program name).
+    /// Parse `batond`'s arguments (without the program name). Flags are
+    /// read in a fixed order (the first bad one is the one reported).
     pub fn from_args(args: Vec<std::ffi::OsString>) -> Result<Command, String> {
         let mut args = pico_args::Arguments::from_vec(args);
         if args.contains(["-h", "--help"]) {
@@ -292,112 +293,109 @@ impl Config {
             insecure_peers: args.contains("--insecure-peers"),
             ..Config::default()
         };
-        let flag_error = |e: pico_args::Error| match e {
-            pico_args::Error::OptionWithoutAValue(name) => {
-                format!("{name}: expected a value, got nothing")
-            }
-            e => e.to_string(),
-        };
-        let a = &mut args;
+        config.read_placement_flags(&mut args)?;
+        config.read_limit_flags(&mut args)?;
+        config.read_timing_flags(&mut args)?;
+        config.read_file_flags(&mut args)?;
+        config.metrics = flag(&mut args, "--metrics", EXPECT_METRICS, |v| v.parse().ok())?;
+        no_word_left(args.finish())?;
+        config.check()?;
+        Ok(Command::Run(Box::new(config)))
+    }
+
+    /// Where the node listens and who its peers are: `--bind`, `--port`,
+    /// `--peers`, `--advertise`, and its `--threads`.
+    fn read_placement_flags(&mut self, a: &mut pico_args::Arguments) -> Result<(), String> {
         if let Some(bind) = flag(a, "--bind", EXPECT_BIND, |v| v.parse().ok())? {
-            config.bind = bind;
-            config.bind_given = true;
+            self.bind = bind;
+            self.bind_given = true;
         }
         if let Some(port) = flag(a, "--port", EXPECT_PORT, |v| v.parse().ok())? {
-            config.port = port;
+            self.port = port;
         }
         if let Some(peers) = flag(a, "--peers", EXPECT_PEERS, |v| Some(v.to_string()))? {
-            config.peers = parse_peers(&peers)?;
+            self.peers = parse_peers(&peers)?;
         }
-        config.advertise = flag(a, "--advertise", EXPECT_ADVERTISE, |v| Some(v.to_string()))?;
+        self.advertise = flag(a, "--advertise", EXPECT_ADVERTISE, |v| Some(v.to_string()))?;
         if let Some(threads) = flag(a, "--threads", EXPECT_THREADS, |v| {
             v.parse().ok().filter(|n| (1..=MAX_THREADS).contains(n))
         })? {
-            config.threads = threads;
+            self.threads = threads;
         }
+        Ok(())
+    }
+
+    /// The limits: `--max-lease`, `--max-conns`, `--max-waiting`,
+    /// `--max-keys`, `--max-watches`.
+    fn read_limit_flags(&mut self, a: &mut pico_args::Arguments) -> Result<(), String> {
         if let Some(ms) = flag(a, "--max-lease", EXPECT_MAX_LEASE, |v| {
             seconds(v).filter(|ms| (1..=MAX_FLAG_SECS * 1000).contains(ms))
         })? {
-            config.max_lease_ms = ms;
+            self.max_lease_ms = ms;
         }
         if let Some(n) = flag(a, "--max-conns", EXPECT_MAX_CONNS, |v| {
             v.parse().ok().filter(|&n| n >= 1)
         })? {
-            config.max_conns = n;
+            self.max_conns = n;
         }
         if let Some(n) = flag(a, "--max-waiting", EXPECT_MAX_WAITING, |v| {
             v.parse().ok().filter(|&n| n >= 1)
         })? {
-            config.max_waiting = n;
+            self.max_waiting = n;
         }
         if let Some(n) = flag(a, "--max-keys", EXPECT_MAX_KEYS, |v| {
             v.parse().ok().filter(|&n| n >= 1)
         })? {
-            config.max_keys = n;
+            self.max_keys = n;
         }
         if let Some(n) = flag(a, "--max-watches", EXPECT_MAX_WATCHES, |v| {
             v.parse().ok().filter(|&n| (1..=MAX_WATCHES).contains(&n))
         })? {
-            config.max_watches = n;
+            self.max_watches = n;
         }
+        Ok(())
+    }
+
+    /// The times: `--detect`, `--promotion-grace` (both noted as cluster
+    /// flags given) and `--busy-poll-us`.
+    fn read_timing_flags(&mut self, a: &mut pico_args::Arguments) -> Result<(), String> {
         if let Some(ms) = flag(a, "--detect", EXPECT_DETECT, |v| {
             seconds(v).filter(|ms| (MIN_DETECT_MS..=MAX_DETECT_SECS * 1000).contains(ms))
         })? {
-            config.detect_ms = ms;
-            config.cluster_flags_given.push("--detect");
+            self.detect_ms = ms;
+            self.cluster_flags_given.push("--detect");
         }
         if let Some(ms) = flag(a, "--promotion-grace", EXPECT_PROMOTION_GRACE, |v| {
             seconds(v).filter(|&ms| ms <= MAX_FLAG_SECS * 1000)
         })? {
-            config.promotion_grace_ms = ms;
-            config.cluster_flags_given.push("--promotion-grace");
+            self.promotion_grace_ms = ms;
+            self.cluster_flags_given.push("--promotion-grace");
         }
         if let Some(us) = flag(a, "--busy-poll-us", EXPECT_BUSY_POLL_US, |v| {
             v.parse().ok().filter(|&us| us <= MAX_BUSY_POLL_US)
         })? {
-            config.busy_poll_us = us;
+            self.busy_poll_us = us;
         }
-        config.cluster_key_file = args
-            .opt_value_from_os_str("--cluster-key-file", |s| {
-                Ok::<_, std::convert::Infallible>(PathBuf::from(s))
-            })
-            .map_err(flag_error)?;
+        Ok(())
+    }
+
+    /// The files, as paths (read later, by [`Config::read_cluster_key`]
+    /// and the rest): `--cluster-key-file`, `--tls-cert`, `--tls-key`,
+    /// `--tls-client-ca`, `--tls-ca`, `--auth-file`.
+    fn read_file_flags(&mut self, args: &mut pico_args::Arguments) -> Result<(), String> {
         let mut path_flag = |name: &'static str| {
             args.opt_value_from_os_str(name, |s| {
                 Ok::<_, std::convert::Infallible>(PathBuf::from(s))
             })
             .map_err(flag_error)
         };
-        config.tls_cert = path_flag("--tls-cert")?;
-        config.tls_key = path_flag("--tls-key")?;
-        config.tls_client_ca = path_flag("--tls-client-ca")?;
-        config.tls_ca = path_flag("--tls-ca")?;
-        config.auth_file = path_flag("--auth-file")?;
-        let a = &mut args;
-        config.metrics = flag(a, "--metrics", EXPECT_METRICS, |v| v.parse().ok())?;
-        // Each flag read took its first occurrence: one still left was
-        // given again.
-        let rest = args.finish();
-        if let Some(again) = rest.iter().find(|word| FLAGS.iter().any(|f| *word == *f)) {
-            return Err(format!(
-                "{}: given more than once; give it once",
-                again.to_string_lossy()
-            ));
-        }
-        if let Some(word) = rest.first() {
-            let word = word.to_string_lossy();
-            if word.len() > 1 && word.starts_with('-') {
-                return Err(format!(
-                    "unknown flag {word}; accepted: {}, -h/--help, -V/--version",
-                    FLAGS.join(", ")
-                ));
-            }
-            return Err(format!(
-                "unexpected argument '{word}': batond takes only flags (see --help)"
-            ));
-        }
-        config.check()?;
-        Ok(Command::Run(Box::new(config)))
+        self.cluster_key_file = path_flag("--cluster-key-file")?;
+        self.tls_cert = path_flag("--tls-cert")?;
+        self.tls_key = path_flag("--tls-key")?;
+        self.tls_client_ca = path_flag("--tls-client-ca")?;
+        self.tls_ca = path_flag("--tls-ca")?;
+        self.auth_file = path_flag("--auth-file")?;
+        Ok(())
     }
 
     fn check(&self) -> Result<(), String> {
@@ -589,6 +587,41 @@ fn flag<T>(
         .and_then(&parse)
         .map(Some)
         .ok_or_else(|| format!("{name}: expected {expected}, got '{got}'"))
+}
+
+/// pico_args's error for a path flag, in this file's words.
+fn flag_error(e: pico_args::Error) -> String {
+    match e {
+        pico_args::Error::OptionWithoutAValue(name) => {
+            format!("{name}: expected a value, got nothing")
+        }
+        e => e.to_string(),
+    }
+}
+
+/// What is left once every flag was read must be nothing: each flag read
+/// took its first occurrence, so a flag still left was given again, and
+/// any other word is an unknown flag or not a flag at all.
+fn no_word_left(rest: Vec<std::ffi::OsString>) -> Result<(), String> {
+    if let Some(again) = rest.iter().find(|word| FLAGS.iter().any(|f| *word == *f)) {
+        return Err(format!(
+            "{}: given more than once; give it once",
+            again.to_string_lossy()
+        ));
+    }
+    if let Some(word) = rest.first() {
+        let word = word.to_string_lossy();
+        if word.len() > 1 && word.starts_with('-') {
+            return Err(format!(
+                "unknown flag {word}; accepted: {}, -h/--help, -V/--version",
+                FLAGS.join(", ")
+            ));
+        }
+        return Err(format!(
+            "unexpected argument '{word}': batond takes only flags (see --help)"
+        ));
+    }
+    Ok(())
 }
 
 /// Seconds with up to 3 decimals, as milliseconds.

@@ -84,6 +84,214 @@ fn listen(
     })
 }
 
+/// The sockets a node listens on, bound before anything else starts.
+struct Listeners {
+    /// The client port, non-blocking, its backlog raised (os_limits.rs).
+    client: std::net::TcpListener,
+    local_addr: SocketAddr,
+    backlog: usize,
+    /// The metrics port (`--metrics`), if any.
+    metrics: Option<std::net::TcpListener>,
+}
+
+impl Listeners {
+    /// Bind the client port, then the metrics port: a port that cannot be
+    /// listened on is a [`StartError::Flag`] naming the flag.
+    fn bind(config: &Config) -> Result<Listeners, StartError> {
+        let client = listen(SocketAddr::new(config.bind, config.port), |e| {
+            match e.kind() {
+                io::ErrorKind::AddrInUse | io::ErrorKind::PermissionDenied => "--port",
+                _ => "--bind",
+            }
+        })?;
+        let metrics = match config.metrics {
+            Some(addr) => Some(listen(addr, |_| "--metrics")?),
+            None => None,
+        };
+        // std listened with 128: a fleet reconnecting one after another
+        // needs more (os_limits.rs).
+        let backlog = os_limits::set_backlog(&client)?;
+        client.set_nonblocking(true)?;
+        let local_addr = client.local_addr()?;
+        Ok(Listeners {
+            client,
+            local_addr,
+            backlog,
+            metrics,
+        })
+    }
+}
+
+/// The settings every thread shares: the node's name (a single node's is
+/// the address it listens on, a cluster node's its `--peers` entry), the
+/// flags', client authentication and TLS.
+fn node_settings(
+    config: &Config,
+    local_addr: SocketAddr,
+    client_auth: Option<ClientAuth>,
+) -> Result<Settings, StartError> {
+    let node = if config.peers.is_empty() {
+        SocketAddr::new(config.bind, local_addr.port()).to_string()
+    } else {
+        config.node_name()
+    };
+    let mut settings = Settings::new(config, node);
+    settings.auth = client_auth.map(Arc::new);
+    settings.tls = NodeTls::load(config)
+        .map_err(StartError::Flag)?
+        .map(Arc::new);
+    Ok(settings)
+}
+
+/// The lock owner's core: an empty table whose tokens start above the
+/// clock's floor (`tokens::start_floor`), with the flags' limits.
+fn table_core(
+    config: &Config,
+    node_index: usize,
+    clock: &Clock,
+    settings: &Settings,
+    has_replication: bool,
+) -> TableCore {
+    let floor = tokens::start_floor(unix_ms());
+    let limits = TableLimits {
+        max_waiting_per_conn: config.max_waiting,
+        max_keys: config.max_keys,
+    };
+    let table = LockTable::new(clock.now_ms(), limits, TokenSource::new(node_index, floor));
+    TableCore::new(
+        table,
+        has_replication,
+        settings.node.clone(),
+        config.promotion_grace_ms,
+    )
+}
+
+/// The `--threads` I/O loops, built (not started), with the owner's link
+/// to each and their wakers.
+struct IoLoops {
+    loops: Vec<IoLoop>,
+    links: Vec<IoLoopLink>,
+    wakers: Vec<Arc<Waker>>,
+}
+
+impl IoLoops {
+    fn new(
+        config: &Config,
+        listener: &std::net::TcpListener,
+        to_owner: &crossbeam_channel::Sender<ToOwner>,
+        handover: Option<&ReplLink>,
+        settings: &Arc<Settings>,
+        gauges: &Arc<Gauges>,
+    ) -> io::Result<IoLoops> {
+        let mut io = IoLoops {
+            loops: Vec::with_capacity(config.threads),
+            links: Vec::with_capacity(config.threads),
+            wakers: Vec::with_capacity(config.threads),
+        };
+        for index in 0..config.threads {
+            let (answers, from_owner) = crossbeam_channel::bounded(capacity::TO_IO_LOOP);
+            let (io_loop, waker, awake) = IoLoop::new(
+                index,
+                listener,
+                to_owner.clone(),
+                from_owner,
+                handover.map(|h| ReplLink {
+                    tx: h.tx.clone(),
+                    waker: h.waker.clone(),
+                }),
+                settings.clone(),
+                gauges.clone(),
+            )?;
+            io.loops.push(io_loop);
+            io.links.push(IoLoopLink {
+                answers,
+                waker: waker.clone(),
+                awake,
+            });
+            io.wakers.push(waker);
+        }
+        Ok(io)
+    }
+}
+
+/// A cluster node's replication thread, built before any thread starts:
+/// its poll and waker, its inbox, and the line it signals its exit on.
+struct ReplParts {
+    poll: mio::Poll,
+    waker: Arc<Waker>,
+    tx: crossbeam_channel::Sender<ToRepl>,
+    rx: crossbeam_channel::Receiver<ToRepl>,
+    exit_tx: crossbeam_channel::Sender<()>,
+    exit_rx: crossbeam_channel::Receiver<()>,
+}
+
+impl ReplParts {
+    fn new() -> io::Result<ReplParts> {
+        let poll = mio::Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), replication::REPL_WAKER)?);
+        let (tx, rx) = crossbeam_channel::bounded(capacity::TO_REPL);
+        let (exit_tx, exit_rx) = crossbeam_channel::bounded(capacity::EXIT_SIGNAL);
+        Ok(ReplParts {
+            poll,
+            waker,
+            tx,
+            rx,
+            exit_tx,
+            exit_rx,
+        })
+    }
+
+    /// A line to the replication thread (the owner's, or an I/O loop's
+    /// for the connections it hands over).
+    fn link(&self) -> ReplLink {
+        ReplLink {
+            tx: self.tx.clone(),
+            waker: self.waker.clone(),
+        }
+    }
+
+    /// Start the replication thread.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        self,
+        supervisor: &Supervisor,
+        config: &Config,
+        node_index: usize,
+        cluster_key: Option<ClusterKey>,
+        clock: Clock,
+        to_owner: crossbeam_channel::Sender<ToOwner>,
+        settings: &Arc<Settings>,
+        gauges: &Arc<Gauges>,
+    ) -> io::Result<ReplHandle> {
+        let params = ClusterParams {
+            detect_ms: config.detect_ms,
+            max_lease_ms: config.max_lease_ms,
+            insecure: cluster_key.as_ref().is_none_or(ClusterKey::is_insecure),
+            seed: 0,
+        };
+        let replication = Replication::new(
+            node_index,
+            config.peers.clone(),
+            params,
+            cluster_key.unwrap_or_else(ClusterKey::insecure),
+            clock,
+            self.poll,
+            self.rx,
+            to_owner,
+            settings.clone(),
+            gauges.clone(),
+            self.exit_tx,
+        );
+        let thread = supervisor.spawn("baton-repl".into(), move || replication.run())?;
+        Ok(ReplHandle {
+            tx: self.tx,
+            waker: self.waker,
+            exit: self.exit_rx,
+            thread,
+        })
+    }
+}
+
 /// A running node.
 pub struct Server {
     local_addr: SocketAddr,
@@ -121,33 +329,10 @@ impl Server {
         cluster_key: Option<ClusterKey>,
         client_auth: Option<ClientAuth>,
     ) -> Result<Server, StartError> {
-        let listener = listen(SocketAddr::new(config.bind, config.port), |e| {
-            match e.kind() {
-                io::ErrorKind::AddrInUse | io::ErrorKind::PermissionDenied => "--port",
-                _ => "--bind",
-            }
-        })?;
-        let metrics_listener = match config.metrics {
-            Some(addr) => Some(listen(addr, |_| "--metrics")?),
-            None => None,
-        };
-        // std listened with 128: a fleet reconnecting one after another
-        // needs more (os_limits.rs).
-        let backlog = os_limits::set_backlog(&listener)?;
-        listener.set_nonblocking(true)?;
-        let local_addr = listener.local_addr()?;
+        let ports = Listeners::bind(config)?;
+        let local_addr = ports.local_addr;
         let node_index = config.node_index().map_err(StartError::Flag)?;
-        let node = if config.peers.is_empty() {
-            SocketAddr::new(config.bind, local_addr.port()).to_string()
-        } else {
-            config.node_name()
-        };
-        let mut settings = Settings::new(config, node);
-        settings.auth = client_auth.map(Arc::new);
-        settings.tls = NodeTls::load(config)
-            .map_err(StartError::Flag)?
-            .map(Arc::new);
-        let settings = Arc::new(settings);
+        let settings = Arc::new(node_settings(config, local_addr, client_auth)?);
         let gauges = Arc::new(Gauges::new());
         let clock = Clock::new();
         let supervisor = Supervisor::new();
@@ -157,64 +342,28 @@ impl Server {
         let repl_parts = if config.peers.is_empty() {
             None
         } else {
-            let poll = mio::Poll::new()?;
-            let waker = Arc::new(Waker::new(poll.registry(), replication::REPL_WAKER)?);
-            let (tx, rx) = crossbeam_channel::bounded(capacity::TO_REPL);
-            let (exit_tx, exit_rx) = crossbeam_channel::bounded(capacity::EXIT_SIGNAL);
-            Some((poll, waker, tx, rx, exit_tx, exit_rx))
+            Some(ReplParts::new()?)
         };
-        let handover = repl_parts.as_ref().map(|(_, waker, tx, ..)| ReplLink {
-            tx: tx.clone(),
-            waker: waker.clone(),
-        });
-        let mut loops = Vec::with_capacity(config.threads);
-        let mut links = Vec::with_capacity(config.threads);
-        let mut wakers = Vec::with_capacity(config.threads);
-        for index in 0..config.threads {
-            let (answers, from_owner) = crossbeam_channel::bounded(capacity::TO_IO_LOOP);
-            let (io_loop, waker, awake) = IoLoop::new(
-                index,
-                &listener,
-                to_owner.clone(),
-                from_owner,
-                handover.as_ref().map(|h| ReplLink {
-                    tx: h.tx.clone(),
-                    waker: h.waker.clone(),
-                }),
-                settings.clone(),
-                gauges.clone(),
-            )?;
-            loops.push(io_loop);
-            links.push(IoLoopLink {
-                answers,
-                waker: waker.clone(),
-                awake,
-            });
-            wakers.push(waker);
-        }
-
-        let floor = tokens::start_floor(unix_ms());
-        let limits = TableLimits {
-            max_waiting_per_conn: config.max_waiting,
-            max_keys: config.max_keys,
-        };
-        let table = LockTable::new(clock.now_ms(), limits, TokenSource::new(node_index, floor));
-        let core = TableCore::new(
-            table,
-            handover.is_some(),
-            settings.node.clone(),
-            config.promotion_grace_ms,
-        );
+        let handover = repl_parts.as_ref().map(ReplParts::link);
+        let io = IoLoops::new(
+            config,
+            &ports.client,
+            &to_owner,
+            handover.as_ref(),
+            &settings,
+            &gauges,
+        )?;
+        let core = table_core(config, node_index, &clock, &settings, handover.is_some());
         let mut owner = Owner::new(
             core,
             clock,
             inbound,
-            links,
+            io.links,
             handover,
             &settings,
             gauges.clone(),
         );
-        let metrics_server = match metrics_listener {
+        let metrics_server = match ports.metrics {
             Some(listener) => {
                 let (server, slot) =
                     MetricsServer::new(listener, to_owner.clone(), gauges.clone())?;
@@ -232,37 +381,19 @@ impl Server {
                 retire = Some(to_owner);
                 None
             }
-            Some((poll, waker, tx, rx, exit_tx, exit_rx)) => {
-                let params = ClusterParams {
-                    detect_ms: config.detect_ms,
-                    max_lease_ms: config.max_lease_ms,
-                    insecure: cluster_key.as_ref().is_none_or(ClusterKey::is_insecure),
-                    seed: 0,
-                };
-                let replication = Replication::new(
-                    node_index,
-                    config.peers.clone(),
-                    params,
-                    cluster_key.unwrap_or_else(ClusterKey::insecure),
-                    clock,
-                    poll,
-                    rx,
-                    to_owner,
-                    settings.clone(),
-                    gauges.clone(),
-                    exit_tx,
-                );
-                let thread = supervisor.spawn("baton-repl".into(), move || replication.run())?;
-                Some(ReplHandle {
-                    tx,
-                    waker,
-                    exit: exit_rx,
-                    thread,
-                })
-            }
+            Some(parts) => Some(parts.start(
+                &supervisor,
+                config,
+                node_index,
+                cluster_key,
+                clock,
+                to_owner,
+                &settings,
+                &gauges,
+            )?),
         };
-        let mut io_threads = Vec::with_capacity(loops.len());
-        for (index, io_loop) in loops.into_iter().enumerate() {
+        let mut io_threads = Vec::with_capacity(io.loops.len());
+        for (index, io_loop) in io.loops.into_iter().enumerate() {
             io_threads.push(supervisor.spawn(format!("baton-io-{index}"), move || io_loop.run())?);
         }
         let metrics = match metrics_server {
@@ -273,15 +404,16 @@ impl Server {
             None => None,
         };
         log::info!(
-            "listening on {local_addr} as {} with {} I/O loops (backlog {backlog})",
+            "listening on {local_addr} as {} with {} I/O loops (backlog {})",
             settings.node,
-            io_threads.len()
+            io_threads.len(),
+            ports.backlog
         );
         Ok(Server {
             local_addr,
             settings,
             gauges,
-            wakers,
+            wakers: io.wakers,
             io_threads,
             owner_thread: Some(owner_thread),
             repl,

@@ -17,8 +17,10 @@
 //! Test hook: `BATON_TEST_THREAD_FAULT=<thread>:<return|panic>` (for example
 //! `baton-owner:panic`) makes that thread return or panic, in place of its
 //! work, 200 ms after the node starts it. It exists so that the process
-//! tests can make each thread end (tests/supervision.rs); nothing else
-//! sets it.
+//! tests can make each thread end (tests/supervision.rs), and is compiled
+//! only into builds with the `test-hooks` feature (which the package's
+//! tests turn on; Cargo.toml says how): a `batond` users build ignores the
+//! variable.
 //!
 //! Never does: restart a thread (a node in an unknown state must not carry
 //! on), or decide anything about locks.
@@ -28,17 +30,11 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 /// The exit code of a node whose thread returned while it was serving.
 pub const EXIT_THREAD_ENDED: i32 = 70;
 /// The exit code of a node whose thread panicked.
 pub const EXIT_THREAD_PANICKED: i32 = 101;
-
-/// The environment variable of the test hook (see the module doc).
-const FAULT_VAR: &str = "BATON_TEST_THREAD_FAULT";
-/// How long after its start a thread named by the test hook ends.
-const FAULT_AFTER: Duration = Duration::from_millis(200);
 
 thread_local! {
     /// Set on the node's own threads, at their start.
@@ -67,20 +63,13 @@ impl Supervisor {
         body: impl FnOnce() + Send + 'static,
     ) -> io::Result<JoinHandle<()>> {
         let stopping = self.stopping.clone();
-        let fault = planned_fault(&name);
+        #[cfg(any(test, feature = "test-hooks"))]
+        let body = fault::planned_or(&name, body);
         std::thread::Builder::new()
             .name(name.clone())
             .spawn(move || {
                 NODE_THREAD.with(|flag| flag.set(true));
-                match fault {
-                    None => body(),
-                    Some(fault) => {
-                        std::thread::sleep(FAULT_AFTER);
-                        if fault == Fault::Panic {
-                            panic!("{FAULT_VAR} asked this thread to panic");
-                        }
-                    }
-                }
+                body();
                 if !stopping.load(Ordering::Acquire) {
                     log::error!(
                         "thread {name} ended while the node was serving; stopping the node"
@@ -96,29 +85,59 @@ impl Supervisor {
     }
 }
 
-/// What the test hook asks of a thread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Fault {
-    Return,
-    Panic,
-}
+/// The test hook of the module doc, in builds with the `test-hooks`
+/// feature (and the unit tests) only.
+#[cfg(any(test, feature = "test-hooks"))]
+mod fault {
+    use std::time::Duration;
 
-/// The fault the test hook plans for the thread called `name`, if any.
-fn planned_fault(name: &str) -> Option<Fault> {
-    let value = std::env::var(FAULT_VAR).ok()?;
-    parse_fault(&value, name)
-}
+    /// The environment variable of the test hook.
+    const FAULT_VAR: &str = "BATON_TEST_THREAD_FAULT";
+    /// How long after its start a thread named by the test hook ends.
+    const FAULT_AFTER: Duration = Duration::from_millis(200);
 
-/// `thread:return` or `thread:panic`, for the thread called `name`.
-fn parse_fault(value: &str, name: &str) -> Option<Fault> {
-    let (thread, what) = value.rsplit_once(':')?;
-    if thread != name {
-        return None;
+    /// What the test hook asks of a thread.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Fault {
+        Return,
+        Panic,
     }
-    match what {
-        "return" => Some(Fault::Return),
-        "panic" => Some(Fault::Panic),
-        _ => None,
+
+    /// `body`, or in its place the fault the test hook plans for the
+    /// thread called `name`.
+    pub(super) fn planned_or(
+        name: &str,
+        body: impl FnOnce() + Send + 'static,
+    ) -> Box<dyn FnOnce() + Send> {
+        let planned = std::env::var(FAULT_VAR)
+            .ok()
+            .and_then(|value| parse_fault(&value, name));
+        match planned {
+            None => Box::new(body),
+            Some(fault) => Box::new(move || {
+                // Held, not run, until the thread ends: what it owns (the
+                // channels to the other threads) goes when the thread
+                // does, as it would with the work done.
+                let _unrun = body;
+                std::thread::sleep(FAULT_AFTER);
+                if fault == Fault::Panic {
+                    panic!("{FAULT_VAR} asked this thread to panic");
+                }
+            }),
+        }
+    }
+
+    /// `thread:return` or `thread:panic`, for the thread called `name`.
+    pub(super) fn parse_fault(value: &str, name: &str) -> Option<Fault> {
+        let (thread, what) = value.rsplit_once(':')?;
+        if thread != name {
+            return None;
+        }
+        match what {
+            "return" => Some(Fault::Return),
+            "panic" => Some(Fault::Panic),
+            _ => None,
+        }
     }
 }
 
@@ -144,6 +163,7 @@ fn install_panic_hook() {
 
 #[cfg(test)]
 mod tests {
+    use super::fault::{Fault, parse_fault};
     use super::*;
 
     #[test]

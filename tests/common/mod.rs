@@ -1,7 +1,8 @@
 //! Test support shared by the integration tests: real `batond` processes on
 //! loopback ports, a line-oriented TCP client, and deadline-bounded polling;
 //! `faults` adds a proxy that cuts, stalls or refuses connections and a fake
-//! standby that answers `M`, for the client tests; `info` reads the `I`
+//! standby that answers `M`, for the client tests; `http` one request to
+//! a metrics port and its response; `info` reads the `I`
 //! answers the cluster tests poll, and `nodes` holds a test cluster's nodes
 //! and puts together their command lines.
 //!
@@ -13,6 +14,7 @@
 
 pub mod cluster_key;
 pub mod faults;
+pub mod http;
 pub mod info;
 pub mod nodes;
 pub mod pki;
@@ -97,6 +99,16 @@ pub struct Node {
 }
 
 impl Node {
+    /// The single node of the protocol tests (tests/server.rs,
+    /// tests/server_bad_input.rs, tests/semaphore.rs): `--max-lease 60`,
+    /// so that a lease or wait of 61 s is refused `*-too-long` while the
+    /// tests' 30 s leases pass, then `args`; waits until it listens.
+    pub fn start_protocol(args: &[&str]) -> Node {
+        let mut all = vec!["--max-lease", "60"];
+        all.extend_from_slice(args);
+        Node::start(&all)
+    }
+
     /// Start `batond --bind 127.0.0.1 --port 0 <args>` and wait until it listens.
     pub fn start(args: &[&str]) -> Node {
         let mut all = vec!["--bind", "127.0.0.1", "--port", "0"];
@@ -405,6 +417,16 @@ impl LineClient {
         answer
     }
 
+    /// Poll `I` on this connection until `conns=` is `n` (the node counts
+    /// this connection too).
+    pub fn wait_for_conns(&mut self, n: usize) {
+        let want = n.to_string();
+        wait_for(&format!("conns={n}"), DEADLINE, || {
+            let info = self.info();
+            (info_field(&info, "conns").as_deref() == Some(want.as_str())).then_some(())
+        });
+    }
+
     /// `A key lease wait` on a key that is expected to be granted at once;
     /// returns the token.
     pub fn acquire_now(&mut self, key: &str, lease: &str) -> u64 {
@@ -594,6 +616,29 @@ pub fn info_field(info: &str, name: &str) -> Option<String> {
     info.split(' ')
         .skip(1)
         .find_map(|kv| kv.strip_prefix(&format!("{name}=")).map(str::to_string))
+}
+
+/// `program` on PATH, if it is there (a file with an execute bit): for
+/// the tests of a program the machine may lack (etcd, Prometheus, zsh,
+/// `ip`), which skip or fail as the CI run asks when it is missing.
+pub fn on_path(program: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// A multi-threaded tokio runtime with two workers and timers, for the
+/// tests of the client's async calls under the most common runtime.
+pub fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .expect("a tokio runtime")
 }
 
 /// Raise this process's soft limit on open files to its hard limit (children

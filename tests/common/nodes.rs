@@ -30,6 +30,31 @@ pub fn start_node(port: u16, peers: &str, flags: &[&str], env: &[(&str, &str)]) 
     Node::start_raw_with_env(&args, Some(port), env)
 }
 
+/// A two-node cluster on free loopback ports, each node with a metrics
+/// port of its own (`--metrics`), the test cluster key and `flags`: node 0
+/// is started first (so it becomes the active), then node 1. The two nodes
+/// and their metrics addresses, node 0's first.
+pub fn two_nodes_with_metrics(flags: &[&str]) -> (Node, Node, [SocketAddr; 2]) {
+    let first = free_port_run(4);
+    let ports = [first, first + 1];
+    let metrics = [first + 2, first + 3].map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    let start = |i: usize| {
+        let metrics = metrics[i].to_string();
+        let mut all = vec![
+            "--cluster-key-file",
+            super::cluster_key_file(),
+            "--metrics",
+            metrics.as_str(),
+        ];
+        all.extend_from_slice(flags);
+        start_node(ports[i], &peers, &all, &[])
+    };
+    let node0 = start(0);
+    let node1 = start(1);
+    (node0, node1, metrics)
+}
+
 /// `Deref` and `DerefMut` from a harness to its field `nodes: Nodes`, so
 /// that a test calls the set's methods on the harness itself.
 #[allow(unused_macros)]

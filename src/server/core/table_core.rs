@@ -40,7 +40,7 @@ use crate::server::core::cluster_core::{RateLimit, WARN_EVERY_MS, left_out};
 use crate::server::core::contention::{KeysAsk, KeysView};
 use crate::server::core::counters::Snapshot;
 
-use crate::server::core::events::{ClusterToTable, ConnId, Inbound, TableToCluster};
+use crate::server::core::events::{ClusterToTable, ConnId, Delta, Inbound, TableToCluster};
 use crate::server::core::lock_table::{Ask, LockTable, Outbox};
 use crate::server::core::now::Now;
 use crate::server::core::tokens;
@@ -546,26 +546,7 @@ impl TableCore {
         self.info = None;
         match msg {
             ClusterToTable::BecomeActive { floor, failover } => {
-                log::info!("lock owner: now active");
-                if let Some(why) = self.refused.take() {
-                    // Handed the role (or elected) before the cluster core
-                    // heard of the refusal, or with no other node left.
-                    log::error!(
-                        "lock owner: this node serves without part of the old active's state: \
-                         it refused {why}; those keys are not known as held here"
-                    );
-                }
-                self.table.observe_token(floor);
-                if failover && self.promotion_grace_ms > 0 {
-                    log::info!(
-                        "lock owner: promotion grace: unknown keys wait {} ms",
-                        self.promotion_grace_ms
-                    );
-                    self.table
-                        .set_grace_until(now.ms.saturating_add(self.promotion_grace_ms));
-                }
-                self.ceiling = 0;
-                self.resume_serving(now);
+                self.become_active(now, floor, failover);
             }
             ClusterToTable::Follow { active } => {
                 log::info!(
@@ -574,20 +555,7 @@ impl TableCore {
                 );
                 self.stop_serving(now, active);
             }
-            ClusterToTable::StartTransfer { to } => {
-                log::info!("lock owner: transferring the active role; holding requests back");
-                if matches!(self.mode, Mode::Active) {
-                    self.mode = Mode::Transferring { held: Vec::new() };
-                }
-                // After this round's deltas, so the successor has them all,
-                // and a ceiling above every token answered so far (one
-                // granted and freed within the batch is in no delta).
-                self.raise_ceiling();
-                self.flush_deltas(now);
-                self.effects
-                    .to_cluster
-                    .push(TableToCluster::TransferReady { to });
-            }
+            ClusterToTable::StartTransfer { to } => self.start_transfer(now, to),
             ClusterToTable::AbortTransfer => {
                 log::warn!("lock owner: role transfer abandoned; serving again");
                 self.resume_serving(now);
@@ -602,40 +570,8 @@ impl TableCore {
                 self.stop_serving(now, None);
                 self.effects.redirected = true;
             }
-            ClusterToTable::Snapshot { seq, entries } => {
-                self.snapshot_seq = seq;
-                let active = match &self.mode {
-                    Mode::Standby { active } => active.clone(),
-                    _ => None,
-                };
-                self.table
-                    .redirect_waiters(active.as_deref(), &mut self.outbox);
-                self.refused = None;
-                if let Err((n, why)) = self.table.load_snapshot(now.ms, entries) {
-                    if let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS) {
-                        log::error!(
-                            "replication: refused {n} entries of the active's snapshot (the last: {why}){}",
-                            left_out(more)
-                        );
-                    }
-                    self.tell_refused(why);
-                }
-            }
-            ClusterToTable::Deltas(deltas) => {
-                if !matches!(self.mode, Mode::Active) {
-                    for delta in deltas {
-                        if let Err(why) = self.table.apply_delta(now.ms, delta) {
-                            if let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS) {
-                                log::error!(
-                                    "replication: refused a delta from the active: {why}{}",
-                                    left_out(more)
-                                );
-                            }
-                            self.tell_refused(why);
-                        }
-                    }
-                }
-            }
+            ClusterToTable::Snapshot { seq, entries } => self.load_snapshot(now, seq, entries),
+            ClusterToTable::Deltas(deltas) => self.apply_deltas(now, deltas),
             ClusterToTable::Observe(token) => self.table.observe_token(token),
             ClusterToTable::SnapshotWanted { peer, ask } => {
                 // Pieces go from the end of this round on; the changes so
@@ -659,6 +595,91 @@ impl TableCore {
                         .to_cluster
                         .push(TableToCluster::SnapshotTaken { seq });
                 }
+            }
+        }
+    }
+
+    /// The cluster core made this node the active: its tokens go above
+    /// `floor`; after a `failover`, keys it does not know as held wait out
+    /// the promotion grace; then it serves.
+    fn become_active(&mut self, now: Now, floor: u64, failover: bool) {
+        log::info!("lock owner: now active");
+        if let Some(why) = self.refused.take() {
+            // Handed the role (or elected) before the cluster core
+            // heard of the refusal, or with no other node left.
+            log::error!(
+                "lock owner: this node serves without part of the old active's state: \
+                 it refused {why}; those keys are not known as held here"
+            );
+        }
+        self.table.observe_token(floor);
+        if failover && self.promotion_grace_ms > 0 {
+            log::info!(
+                "lock owner: promotion grace: unknown keys wait {} ms",
+                self.promotion_grace_ms
+            );
+            self.table
+                .set_grace_until(now.ms.saturating_add(self.promotion_grace_ms));
+        }
+        self.ceiling = 0;
+        self.resume_serving(now);
+    }
+
+    /// Hand the active role to `to`: requests are held back from now, and
+    /// the successor is told it may take over once it has every change.
+    fn start_transfer(&mut self, now: Now, to: usize) {
+        log::info!("lock owner: transferring the active role; holding requests back");
+        if matches!(self.mode, Mode::Active) {
+            self.mode = Mode::Transferring { held: Vec::new() };
+        }
+        // After this round's deltas, so the successor has them all,
+        // and a ceiling above every token answered so far (one
+        // granted and freed within the batch is in no delta).
+        self.raise_ceiling();
+        self.flush_deltas(now);
+        self.effects
+            .to_cluster
+            .push(TableToCluster::TransferReady { to });
+    }
+
+    /// A standby takes its active's snapshot (number `seq`) as its whole
+    /// table: its waiters are redirected first, and entries it refuses are
+    /// logged (rate-limited) and reported.
+    fn load_snapshot(&mut self, now: Now, seq: u64, entries: Vec<Delta>) {
+        self.snapshot_seq = seq;
+        let active = match &self.mode {
+            Mode::Standby { active } => active.clone(),
+            _ => None,
+        };
+        self.table
+            .redirect_waiters(active.as_deref(), &mut self.outbox);
+        self.refused = None;
+        if let Err((n, why)) = self.table.load_snapshot(now.ms, entries) {
+            if let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS) {
+                log::error!(
+                    "replication: refused {n} entries of the active's snapshot (the last: {why}){}",
+                    left_out(more)
+                );
+            }
+            self.tell_refused(why);
+        }
+    }
+
+    /// A node that is not the active applies its active's deltas; one it
+    /// refuses is logged (rate-limited) and reported.
+    fn apply_deltas(&mut self, now: Now, deltas: Vec<Delta>) {
+        if matches!(self.mode, Mode::Active) {
+            return;
+        }
+        for delta in deltas {
+            if let Err(why) = self.table.apply_delta(now.ms, delta) {
+                if let Some(more) = self.refusal_log.allow(now.ms, WARN_EVERY_MS) {
+                    log::error!(
+                        "replication: refused a delta from the active: {why}{}",
+                        left_out(more)
+                    );
+                }
+                self.tell_refused(why);
             }
         }
     }

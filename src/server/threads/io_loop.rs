@@ -1094,83 +1094,110 @@ impl IoLoop {
                         .extend_from_slice(&input[used - n..used]);
                     self.mark_dirty(slot);
                 }
-                Verdict::Forward => match result {
-                    Ok(Request::Watch { key }) => {
-                        let max = self.settings.max_watches;
-                        let (watches, mut conns) = self.watch_parts();
-                        watches.parsed_watch(&mut conns, slot, id, key, max);
-                    }
-                    Ok(Request::Unwatch { key }) => {
-                        let (watches, mut conns) = self.watch_parts();
-                        watches.parsed_unwatch(&mut conns, slot, id, key);
-                    }
-                    Ok(request) => self.batch.push(Inbound::Request(id, request)),
-                    Err(LineError::Refused { op, key, reason }) => {
-                        log::debug!(
-                            "{}: refused {} {}: {}",
-                            who(&self.conns[slot]),
-                            op.as_char(),
-                            key.as_ref().map_or("-".to_string(), |k| k.to_string()),
-                            reason.as_str()
-                        );
-                        // Through the owner like every answer, so it leaves
-                        // in request order.
-                        self.batch.push(Inbound::Refused(id, op, key, reason));
-                    }
-                    // Only requests and refusals are forwarded.
-                    Err(_) => {}
-                },
-                Verdict::LetIn => {
-                    self.gauges.io_counters.auth_request();
-                    self.gauges.io_counters.auth_ok();
-                    self.write_answer(slot, &Answer::AuthOk);
-                }
-                Verdict::AuthDisabled => {
-                    self.gauges.io_counters.auth_request();
-                    self.gauges.io_counters.refused(Reason::AuthDisabled);
-                    let answer = Answer::Error {
-                        op: Some(Op::Auth),
-                        key: None,
-                        reason: Reason::AuthDisabled,
-                    };
-                    self.write_answer(slot, &answer);
-                }
+                Verdict::Forward => self.forward(slot, id, result),
+                Verdict::LetIn => self.let_in(slot),
+                Verdict::AuthDisabled => self.refuse_auth_disabled(slot),
                 Verdict::Rejected => {
-                    self.gauges.io_counters.auth_request();
-                    let conn = &mut self.conns[slot];
-                    log::debug!(
-                        "{}: wrong secret: closing in {BAD_AUTH_DELAY_MS} ms",
-                        who(conn)
-                    );
-                    conn.partial = Vec::new();
-                    self.arm(slot);
+                    self.reject_secret(slot);
                     // Nothing more is read: the rest of the input is dropped.
                     return Some(input.len());
                 }
                 Verdict::End(reason) => {
-                    let why = match result {
-                        Err(LineError::Fatal(_)) => {
-                            log::debug!(
-                                "{}: line not understood: {}",
-                                who(&self.conns[slot]),
-                                reason.as_str()
-                            );
-                            reason.as_str()
-                        }
-                        _ if reason == Reason::ProtectedMode => {
-                            self.warn_protected(slot);
-                            "protected mode: a client not on loopback"
-                        }
-                        _ => "a request before U",
-                    };
-                    self.gauges.io_counters.refused(reason);
-                    self.close_with(slot, reason, why);
+                    self.end_on_line(slot, reason, &result);
                     // Closing: the rest of the input is dropped.
                     return Some(input.len());
                 }
             }
         }
         Some(used)
+    }
+
+    /// A line the connection rules let through: a request goes to the
+    /// owner in this round's batch (a watch or unwatch to the watch glue),
+    /// and so does a refusal, so that its answer leaves in request order.
+    fn forward(&mut self, slot: usize, id: ConnId, result: Result<Request, LineError>) {
+        match result {
+            Ok(Request::Watch { key }) => {
+                let max = self.settings.max_watches;
+                let (watches, mut conns) = self.watch_parts();
+                watches.parsed_watch(&mut conns, slot, id, key, max);
+            }
+            Ok(Request::Unwatch { key }) => {
+                let (watches, mut conns) = self.watch_parts();
+                watches.parsed_unwatch(&mut conns, slot, id, key);
+            }
+            Ok(request) => self.batch.push(Inbound::Request(id, request)),
+            Err(LineError::Refused { op, key, reason }) => {
+                log::debug!(
+                    "{}: refused {} {}: {}",
+                    who(&self.conns[slot]),
+                    op.as_char(),
+                    key.as_ref().map_or("-".to_string(), |k| k.to_string()),
+                    reason.as_str()
+                );
+                // Through the owner like every answer, so it leaves
+                // in request order.
+                self.batch.push(Inbound::Refused(id, op, key, reason));
+            }
+            // Only requests and refusals are forwarded.
+            Err(_) => {}
+        }
+    }
+
+    /// `U` with the right secret: `U ok`, answered here.
+    fn let_in(&mut self, slot: usize) {
+        self.gauges.io_counters.auth_request();
+        self.gauges.io_counters.auth_ok();
+        self.write_answer(slot, &Answer::AuthOk);
+    }
+
+    /// `U` to a node without `--auth-file`: `E U - auth-disabled`.
+    fn refuse_auth_disabled(&mut self, slot: usize) {
+        self.gauges.io_counters.auth_request();
+        self.gauges.io_counters.refused(Reason::AuthDisabled);
+        let answer = Answer::Error {
+            op: Some(Op::Auth),
+            key: None,
+            reason: Reason::AuthDisabled,
+        };
+        self.write_answer(slot, &answer);
+    }
+
+    /// `U` with a wrong secret: the connection is closed after
+    /// `BAD_AUTH_DELAY_MS`, and nothing more of it is read.
+    fn reject_secret(&mut self, slot: usize) {
+        self.gauges.io_counters.auth_request();
+        let conn = &mut self.conns[slot];
+        log::debug!(
+            "{}: wrong secret: closing in {BAD_AUTH_DELAY_MS} ms",
+            who(conn)
+        );
+        conn.partial = Vec::new();
+        self.arm(slot);
+    }
+
+    /// A line that ends the connection (`result`, refused for `reason`: a
+    /// line not understood, a client not on loopback in protected mode, a
+    /// request before `U`): counted, logged, and the connection closed
+    /// with its error.
+    fn end_on_line(&mut self, slot: usize, reason: Reason, result: &Result<Request, LineError>) {
+        let why = match result {
+            Err(LineError::Fatal(_)) => {
+                log::debug!(
+                    "{}: line not understood: {}",
+                    who(&self.conns[slot]),
+                    reason.as_str()
+                );
+                reason.as_str()
+            }
+            _ if reason == Reason::ProtectedMode => {
+                self.warn_protected(slot);
+                "protected mode: a client not on loopback"
+            }
+            _ => "a request before U",
+        };
+        self.gauges.io_counters.refused(reason);
+        self.close_with(slot, reason, why);
     }
 
     /// What the connection rules look at in a parsed line: its kind, what

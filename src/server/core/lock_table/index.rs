@@ -89,6 +89,8 @@ impl KeyIndex {
         }
     }
 
+    /// Keys indexed (for the invariants' check).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(super) fn len(&self) -> usize {
         self.table.len()
     }

@@ -1,6 +1,9 @@
 //! Every invariant of the module doc, checked in one pass over the table
 //! ([`LockTable::check_invariants`]): O(size of the table), for tests and
-//! debugging.
+//! debugging. Compiled into the unit tests and into builds with the
+//! `test-hooks` feature (the package's tests turn it on: the simulation in
+//! tests/simulation.rs calls it), never into what users build; the cheap
+//! invariants are asserted where they could break, in every build.
 
 use super::*;
 

@@ -92,7 +92,11 @@ impl LockTable {
             deferred: Vec::new(),
         });
         if prev != NIL {
-            self.waiters[prev as usize].next = w;
+            // The line is FIFO: a waiter joins after the last one. Checked
+            // in every build (O(1)).
+            let tail = &mut self.waiters[prev as usize];
+            assert_eq!(tail.next, NIL, "the line's tail is its last waiter");
+            tail.next = w;
         }
         if conn_next != NIL {
             self.waiters[conn_next as usize].conn_prev = w;
@@ -166,6 +170,9 @@ impl LockTable {
             return;
         }
         let waiter = self.remove_waiter(head);
+        // The line is FIFO: the freed slot goes to the first in line.
+        // Checked in every build (O(1)).
+        assert_eq!(waiter.prev, NIL, "the line's head is its first waiter");
         self.metrics.granted(now_ms.saturating_sub(waiter.since_ms));
         let (old_token, _) = self.grant_token_expiry(idx, at);
         if old_token != 0 {
@@ -173,7 +180,10 @@ impl LockTable {
         }
         let token = self.tokens.issue();
         self.recent.note(token, idx);
-        debug_assert!(token > old_token, "tokens never decrease");
+        // A token is not reused: the next holder's is above the last one's
+        // (TokenSource::issue checks the same for every token). Checked in
+        // every build (O(1)).
+        assert!(token > old_token, "tokens never decrease");
         let expiry_ms = now_ms.saturating_add(waiter.lease_ms);
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
         let state = &mut self.keys[idx as usize];
@@ -235,6 +245,7 @@ impl LockTable {
             && self.holder_count(idx) < self.limit(idx) as usize
         {
             let waiter = self.remove_waiter(self.keys[idx as usize].queue_head);
+            assert_eq!(waiter.prev, NIL, "the line's head is its first waiter");
             self.metrics.granted(now_ms.saturating_sub(waiter.since_ms));
             let (token, slot) = self.add_grant(now_ms, idx, waiter.lease_ms, waiter.value);
             let key = self.keys[idx as usize].key.clone();

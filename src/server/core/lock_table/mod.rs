@@ -30,8 +30,10 @@
 //! granted (`RecentGrants`, a hint used only when that slot holds the very
 //! key named), so the usual acquire-release pair hashes its key once.
 //!
-//! Invariants (checked by [`LockTable::check_invariants`] in tests and asserted
-//! where cheap):
+//! Invariants (checked whole by `LockTable::check_invariants`, `invariants.rs`,
+//! in the tests; the cheap ones asserted where they could break, in every
+//! build: holders <= limit, a slot held once, a token not reused, the FIFO
+//! line, each O(1), docs/performance.md "Asserts in release builds"):
 //! - a key in the table always has 1 to `limit` holders, in distinct slots
 //!   below `limit`, each with its lease timer pending with the holder's
 //!   expiry as deadline; a key with no holder and no waiter is removed from
@@ -77,6 +79,7 @@ use crate::server::core::watchers::Watchers;
 use crate::server::core::wheel::{TimerId, TimingWheel};
 
 mod index;
+#[cfg(any(test, feature = "test-hooks"))]
 mod invariants;
 mod line;
 mod replica;

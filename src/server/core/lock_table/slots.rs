@@ -31,12 +31,23 @@ pub(super) struct Sem {
 
 impl Sem {
     /// A key's Sem when it needs one (a limit above 1, or a value), its
-    /// first grant in `slot` (below `limit`) carrying `value`.
+    /// first grant in `slot` (below `limit`) carrying `value`. Inlined, so
+    /// that a new plain key (the hot path) pays one test for it: left to
+    /// itself, the compiler calls it (about 23 instructions a pair;
+    /// docs/performance.md, "Asserts in release builds").
+    #[inline]
     pub(super) fn new(limit: u32, slot: u32, value: Option<Value>) -> Option<Sem> {
-        debug_assert!(slot < limit);
         if limit <= 1 && value.is_none() {
+            // A plain mutex: no Sem, and no slot to keep (its one grant's
+            // is 0).
             return None;
         }
+        // Holders <= limit: a grant's slot is below its key's limit.
+        // Checked in every build (docs/performance.md, "Asserts in release
+        // builds"): O(1), and past the plain mutex's return, so that the
+        // hot path (a new plain key) pays nothing; replica.rs refuses a
+        // peer's slot at or above the limit before it gets here.
+        assert!(slot < limit, "a slot is below its key's limit");
         let mut sem = Sem {
             limit,
             first_slot: slot,
@@ -56,7 +67,9 @@ impl Sem {
         if word >= self.taken.len() {
             self.taken.resize(word + 1, 0);
         }
-        debug_assert_eq!(
+        // A slot is held once: checked in every build (O(1); a standby's
+        // apply takes only a slot it found free).
+        assert_eq!(
             self.taken[word] & (1 << (slot % 64)),
             0,
             "a slot is taken once"
@@ -76,7 +89,8 @@ impl Sem {
         }
     }
 
-    /// Whether `slot` is taken.
+    /// Whether `slot` is taken (for the invariants' check).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub(super) fn is_taken(&self, slot: u32) -> bool {
         self.taken
             .get(slot as usize / 64)
@@ -89,7 +103,9 @@ impl Sem {
             Some(i) => i as u32 * 64 + self.taken[i].trailing_ones(),
             None => self.taken.len() as u32 * 64,
         };
-        debug_assert!(slot < self.limit);
+        // Holders <= limit: a new holder finds a free slot below the
+        // limit. Checked in every build (O(1)).
+        assert!(slot < self.limit, "a free slot below the key's limit");
         slot
     }
 
@@ -252,6 +268,11 @@ impl LockTable {
         let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
         let sem = self.keys[idx as usize].sem;
         let sem = &mut self.sems[sem as usize];
+        // Holders <= limit, checked in every build (O(1)).
+        assert!(
+            sem.more.len() + 1 < sem.limit as usize,
+            "a new holder only while the key has a free slot"
+        );
         let slot = sem.lowest_free();
         sem.take_slot(slot);
         sem.more.push(Grant {
