@@ -102,8 +102,11 @@ use ops::*;
 
 pub use answers::{Answer, Info, parse_answer};
 pub use keys::{INLINE_KEY, Key, Value};
+pub(crate) use numbers::parse_u64;
 pub use numbers::{parse_seconds, parse_seconds_saturating, write_seconds};
-pub(crate) use numbers::{parse_u64, write_u64};
+// The peer wire's (the server's) only: a client-alone build has no use for it.
+#[cfg(feature = "server")]
+pub(crate) use numbers::write_u64;
 pub use ops::{ANSWER_KINDS, AnswerKind, AnswerSpec, OPS, Op, OpSpec};
 pub use reasons::{KNOWN_REASONS, Reason};
 pub use requests::{Request, parse_request};

@@ -209,7 +209,7 @@ impl LockTable {
     /// costs a piece no more). The slot to go on from, or None at the end.
     ///
     /// A key whose grant waits in the changes as a new key's
-    /// ([`Change::Held`] with `new_since`: not sent to the standbys yet) is
+    /// (`Change::Held` with `new_since`: not sent to the standbys yet) is
     /// left out: the batch that takes it carries it, or nothing if it is
     /// freed first, so a standby never holds a key whose free no batch
     /// would carry. Every other key is as the standbys must hold it now;
