@@ -123,16 +123,15 @@ var docExpect = map[string]docWant{
 		ctx:    30 * time.Second,
 		output: []string{"step 1 ran with token ", "step 3 ran with token "},
 	},
-	// The watch loop runs "until ctx ends", as its comment says, so ctx
-	// ends here after 2 s: the loop prints the state after the block's own
-	// Hold, then the channel closes. The election's calls that follow get
-	// the ended ctx and give up at once; the block keeps only the last
-	// err, Observe's, which is nil (a channel that is already closed), so
-	// the wrapper returns nil. Past the loop this block is checked only for
-	// compiling, then: node_test.go runs Campaign, Leader and Observe.
+	// The block holds a slot of "encoders", watches it until a state
+	// shows the slot taken, then stops the watch; it campaigns for
+	// "scheduler" (nobody else does: it leads at once), reads the leader,
+	// observes it, resigns and stops once nobody leads. Each step checks
+	// its error, so a block that got there only by ctx ending (a loop that
+	// ran until then) would return ctx's error, not nil.
 	"Semaphores, watches and elections in Go": {
-		ctx:    2 * time.Second,
-		output: []string{"1 of 4 busy, 0 waiting\n"},
+		ctx:    30 * time.Second,
+		output: []string{"1 of 4 busy, 0 waiting\n", "leader: 10.0.0.5:8080\n", "nobody leads\n"},
 	},
 }
 

@@ -12,7 +12,8 @@ and campaigns ``_hold.py``'s.
 
 Closing: ``close`` stops the keepers (no ``lost`` for them) and the
 watches, releases the held grants once (best effort, bounded by the
-request timeout), closes the connections and joins every thread (awaits
+request timeout; ``AsyncClient.close`` also waits, as bounded, for the
+releases of ``AsyncHeld`` grants the program dropped), closes the connections and joins every thread (awaits
 every task) of the client, all bounded; again, it does nothing. A
 finaliser (``__del__``) only sets a flag and pokes the connections: it
 may run at interpreter exit while a frozen daemon thread holds any lock,
@@ -30,11 +31,11 @@ import os
 import ssl
 import time
 import weakref
-from typing import AsyncIterator, Iterable, Iterator, List, Optional, Tuple, TypeVar, Union
+from typing import AsyncIterator, Iterable, Iterator, List, Optional, Set, Tuple, TypeVar, Union
 
 from . import _calls, _wire
 from ._calls import Grant, KeyStatus
-from ._hold import AsyncCampaign, AsyncHeld, Campaign, Held
+from ._hold import AsyncCampaign, AsyncHeld, Campaign, Held, _AsyncKeeper, take_dropped
 from ._apool import AsyncPool, _resolve
 from ._pending import Slot
 from ._pool import MAX_SERVERS, Pool, normalise_server
@@ -108,6 +109,8 @@ class _Base:
         auth_line = None if auth is None else _wire.auth_line(auth)
         self._closed = False
         self._helds: "weakref.WeakSet[Union[Held, AsyncHeld]]" = weakref.WeakSet()
+        # AsyncHeld grants dropped unreleased whose release is pending.
+        self._dropped: "Set[_AsyncKeeper]" = set()
         native = isinstance(self, AsyncClient)
         pool_type = AsyncPool if native else Pool
         self._pool = pool_type(addrs, connect, request, auth_line, _tls_context(tls))
@@ -473,16 +476,26 @@ class AsyncClient(_Base):
         if pool.loop is not asyncio.get_running_loop():
             pool.close_nowait()
             return
-        slots = self._send_releases(grants)
+        # Grants dropped without release just before: their releases are
+        # waited for like the others (else closing cancels them).
+        dropped, releasing = take_dropped(self._dropped)
+        slots = self._send_releases(grants + dropped)
+        waits: "List[asyncio.Future[None]]" = list(releasing)
         if slots:
             loop = asyncio.get_running_loop()
-            futures = []
             for slot in slots:
                 future: asyncio.Future[None] = loop.create_future()
                 slot.add_callback(lambda future=future: _resolve(future))  # type: ignore[misc]
-                futures.append(future)
-            await asyncio.wait(futures, timeout=pool.request_timeout)
+                waits.append(future)
+        if waits:
+            await asyncio.wait(waits, timeout=pool.request_timeout)
         await pool.aclose()
+        for task in releasing:
+            task.cancel()  # still under way after the request timeout
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
         for held in list(self._helds):
             if isinstance(held, AsyncHeld):
                 await held._keeper.join()

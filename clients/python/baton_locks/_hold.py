@@ -11,8 +11,10 @@ and wakes everyone waiting. After that every call on the grant fails
 ``Lost`` (``release`` sends ``R`` anyway, best effort, and returns False:
 the grant was not held). Released by the owner (``release``/``resign``
 or leaving a ``with`` block); a held grant the program drops without
-releasing is released by its keeper. When the client closes, keepers
-stop without a ``lost`` event and the client releases their grants once.
+releasing is released by its keeper (for ``AsyncHeld``, by a task the
+client's ``close`` waits for, or sends itself when it has not started:
+``take_dropped``). When the client closes, keepers stop without a
+``lost`` event and the client releases their grants once.
 
 Never does: tell the owner the key is lost after the owner let go of it,
 keep renewing after a loss (a lost key is not asked for again: the owner
@@ -26,7 +28,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Set, Tuple, TypeVar, Union
 
 from . import _calls
 from ._calls import Grant, Pool
@@ -162,7 +164,7 @@ class _Keeper:
 class _AsyncKeeper:
     """The renewal of one grant, in a task of the client's loop."""
 
-    def __init__(self, pool: Pool, grant: Grant) -> None:
+    def __init__(self, pool: Pool, grant: Grant, dropped: "Set[_AsyncKeeper]") -> None:
         self._pool = pool
         self.grant = grant
         self._lease = grant.lease
@@ -170,6 +172,12 @@ class _AsyncKeeper:
         self.lost = asyncio.Event()
         self.error: Optional[Error] = None
         self.task: Optional["asyncio.Task[None]"] = None
+        # The client's keepers whose grant was dropped and is not released
+        # yet (this one from ``stop(release=True)`` to the end of its
+        # release), so that ``close`` waits for that release.
+        self._dropped = dropped
+        self._release_task: Optional["asyncio.Task[None]"] = None
+        self._release_taken = False
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -206,15 +214,20 @@ class _AsyncKeeper:
             except RuntimeError:
                 return was  # its loop is closed
         if release and was and not self._pool.closed:
+            # A finaliser may run on any thread: a set's add is atomic.
+            self._dropped.add(self)
             try:
                 loop = task.get_loop() if task is not None else asyncio.get_running_loop()
                 loop.call_soon_threadsafe(self._release_soon)
             except RuntimeError:
-                pass  # no loop any more: the lease runs out
+                self._dropped.discard(self)  # no loop any more: the lease runs out
         return was
 
     def _release_soon(self) -> None:
-        asyncio.get_running_loop().create_task(self._release())
+        if self._release_taken or self._pool.closed:
+            self._dropped.discard(self)  # close sends it, or could not any more
+            return
+        self._release_task = asyncio.get_running_loop().create_task(self._release())
 
     async def _release(self) -> None:
         grant = self.grant
@@ -222,6 +235,8 @@ class _AsyncKeeper:
             await _calls.drive_async(_calls.release(self._pool, grant._raw_key, grant.token))
         except Error as e:
             log.warning("could not release %r (token %d): %s", grant.key, grant.token, e)
+        finally:
+            self._dropped.discard(self)
 
     async def join(self) -> None:
         task = self.task
@@ -230,6 +245,24 @@ class _AsyncKeeper:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+
+
+def take_dropped(dropped: Set[_AsyncKeeper]) -> Tuple[List[Grant], List["asyncio.Task[None]"]]:
+    """For ``AsyncClient.close``, on the client's loop: the releases of
+    dropped grants, as the grants whose release task has not started yet
+    (close sends those with its own, and their task will not start) and
+    the release tasks under way (close waits for those)."""
+    grants: List[Grant] = []
+    tasks: List["asyncio.Task[None]"] = []
+    for keeper in list(dropped):
+        task = keeper._release_task
+        if task is None:
+            keeper._release_taken = True
+            dropped.discard(keeper)
+            grants.append(keeper.grant)
+        elif not task.done():
+            tasks.append(task)
+    return grants, tasks
 
 
 class _HeldBase:
@@ -374,7 +407,7 @@ class AsyncHeld(_HeldBase):
 
     def __init__(self, client: "AsyncClient", grant: Grant, value: Union[str, bytes, None]) -> None:
         super().__init__(client._pool, grant, value)
-        self._keeper = _AsyncKeeper(self._pool, grant)
+        self._keeper = _AsyncKeeper(self._pool, grant, client._dropped)
         self._finalizer = weakref.finalize(self, _dropped, self._keeper)
         self._keeper.start()
         client._track(self)

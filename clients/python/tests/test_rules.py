@@ -260,6 +260,31 @@ def test_nothing_runs_after_an_async_close(node):
     run(main())
 
 
+@pytest.mark.parametrize("loop_turns", [0, 1, 2])
+def test_an_async_close_waits_for_the_release_of_a_held_grant_dropped_just_before(node, loop_turns):
+    # An AsyncHeld dropped without release() is released by a task of the
+    # loop; close() right after must not cancel that release nor return
+    # before it: the key is free the moment close() returns (a lease of 30
+    # seconds would keep it taken for the rest of this test otherwise).
+    # With loop_turns the loop runs a little first: the release task is
+    # created (1), then under way (2), when close starts.
+    async def main():
+        async with baton_locks.AsyncClient(node.addr) as other:
+            assert (await other.query("dropped")).free
+            before = set(asyncio.all_tasks())  # other's tasks too
+            c = baton_locks.AsyncClient(node.addr)
+            held = await c.hold("dropped", lease=30)
+            assert (await other.query("dropped")).token == held.token
+            del held  # the last reference: its finaliser starts the release
+            for _ in range(loop_turns):
+                await asyncio.sleep(0)
+            await c.close()
+            assert other_tasks(before) == [], "no task of the client left"
+            assert (await other.query("dropped")).free, "released before close returned"
+
+    run(main())
+
+
 def test_the_async_client_runs_no_thread(node):
     async def main():
         before = set(threading.enumerate())
