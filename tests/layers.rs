@@ -179,9 +179,12 @@ fn imports(modules: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<Stri
 #[test]
 fn the_deciders_name_no_socket_channel_thread_or_clock() {
     let modules = library_modules();
+    // The cores, and the rounds the threads and the simulation share
+    // (their traits must name no thread type: the simulation implements
+    // them too).
     let core: Vec<_> = modules
         .iter()
-        .filter(|(name, _)| name.starts_with("server::core"))
+        .filter(|(name, _)| name.starts_with("server::core") || *name == "server::rounds")
         .collect();
     assert!(
         core.len() >= 10,
@@ -191,6 +194,8 @@ fn the_deciders_name_no_socket_channel_thread_or_clock() {
     let forbidden = [
         "mio",
         "crossbeam",
+        "rustls",
+        "TcpStream",
         "std::net",
         "std::thread",
         "Instant::now",
