@@ -194,6 +194,7 @@ fn the_deciders_name_no_socket_channel_thread_or_clock() {
     let forbidden = [
         "mio",
         "crossbeam",
+        "crossbeam_channel",
         "rustls",
         "TcpStream",
         "std::net",
