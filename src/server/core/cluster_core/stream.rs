@@ -131,7 +131,7 @@ impl ClusterCore {
         // part of its active's state, and says so.
         self.flush_deltas_in();
         self.roles.handle_snapshot_begun(p);
-        log::info!("replication: taking a snapshot from {}", self.names[p]);
+        log::debug!("replication: taking a snapshot from {}", self.names[p]);
         self.pass_snapshot(link, p, Vec::new());
         if let Some(l) = self.ins.get_mut(&link) {
             l.snapshot = Some(0);
