@@ -18,7 +18,9 @@
 //! is up: the server answers a later acquire of K on a connection (even its
 //! `T`) only after the earlier one, so a try-acquire sent behind the same
 //! client's acquire of K waiting in line would wait for that one. When
-//! every such connection has one, it is sent anyway (the connection's
+//! every connection that is up has one and another is still connecting (a
+//! new client's second), the acquire waits for that one (within the
+//! connect timeout). When every such connection has one, it is sent anyway (the connection's
 //! overdue clock for it starts only when the earlier one is answered: see
 //! `conn.rs`). The check is one hash lookup per connection. A caller waits only
 //! while some connection it could use is connecting — bounded by its own
@@ -95,13 +97,16 @@ pub fn choose(
         if !free.is_empty() {
             return Choice::Use(free[turn % free.len()]);
         }
-        if !up.is_empty() {
+        let connecting = conns
+            .iter()
+            .any(|&(n, phase, _)| fits(n) && phase == Phase::Connecting);
+        // Every connection that is up is busy with this key: one still
+        // connecting (the second of a new client's two, say) will be free,
+        // so wait for it rather than queue behind this client's own waiter.
+        if !up.is_empty() && !connecting {
             return Choice::Use(up[turn % up.len()]);
         }
-        if conns
-            .iter()
-            .any(|&(n, phase, _)| fits(n) && phase == Phase::Connecting)
-        {
+        if connecting {
             return Choice::Wait;
         }
         Choice::Nothing
@@ -267,7 +272,7 @@ impl Pool {
                 return Ok(conn);
             }
             if !self.ctx.notifier.wait_change(seen, until) {
-                return Err(self.still_connecting(target));
+                return self.busy_or_still_connecting(target);
             }
         }
     }
@@ -299,7 +304,7 @@ impl Pool {
             })
             .await;
             if !changed {
-                return Err(self.still_connecting(target));
+                return self.busy_or_still_connecting(target);
             }
         }
     }
@@ -385,6 +390,16 @@ impl Pool {
                 .auth_error(target)
                 .unwrap_or_else(|| Error::NoConnection(self.describe(target)))),
             Choice::Wait => Ok(None),
+        }
+    }
+
+    /// The wait for a connection is over: one that is up but busy with
+    /// this request's key (waited on for a free one still connecting)
+    /// serves after all; else none came up.
+    fn busy_or_still_connecting(&self, target: Target) -> Result<Arc<Conn>, Error> {
+        match self.choose_now(target, None)? {
+            Some(conn) => Ok(conn),
+            None => Err(self.still_connecting(target)),
         }
     }
 
@@ -549,6 +564,12 @@ mod tests {
         let conns = [(0, Up, true), (1, Up, false), (1, Up, false)];
         assert_eq!(choose(&conns, Target::Any, None, 0), Choice::Use(1));
         assert_eq!(choose(&conns, Target::Any, None, 1), Choice::Use(2));
+        // The only one up is busy and the other still connecting (a new
+        // client's second): wait for it; with none connecting, the busy one.
+        let conns = [(0, Up, true), (0, Connecting, false)];
+        assert_eq!(choose(&conns, Target::Any, None, 0), Choice::Wait);
+        let conns = [(0, Up, true), (0, Down, false)];
+        assert_eq!(choose(&conns, Target::Any, None, 0), Choice::Use(0));
     }
 
     #[test]
