@@ -206,7 +206,7 @@ fn ten_thousand_sequential_idle_connects_are_all_admitted_without_a_retransmitte
         .map(|(name, (b, a))| format!("{name} +{}", a.saturating_sub(*b)))
         .collect();
     println!(
-        "{storm} sequential connects in {took:?}: {} retransmitted a SYN, {} took {SYN_RETRANSMIT:?} \
+        "{storm} sequential connects (backlog {backlog}) in {took:?}: {} retransmitted a SYN, {} took {SYN_RETRANSMIT:?} \
          or more (machine-wide: {})",
         retransmitted.len(),
         slow.len(),

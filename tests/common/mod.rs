@@ -166,15 +166,19 @@ impl Node {
                 let mut tx = Some(tx);
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
+                    // Into the log first: a test that reads the log once
+                    // `from_command` returns finds the listening line there.
+                    {
+                        let mut log = log.lock().unwrap();
+                        log.push_str(&line);
+                        log.push('\n');
+                    }
                     if let Some(rest) = line.split("listening on ").nth(1)
                         && let Some(tx) = tx.take()
                     {
                         let addr = rest.split_whitespace().next().unwrap_or("").to_string();
                         let _ = tx.send(addr);
                     }
-                    let mut log = log.lock().unwrap();
-                    log.push_str(&line);
-                    log.push('\n');
                 }
             });
         }
