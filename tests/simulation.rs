@@ -3195,3 +3195,39 @@ fn grants_made_while_a_node_rejoins_and_takes_the_role_back_are_all_on_it() {
         }
     }
 }
+
+/// A node that starts after the others: their first dials to it are
+/// refused and back off. Once it is up and has the active's state, the
+/// active dies at once. The late node must have heard the second node by
+/// then (the second dials it back as soon as it dials in) and follow it,
+/// never elect itself beside it. The conformance suite once caught the
+/// third node active beside the second, and a grant it made lost when it
+/// stepped back.
+#[test]
+fn a_node_started_late_hears_every_peer_before_it_could_elect_itself() {
+    for seed in 0..40 {
+        let mut sim = Sim::new(seed, 3);
+        sim.crash(2);
+        sim.run_until(5 * DETECT_MS, "nodes 0 and 1 settle", |s| {
+            s.nodes[0].cluster.roles().role_name().is_active()
+                && s.nodes[1].cluster.roles().beat().synced
+        });
+        // Long enough for the dials to node 2 to reach their longest wait.
+        sim.steps(DETECT_MS);
+        sim.restart(2);
+        sim.run_until(DETECT_MS, "node 2 takes node 0's state", |s| {
+            s.nodes[2].cluster.roles().beat().synced
+        });
+        sim.crash(0);
+        let bound = sim.now + 3 * DETECT_MS;
+        while sim.now < bound {
+            assert!(
+                !sim.nodes[2].cluster.roles().role_name().is_active(),
+                "seed {seed}: node 2 elected itself beside node 1: {:?}",
+                sim.roles()
+            );
+            sim.step();
+        }
+        assert_eq!(sim.actives(), vec![1], "seed {seed}: {:?}", sim.roles());
+    }
+}

@@ -66,6 +66,29 @@ impl ClusterCore {
             state.peer = Some(from);
             state.heard_ms = now.ms;
         }
+        self.dial_back_now(now, from);
+    }
+
+    /// `p` just dialed this node, so it is up and listening: this node's
+    /// own link to it, if down and backing off after failed dials (`p`
+    /// started after this node, say), is dialed now instead of after the
+    /// backoff (up to `--detect`/2). Until it is up, `p` hears no
+    /// heartbeat of this node, and counts it as dead: were `p`'s active to
+    /// die then, `p` would elect itself over this node, a split brain in a
+    /// cluster's first second. A link dropping over refused state
+    /// (`flaps`) keeps its backoff: that is what bounds a refusal loop.
+    fn dial_back_now(&mut self, now: Now, p: usize) {
+        let Some(out) = self.outs.get_mut(p) else {
+            return;
+        };
+        if let OutState::Down { retry_at_ms } = out.state
+            && retry_at_ms > now.ms
+            && out.flaps == 0
+        {
+            out.state = OutState::Down {
+                retry_at_ms: now.ms,
+            };
+        }
     }
 
     /// Incoming link `link` (from the address `from`, when the shell knows

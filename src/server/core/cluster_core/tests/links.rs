@@ -59,6 +59,52 @@ fn failed_dials_back_off_with_jitter_up_to_the_cap_and_reset_once_up() {
     assert!(effects(&mut core).contains(&ClusterEffect::Dial { peer: 0 }));
 }
 
+/// A peer that starts after this node refuses its first dials, and the
+/// backoff grows; once that peer dials this node (it is listening now),
+/// this node dials it at once rather than when the backoff ends, so that
+/// its heartbeats reach the peer within a round trip. A conformance run
+/// once killed the active before the second standby's link to the third
+/// was up: the third, never having heard the second, elected itself.
+#[test]
+fn a_peer_that_dials_in_is_dialed_back_at_once_not_after_the_backoff() {
+    let mut core = new_core(1, 3);
+    core.handle_tick(at(0));
+    effects(&mut core);
+    let mut now = 1;
+    for _ in 0..4 {
+        core.handle_link_down(at(now), 2, OutDown::Refused, "refused");
+        now = next_dial(&mut core, 2, now + 1);
+    }
+    core.handle_link_down(at(now), 2, OutDown::Refused, "refused");
+    core.handle_tick(at(now + 1));
+    assert!(
+        !effects(&mut core).contains(&ClusterEffect::Dial { peer: 2 }),
+        "backing off"
+    );
+    core.handle_in_opened(at(now + 2), 5);
+    core.handle_in_authenticated(at(now + 2), 5, 2);
+    assert!(core.next_wake_ms(at(now + 2)) <= now + 2);
+    core.handle_tick(at(now + 2));
+    assert!(
+        effects(&mut core).contains(&ClusterEffect::Dial { peer: 2 }),
+        "dialed back at once"
+    );
+    // A link already up, or dialing, is left alone.
+    core.handle_link_up(at(now + 3), 2);
+    effects(&mut core);
+    core.handle_in_opened(at(now + 4), 6);
+    core.handle_in_authenticated(at(now + 4), 6, 2);
+    core.handle_tick(at(now + 4));
+    let out = effects(&mut core);
+    assert!(
+        !out.iter().any(|e| matches!(
+            e,
+            ClusterEffect::Dial { peer: 2 } | ClusterEffect::DropOut { peer: 2 }
+        )),
+        "{out:?}"
+    );
+}
+
 #[test]
 fn a_dial_that_does_not_connect_and_prove_itself_in_time_fails() {
     let mut core = new_core(1, 2);
