@@ -8,7 +8,9 @@
 // round-robin (an acquire of a key on one with no acquire of that key
 // outstanding, when one is up: the server answers a later acquire of a key
 // on a connection only after the earlier one, so a TryAcquire there would
-// wait behind the client's own waiting Acquire), pipelines requests on
+// wait behind the client's own waiting Acquire; when every one up has one
+// and another is still connecting, it waits for that one, within the
+// connect timeout), pipelines requests on
 // them, moves an acquire to the next connection when one drops, follows
 // redirects to the active node, and retries a release for 5 s so that a
 // connection that happens to be down does not leave a lock held until its

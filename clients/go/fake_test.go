@@ -3,6 +3,7 @@ package baton
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -272,6 +273,118 @@ func TestAnswersForOtherKeysMayComeFirst(t *testing.T) {
 	}
 	if g := <-slow; g == nil || g.Token() != 6 {
 		t.Fatalf("%v", g)
+	}
+}
+
+// secondUpLate is a fake whose first connection is let through U at once
+// and whose second is held (sent on held, for the test to answer or not);
+// an acquire with a 30 s lease (the waiter) is answered only when one with
+// a 20 s lease (the try) comes on its connection: granted, before that
+// one's T.
+func secondUpLate(t *testing.T, held chan<- *fakeConn) *fake {
+	var us atomic.Int32
+	var waiterConn atomic.Pointer[fakeConn]
+	return newFake(t, func(fc *fakeConn, line string) {
+		switch {
+		case strings.HasPrefix(line, "U "):
+			if us.Add(1) == 1 {
+				fc.send("U ok")
+				return
+			}
+			select {
+			case held <- fc:
+			default: // a later reconnection: left unanswered too
+			}
+		case strings.HasPrefix(line, "A k 30 "):
+			waiterConn.Store(fc)
+		case strings.HasPrefix(line, "A k 20 "):
+			if waiterConn.Load() == fc {
+				// As the server would: the answer behind the waiter's.
+				fc.send("A 5 k")
+			}
+			fc.send("T k")
+		}
+	})
+}
+
+// waiterSent starts an acquire of k that the fake leaves waiting and
+// returns when it is sent, with its error's channel.
+func waiterSent(t *testing.T, c *Client, f *fake) <-chan error {
+	t.Helper()
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(context.Background(), "k", 30*time.Second, Wait(30*time.Second))
+		waiter <- err
+	}()
+	eventually(t, 5*time.Second, "the waiter sent", func() bool { return len(f.seen("A k 30 ")) == 1 })
+	return waiter
+}
+
+func TestATryAcquireWaitsForTheSecondConnectionRatherThanQueueBehindItsOwnWaiter(t *testing.T) {
+	held := make(chan *fakeConn, 1)
+	f := secondUpLate(t, held)
+	// Timeouts a loaded machine cannot outlast: the second connection stays
+	// connecting, and the try-acquire waits, until the test lets it through.
+	c, _ := New([]string{f.addr()}, WithAuth("0123456789abcdef-right"),
+		WithConnectTimeout(time.Minute), WithRequestTimeout(time.Minute))
+	waiter := waiterSent(t, c, f)
+	defer func() {
+		c.Close()
+		if err := <-waiter; !errors.Is(err, ErrClosed) {
+			t.Errorf("the waiter: %v", err)
+		}
+	}()
+	var second *fakeConn
+	select {
+	case second = <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second connection never sent U")
+	}
+	tried := make(chan error, 1)
+	go func() {
+		_, err := c.TryAcquire(context.Background(), "k", 20*time.Second)
+		tried <- err
+	}()
+	// Its only connection up is busy with k and the other is connecting:
+	// the try-acquire waits in the pool for a connection (without the
+	// rule it would be sent behind the waiter at once, and never wait).
+	eventually(t, 5*time.Second, "the try-acquire waits for a connection", func() bool {
+		buf := make([]byte, 1<<20)
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, " [select") && strings.Contains(g, ".(*pool).pick(") {
+				return true
+			}
+		}
+		return false
+	})
+	second.send("U ok")
+	if err := <-tried; !errors.Is(err, ErrTimeout) {
+		t.Fatalf("the try-acquire: %v", err)
+	}
+	tries, waits := f.seen("A k 20 "), f.seen("A k 30 ")
+	if len(tries) != 1 || tries[0].conn != second.n || waits[0].conn == second.n {
+		t.Fatalf("the try-acquire goes on the connection that came up: tries %v, waiter %v", tries, waits)
+	}
+}
+
+func TestATryAcquireWhoseOtherConnectionNeverComesUpUsesTheBusyOne(t *testing.T) {
+	held := make(chan *fakeConn, 1)
+	f := secondUpLate(t, held)
+	c, _ := New([]string{f.addr()}, WithAuth("0123456789abcdef-right"), WithConnectTimeout(200*time.Millisecond))
+	waiter := waiterSent(t, c, f)
+	defer c.Close()
+	// The second connection's U is never answered: once it gives up, the
+	// busy one serves (the fake answers T at once; the server would
+	// answer it after the waiter).
+	if _, err := c.TryAcquire(context.Background(), "k", 20*time.Second); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("the try-acquire: %v", err)
+	}
+	tries, waits := f.seen("A k 20 "), f.seen("A k 30 ")
+	if len(tries) != 1 || tries[0].conn != waits[0].conn {
+		t.Fatalf("the try-acquire goes on the busy connection: tries %v, waiter %v", tries, waits)
+	}
+	if err := <-waiter; err != nil {
+		t.Fatalf("the waiter, answered first: %v", err)
 	}
 }
 

@@ -45,10 +45,14 @@ type connInfo struct {
 // choose picks a connection, round-robin (turn) among those that are up
 // (the ones not busy first: the server would hold back the answer to an
 // acquire of a key behind an earlier one of that key on its connection,
-// even a try-acquire's T; when every one is busy it is sent all the same):
-// of the target node, or of the preferred node (the active one named by a
-// redirect) when it has one up or connecting, else of any node. Pure.
-func choose(conns []connInfo, target, preferred int, turn uint64) (int, choice) {
+// even a try-acquire's T): of the target node, or of the preferred node
+// (the active one named by a redirect) when it has one up or connecting,
+// else of any node. When every one up is busy and another that fits is
+// still connecting (a new client's second), it says wait for that one
+// rather than queue behind the client's own waiter; when none is
+// connecting, or settle (that wait is over), a busy one all the same.
+// Pure.
+func choose(conns []connInfo, target, preferred int, turn uint64, settle bool) (int, choice) {
 	among := func(node int) (int, choice) {
 		fits := func(n int) bool { return node == anyNode || n == node }
 		pickUp := func(free bool) (int, bool) {
@@ -72,16 +76,25 @@ func choose(conns []connInfo, target, preferred int, turn uint64) (int, choice) 
 			}
 			return -1, false
 		}
+		connecting := false
+		for _, c := range conns {
+			if fits(c.node) && c.phase == phaseConnecting {
+				connecting = true
+			}
+		}
 		if i, ok := pickUp(true); ok {
 			return i, chooseUse
+		}
+		// Every one up is busy with this key: one still connecting will
+		// be free, so wait for it (pick bounds the wait, then settles).
+		if connecting && !settle {
+			return -1, chooseWait
 		}
 		if i, ok := pickUp(false); ok {
 			return i, chooseUse
 		}
-		for _, c := range conns {
-			if fits(c.node) && c.phase == phaseConnecting {
-				return -1, chooseWait
-			}
+		if connecting {
+			return -1, chooseWait
 		}
 		return -1, chooseNothing
 	}
@@ -200,8 +213,9 @@ func (p *pool) allConns() []*conn {
 
 // chooseNow picks a connection that is up (for an acquire r, one with no
 // acquire of its key outstanding if it can); nil and no error when one is
-// connecting (wait for it); an error when none is up or connecting.
-func (p *pool) chooseNow(target int, r *request) (*conn, error) {
+// connecting (wait for it: also when every one up is busy with r's key,
+// unless settle); an error when none is up or connecting.
+func (p *pool) chooseNow(target int, r *request, settle bool) (*conn, error) {
 	conns := p.allConns()
 	var arr [16]connInfo
 	infos := arr[:0]
@@ -214,7 +228,7 @@ func (p *pool) chooseNow(target int, r *request) (*conn, error) {
 		ph, _ := cn.status()
 		infos = append(infos, connInfo{node: cn.node, phase: ph})
 	}
-	i, ch := choose(infos, target, int(p.preferred.Load()), p.turn.Add(1)-1)
+	i, ch := choose(infos, target, int(p.preferred.Load()), p.turn.Add(1)-1, settle)
 	switch ch {
 	case chooseUse:
 		return conns[i], nil
@@ -251,7 +265,9 @@ func (p *pool) authRefused(target int) string {
 }
 
 // pick waits for a connection (of target) to be up for r, at most until
-// due (zero: no limit) and the connect timeout plus slack.
+// due (zero: no limit) and the connect timeout plus slack; when that wait
+// ends with one up but busy with r's key (waited on for a free one still
+// connecting), that one serves after all.
 func (p *pool) pick(ctx context.Context, target int, r *request, due time.Time) (*conn, error) {
 	until := time.Now().Add(p.c.connectTimeout + connectSlack)
 	if !due.IsZero() && due.Before(until) {
@@ -268,7 +284,7 @@ func (p *pool) pick(ctx context.Context, target int, r *request, due time.Time) 
 		if p.c.isStopped(ctx) {
 			return nil, ErrClosed
 		}
-		cn, err := p.chooseNow(target, r)
+		cn, err := p.chooseNow(target, r, false)
 		if cn != nil || err != nil {
 			return cn, err
 		}
@@ -278,6 +294,9 @@ func (p *pool) pick(ctx context.Context, target int, r *request, due time.Time) 
 		select {
 		case <-seen:
 		case <-tm.C:
+			if cn, _ := p.chooseNow(target, r, true); cn != nil {
+				return cn, nil
+			}
 			return nil, p.noConnection(target, "still connecting: ")
 		case <-ctx.Done():
 			return nil, ctx.Err()

@@ -124,36 +124,36 @@ func TestRequestsAreWrittenAsTheProtocolSays(t *testing.T) {
 func TestUpConnectionsAreUsedInTurn(t *testing.T) {
 	conns := []connInfo{{0, phaseUp, false}, {0, phaseUp, false}, {1, phaseUp, false}}
 	for turn, want := range []int{0, 1, 2, 0} {
-		if i, ch := choose(conns, anyNode, anyNode, uint64(turn)); ch != chooseUse || i != want {
+		if i, ch := choose(conns, anyNode, anyNode, uint64(turn), false); ch != chooseUse || i != want {
 			t.Errorf("turn %d: %d %v, want %d", turn, i, ch, want)
 		}
 	}
 	conns = []connInfo{{0, phaseDown, false}, {1, phaseUp, false}, {2, phaseConnecting, false}}
 	for turn := 0; turn < 5; turn++ {
-		if i, _ := choose(conns, anyNode, anyNode, uint64(turn)); i != 1 {
+		if i, _ := choose(conns, anyNode, anyNode, uint64(turn), false); i != 1 {
 			t.Errorf("a down or connecting connection is left out: %d", i)
 		}
 	}
-	if _, ch := choose([]connInfo{{0, phaseDown, false}, {1, phaseConnecting, false}}, anyNode, anyNode, 0); ch != chooseWait {
+	if _, ch := choose([]connInfo{{0, phaseDown, false}, {1, phaseConnecting, false}}, anyNode, anyNode, 0, false); ch != chooseWait {
 		t.Error("with none up, wait for one connecting")
 	}
-	if _, ch := choose([]connInfo{{0, phaseDown, false}}, anyNode, anyNode, 0); ch != chooseNothing {
+	if _, ch := choose([]connInfo{{0, phaseDown, false}}, anyNode, anyNode, 0, false); ch != chooseNothing {
 		t.Error("none up or connecting")
 	}
 	conns = []connInfo{{0, phaseUp, false}, {1, phaseUp, false}, {1, phaseUp, false}}
-	if i, _ := choose(conns, anyNode, 1, 0); i != 1 {
+	if i, _ := choose(conns, anyNode, 1, 0, false); i != 1 {
 		t.Error("the preferred node comes first")
 	}
-	if i, _ := choose(conns, anyNode, 1, 1); i != 2 {
+	if i, _ := choose(conns, anyNode, 1, 1, false); i != 2 {
 		t.Error("round-robin within the preferred node")
 	}
-	if _, ch := choose([]connInfo{{0, phaseUp, false}, {1, phaseConnecting, false}}, anyNode, 1, 0); ch != chooseWait {
+	if _, ch := choose([]connInfo{{0, phaseUp, false}, {1, phaseConnecting, false}}, anyNode, 1, 0, false); ch != chooseWait {
 		t.Error("a connecting preferred node is waited for")
 	}
-	if i, _ := choose([]connInfo{{0, phaseUp, false}, {1, phaseDown, false}}, anyNode, 1, 0); i != 0 {
+	if i, _ := choose([]connInfo{{0, phaseUp, false}, {1, phaseDown, false}}, anyNode, 1, 0, false); i != 0 {
 		t.Error("a preferred node that is down is skipped")
 	}
-	if _, ch := choose([]connInfo{{0, phaseUp, false}, {1, phaseDown, false}}, 1, anyNode, 0); ch != chooseNothing {
+	if _, ch := choose([]connInfo{{0, phaseUp, false}, {1, phaseDown, false}}, 1, anyNode, 0, false); ch != chooseNothing {
 		t.Error("a request for one node uses only that node")
 	}
 }
@@ -161,19 +161,63 @@ func TestUpConnectionsAreUsedInTurn(t *testing.T) {
 func TestAnAcquireGoesWhereNoneOfItsKeyIsOutstanding(t *testing.T) {
 	conns := []connInfo{{0, phaseUp, true}, {0, phaseUp, false}, {0, phaseDown, false}}
 	for turn := 0; turn < 4; turn++ {
-		if i, ch := choose(conns, anyNode, anyNode, uint64(turn)); ch != chooseUse || i != 1 {
+		if i, ch := choose(conns, anyNode, anyNode, uint64(turn), false); ch != chooseUse || i != 1 {
 			t.Errorf("turn %d: %d %v, want the free connection", turn, i, ch)
 		}
 	}
 	conns = []connInfo{{0, phaseUp, true}, {0, phaseUp, true}}
 	for turn, want := range []int{0, 1} {
-		if i, _ := choose(conns, anyNode, anyNode, uint64(turn)); i != want {
+		if i, _ := choose(conns, anyNode, anyNode, uint64(turn), false); i != want {
 			t.Errorf("every one busy: still round-robin: %d, want %d", i, want)
 		}
 	}
 	// The other node would only redirect back to the preferred one.
-	if i, _ := choose([]connInfo{{0, phaseUp, false}, {1, phaseUp, true}}, anyNode, 1, 0); i != 1 {
+	if i, _ := choose([]connInfo{{0, phaseUp, false}, {1, phaseUp, true}}, anyNode, 1, 0, false); i != 1 {
 		t.Error("a free connection elsewhere does not beat the preferred node")
+	}
+}
+
+func TestAnAcquireWhoseKeyEveryUpConnectionIsBusyWithWaitsForOneConnecting(t *testing.T) {
+	// A new client's second connection is not up yet and the first has
+	// this client's acquire of the key waiting: wait for the second.
+	conns := []connInfo{{0, phaseUp, true}, {0, phaseConnecting, false}}
+	if _, ch := choose(conns, anyNode, anyNode, 0, false); ch != chooseWait {
+		t.Errorf("one up and busy, one connecting: %v, want wait", ch)
+	}
+	if _, ch := choose(conns, 0, anyNode, 0, false); ch != chooseWait {
+		t.Errorf("the same for a target node: %v, want wait", ch)
+	}
+	if _, ch := choose(conns, anyNode, 0, 1, false); ch != chooseWait {
+		t.Errorf("the same within the preferred node: %v, want wait", ch)
+	}
+	// The wait is over (settle) and it is still connecting: the busy one.
+	if i, ch := choose(conns, anyNode, anyNode, 0, true); ch != chooseUse || i != 0 {
+		t.Errorf("settled: %d %v, want the busy one", i, ch)
+	}
+	// None connecting: the busy one at once.
+	conns = []connInfo{{0, phaseUp, true}, {0, phaseDown, false}}
+	if i, ch := choose(conns, anyNode, anyNode, 0, false); ch != chooseUse || i != 0 {
+		t.Errorf("one up and busy, one down: %d %v, want the busy one", i, ch)
+	}
+	// The one connecting came up: it is used, waiting or settled.
+	conns = []connInfo{{0, phaseUp, true}, {0, phaseUp, false}}
+	for _, settle := range []bool{false, true} {
+		for turn := 0; turn < 2; turn++ {
+			if i, ch := choose(conns, anyNode, anyNode, uint64(turn), settle); ch != chooseUse || i != 1 {
+				t.Errorf("settle %v turn %d: %d %v, want the one that came up", settle, turn, i, ch)
+			}
+		}
+	}
+	// One connecting on another node does not hold back a request for
+	// this one (it would not fit).
+	conns = []connInfo{{0, phaseUp, true}, {1, phaseConnecting, false}}
+	if i, ch := choose(conns, 0, anyNode, 0, false); ch != chooseUse || i != 0 {
+		t.Errorf("target node 0, node 1 connecting: %d %v, want the busy one", i, ch)
+	}
+	// Not busy (any other op): used at once whatever is connecting.
+	conns = []connInfo{{0, phaseUp, false}, {0, phaseConnecting, false}}
+	if i, ch := choose(conns, anyNode, anyNode, 0, false); ch != chooseUse || i != 0 {
+		t.Errorf("a free one up: %d %v, want it", i, ch)
 	}
 }
 

@@ -150,7 +150,7 @@ func (c *Client) runWatch(ctx context.Context, key string, leadersOnly bool, emi
 			}
 		}
 		seen := c.notifier.wait()
-		cn, perr := c.pool.chooseNow(anyNode, nil)
+		cn, perr := c.pool.chooseNow(anyNode, nil, false)
 		if perr != nil {
 			if isUnreachable(perr) {
 				failedTry(perr)
