@@ -24,7 +24,9 @@ import javax.net.ssl.SSLContext;
  * persistent connections kept up in the background (two when one address is
  * given, one per address otherwise), picked round-robin (an acquire of a key
  * goes to one with no acquire of that key outstanding when one is up, so that
- * a try-acquire never waits behind this client's own acquire of the key),
+ * a try-acquire never waits behind this client's own acquire of the key; when
+ * every one up has one and another is still connecting, it waits for that one,
+ * within the connect timeout),
  * reconnected every
  * 3 s after a drop, with requests from every thread pipelined on them.
  * Thread-safe: build one and share it. {@link #close()} stops every thread it

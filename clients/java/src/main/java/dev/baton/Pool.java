@@ -21,8 +21,11 @@ import javax.net.ssl.SSLContext;
  * up: the server answers a later acquire of K on a connection (even its
  * {@code T}) only after the earlier one, so a try-acquire sent behind the same
  * client's acquire of K waiting in line would wait for that one. When every
- * such connection has one it is sent anyway, and its overdue clock starts only
- * when the earlier one is answered (Calls). A caller waits only
+ * one up has one and another is still connecting (a new client's second), the
+ * acquire waits for that one (a connection change, within the bounds below);
+ * when none is connecting, or that wait is over, it is sent anyway on a busy
+ * one, and its overdue clock starts only when the earlier one is answered
+ * (Calls). A caller waits only
  * while some connection it could use is connecting, bounded by its own
  * deadline and the connect timeout (+1 s), and fails at once when every one
  * is down. Never does: send, retry or interpret answers.
@@ -177,22 +180,35 @@ final class Pool {
     /**
      * {@link #choose(int[], Conn.Phase[], int, int)}, the up connections not
      * {@code busy} (an acquire of the same key outstanding there; null: none
-     * is) first among those of a node.
+     * is) first among those of a node; when every one up is busy and another
+     * is connecting, {@link #WAIT} for it.
      */
     static int choose(int[] nodes, Conn.Phase[] phases, boolean[] busy, int preferred, int turn) {
+        return choose(nodes, phases, busy, false, preferred, turn);
+    }
+
+    /**
+     * {@link #choose(int[], Conn.Phase[], boolean[], int, int)}; {@code settle}:
+     * the wait for a connection is over, so a busy one serves rather than
+     * waiting longer for one connecting.
+     */
+    static int choose(int[] nodes, Conn.Phase[] phases, boolean[] busy, boolean settle, int preferred, int turn) {
         if (preferred >= 0) {
-            int c = among(nodes, phases, busy, preferred, turn);
+            int c = among(nodes, phases, busy, settle, preferred, turn);
             if (c != NOTHING) {
                 return c;
             }
         }
-        return among(nodes, phases, busy, -1, turn);
+        return among(nodes, phases, busy, settle, -1, turn);
     }
 
-    private static int among(int[] nodes, Conn.Phase[] phases, boolean[] busy, int node, int turn) {
+    private static int among(int[] nodes, Conn.Phase[] phases, boolean[] busy, boolean settle, int node, int turn) {
         if (busy != null) {
             int c = among(nodes, phases, busy, node, turn, true);
-            if (c >= 0) {
+            // WAIT here: every one up is busy with this key and another is
+            // connecting (a new client's second, say): it will be free, so
+            // wait for it rather than queue behind this client's own waiter.
+            if (c >= 0 || (c == WAIT && !settle)) {
                 return c;
             }
         }
@@ -231,9 +247,14 @@ final class Pool {
     /**
      * A connection up now, for an acquire of {@code acquireKey} (null: not an
      * acquire) one with no acquire of it outstanding if it can; null while
-     * one is connecting; throws when none can be had.
+     * one is connecting (also while every one up is busy with that key and
+     * another is connecting, unless {@code settle}); throws when none can be had.
      */
     Conn chooseNow(String acquireKey) {
+        return chooseNow(acquireKey, false);
+    }
+
+    private Conn chooseNow(String acquireKey, boolean settle) {
         if (closed) {
             throw new ClosedException("the client is closed");
         }
@@ -248,7 +269,7 @@ final class Pool {
                 busy[i] = all[i].hasPending('A', acquireKey);
             }
         }
-        int c = choose(nodes, phases, busy, preferred.get(), turn.getAndIncrement());
+        int c = choose(nodes, phases, busy, settle, preferred.get(), turn.getAndIncrement());
         if (c >= 0) {
             return all[c];
         }
@@ -298,7 +319,9 @@ final class Pool {
 
     /**
      * A connection that is up (see {@link #chooseNow(String)}), waiting until
-     * {@code dueNanos} at most while one is connecting.
+     * {@code dueNanos} at most (and the connect timeout) while one is
+     * connecting; when that wait ends with one up but busy with the key
+     * (waited on for a free one still connecting), that one after all.
      */
     CompletableFuture<Conn> pick(long dueNanos, String acquireKey) {
         Conn c;
@@ -314,8 +337,7 @@ final class Pool {
         long patience = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(connectTimeoutMs + CONNECT_SLACK_MS);
         long until = Math.min(dueNanos, patience);
         CompletableFuture<Conn> f = new CompletableFuture<>();
-        ScheduledFuture<?> timer = schedule(() -> f.completeExceptionally(
-            noConnection("still connecting: ")), until - System.nanoTime());
+        ScheduledFuture<?> timer = schedule(() -> settle(f, acquireKey), until - System.nanoTime());
         f.whenComplete((x, e) -> {
             if (timer != null) {
                 timer.cancel(false);
@@ -323,6 +345,25 @@ final class Pool {
         });
         retryPick(f, seen, acquireKey);
         return f;
+    }
+
+    /** The wait for a connection is over: a busy one that is up serves, else none came up. */
+    private void settle(CompletableFuture<Conn> f, String acquireKey) {
+        if (f.isDone()) {
+            return;
+        }
+        Conn c;
+        try {
+            c = chooseNow(acquireKey, true);
+        } catch (BatonException e) {
+            f.completeExceptionally(e);
+            return;
+        }
+        if (c != null) {
+            f.complete(c);
+        } else {
+            f.completeExceptionally(noConnection("still connecting: "));
+        }
     }
 
     private void retryPick(CompletableFuture<Conn> f, long seen, String acquireKey) {

@@ -1,6 +1,10 @@
 package dev.baton;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
+import static org.junit.jupiter.api.Assertions.assertNotSame;
+import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -8,7 +12,10 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 
@@ -183,6 +190,78 @@ class DecisionsTest {
             fake.awaitLinks(2);
             assertEquals(7, client.acquire("k", LEASE).token());
             assertEquals(2, acquires.get());
+        }
+    }
+
+    /**
+     * A fake that lets the first connection through U at once and hands the
+     * second's link to {@code held} unanswered (later ones are left
+     * unanswered too); an acquire with a 30 s lease (the waiter) is answered
+     * only when one with a 20 s lease (the try) comes on its link: granted,
+     * before that one's T, as the server answers in order.
+     */
+    private static FakeServer secondUpLate(CompletableFuture<FakeServer.Link> held) throws Exception {
+        AtomicInteger us = new AtomicInteger();
+        AtomicReference<FakeServer.Link> waiter = new AtomicReference<>();
+        return new FakeServer(l -> {
+            String t = l.text();
+            if (t.startsWith("U ")) {
+                if (us.incrementAndGet() == 1) {
+                    l.link().send("U ok");
+                } else {
+                    held.complete(l.link());
+                }
+            } else if (t.startsWith("A k 30.")) {
+                waiter.set(l.link());
+            } else if (t.startsWith("A k 20.")) {
+                if (waiter.get() == l.link()) {
+                    l.link().send("A 5 k");
+                }
+                l.link().send("T k");
+            }
+        });
+    }
+
+    @Test
+    void aTryAcquireWaitsForTheSecondConnectionRatherThanQueueBehindItsOwnWaiter() throws Exception {
+        CompletableFuture<FakeServer.Link> held = new CompletableFuture<>();
+        try (FakeServer fake = secondUpLate(held);
+             // Timeouts a loaded machine cannot outlast: the second connection
+             // stays connecting, and the try waits, until the test lets it through.
+             BatonClient client = BatonClient.builder(fake.addr).auth("0123456789abcdef-right")
+                 .connectTimeout(Duration.ofMinutes(1)).requestTimeout(Duration.ofMinutes(1)).build()) {
+            CompletableFuture<Grant> waiter = client.acquireAsync("k", LEASE, LEASE);
+            FakeServer.Line waiting = fake.next("A k 30.");
+            FakeServer.Link second = held.get(10, TimeUnit.SECONDS);
+            // The only connection up is busy with k and the other is
+            // connecting: the pool decides before acquireAsync returns, and
+            // waits for a connection (without the rule it would send the try
+            // behind the waiter at once).
+            CompletableFuture<Grant> tried = client.acquireAsync("k", Duration.ofSeconds(20), Duration.ZERO);
+            second.send("U ok");
+            ExecutionException e = assertThrows(ExecutionException.class, () -> tried.get(10, TimeUnit.SECONDS));
+            assertInstanceOf(BatonTimeoutException.class, e.getCause());
+            FakeServer.Line tryLine = fake.next("A k 20.");
+            assertSame(second, tryLine.link(), "the try goes on the connection that came up");
+            assertNotSame(second, waiting.link());
+            assertFalse(waiter.isDone());
+        }
+    }
+
+    @Test
+    void aTryAcquireWhoseOtherConnectionNeverComesUpUsesTheBusyOne() throws Exception {
+        CompletableFuture<FakeServer.Link> held = new CompletableFuture<>();
+        try (FakeServer fake = secondUpLate(held);
+             BatonClient client = BatonClient.builder(fake.addr).auth("0123456789abcdef-right")
+                 .connectTimeout(Duration.ofMillis(200)).build()) {
+            CompletableFuture<Grant> waiter = client.acquireAsync("k", LEASE, LEASE);
+            FakeServer.Line waiting = fake.next("A k 30.");
+            // The second connection's U is never answered: once it gives up,
+            // the busy one serves (blocking client; the fake answers the
+            // waiter, then the T).
+            assertThrows(BatonTimeoutException.class, () -> client.tryAcquire("k", Duration.ofSeconds(20)));
+            assertSame(waiting.link(), fake.next("A k 20.").link());
+            assertEquals(5, waiter.get(10, TimeUnit.SECONDS).token());
         }
     }
 

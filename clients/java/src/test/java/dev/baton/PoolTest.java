@@ -57,6 +57,32 @@ class PoolTest {
     }
 
     @Test
+    void anAcquireWhoseKeyEveryUpConnectionIsBusyWithWaitsForOneConnecting() {
+        // A new client's second connection is not up yet, and the first has
+        // this client's acquire of the key waiting: wait for the second.
+        int[] nodes = {0, 0};
+        Phase[] phases = {UP, CONNECTING};
+        boolean[] busy = {true, false};
+        assertEquals(Pool.WAIT, Pool.choose(nodes, phases, busy, -1, 0));
+        assertEquals(Pool.WAIT, Pool.choose(nodes, phases, busy, 0, 1), "within the preferred node too");
+        // The wait is over (settle) and it is still connecting: the busy one.
+        assertEquals(0, Pool.choose(nodes, phases, busy, true, -1, 0));
+        // None connecting: the busy one at once.
+        assertEquals(0, Pool.choose(nodes, new Phase[] {UP, DOWN}, busy, -1, 0));
+        // The one connecting came up: it is used, waiting or settled.
+        for (int t = 0; t < 2; t++) {
+            assertEquals(1, Pool.choose(nodes, new Phase[] {UP, UP}, busy, -1, t));
+            assertEquals(1, Pool.choose(nodes, new Phase[] {UP, UP}, busy, true, -1, t));
+        }
+        // Not busy (any other request): used at once whatever is connecting.
+        assertEquals(0, Pool.choose(nodes, phases, new boolean[] {false, false}, -1, 0));
+        assertEquals(0, Pool.choose(nodes, phases, -1, 0));
+        // The preferred node's busy one, none of it connecting, beats waiting
+        // for another node (which would only redirect back).
+        assertEquals(0, Pool.choose(new int[] {0, 1}, phases, busy, 0, 0));
+    }
+
+    @Test
     void aRequestHeldBackNeverMakesItsConnectionOverdue() {
         long s = 1_000_000_000L;
         long budget = 5 * s;
