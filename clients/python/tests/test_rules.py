@@ -492,6 +492,49 @@ def test_an_acquire_waits_for_a_connection_still_connecting_then_takes_what_is_u
     pool.close(DEADLINE)
 
 
+def test_an_async_try_acquire_behind_its_own_waiter_goes_on_the_connection_still_connecting(fake):
+    # The second connection's U is answered only when the test says: until
+    # then it is connecting, and the first (up) has the waiter of k.
+    from baton_locks._pool import UP
+
+    second_up = threading.Event()
+
+    def handle(index, line):
+        if line.startswith(b"U "):
+            if index == 1:
+                second_up.wait(DEADLINE)
+            return b"U ok"
+        if line.startswith(b"A k 20."):
+            return b"T k"  # the try-acquire; the waiter (lease 30) waits
+        return b""
+
+    server = fake(handle)
+
+    async def main():
+        async with baton_locks.AsyncClient(server.addr, auth="s" * 20, connect_timeout=DEADLINE) as c:
+            pool = c._pool
+            while len(server.sent(b"U ")) < 2 or not any(x.status()[0] == UP for x in pool.conns()):
+                await asyncio.sleep(0.01)
+            waiter = asyncio.ensure_future(c.acquire("k", lease=30, wait=60))
+            while not server.sent(b"A k 30."):
+                await asyncio.sleep(0.01)
+            trying = asyncio.ensure_future(c.acquire("k", lease=20, wait=0))
+            # Sent at once (on the busy one: the bug) or waiting for a
+            # connection to change.
+            while not (server.sent(b"A k 20.") or pool.notifier._callbacks):
+                await asyncio.sleep(0.01)
+            second_up.set()
+            with pytest.raises(baton_locks.Timeout):
+                await trying
+            assert [(i, line.split()[2]) for i, line in server.sent(b"A ")] == [(0, b"30.000"), (1, b"20.000")]
+            waiter.cancel()
+
+    try:
+        run(main())
+    finally:
+        second_up.set()
+
+
 def test_a_request_held_back_never_makes_its_connection_overdue():
     from baton_locks._calls import CALLER_OVERDUE, CONN_OVERDUE, HELD_BACK, past_deadline
 
