@@ -27,6 +27,8 @@ mod engine;
 mod etcd;
 #[path = "lockbench/etcd_rows.rs"]
 mod etcd_rows;
+#[path = "lockbench/flags.rs"]
+mod flags;
 #[path = "lockbench/fleet_rows.rs"]
 mod fleet_rows;
 #[path = "lockbench/http.rs"]

@@ -193,106 +193,52 @@ info() {
   exec 3>&-
   printf '%s\n' "$line"
 }
-start_cluster() {
-  local ports peers i active="" standby=""
-  mapfile -t ports < <("$bench_bin" --free-ports 2)
-  peers=127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}
-  (umask 077 && head -c 32 /dev/urandom | base64 >"$work/cluster.key")
-  local node_pids=()
-  for i in 0 1; do
+# start_nodes NAME N [FLAG...]: a baton cluster of N nodes (FLAGs, then
+# $BATOND_FLAGS, on each), logs in $work/NAME-<i>.log, its first node
+# active with every standby synced; sets nodes_ports, nodes_pids and
+# nodes_peers (the --peers list, first node first).
+start_nodes() {
+  local name=$1 n=$2 i synced=""
+  shift 2
+  mapfile -t nodes_ports < <("$bench_bin" --free-ports "$n")
+  nodes_peers=""
+  for ((i = 0; i < n; i++)); do nodes_peers+="${nodes_peers:+,}127.0.0.1:${nodes_ports[$i]}"; done
+  nodes_pids=()
+  for ((i = 0; i < n; i++)); do
     # shellcheck disable=SC2086
-    RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${ports[$i]}" --peers "$peers" \
-      --cluster-key-file "$work/cluster.key" ${BATOND_FLAGS:-} >/dev/null 2>"$work/node$i.log" &
-    node_pids+=($!)
+    RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${nodes_ports[$i]}" --peers "$nodes_peers" \
+      --cluster-key-file "$work/cluster.key" "$@" ${BATOND_FLAGS:-} >/dev/null 2>"$work/$name-$i.log" &
+    nodes_pids+=($!)
     pids+=($!)
   done
-  # The first in --peers becomes active; wait until its standby is synced.
   for _ in $(seq 200); do
-    case $(info "${ports[0]}" 2>/dev/null) in
-    *role=active*standbys=1*) active=0 standby=1 ;;
+    case $(info "${nodes_ports[0]}" 2>/dev/null) in
+    *role=active*standbys=$((n - 1))*)
+      synced=yes
+      break
+      ;;
     esac
-    [ -n "$active" ] && break
     sleep 0.05
   done
-  if [ -z "$active" ]; then
-    echo "bench.sh: the 2-node cluster did not sync within 10 s:" >&2
-    cat "$work/node0.log" "$work/node1.log" >&2
+  if [ -z "$synced" ]; then
+    echo "bench.sh: $name: the $n-node cluster did not sync within 10 s:" >&2
+    cat "$work/$name-"*.log >&2
     exit 1
   fi
-  args+=(--cluster "127.0.0.1:${ports[$active]}"
-    --cluster-pids "${node_pids[$active]},${node_pids[$standby]}")
-  echo "bench.sh: cluster: active 127.0.0.1:${ports[$active]} (pid ${node_pids[$active]})," \
-    "standby 127.0.0.1:${ports[$standby]} (pid ${node_pids[$standby]})" >&2
+  echo "bench.sh: $name: batond cluster $nodes_peers (pids ${nodes_pids[*]})" >&2
 }
-start_cluster
-
+(umask 077 && head -c 32 /dev/urandom | base64 >"$work/cluster.key")
+# The deployed rows' cluster.
+start_nodes cluster 2
+args+=(--cluster "127.0.0.1:${nodes_ports[0]}" --cluster-pids "${nodes_pids[0]},${nodes_pids[1]}")
 # The join row: a 2-node cluster whose standby the harness stops, then
 # resumes once the active holds --join-keys keys and clients are busy.
-start_join_cluster() {
-  local ports peers i active=""
-  mapfile -t ports < <("$bench_bin" --free-ports 2)
-  peers=127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}
-  local node_pids=()
-  for i in 0 1; do
-    # shellcheck disable=SC2086
-    RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${ports[$i]}" --peers "$peers" \
-      --cluster-key-file "$work/cluster.key" --max-keys "${JOIN_MAX_KEYS:-11000000}" \
-      ${BATOND_FLAGS:-} >/dev/null 2>"$work/join$i.log" &
-    node_pids+=($!)
-    pids+=($!)
-  done
-  for _ in $(seq 200); do
-    case $(info "${ports[0]}" 2>/dev/null) in
-    *role=active*standbys=1*) active=yes ;;
-    esac
-    [ -n "$active" ] && break
-    sleep 0.05
-  done
-  if [ -z "$active" ]; then
-    echo "bench.sh: the join cluster did not sync within 10 s:" >&2
-    cat "$work/join0.log" "$work/join1.log" >&2
-    exit 1
-  fi
-  args+=(--join "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}"
-    --join-pids "${node_pids[0]},${node_pids[1]}")
-  echo "bench.sh: join cluster: active 127.0.0.1:${ports[0]} (pid ${node_pids[0]})," \
-    "standby 127.0.0.1:${ports[1]} (pid ${node_pids[1]})" >&2
-}
-start_join_cluster
-
+start_nodes join 2 --max-keys "${JOIN_MAX_KEYS:-11000000}"
+args+=(--join "$nodes_peers" --join-pids "${nodes_pids[0]},${nodes_pids[1]}")
 # The fleet row: a second 2-node cluster whose active the harness kills,
 # room for the fleet's two connections per client on the new active.
-start_fleet_cluster() {
-  local ports peers i active=""
-  mapfile -t ports < <("$bench_bin" --free-ports 2)
-  peers=127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}
-  local node_pids=()
-  for i in 0 1; do
-    # shellcheck disable=SC2086
-    RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${ports[$i]}" --peers "$peers" \
-      --cluster-key-file "$work/cluster.key" --max-conns 20000 ${BATOND_FLAGS:-} \
-      >/dev/null 2>"$work/fleet$i.log" &
-    node_pids+=($!)
-    pids+=($!)
-  done
-  for _ in $(seq 200); do
-    case $(info "${ports[0]}" 2>/dev/null) in
-    *role=active*standbys=1*) active=yes ;;
-    esac
-    [ -n "$active" ] && break
-    sleep 0.05
-  done
-  if [ -z "$active" ]; then
-    echo "bench.sh: the fleet cluster did not sync within 10 s:" >&2
-    cat "$work/fleet0.log" "$work/fleet1.log" >&2
-    exit 1
-  fi
-  args+=(--failover "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}"
-    --failover-pids "${node_pids[0]},${node_pids[1]}")
-  echo "bench.sh: fleet cluster: active 127.0.0.1:${ports[0]} (pid ${node_pids[0]})," \
-    "standby 127.0.0.1:${ports[1]} (pid ${node_pids[1]})" >&2
-}
-start_fleet_cluster
+start_nodes fleet 2 --max-conns 20000
+args+=(--failover "$nodes_peers" --failover-pids "${nodes_pids[0]},${nodes_pids[1]}")
 
 # ----- etcd rows (section etcd): etcd beside baton and Redis. Wanted when
 # --only is not given or names etcd.
@@ -373,35 +319,6 @@ start_etcd() {
   fi
   echo "bench.sh: $name: etcd ${etcd_addrs[*]} (pids ${etcd_pids[*]}), data in $dir" >&2
 }
-# start_kill_cluster NAME N: a baton cluster of N nodes, default flags, its
-# first node active with every standby synced; sets kill_addrs, kill_pids.
-start_kill_cluster() {
-  local name=$1 n=$2 ports peers="" i synced=""
-  mapfile -t ports < <("$bench_bin" --free-ports "$n")
-  for ((i = 0; i < n; i++)); do peers+="${peers:+,}127.0.0.1:${ports[$i]}"; done
-  kill_pids=()
-  for ((i = 0; i < n; i++)); do
-    # shellcheck disable=SC2086
-    RUST_LOG=info "$batond" --bind 127.0.0.1 --port "${ports[$i]}" --peers "$peers" \
-      --cluster-key-file "$work/cluster.key" ${BATOND_FLAGS:-} >/dev/null 2>"$work/$name-$i.log" &
-    kill_pids+=($!)
-    pids+=($!)
-  done
-  for _ in $(seq 200); do
-    case $(info "${ports[0]}" 2>/dev/null) in
-    *role=active*standbys=$((n - 1))*) synced=yes ;;
-    esac
-    [ -n "$synced" ] && break
-    sleep 0.05
-  done
-  if [ -z "$synced" ]; then
-    echo "bench.sh: $name: the $n-node cluster did not sync within 10 s" >&2
-    cat "$work/$name-"*.log >&2
-    exit 1
-  fi
-  kill_addrs=${peers}
-  echo "bench.sh: $name: batond cluster $peers (pids ${kill_pids[*]})" >&2
-}
 if [ "$wants_etcd" = yes ] && [ -z "$etcd_note" ]; then
   # On disk: under target/ (the repository's disk; $TMPDIR may be tmpfs).
   disk_dir=$(mktemp -d "$PWD/target/bench-etcd.XXXXXX")
@@ -423,10 +340,10 @@ if [ "$wants_etcd" = yes ] && [ -z "$etcd_note" ]; then
   # The failover rows: each cluster's leader is killed (SIGKILL: a crash)
   # or frozen (SIGSTOP: a machine gone silent) once.
   for how in kill freeze; do
-    start_kill_cluster "$how-baton2" 2
-    args+=("--$how-baton2" "$kill_addrs" "--$how-baton2-pids" "$(IFS=,; echo "${kill_pids[*]}")")
-    start_kill_cluster "$how-baton3" 3
-    args+=("--$how-baton3" "$kill_addrs" "--$how-baton3-pids" "$(IFS=,; echo "${kill_pids[*]}")")
+    start_nodes "$how-baton2" 2
+    args+=("--$how-baton2" "$nodes_peers" "--$how-baton2-pids" "$(IFS=,; echo "${nodes_pids[*]}")")
+    start_nodes "$how-baton3" 3
+    args+=("--$how-baton3" "$nodes_peers" "--$how-baton3-pids" "$(IFS=,; echo "${nodes_pids[*]}")")
   done
   start_etcd etcd3f "$disk_dir" 3
   args+=(--freeze-etcd3 "$(IFS=,; echo "${etcd_addrs[*]}")"

@@ -31,8 +31,11 @@
 //! link holds for a receiver that does not read. What happens then is the
 //! node's own code (`rounds.rs`): a slow standby's link dropped, queued
 //! deltas dropped for a `DeltasLost` (and the standbys re-synced), peer
-//! links held (not silent) while the owner is behind. The runs count each
-//! (`Pressure`), and the tests assert that seeded runs reach every one.
+//! links held (not silent) while the owner is behind, and, as replication
+//! tells the owner the most output queued on a peer link after each turn
+//! (`Gauges::peer_output`), snapshot pieces held back while a standby
+//! does not read. The runs count each (`Pressure`), and the tests assert
+//! that seeded runs reach every one.
 //!
 //! Client traffic is mutexes and two semaphores (limits 2 and 3, holders
 //! with and without values), whose grants replicate a `G` per holder.
@@ -148,6 +151,9 @@ mod ports {
     pub const KERNEL_BUFFER: usize = 2 * 1024;
     /// Unsent bytes to one peer past which its link is dropped.
     pub const PEER_OUTPUT: usize = 1024;
+    /// Unsent bytes on one peer link at which the owner makes no snapshot
+    /// piece (`TableCore::with_output_max`).
+    pub const SNAPSHOT_OUTPUT: usize = 256;
 }
 /// Seeds that once failed, replayed on every run.
 const REGRESSION_SEEDS: &[u64] = &[];
@@ -352,6 +358,9 @@ struct Pressure {
     deltas_lost: u64,
     /// Times replication held a peer link back for the owner.
     reads_held: u64,
+    /// Owner rounds that held a snapshot piece back for a backed-up peer
+    /// link.
+    pieces_held: u64,
 }
 
 impl Sim {
@@ -418,7 +427,9 @@ impl Sim {
             boot_ms: self.now,
             skew_ms,
             owner: OwnerRound::with_repl_limit(
-                TableCore::new(table, true, self.names[me].clone(), 0).with_chunk_grants(SIM_CHUNK),
+                TableCore::new(table, true, self.names[me].clone(), 0)
+                    .with_chunk_grants(SIM_CHUNK)
+                    .with_output_max(ports::SNAPSHOT_OUTPUT),
                 ports::OWNER_DELTAS,
             ),
             cluster: ClusterCore::new(
@@ -586,6 +597,21 @@ impl Sim {
             return;
         }
         rounds::tick(&mut self.repl(i));
+        self.publish_peer_output(i);
+    }
+
+    /// Node `i`'s replication tells its owner the most output queued on
+    /// one of its peer links, as replication.rs does after each turn.
+    fn publish_peer_output(&mut self, i: usize) {
+        let most = (0..self.nodes.len())
+            .filter(|&b| b != i)
+            .map(|b| self.unsent(i, b))
+            .max()
+            .unwrap_or(0);
+        self.nodes[i]
+            .gauges
+            .peer_output
+            .store(most, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Node `i`'s I/O loop: its count of connections, and one batch of
@@ -615,9 +641,11 @@ impl Sim {
             forgotten: &mut forgotten,
         };
         let lost = node.owner.to_repl.lost();
+        let held = node.owner.core.pieces_held();
         node.owner.take_more(&mut ports);
         node.owner.round(now, &node.gauges, &mut ports);
         self.pressure.deltas_lost += node.owner.to_repl.lost() - lost;
+        self.pressure.pieces_held += node.owner.core.pieces_held() - held;
         answers.append(&mut node.forged);
         // What the I/O loop writes to the watchers' connections, in order.
         let mut writes = Vec::new();
@@ -1914,12 +1942,14 @@ struct PressureTotals {
     slow_standby: AtomicU64,
     deltas_lost: AtomicU64,
     reads_held: AtomicU64,
+    pieces_held: AtomicU64,
 }
 
 static PRESSURE: PressureTotals = PressureTotals {
     slow_standby: AtomicU64::new(0),
     deltas_lost: AtomicU64::new(0),
     reads_held: AtomicU64::new(0),
+    pieces_held: AtomicU64::new(0),
 };
 
 impl PressureTotals {
@@ -1928,6 +1958,7 @@ impl PressureTotals {
             .fetch_add(p.slow_standby, Ordering::Relaxed);
         self.deltas_lost.fetch_add(p.deltas_lost, Ordering::Relaxed);
         self.reads_held.fetch_add(p.reads_held, Ordering::Relaxed);
+        self.pieces_held.fetch_add(p.pieces_held, Ordering::Relaxed);
     }
 
     fn get(&self) -> Pressure {
@@ -1935,6 +1966,7 @@ impl PressureTotals {
             slow_standby: self.slow_standby.load(Ordering::Relaxed),
             deltas_lost: self.deltas_lost.load(Ordering::Relaxed),
             reads_held: self.reads_held.load(Ordering::Relaxed),
+            pieces_held: self.pieces_held.load(Ordering::Relaxed),
         }
     }
 }
@@ -2012,7 +2044,10 @@ fn random_faults_never_repeat_a_token_and_the_cluster_converges_to_the_first_nod
             "the watchers never compared tokens across a move ({across}), or never saw a lower one after it ({lower})"
         );
         assert!(
-            pressure.slow_standby > 0 && pressure.deltas_lost > 0 && pressure.reads_held > 0,
+            pressure.slow_standby > 0
+                && pressure.deltas_lost > 0
+                && pressure.reads_held > 0
+                && pressure.pieces_held > 0,
             "a bound of the ports was never reached: {pressure:?}"
         );
     }
@@ -2023,8 +2058,10 @@ fn random_faults_never_repeat_a_token_and_the_cluster_converges_to_the_first_nod
 /// (its unsent output past the bound, while it was paused), seed 3 has an
 /// owner drop the deltas queued for a held-up replication thread (the
 /// standbys re-synced from snapshots), seed 1 has replication hold its
-/// peer links while a held-up owner is behind (no failover for it). If a
-/// change makes one stop reaching its bound, this says which.
+/// peer links while a held-up owner is behind (no failover for it), seed
+/// 381 has an active hold snapshot pieces back while a peer link's output
+/// is backed up (`TableCore::with_output_max`). If a change makes one stop
+/// reaching its bound, this says which.
 #[test]
 fn seeded_runs_reach_each_bound_of_the_ports() {
     let slow = run_sim(2);
@@ -2033,6 +2070,8 @@ fn seeded_runs_reach_each_bound_of_the_ports() {
     assert!(lost.deltas_lost > 0, "seed 3: {lost:?}");
     let held = run_sim(1);
     assert!(held.reads_held > 0, "seed 1: {held:?}");
+    let backed_up = run_sim(381);
+    assert!(backed_up.pieces_held > 0, "seed 381: {backed_up:?}");
 }
 
 #[test]

@@ -74,18 +74,6 @@ pub struct EtcdOptions {
     pub handoffs: usize,
 }
 
-fn list<T: std::str::FromStr>(flag: &str, text: &str, want: usize) -> Result<Vec<T>, String> {
-    let items = text
-        .split(',')
-        .map(|s| s.trim().parse::<T>())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| format!("{flag}: cannot read {text:?}"))?;
-    if items.len() != want {
-        return Err(format!("{flag}: {want} items wanted"));
-    }
-    Ok(items)
-}
-
 /// One failover row's cluster.
 pub struct Target {
     pub label: &'static str,
@@ -165,12 +153,8 @@ pub fn parse(args: &mut pico_args::Arguments) -> Result<EtcdOptions, String> {
             true,
         ),
     ] {
-        let addrs: Option<String> = args.opt_value_from_str(flag).map_err(err)?;
-        let pids: Option<String> = args.opt_value_from_str(pid_flag).map_err(err)?;
-        let (addrs, pids) = match (addrs, pids) {
-            (Some(a), Some(p)) => (list(flag, &a, n)?, list(pid_flag, &p, n)?),
-            (None, None) => continue,
-            _ => return Err(format!("{flag} and {pid_flag} go together")),
+        let Some((addrs, pids)) = crate::flags::cluster(args, flag, pid_flag, n)? else {
+            continue;
         };
         if flag == "--etcd-cluster" {
             options.etcd3 = Some((addrs.clone(), pids.clone()));

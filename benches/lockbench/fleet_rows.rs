@@ -57,7 +57,7 @@ const LEASE_SECS: u64 = 60;
 
 /// The cluster of the row: the active and the standby, with their PIDs.
 pub struct FleetOptions {
-    pub nodes: Option<([SocketAddr; 2], [u32; 2])>,
+    pub nodes: Option<crate::flags::Pair>,
     pub fleet: Option<usize>,
     pub threads: Option<usize>,
 }
@@ -65,8 +65,6 @@ pub struct FleetOptions {
 /// The fleet options (`--failover` absent: no fleet row).
 pub fn parse(args: &mut pico_args::Arguments) -> Result<FleetOptions, String> {
     let err = |e: pico_args::Error| e.to_string();
-    let addrs: Option<String> = args.opt_value_from_str("--failover").map_err(err)?;
-    let pids: Option<String> = args.opt_value_from_str("--failover-pids").map_err(err)?;
     let fleet: Option<usize> = args.opt_value_from_str("--fleet").map_err(err)?;
     if fleet.is_some_and(|n| n == 0 || n > 100_000) {
         return Err("--fleet must be 1 to 100000".into());
@@ -75,26 +73,7 @@ pub fn parse(args: &mut pico_args::Arguments) -> Result<FleetOptions, String> {
     if threads.is_some_and(|n| n == 0 || n > 64) {
         return Err("--fleet-threads must be 1 to 64".into());
     }
-    let nodes = match (addrs, pids) {
-        (Some(addrs), Some(pids)) => {
-            let addrs: Vec<SocketAddr> = addrs
-                .split(',')
-                .map(|a| a.trim().parse())
-                .collect::<Result<_, _>>()
-                .map_err(|_| "--failover: ACTIVE,STANDBY addresses".to_string())?;
-            let pids: Vec<u32> = pids
-                .split(',')
-                .map(|p| p.trim().parse())
-                .collect::<Result<_, _>>()
-                .map_err(|_| "--failover-pids: ACTIVE,STANDBY PIDs".to_string())?;
-            match (addrs.as_slice(), pids.as_slice()) {
-                (&[a, s], &[pa, ps]) => Some(([a, s], [pa, ps])),
-                _ => return Err("--failover and --failover-pids take two each".into()),
-            }
-        }
-        (None, None) => None,
-        _ => return Err("--failover and --failover-pids go together".into()),
-    };
+    let nodes = crate::flags::pair(args, "--failover", "--failover-pids")?;
     Ok(FleetOptions {
         nodes,
         fleet,

@@ -59,7 +59,7 @@ const GOAL_SYNC_S: f64 = 3.0;
 
 /// The cluster of the row and its shape.
 pub struct JoinOptions {
-    pub nodes: Option<([SocketAddr; 2], [u32; 2])>,
+    pub nodes: Option<crate::flags::Pair>,
     pub keys: usize,
     pub clients: usize,
 }
@@ -67,8 +67,6 @@ pub struct JoinOptions {
 /// The join options (`--join` absent: no join row).
 pub fn parse(args: &mut pico_args::Arguments) -> Result<JoinOptions, String> {
     let err = |e: pico_args::Error| e.to_string();
-    let addrs: Option<String> = args.opt_value_from_str("--join").map_err(err)?;
-    let pids: Option<String> = args.opt_value_from_str("--join-pids").map_err(err)?;
     let keys: Option<usize> = args.opt_value_from_str("--join-keys").map_err(err)?;
     if keys.is_some_and(|n| n == 0 || n > 100_000_000) {
         return Err("--join-keys must be 1 to 100000000".into());
@@ -77,26 +75,7 @@ pub fn parse(args: &mut pico_args::Arguments) -> Result<JoinOptions, String> {
     if clients.is_some_and(|n| n == 0 || n > 1024) {
         return Err("--join-clients must be 1 to 1024".into());
     }
-    let nodes = match (addrs, pids) {
-        (Some(addrs), Some(pids)) => {
-            let addrs: Vec<SocketAddr> = addrs
-                .split(',')
-                .map(|a| a.trim().parse())
-                .collect::<Result<_, _>>()
-                .map_err(|_| "--join: ACTIVE,STANDBY addresses".to_string())?;
-            let pids: Vec<u32> = pids
-                .split(',')
-                .map(|p| p.trim().parse())
-                .collect::<Result<_, _>>()
-                .map_err(|_| "--join-pids: ACTIVE,STANDBY PIDs".to_string())?;
-            match (addrs.as_slice(), pids.as_slice()) {
-                (&[a, s], &[pa, ps]) => Some(([a, s], [pa, ps])),
-                _ => return Err("--join and --join-pids take two each".into()),
-            }
-        }
-        (None, None) => None,
-        _ => return Err("--join and --join-pids go together".into()),
-    };
+    let nodes = crate::flags::pair(args, "--join", "--join-pids")?;
     Ok(JoinOptions {
         nodes,
         keys: keys.unwrap_or(DEFAULT_KEYS),

@@ -27,7 +27,11 @@ never earlier; a connection is never closed for an answer the server is
 entitled to hold back. And so an acquire of a key goes to a connection with
 no acquire of that key outstanding, when one is up (``choose``): a
 try-acquire behind the same client's acquire of the key waiting in line
-would otherwise wait for it.
+would otherwise wait for it. When every connection that is up has one and
+another is still connecting (a new client's second), the acquire waits for
+a connection to change (``pick``: within the caller's deadline and the
+connect timeout), then takes a free one if one came up, else the busy one
+after all; with none connecting, the busy one at once.
 
 Never does: retry or decide anything about a call (that is ``_calls.py``),
 trust a line from the network (a line that does not parse, longer than
@@ -679,7 +683,9 @@ class Pool:
         self, due: Optional[float], acquire_key: Optional[bytes] = None
     ) -> Generator[WaitChange, None, ConnBase]:
         """A generator: a connection that is up (see ``choose``), waiting
-        (until ``due`` at the latest) while one is connecting."""
+        (until ``due`` at the latest) while one is connecting. An acquire
+        waited on for a free connection (every one up busy with its key)
+        takes a busy one when the wait ends."""
         now = time.monotonic()
         until = now + self.settings.connect_timeout + CONNECT_SLACK
         if due is not None:
@@ -693,6 +699,10 @@ class Pool:
                 return conn
             left = until - time.monotonic()
             if left <= 0:
+                # Up but busy with this key, if one is: it serves after all.
+                conn = self.choose() if acquire_key is not None else None
+                if conn is not None:
+                    return conn
                 raise Unavailable("no connection: still connecting: %s" % self.describe())
             yield WaitChange(self.notifier, seen, left)
 
@@ -746,7 +756,9 @@ def choose(
     """Pick from ``(node, phase, busy)`` triples: the preferred node's up
     connections first (waiting for it while it is connecting), else any up
     one, round-robin; among them the ones not ``busy`` (an acquire of the
-    same key outstanding there) first. An index, "wait", or None."""
+    same key outstanding there) first. When every one up is busy and
+    another is connecting, "wait" (it will be free: rather that than queue
+    behind this client's own waiter). An index, "wait", or None."""
 
     def among(node: Optional[int]) -> Union[int, Literal["wait"], None]:
         fits = [i for i, (n, _, _) in enumerate(phases) if node is None or n == node]
@@ -754,10 +766,10 @@ def choose(
         free = [i for i in up if not phases[i][2]]
         if free:
             return free[turn % len(free)]
-        if up:
-            return up[turn % len(up)]
         if any(phases[i][1] == CONNECTING for i in fits):
             return "wait"
+        if up:
+            return up[turn % len(up)]
         return None
 
     if preferred is not None:

@@ -425,6 +425,114 @@ def test_an_acquire_goes_where_none_of_its_key_is_outstanding():
     # would only redirect back).
     assert choose([(0, UP, False), (1, UP, True)], 1, 0) == 1
     assert choose([(0, DOWN, False), (1, CONNECTING, False)], None, 0) == "wait"
+    # The only one up is busy and the other still connecting (a new
+    # client's second): wait for it; with none connecting, the busy one;
+    # once the other is up, that one.
+    assert choose([(0, UP, True), (0, CONNECTING, False)], None, 0) == "wait"
+    assert choose([(0, UP, True), (0, DOWN, False)], None, 0) == 0
+    assert choose([(0, UP, True), (0, UP, False)], None, 0) == 1
+    # The preferred node's: waited for, not traded for a free one elsewhere.
+    assert choose([(0, UP, False), (1, UP, True), (1, CONNECTING, False)], 1, 0) == "wait"
+
+
+def test_an_acquire_waits_for_a_connection_still_connecting_then_takes_what_is_up():
+    """``Pool.pick`` (what both clients' calls drive) on connections whose
+    phases the test sets: no socket, no thread, no clock but the deadline
+    ``due`` already past."""
+    from baton_locks._pool import CONNECTING, DOWN, UP, ConnBase, Pool, WaitChange
+
+    class FakeConn(ConnBase):
+        busy = False
+
+        def start(self):
+            pass
+
+        def status_for(self, op, key):
+            return self.phase, self.busy
+
+    class FakePool(Pool):
+        def _make_conn(self, index, addr):
+            return FakeConn(index, addr, self.settings)
+
+        def _start(self, conns):
+            pass
+
+    def picked(picking, send=False):
+        with pytest.raises(StopIteration) as done:
+            picking.send(None) if send else next(picking)
+        return done.value.value
+
+    pool = FakePool(["127.0.0.1:7373"], 1.0, 1.0, None, None)
+    busy, second = pool.conns()
+    assert (busy.phase, second.phase) == (CONNECTING, CONNECTING)
+    busy.phase, busy.busy = UP, True
+
+    # The second comes up while the acquire waits: that one is used.
+    picking = pool.pick(None, b"k")
+    wait = next(picking)
+    assert isinstance(wait, WaitChange)
+    second.phase = UP
+    pool.notifier.bump()
+    assert picked(picking, send=True) is second
+
+    # The wait ends (the caller's deadline) with the second still
+    # connecting: the busy one after all, never a failure.
+    second.phase = CONNECTING
+    assert picked(pool.pick(time.monotonic() - 1, b"k")) is busy
+    # Nothing connecting: the busy one at once.
+    second.phase = DOWN
+    assert picked(pool.pick(None, b"k")) is busy
+    # Other requests are not held back: the one up, at once.
+    second.phase = CONNECTING
+    assert picked(pool.pick(None, None)) is busy
+    # Nothing up: the deadline still fails the call.
+    busy.phase = CONNECTING
+    with pytest.raises(baton_locks.Unavailable, match="still connecting"):
+        next(pool.pick(time.monotonic() - 1, b"k"))
+    pool.close(DEADLINE)
+
+
+def test_an_async_try_acquire_behind_its_own_waiter_goes_on_the_connection_still_connecting(fake):
+    # The second connection's U is answered only when the test says: until
+    # then it is connecting, and the first (up) has the waiter of k.
+    from baton_locks._pool import UP
+
+    second_up = threading.Event()
+
+    def handle(index, line):
+        if line.startswith(b"U "):
+            if index == 1:
+                second_up.wait(DEADLINE)
+            return b"U ok"
+        if line.startswith(b"A k 20."):
+            return b"T k"  # the try-acquire; the waiter (lease 30) waits
+        return b""
+
+    server = fake(handle)
+
+    async def main():
+        async with baton_locks.AsyncClient(server.addr, auth="s" * 20, connect_timeout=DEADLINE) as c:
+            pool = c._pool
+            while len(server.sent(b"U ")) < 2 or not any(x.status()[0] == UP for x in pool.conns()):
+                await asyncio.sleep(0.01)
+            waiter = asyncio.ensure_future(c.acquire("k", lease=30, wait=60))
+            while not server.sent(b"A k 30."):
+                await asyncio.sleep(0.01)
+            trying = asyncio.ensure_future(c.acquire("k", lease=20, wait=0))
+            # Sent at once (on the busy one: the bug) or waiting for a
+            # connection to change.
+            while not (server.sent(b"A k 20.") or pool.notifier._callbacks):
+                await asyncio.sleep(0.01)
+            second_up.set()
+            with pytest.raises(baton_locks.Timeout):
+                await trying
+            assert [(i, line.split()[2]) for i, line in server.sent(b"A ")] == [(0, b"30.000"), (1, b"20.000")]
+            waiter.cancel()
+
+    try:
+        run(main())
+    finally:
+        second_up.set()
 
 
 def test_a_request_held_back_never_makes_its_connection_overdue():

@@ -10,8 +10,12 @@
 // server answers a later acquire of K on a connection (even its T) only
 // after the earlier one, so a try-acquire sent behind the same client's
 // acquire of K waiting in line would wait for that one. When every such
-// connection has one it is sent anyway, and its overdue clock starts only
-// when the earlier one is answered (calls.ts). A caller waits only while some
+// connection that is up has one and another is still connecting (a new
+// client's second), the acquire waits for a connection to change (`pick`,
+// bounded as below), then takes a free one if one came up, else a busy one
+// after all. When every such connection has one and none is connecting it
+// is sent anyway, and its overdue clock starts only when the earlier one is
+// answered (calls.ts). A caller waits only while some
 // connection it could use is connecting, bounded by its own deadline and
 // the connect timeout (+1 s), and fails at once when every one is down.
 
@@ -30,7 +34,9 @@ export type Choice = { use: number } | 'wait' | 'nothing';
 
 /** Which connection a request takes: `conns` are (node, phase, busy)
  * triples, busy when an acquire of the same key is outstanding there (those
- * not busy come first). */
+ * not busy come first; when every one up is busy and another is
+ * connecting, 'wait': it will be free, rather that than queue behind this
+ * client's own waiter). */
 export function choose(conns: readonly (readonly [number, Phase, boolean?])[], target: Target, preferred: number | null, turn: number): Choice {
   const among = (node: number | null): Choice => {
     const fits = (n: number) => node === null || node === n;
@@ -44,8 +50,8 @@ export function choose(conns: readonly (readonly [number, Phase, boolean?])[], t
       }
     }
     if (free.length > 0) return { use: free[turn % free.length]! };
-    if (up.length > 0) return { use: up[turn % up.length]! };
     if (conns.some(([n, phase]) => fits(n) && phase === 'connecting')) return 'wait';
+    if (up.length > 0) return { use: up[turn % up.length]! };
     return 'nothing';
   };
   if (target !== 'any') return among(target);
@@ -157,7 +163,9 @@ export class Pool implements ConnOwner {
   }
 
   /** A connection that is up, waiting for one that is connecting until
-   * `due` (ms, performance.now) or the connect timeout. */
+   * `due` (ms, performance.now) or the connect timeout; an acquire waited
+   * on for a free one (every one up busy with its key) takes a busy one
+   * when the wait ends. */
   async pick(target: Target, due: number | null, signal?: AbortSignal, acquireKey?: string): Promise<Conn> {
     const patience = performance.now() + this.connectTimeoutMs + CONNECT_SLACK_MS;
     const until = due === null ? patience : Math.min(due, patience);
@@ -167,6 +175,9 @@ export class Pool implements ConnOwner {
       const changed = await this.waitChange(until, signal);
       if (!changed) {
         if (this.closed) throw new ClosedError();
+        // Up but busy with this key, if one is: it serves after all.
+        const busy = acquireKey === undefined ? null : this.tryPick(target);
+        if (busy !== null) return busy;
         throw this.noConnection(target, 'still connecting: ');
       }
     }

@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { type Client, LostError, RefusedError, UnavailableError, connect } from 'baton-locks';
+import { type Client, ClosedError, LostError, RefusedError, TimeoutError, UnavailableError, connect } from 'baton-locks';
 import { FakeServer, waitFor } from './helpers.js';
 
 function leaseMs(line: string): number {
@@ -244,6 +244,47 @@ test('a silent connection with a request waiting is probed with I, then closed',
     await fake.waitSeen('the acquire on the other connection', () => fake.seen.filter((s) => s.line.startsWith('A ')).length >= 2);
     await client.close();
     assert.ok((await acquiring) instanceof Error);
+  } finally {
+    await client.close();
+    await fake.close();
+  }
+});
+
+test('a try-acquire behind the client\'s own waiter goes on the connection still connecting, once it is up', async () => {
+  // The second connection's U is answered only when the test says: until
+  // then it is connecting, and the first (up) has the waiter of k.
+  const secret = 's'.repeat(20);
+  const held: { send: (line: string) => void }[] = [];
+  const fake = await new FakeServer((conn, line) => {
+    if (line.startsWith('U ')) {
+      if (conn.index === 1) held.push(conn);
+      else conn.send('U ok');
+      return;
+    }
+    // The try-acquire (lease 20 s) is refused; the waiter (30 s) waits.
+    if (line.startsWith('A k 20 ')) conn.send('T k');
+  }).start();
+  const client = connect(fake.addr, { auth: secret });
+  try {
+    await fake.waitSeen('U on both connections', () => fake.seen.filter((s) => s.line.startsWith('U ')).length === 2);
+    await waitFor('the first connection up', () => client.connections().filter((c) => c.connected).length === 1);
+    const waiter = client.acquire('k', { leaseMs: 30_000, waitMs: 60_000 }).catch((e: unknown) => e);
+    await fake.waitSeen('the waiter', () => fake.seen.some((s) => s.line.startsWith('A k 30 ')));
+    const trying = client.acquire('k', { leaseMs: 20_000, waitMs: 0 }).catch((e: unknown) => e);
+    // The choice is made within the call; one turn of the loop sends what it chose.
+    await new Promise((resolve) => setImmediate(resolve));
+    held[0]!.send('U ok');
+    await fake.waitSeen('the try-acquire', () => fake.seen.some((s) => s.line.startsWith('A k 20 ')));
+    assert.deepEqual(
+      fake.seen.filter((s) => s.line.startsWith('A ')).map((s) => [s.conn, s.line.split(' ')[2]]),
+      [
+        [0, '30'],
+        [1, '20'],
+      ],
+    );
+    assert.ok((await trying) instanceof TimeoutError);
+    await client.close();
+    assert.ok((await waiter) instanceof ClosedError);
   } finally {
     await client.close();
     await fake.close();

@@ -93,6 +93,20 @@ test('an acquire goes where none of its key is outstanding', () => {
   assert.deepEqual(choose([[0, 'up', false], [1, 'up', true]], 'any', 1, 0), { use: 1 });
 });
 
+test('an acquire whose key every up connection is busy with waits for one still connecting', () => {
+  // The only one up is busy and the other still connecting (a new client's
+  // second): wait for it; with none connecting, the busy one at once.
+  assert.equal(choose([[0, 'up', true], [0, 'connecting', false]], 'any', null, 0), 'wait');
+  assert.equal(choose([[0, 'up', true], [0, 'connecting', false]], 0, null, 0), 'wait');
+  assert.deepEqual(choose([[0, 'up', true], [0, 'down', false]], 'any', null, 0), { use: 0 });
+  // After the wait: the one that came up (free), else (the wait over, the
+  // pool asks again without the key) the busy one after all.
+  assert.deepEqual(choose([[0, 'up', true], [0, 'up', false]], 'any', null, 0), { use: 1 });
+  assert.deepEqual(choose([[0, 'up'], [0, 'connecting']], 'any', null, 0), { use: 0 });
+  // The preferred node's: waited for, not traded for a free one elsewhere.
+  assert.equal(choose([[0, 'up', false], [1, 'up', true], [1, 'connecting', false]], 'any', 1, 0), 'wait');
+});
+
 test('a request held back never makes its connection overdue', () => {
   const s = 1000;
   assert.equal(pastDeadline(60 * s, 5 * s, null, null), null);

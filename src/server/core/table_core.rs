@@ -202,6 +202,12 @@ pub struct TableCore {
     piece_ms: u64,
     /// When the last piece was made.
     last_piece_ms: Option<u64>,
+    /// No piece is made while a peer link has this much output queued
+    /// (`SNAPSHOT_OUTPUT_MAX`; smaller in the simulation).
+    output_max: usize,
+    /// Rounds a piece was due but held back for a backed-up peer link,
+    /// ever.
+    pieces_held: u64,
     /// The clock of the round running (for `next_wake_ms`).
     round_ms: u64,
 }
@@ -239,6 +245,8 @@ impl TableCore {
             chunk_grants: SNAPSHOT_CHUNK,
             piece_ms: SNAPSHOT_PIECE_MS,
             last_piece_ms: None,
+            output_max: SNAPSHOT_OUTPUT_MAX,
+            pieces_held: 0,
             round_ms: 0,
         }
     }
@@ -255,6 +263,19 @@ impl TableCore {
     pub fn with_piece_ms(mut self, ms: u64) -> Self {
         self.piece_ms = ms;
         self
+    }
+
+    /// Make no snapshot piece while a peer link has `bytes` of output
+    /// queued (`SNAPSHOT_OUTPUT_MAX`): the simulation's links hold little.
+    pub fn with_output_max(mut self, bytes: usize) -> Self {
+        self.output_max = bytes;
+        self
+    }
+
+    /// Rounds a snapshot piece was due but held back because a peer link
+    /// had `SNAPSHOT_OUTPUT_MAX` of output queued, ever.
+    pub fn pieces_held(&self) -> u64 {
+        self.pieces_held
     }
 
     /// A snapshot is being sent in pieces (to some standby).
@@ -335,7 +356,12 @@ impl TableCore {
     /// peer link's output is backed up.
     fn chunk_room(&self) -> bool {
         self.chunks_made.saturating_sub(self.gauges.chunks_taken) < CHUNKS_IN_FLIGHT
-            && self.gauges.peer_output < SNAPSHOT_OUTPUT_MAX
+            && !self.output_backed_up()
+    }
+
+    /// A peer link has `output_max` or more queued and not yet written.
+    fn output_backed_up(&self) -> bool {
+        self.gauges.peer_output >= self.output_max
     }
 
     /// The next piece of the snapshot of the standby whose turn it is,
@@ -346,11 +372,13 @@ impl TableCore {
     /// grant has not gone in a batch yet is left to that batch
     /// (`LockTable::snapshot_from`).
     fn send_chunk(&mut self, now: Now) {
-        if self.cursors.is_empty()
-            || !self.replicating()
-            || !self.chunk_room()
-            || now.ms < self.next_piece_ms()
-        {
+        if self.cursors.is_empty() || !self.replicating() || now.ms < self.next_piece_ms() {
+            return;
+        }
+        if !self.chunk_room() {
+            if self.output_backed_up() {
+                self.pieces_held = self.pieces_held.saturating_add(1);
+            }
             return;
         }
         self.last_piece_ms = Some(now.ms);
@@ -1895,9 +1923,12 @@ mod tests {
             ..GaugeReadings::default()
         };
         assert_eq!(step(&mut core, 6, taken(1, 0)), 2);
+        assert_eq!(core.pieces_held(), 0, "held for replication, not a link");
         // A peer link backed up holds the pieces back however many were taken.
         assert_eq!(step(&mut core, 7, taken(3, SNAPSHOT_OUTPUT_MAX)), 2);
+        assert_eq!(core.pieces_held(), 1);
         assert_eq!(step(&mut core, 8, taken(3, SNAPSHOT_OUTPUT_MAX - 1)), 3);
+        assert_eq!(core.pieces_held(), 1);
     }
 
     #[test]

@@ -75,10 +75,7 @@ impl LockTable {
         token: u64,
         out: &mut Outbox,
     ) {
-        let found = self
-            .lookup_live_by_token(now_ms, &key, token, out)
-            .ok()
-            .and_then(|idx| Some((idx, self.find_grant(idx, token)?)));
+        let found = self.live_grant(now_ms, &key, token, out);
         match found {
             Some((idx, at)) => {
                 let timer = self.grant_timer(idx, at);
@@ -111,10 +108,7 @@ impl LockTable {
         lease_ms: u64,
         out: &mut Outbox,
     ) {
-        let found = self
-            .lookup_live_by_token(now_ms, &key, token, out)
-            .ok()
-            .and_then(|idx| Some((idx, self.find_grant(idx, token)?)));
+        let found = self.live_grant(now_ms, &key, token, out);
         match found {
             Some((idx, at)) => {
                 let expiry_ms = now_ms.saturating_add(lease_ms);
@@ -266,6 +260,21 @@ impl LockTable {
     ) -> Result<u32, u32> {
         let idx = self.index.find(&self.keys, key)?;
         self.reclaim_lapsed(now_ms, idx, key, out)
+    }
+
+    /// The live grant `token` of `key` (its key's slot, and where it sits
+    /// among the key's grants), as `R` and `K` name it; None when the key
+    /// is not held under that token (lapsed grants reclaimed first).
+    #[inline]
+    fn live_grant(
+        &mut self,
+        now_ms: u64,
+        key: &Key,
+        token: u64,
+        out: &mut Outbox,
+    ) -> Option<(u32, At)> {
+        let idx = self.lookup_live_by_token(now_ms, key, token, out).ok()?;
+        Some((idx, self.find_grant(idx, token)?))
     }
 
     /// As [`LockTable::lookup_live`], for a request that names a grant's
