@@ -346,6 +346,34 @@ impl Conn {
         st.kill_reason = Some(why);
     }
 
+    /// The client is closing, and a grant reaches no caller any more (each
+    /// is released as it comes: `dispatch`): make sure that every grant the
+    /// server made to this connection so far has come, and its release has
+    /// reached the server, so that closing the socket leaves no key held
+    /// (the release of a key this client held hands it to this client's
+    /// own waiter here, say). Two `I` round trips, when an acquire is
+    /// outstanding (or the release of a grant that came): the server writes a connection's answers in the order
+    /// of its rounds, so the first `I`'s answer comes after every grant
+    /// made before the `I` was read, and the second's after the releases
+    /// of those grants. Bounded by `until`.
+    pub fn settle(self: &Arc<Self>, until: Instant) {
+        let outstanding = {
+            let st = self.state.lock();
+            st.pending.has_op(Op::Acquire) || st.pending.has_op(Op::Release)
+        };
+        if !outstanding {
+            return;
+        }
+        for _ in 0..2 {
+            let Some(ticket) = self.send(&Request::Info) else {
+                return;
+            };
+            if !matches!(ticket.wait(None, Some(until)), Outcome::Answer(_)) {
+                return;
+            }
+        }
+    }
+
     /// Shut the socket down (the client is closing).
     pub fn close(&self) {
         if let Some(stream) = &self.state.lock().stream {

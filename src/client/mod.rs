@@ -547,7 +547,11 @@ impl Client {
     /// Close the client, and every clone of it, for good: held keys
     /// ([`Client::hold`], [`Client::campaign`]) stop being kept and are
     /// released (one attempt each, best effort, bounded by the request
-    /// timeout; they are not reported lost), watches end with
+    /// timeout; they are not reported lost), a grant that comes to a call
+    /// it ends (the key a held key's release hands to this client's own
+    /// waiter, say) is taken in and released before the connections close
+    /// (two `I` round trips on each connection with an acquire
+    /// outstanding), watches end with
     /// [`Error::Closed`], the connections close, and calls under way fail
     /// with [`Error::Closed`]. Every thread of the client has ended when
     /// this returns (a connection attempt under way may hold it up to the
@@ -575,8 +579,11 @@ impl Client {
         // client) is released, not handed over.
         self.pool().begin_close();
         // Held keys first, while the connections can still carry their
-        // releases; then the connections and the timer.
+        // releases; then the grants those releases (or anything else) made
+        // to this client's own waiters are taken in and released; then the
+        // connections and the timer.
         let letting_go = self.inner.holds.close(self);
+        self.pool().settle();
         drop(self.inner.stop.lock().take());
         self.pool().close();
         for watchdog in letting_go {

@@ -113,6 +113,12 @@ impl<T> Pending<T> {
         self.queues.contains_key(id)
     }
 
+    /// True when a request of `op` (any key) waits for its answer (a scan
+    /// of the waiting lines: for closing, not for every call).
+    pub fn has_op(&self, op: Op) -> bool {
+        self.queues.keys().any(|(o, _)| *o == op)
+    }
+
     /// How many requests wait for an answer.
     pub fn len(&self) -> usize {
         self.len

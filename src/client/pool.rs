@@ -467,6 +467,16 @@ impl Pool {
         self.ctx.begin_close();
     }
 
+    /// The client is closing: every connection with an acquire outstanding
+    /// takes in (and releases) the grants already made to it, for at most
+    /// the request timeout in all (see [`Conn::settle`]).
+    pub fn settle(&self) {
+        let until = Instant::now() + self.ctx.request_timeout;
+        for conn in self.all_conns() {
+            conn.settle(until);
+        }
+    }
+
     /// Stop every connection and the timer (the client is closed, or
     /// dropped); their threads end soon after.
     pub fn close(&self) {
