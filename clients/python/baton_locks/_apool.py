@@ -327,7 +327,7 @@ class AsyncConn(ConnBase):
             else:
                 sink.on_state(answer)
             return
-        release = hand_over(slot, answer)
+        release = hand_over(slot, answer, self._settings.closing)
         if release is not None:
             log.info("%s: releasing %r (token %d): its caller gave up", self.addr, answer[2], answer[1])
             self._table.add("R", answer[2], None)
@@ -404,6 +404,7 @@ class AsyncPool(Pool):
         """Tell the connections to end: at once on the loop's thread, else
         through ``call_soon_threadsafe`` (no lock taken; nothing when the
         loop is gone)."""
+        self.settings.closing = True
         self.settings.stopping = True
         loop = self.loop
         if loop is None or loop.is_closed():
@@ -424,6 +425,25 @@ class AsyncPool(Pool):
         for conn in self.conns():
             conn.poke()
         self.settings.notifier.bump()
+
+    async def asettle(self) -> None:
+        """``Pool.settle`` on the loop: two ``I`` round trips on each
+        connection with an acquire or a release outstanding, bounded by
+        the request timeout in all."""
+        loop = asyncio.get_running_loop()
+        end = time.monotonic() + self.settings.request_timeout
+        for conn in self.conns():
+            if not conn.unsettled():
+                continue
+            for _ in range(2):
+                slot = Slot()
+                if conn.send(_wire.INFO_LINE, "I", None, slot) is None:
+                    break
+                answered: "asyncio.Future[None]" = loop.create_future()
+                slot.add_callback(lambda answered=answered: _resolve(answered))  # type: ignore[misc]
+                await asyncio.wait([answered], timeout=max(0.0, end - time.monotonic()))
+                if slot.answer is None:
+                    break
 
     async def aclose(self) -> None:
         """End every connection and wait for their tasks (they end at once:

@@ -351,7 +351,7 @@ def exchange(
                 raise
             if not slot.done:
                 answer = slot.abandon()
-            if pool.closed and answer is None:
+            if (pool.closed or slot.closed) and answer is None:
                 raise Closed()
             if slot.done and not slot.lost:
                 answer = slot.answer

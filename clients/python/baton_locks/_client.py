@@ -10,14 +10,20 @@ each), in the caller's task for ``AsyncClient`` (its connections are
 ``_apool.py``'s, on the loop); watches are ``_watch.py``'s, held grants
 and campaigns ``_hold.py``'s.
 
-Closing: ``close`` stops the keepers (no ``lost`` for them) and the
+Closing: ``close`` first marks the pool closing (a grant that comes from
+then on reaches no caller: it is released at once, and its call fails
+``Closed``), stops the keepers (no ``lost`` for them) and the
 watches, releases the held grants once (best effort, bounded by the
 request timeout; ``AsyncClient.close`` also waits, as bounded, for the
-releases of ``AsyncHeld`` grants the program dropped), closes the connections and joins every thread (awaits
-every task) of the client, all bounded; again, it does nothing. A
-finaliser (``__del__``) only sets a flag and pokes the connections: it
-may run at interpreter exit while a frozen daemon thread holds any lock,
-so it takes none.
+releases of ``AsyncHeld`` grants the program dropped), settles the
+connections with an acquire or a release outstanding (two ``I`` round
+trips, bounded by the request timeout: the grants made to them so far,
+such as the key a held key's release hands to this client's own waiter,
+come in and their releases reach the server), closes the connections
+and joins every thread (awaits every task) of the client, all bounded;
+again, it does nothing. A finaliser (``__del__``) only sets a flag and
+pokes the connections: it may run at interpreter exit while a frozen
+daemon thread holds any lock, so it takes none.
 
 Never does: I/O on the caller's thread (the blocking connections live on
 their own threads), or block an asyncio loop.
@@ -149,6 +155,7 @@ class _Base:
         if self._closed:
             return None
         self._closed = True
+        self._pool.begin_close()
         grants = []
         for held in list(self._helds):
             grant = held._close_out()
@@ -322,11 +329,16 @@ class Client(_Base):
     def close(self) -> None:
         """Close the client: watches end, held grants stop being kept and
         are released once (best effort, waiting at most the request
-        timeout for the answers; no ``lost`` for them), then the
-        connections close and every thread of the client has ended when
-        it returns (bounded: a connect in progress ends within the connect
-        timeout). Later calls raise ``Closed``. Safe to call again, from
-        any thread, and never blocks at interpreter exit."""
+        timeout for the answers; no ``lost`` for them), calls under way
+        fail ``Closed``, and a grant that comes to a call close ended (the
+        key a held key's release hands to this client's own waiter, say)
+        is released before the connections close (two ``I`` round trips
+        on each connection with an acquire outstanding, bounded by the
+        request timeout); then the connections close and every thread of
+        the client has ended when it returns (bounded: a connect in
+        progress ends within the connect timeout). Later calls raise
+        ``Closed``. Safe to call again, from any thread, and never blocks
+        at interpreter exit."""
         self._close()
 
     def _close(self) -> None:
@@ -338,6 +350,7 @@ class Client(_Base):
         end = time.monotonic() + settings.request_timeout
         for slot in slots:
             slot.wait(max(0.0, end - time.monotonic()))
+        self._pool.settle()
         self._pool.close(settings.connect_timeout + 1.0)
         end = time.monotonic() + 1.0
         for held in list(self._helds):
@@ -465,9 +478,12 @@ class AsyncClient(_Base):
     async def close(self) -> None:
         """Close the client: watches end, held grants stop being kept and
         are released once (best effort, waiting at most the request
-        timeout for the answers; no ``lost`` for them), then the
-        connections close; every task of the client has ended when it
-        returns. Later calls raise ``Closed``. Safe to call again."""
+        timeout for the answers; no ``lost`` for them), calls under way
+        fail ``Closed``, and a grant that comes to a call close ended is
+        released before the connections close (as ``Client.close``);
+        then the connections close; every task of the client has ended
+        when it returns. Later calls raise ``Closed``. Safe to call
+        again."""
         grants = self._begin_close()
         if grants is None:
             return
@@ -489,6 +505,7 @@ class AsyncClient(_Base):
                 waits.append(future)
         if waits:
             await asyncio.wait(waits, timeout=pool.request_timeout)
+        await pool.asettle()
         await pool.aclose()
         for task in releasing:
             task.cancel()  # still under way after the request timeout

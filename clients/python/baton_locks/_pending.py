@@ -7,7 +7,8 @@ in send order (the server answers requests with the same (op, key) on one
 connection in the order they came, so an answer goes to the oldest); per
 key, the sinks of the ``W`` requests sent and not ended yet, oldest first
 (an ``X``, ``M`` or ``E`` answer ends the oldest, a ``W`` line goes to it);
-and the rule that a grant nobody waits for any more is released at once.
+and the rule that a grant nobody waits for any more is released at once
+(so is one that comes while the client closes: its call fails ``Closed``).
 
 Held-back answers: only the oldest request of an (op, key) can be answered
 next (the server holds back the answer to a later acquire of a key on a
@@ -54,7 +55,17 @@ class Slot:
     blocking caller waits on an event, an async one registers a callback
     (called on the thread or loop that delivers the answer)."""
 
-    __slots__ = ("_lock", "_event", "answer", "lost", "_abandoned", "_callbacks", "front_at", "sent_at")
+    __slots__ = (
+        "_lock",
+        "_event",
+        "answer",
+        "lost",
+        "closed",
+        "_abandoned",
+        "_callbacks",
+        "front_at",
+        "sent_at",
+    )
 
     def __init__(self) -> None:
         #: When its request is sent (made just before): a request sent at
@@ -68,6 +79,9 @@ class Slot:
         self._event: Optional[threading.Lock] = None
         self.answer: Optional[Answer] = None
         self.lost = False
+        #: The client closed before the answer reached the caller (a grant,
+        #: released instead): the call fails ``Closed``. ``lost`` too.
+        self.closed = False
         self._abandoned = False
         self._callbacks: Optional[List[Callable[[], None]]] = None
 
@@ -93,12 +107,14 @@ class Slot:
                 callback()
         return True
 
-    def fail(self) -> None:
-        """The connection dropped before the answer came."""
+    def fail(self, closed: bool = False) -> None:
+        """The connection dropped before the answer came (``closed``: the
+        client closed, and the answer goes to nobody)."""
         with self._lock:
             if self.done:
                 return
             self.lost = True
+            self.closed = closed
             callbacks = self._finish()
         if callbacks:
             for callback in callbacks:
@@ -183,6 +199,11 @@ class Pending:
         if slot is not None and len(queue) == 1:
             slot.front_at = slot.sent_at
 
+    def has_op(self, *ops: str) -> bool:
+        """A request of one of these ops waits for its answer (for
+        closing, not for every call: it looks at every waiting line)."""
+        return any(route[0] in ops for route in self.requests)
+
     def has(self, op: str, key: Optional[bytes]) -> bool:
         """A request with this (op, key) waits for its answer (one dict
         lookup)."""
@@ -242,11 +263,17 @@ class Pending:
         return slots, sinks
 
 
-def hand_over(slot: Optional[Slot], answer: Answer) -> Optional[bytes]:
+def hand_over(slot: Optional[Slot], answer: Answer, closing: bool = False) -> Optional[bytes]:
     """Give ``answer`` to its caller; the release line to send when it is
     a grant whose caller gave up (the rule: a late grant is released at
-    once, never left held until its lease runs out)."""
-    if slot is None or slot.set(answer):
+    once, never left held until its lease runs out), or any grant while
+    the client is ``closing`` (close ends the call: it fails ``Closed``;
+    the key a held key's release hands to this client's own waiter, say)."""
+    if slot is None:
+        return None
+    if closing and answer[0] == _wire.GRANTED:
+        slot.fail(closed=True)
+    elif slot.set(answer):
         return None
     if answer[0] == _wire.GRANTED:
         line: bytes = _wire.release_line(answer[2], answer[1])

@@ -159,6 +159,9 @@ class Settings:
         self.auth_line = auth_line
         self.tls = tls
         self.notifier = Notifier()
+        #: Set (a plain attribute: no lock) when the client begins to
+        #: close: from then on a grant goes to no caller (``hand_over``).
+        self.closing = False
         #: Set (a plain attribute: no lock) once the client closes.
         self.stopping = False
 
@@ -188,6 +191,12 @@ class ConnBase:
         its answer here (a later one would be answered only after it)."""
         with self._lock:
             return self.phase, self._table.has(op, key)
+
+    def unsettled(self) -> bool:
+        """An acquire or a release waits for its answer here: a grant may
+        still come (or its release be under way) when the client closes."""
+        with self._lock:
+            return self._table.has_op("A", "R")
 
     def is_live(self, generation: int) -> bool:
         """The connection made in ``generation`` is still up."""
@@ -531,7 +540,7 @@ class Conn(ConnBase):
             else:
                 sink.on_state(answer)
             return
-        release = hand_over(slot, answer)
+        release = hand_over(slot, answer, self._settings.closing)
         if release is not None:
             log.info("%s: releasing %r (token %d): its caller gave up", self.addr, answer[2], answer[1])
             with self._lock:
@@ -727,10 +736,36 @@ class Pool:
     def closed(self) -> bool:
         return self.settings.stopping
 
+    def begin_close(self) -> None:
+        """The client is closing: a grant that comes from now on goes to
+        no caller; it is released at once (its call fails ``Closed``)."""
+        self.settings.closing = True
+
+    def settle(self) -> None:
+        """The client is closing (``begin_close``): every connection with
+        an acquire or a release outstanding takes in (and releases) the
+        grants already made to it, and those releases reach the server,
+        before the sockets close: two ``I`` round trips on it. The server
+        writes a connection's answers in the order of its rounds, so the
+        first ``I``'s answer comes after every grant made before the ``I``
+        was read, and the second's after the releases of those grants.
+        Bounded by the request timeout in all."""
+        end = time.monotonic() + self.settings.request_timeout
+        for conn in self.conns():
+            if not conn.unsettled():
+                continue
+            for _ in range(2):
+                slot = Slot()
+                if conn.send(_wire.INFO_LINE, "I", None, slot) is None:
+                    break
+                if not slot.wait(max(0.0, end - time.monotonic())) or slot.answer is None:
+                    break
+
     def close_nowait(self) -> None:
         """Tell every connection thread to end, taking no lock (a
         finaliser at exit may run while a frozen daemon thread holds any
         lock): a flag, then a byte down each thread's wake pipe."""
+        self.settings.closing = True
         self.settings.stopping = True
         for _, conns in list(self._nodes):
             for conn in conns:

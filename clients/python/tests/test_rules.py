@@ -4,7 +4,9 @@ client family), each for the blocking ``Client`` and the asyncio
 
 - a held grant that is lost says so at once, every later call on it fails
   ``Lost``, and it is never acquired again silently;
-- a grant that arrives after its caller gave up is released at once;
+- a grant that arrives after its caller gave up is released at once, and
+  one that comes to a call close ended (the key close's release of a held
+  key hands to the client's own waiter) before close returns;
 - nothing keeps running after ``close`` (no thread of the client for the
   blocking one, no task for asyncio), held grants are released once and
   no ``lost`` is said for them;
@@ -16,6 +18,7 @@ client family), each for the blocking ``Client`` and the asyncio
 
 import asyncio
 import signal
+import socket
 import threading
 import time
 
@@ -283,6 +286,74 @@ def test_an_async_close_waits_for_the_release_of_a_held_grant_dropped_just_befor
             assert (await other.query("dropped")).free, "released before close returned"
 
     run(main())
+
+
+def raw_query(line, key):
+    """``Q key`` on a raw connection of its own (a file from
+    ``socket.makefile``): the answer line."""
+    line.write(b"Q %s\n" % key.encode())
+    line.flush()
+    return line.readline().decode().strip()
+
+
+@pytest.fixture
+def raw_line(node):
+    with socket.create_connection(("127.0.0.1", node.port), timeout=DEADLINE) as s:
+        with s.makefile("rwb") as line:
+            yield line
+
+
+CLOSES = 20
+
+
+def test_close_releases_a_grant_its_own_release_handed_to_its_own_waiter(node, raw_line, closing):
+    # close releases the held key, and the server hands it at once to this
+    # same client's waiter (on its other connection): that grant must not
+    # reach the waiter (its call fails Closed) and must be released before
+    # the connections close, else the key stays held for its whole lease.
+    # A race (the grant against the socket's close): 20 closes.
+    for i in range(CLOSES):
+        key = "handed-%d" % i
+        c = closing(baton_locks.Client(node.addr))
+        held = c.hold(key, lease=60)  # kept: a Held dropped is released
+        outcome = []
+
+        def wait(c=c, key=key, outcome=outcome):
+            try:
+                outcome.append(c.acquire(key, lease=60))
+            except baton_locks.Error as e:
+                outcome.append(e)
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        wait_for("the waiter in line", lambda: c.query(key).waiting == 1)
+        c.close()
+        waiter.join(DEADLINE)
+        assert not waiter.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], baton_locks.Closed), outcome
+        assert raw_query(raw_line, key) == "Q %s 0 0 0" % key, "close %d" % i
+        assert not held.lost.is_set()
+
+
+def test_an_async_close_releases_a_grant_its_own_release_handed_to_its_own_waiter(node, raw_line):
+    async def close_once(key):
+        c = baton_locks.AsyncClient(node.addr)
+        try:
+            held = await c.hold(key, lease=60)  # kept: one dropped is released
+            waiter = asyncio.ensure_future(c.acquire(key, lease=60))
+            while (await c.query(key)).waiting != 1:
+                await asyncio.sleep(0.01)
+            await c.close()
+        finally:
+            await c.close()
+        with pytest.raises(baton_locks.Closed):
+            await waiter
+        assert not held.lost.is_set()
+
+    for i in range(CLOSES):
+        key = "handed-%d" % i
+        run(close_once(key))
+        assert raw_query(raw_line, key) == "Q %s 0 0 0" % key, "close %d" % i
 
 
 def test_the_async_client_runs_no_thread(node):
@@ -560,3 +631,30 @@ def test_a_slot_knows_when_it_reached_the_front_of_its_line():
     assert table.match(parse_answer(b"T k"))[0] is first
     assert second.front_at is not None
     assert table.match(parse_answer(b"T k"))[0] is second and not table.has("A", b"k")
+
+
+def test_a_grant_that_comes_while_the_client_closes_goes_to_no_caller():
+    from baton_locks._pending import Pending, Slot, hand_over
+    from baton_locks._wire import parse_answer
+
+    table = Pending()
+    table.add("A", b"k", None)
+    table.add("Q", b"j", None)
+    assert table.has_op("A", "R") and not table.has_op("R", "K")
+    grant = parse_answer(b"A 7 k")
+    # Open: the grant goes to its caller.
+    slot = Slot()
+    assert hand_over(slot, grant) is None and slot.answer == grant
+    # Closing: it goes to nobody, is released, and its call ends closed.
+    slot = Slot()
+    assert hand_over(slot, grant, closing=True) == b"R k 7\n"
+    assert slot.answer is None and slot.lost and slot.closed and slot.wait(0)
+    # Closing, an answer that is no grant still goes to its caller.
+    slot = Slot()
+    timed_out = parse_answer(b"T k")
+    assert hand_over(slot, timed_out, closing=True) is None and slot.answer == timed_out
+    assert not slot.closed
+    # A connection that drops is no close.
+    slot = Slot()
+    slot.fail()
+    assert slot.lost and not slot.closed
