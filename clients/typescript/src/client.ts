@@ -209,7 +209,10 @@ export class Client {
   }
 
   /** Close the client: watches end, held grants stop being kept and are
-   * released (once, best effort), every later call fails ClosedError, and
+   * released (once, best effort), a grant that comes to a call close ended
+   * (the key a held grant's release hands to this client's own waiter,
+   * say) is released before the connections close, every later call fails
+   * ClosedError, and
    * once the promise resolves no socket or timer of it is left. */
   close(): Promise<void> {
     if (this.closing !== null) return this.closing;

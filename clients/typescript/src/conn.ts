@@ -172,6 +172,60 @@ export class Conn {
     this.socket.destroy();
   }
 
+  /** The client is closing: every caller waiting here is told its call
+   * ended (as if the connection had), and its slot stays, abandoned, so
+   * that a grant that still comes for it goes to nobody and is released
+   * at once. */
+  abandonAll(): void {
+    for (const slot of this.pending.slots()) {
+      if (slot !== null && !slot.abandoned) {
+        slot.abandoned = true;
+        slot.settle(null);
+      }
+    }
+  }
+
+  /** Send `request` and wait for its answer until `untilMs`
+   * (performance.now); null when it could not be sent, the connection
+   * ended or the time ran out. */
+  ask(request: Request, untilMs: number): Promise<Answer | null> {
+    return new Promise<Answer | null>((resolve) => {
+      const timer = setTimeout(() => {
+        slot.abandoned = true;
+        resolve(null);
+      }, Math.max(0, untilMs - performance.now()));
+      timer.unref();
+      const slot: Slot = {
+        abandoned: false,
+        frontAt: null,
+        sentAt: performance.now(),
+        settle(answer: Answer | null) {
+          clearTimeout(timer);
+          resolve(answer);
+        },
+      };
+      if (!this.send(request, slot)) {
+        clearTimeout(timer);
+        resolve(null);
+      }
+    });
+  }
+
+  /** The client is closing (every waiting slot abandoned): make sure that
+   * every grant the server made to this connection so far has come (and
+   * been released: its slot is abandoned), and that those releases have
+   * reached the server, before the socket closes. Two `I` round trips
+   * when an acquire or a release is outstanding: the server writes a
+   * connection's answers in the order of its rounds, so the first `I`'s
+   * answer comes after every grant made before the `I` was read, and the
+   * second's after the releases of those grants. Until `untilMs`. */
+  async settleForClose(untilMs: number): Promise<void> {
+    for (let i = 0; i < 2; i++) {
+      if (!this.pending.hasOp('A') && !this.pending.hasOp('R')) return;
+      if ((await this.ask({ op: 'I' }, untilMs)) === null) return;
+    }
+  }
+
   /** Stop for good: answers nothing more, reconnects never. `farewell`
    * lines (releases) are written first when the connection is up, and the
    * socket is then ended gracefully (destroyed after `graceMs`). Resolves

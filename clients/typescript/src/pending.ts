@@ -54,6 +54,20 @@ export class Pending<T> {
     return { slot };
   }
 
+  /** A request of `op` (any key) waits for its answer (a scan of the
+   * lines: for closing, not for every call). */
+  hasOp(op: string): boolean {
+    for (const id of this.queues.keys()) if (id.startsWith(op + ' ')) return true;
+    return false;
+  }
+
+  /** Every waiting request, left in place. */
+  slots(): T[] {
+    const all: T[] = [];
+    for (const queue of this.queues.values()) all.push(...queue);
+    return all;
+  }
+
   get size(): number {
     return this.count;
   }

@@ -239,7 +239,9 @@ export class Pool implements ConnOwner {
   }
 
   /** Close every connection; `farewell` (releases) is sent once on a
-   * connection that is up. Resolves when every socket is closed. */
+   * connection that is up and answered (bounded by the request timeout),
+   * and a grant that comes to a call close ended is released before the
+   * sockets close. Resolves when every socket is closed. */
   async close(farewell: Request[]): Promise<void> {
     if (this.closed) return;
     let carrier: Conn | null = null;
@@ -250,7 +252,19 @@ export class Pool implements ConnOwner {
     }
     this.closed = true;
     this.bump();
-    await Promise.all(this.all.map((c) => c.close(c === carrier ? farewell : [], this.connectTimeoutMs)));
+    // Every call under way ends, and a grant that still comes to one goes
+    // to nobody: released at once. The held grants' releases are sent and
+    // answered, then each connection takes in the grants already made to
+    // it (the key a release hands to this client's own waiter, say) and
+    // their releases reach the server, before the sockets close.
+    for (const c of this.all) c.abandonAll();
+    const until = performance.now() + this.requestTimeoutMs;
+    if (carrier !== null) {
+      const sent = carrier;
+      await Promise.all(farewell.map((r) => sent.ask(r, until)));
+    }
+    await Promise.all(this.all.map((c) => c.settleForClose(until)));
+    await Promise.all(this.all.map((c) => c.close([], this.connectTimeoutMs)));
   }
 }
 
