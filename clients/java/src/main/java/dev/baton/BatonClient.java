@@ -714,9 +714,13 @@ public final class BatonClient implements AutoCloseable {
     /**
      * Close the client: watches end, held grants stop being kept and are
      * released (once, best effort, waiting up to a second for the answers; no
-     * lost event), every connection closes and every thread the client
-     * started ends. Every later call on the client or its grants fails with
-     * {@link ClosedException}. Idempotent.
+     * lost event), calls under way fail with {@link ClosedException}, a grant
+     * that comes to a call close ended (the key a held grant's release hands
+     * to this client's own waiter, say) is released before the connections
+     * close (two {@code I} round trips on each connection with an acquire
+     * outstanding, within the request timeout), every connection closes and
+     * every thread the client started ends. Every later call on the client or
+     * its grants fails with {@link ClosedException}. Idempotent.
      */
     @Override
     public void close() {
@@ -726,6 +730,8 @@ public final class BatonClient implements AutoCloseable {
             }
             closed = true;
         }
+        // From now on a grant goes to no caller: it is released at once.
+        pool.beginClose();
         for (Watch w : new ArrayList<>(watches)) {
             w.close();
         }
@@ -745,6 +751,9 @@ public final class BatonClient implements AutoCloseable {
                 // best effort
             }
         }
+        // Take in (and release) the grants those releases, or anything
+        // else, made to this client's own acquires; then close.
+        pool.settle();
         pool.close(1500);
     }
 

@@ -202,6 +202,8 @@ final class Calls {
                 }
                 if (e == null) {
                     answered(answer, t.sentAt);
+                } else if (e instanceof ClosedException) {
+                    fail((ClosedException) e); // a grant close took (Conn#dispatch)
                 } else if (!t.future.isCancelled()) {
                     lost(true);
                 }
@@ -399,6 +401,9 @@ final class Calls {
         }
 
         private Wire.Request request() {
+            if (pool.isClosing()) {
+                throw new ClosedException("the client is closed");
+            }
             long left = 0;
             if (waitMs != 0) {
                 long nanos = waitEnd - System.nanoTime();
@@ -474,6 +479,9 @@ final class Calls {
         }
 
         private void deliver(Granted g) {
+            if (pool.isClosing()) {
+                result.completeExceptionally(new ClosedException("the client is closed"));
+            }
             if (!result.complete(g)) {
                 unwanted(pool, g);
             }

@@ -600,21 +600,64 @@ final class Conn {
         Object[] slot = new Object[1];
         boolean found;
         String key = op == 'I' || op == 'U' ? null : a.key;
+        boolean taken = false;
         synchronized (state) {
             found = pending.take(op, key, slot);
             Ticket next = found ? pending.front(op, key) : null;
             if (next != null) {
                 next.reachedFront();
             }
+            if (found && slot[0] != null && a.tag == 'A' && pool.isClosing()) {
+                // Close ends the call: the grant goes to nobody. Its release
+                // is pending here before the lock is let go, so that settle
+                // never finds this connection with neither the acquire nor
+                // the release outstanding.
+                taken = true;
+                releaseOrphan(a);
+            }
         }
         if (!found) {
             return "the server sent an answer for no request: " + Wire.abbreviate(a.text);
         }
         Ticket t = (Ticket) slot[0];
-        if (t != null && !t.future.complete(a)) {
+        if (taken) {
+            t.future.completeExceptionally(new ClosedException("the client is closed"));
+        } else if (t != null && !t.future.complete(a)) {
             releaseOrphan(a);
         }
         return null;
+    }
+
+    /**
+     * The client is closing, and a grant reaches no caller any more (each is
+     * released as it comes: {@link #dispatch}): make sure that every grant
+     * the server made to this connection so far has come, and its release
+     * has reached the server, so that closing the socket leaves no key held
+     * (the release of a key this client held hands it to this client's own
+     * waiter here, say). Two {@code I} round trips, when an acquire (or the
+     * release of a grant that came) is outstanding: the server writes a
+     * connection's answers in the order of its rounds, so the first
+     * {@code I}'s answer comes after every grant made before the {@code I}
+     * was read, and the second's after the releases of those grants. Waits
+     * until {@code untilNanos} at most.
+     */
+    void settle(long untilNanos) throws InterruptedException {
+        synchronized (state) {
+            if (!pending.hasOp('A') && !pending.hasOp('R')) {
+                return;
+            }
+        }
+        for (int i = 0; i < 2; i++) {
+            Ticket t = send(Wire.info());
+            if (t == null) {
+                return;
+            }
+            try {
+                t.future.get(Math.max(0, untilNanos - System.nanoTime()), TimeUnit.NANOSECONDS);
+            } catch (java.util.concurrent.ExecutionException | java.util.concurrent.TimeoutException e) {
+                return; // the connection dropped, or the time is up
+            }
+        }
     }
 
     /** A grant whose caller gave up: release it at once. */

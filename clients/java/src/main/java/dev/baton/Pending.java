@@ -15,9 +15,10 @@ import java.util.Objects;
  * answered next: the server holds back the answer to a later acquire of a key
  * (even a {@code T} whose wait ran out) until the earlier one on the same
  * connection is answered. {@link #push} says whether a request went to the
- * front of its line, {@link #front} names the one there, and {@link #has}
+ * front of its line, {@link #front} names the one there, {@link #has}
  * lets the pool send an acquire to a connection with none of its key
- * outstanding. Pure; the connection locks it.
+ * outstanding, and {@link #hasOp} tells a closing client which connections
+ * to settle. Pure; the connection locks it.
  *
  * @param <T> what hands the answer over (a ticket; null for a request whose
  *     answer nobody waits for)
@@ -45,6 +46,16 @@ final class Pending<T> {
     /** True when a request with this (op, key) waits for its answer (one hash lookup). */
     boolean has(char op, String key) {
         return queues.containsKey(new Id(op, key));
+    }
+
+    /** True when a request of {@code op} (any key) waits for its answer (a scan: for closing, not for every call). */
+    boolean hasOp(char op) {
+        for (Id id : queues.keySet()) {
+            if (id.op() == op) {
+                return true;
+            }
+        }
+        return false;
     }
 
     /** The oldest waiting request's slot with this (op, key), left in place; null when none (or nobody waits for it). */

@@ -56,6 +56,7 @@ final class Pool {
     private List<Runnable> waiters = new ArrayList<>();
 
     private final Object sleepLock = new Object();
+    private volatile boolean closing;
     private volatile boolean closed;
 
     Pool(List<String> servers, long connectTimeoutMs, long requestTimeoutMs, String secret, SSLContext tls,
@@ -99,6 +100,32 @@ final class Pool {
 
     boolean isClosed() {
         return closed;
+    }
+
+    /** The client is closing (or closed): a grant goes to no caller, an acquire is not sent (again). */
+    boolean isClosing() {
+        return closing;
+    }
+
+    /** The client begins to close: see {@link #isClosing}. Its held keys' releases still go out. */
+    void beginClose() {
+        closing = true;
+    }
+
+    /**
+     * The client is closing: every connection with an acquire (or a
+     * release) outstanding takes in, and releases, the grants already made
+     * to it, for at most the request timeout in all (see {@link Conn#settle}).
+     */
+    void settle() {
+        long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(requestTimeoutMs);
+        try {
+            for (Conn c : conns) {
+                c.settle(until);
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
     }
 
     Conn[] conns() {
@@ -445,6 +472,7 @@ final class Pool {
 
     /** Stop every connection and the scheduler; wait (bounded) for their threads to end. */
     void close(long waitMs) {
+        closing = true;
         closed = true;
         synchronized (sleepLock) {
             sleepLock.notifyAll();

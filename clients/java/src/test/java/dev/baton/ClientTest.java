@@ -11,6 +11,7 @@ import java.util.List;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Flow;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
@@ -322,6 +323,60 @@ class ClientTest {
         assertThrows(ClosedException.class, () -> c.query(k));
         try (BatonClient other = client()) {
             assertTrue(other.query(k).isFree(), "close released the held grant");
+        }
+    }
+
+    /**
+     * Close releases a held key, which the server hands at once to this same
+     * client's waiter on its other connection: that grant must reach no
+     * caller (the waiter's call fails closed) and must be released before the
+     * sockets close, else the key stays held for its whole lease. Racy by
+     * nature: 20 rounds.
+     */
+    @Test
+    void closeLeavesNoGrantItsOwnReleaseHandedToItsOwnWaiter() throws Exception {
+        try (BatonClient obs = client()) {
+            for (int round = 0; round < 20; round++) {
+                CompletableFuture<Grant> waiter = new CompletableFuture<>();
+                try (BatonClient c = client()) {
+                    String k = key("own-waiter-" + round);
+                    c.hold(k, LEASE);
+                    Thread t = new Thread(() -> {
+                        try {
+                            waiter.complete(c.acquire(k, LEASE));
+                        } catch (Throwable e) {
+                            waiter.completeExceptionally(e);
+                        }
+                    }, "own-waiter");
+                    t.setDaemon(true);
+                    t.start();
+                    waiting(obs, k, 1);
+                    c.close();
+                    assertTrue(obs.query(k).isFree(), "round " + round + ": the key is free right after close");
+                }
+                ExecutionException e = assertThrows(ExecutionException.class, () -> waiter.get(10, TimeUnit.SECONDS));
+                assertTrue(e.getCause() instanceof ClosedException, "round " + round + ": " + e.getCause());
+            }
+        }
+    }
+
+    /** {@link #closeLeavesNoGrantItsOwnReleaseHandedToItsOwnWaiter} with the async calls. */
+    @Test
+    void closeLeavesNoGrantItsOwnReleaseHandedToItsOwnWaiterAsync() throws Exception {
+        try (BatonClient obs = client()) {
+            for (int round = 0; round < 20; round++) {
+                CompletableFuture<Grant> waiter;
+                try (BatonClient c = client()) {
+                    String k = key("own-waiter-async-" + round);
+                    c.holdAsync(k, LEASE, null, AcquireOptions.none(), null).get(10, TimeUnit.SECONDS);
+                    waiter = c.acquireAsync(k, LEASE, null);
+                    waiting(obs, k, 1);
+                    c.close();
+                    assertTrue(obs.query(k).isFree(), "round " + round + ": the key is free right after close");
+                }
+                ExecutionException e = assertThrows(ExecutionException.class, () -> waiter.get(10, TimeUnit.SECONDS));
+                assertTrue(e.getCause() instanceof ClosedException, "round " + round + ": " + e.getCause());
+            }
         }
     }
 

@@ -218,6 +218,9 @@ class DecisionsTest {
                     l.link().send("A 5 k");
                 }
                 l.link().send("T k");
+            } else if (t.equals("I")) {
+                // Close asks (the waiter is outstanding) before it closes.
+                l.link().send("I role=active");
             }
         });
     }

@@ -59,4 +59,22 @@ class PendingTest {
         assertFalse(p.has('A', "a"));
         assertEquals(null, p.front('A', "a"));
     }
+
+    @Test
+    void whetherAnyRequestOfAnOpIsOutstanding() {
+        Pending<Integer> p = new Pending<>();
+        assertFalse(p.hasOp('A'));
+        p.push('A', "a", 1);
+        p.push('R', "b", null);
+        p.push('I', null, 2);
+        assertTrue(p.hasOp('A'));
+        assertTrue(p.hasOp('R'));
+        assertFalse(p.hasOp('K'));
+        Object[] out = new Object[1];
+        assertTrue(p.take('A', "a", out));
+        assertFalse(p.hasOp('A'), "a line emptied is gone");
+        assertTrue(p.take('R', "b", out));
+        assertFalse(p.hasOp('R'));
+        assertTrue(p.hasOp('I'));
+    }
 }
