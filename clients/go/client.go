@@ -263,6 +263,13 @@ func (c *Client) Close() error {
 	}
 	releases.Wait()
 	cancel()
+	// The grants already made to this client's connections (the key a
+	// release just handed to its own waiter, say) come in and are released
+	// before the sockets close.
+	settleBy := time.Now().Add(c.requestTimeout)
+	for _, cn := range c.pool.allConns() {
+		cn.settle(settleBy)
+	}
 	// Lines already queued (the release of a grant that arrived for a
 	// call given up just now) go out before the sockets close.
 	deadline := time.Now().Add(closeFlushWait)

@@ -210,6 +210,40 @@ func (cn *conn) drained() bool {
 	return l == nil || (len(l.out) == 0 && !l.writing && cn.abandonedAcquires == 0)
 }
 
+// settle: the client is closing, and a grant that comes now goes to no
+// caller (it is released at once). Make sure that every grant the server
+// made to this connection so far has come, and that its release has
+// reached the server, before the socket closes (the release of a key this
+// client held hands it to this client's own waiter here, say): two I round
+// trips while an acquire or a release is outstanding. The server writes a
+// connection's answers in the order of its rounds, so the first I's answer
+// comes after every grant made before the I was read, and the second's
+// after the releases of those grants. Until deadline.
+func (cn *conn) settle(deadline time.Time) {
+	for i := 0; i < 2; i++ {
+		cn.mu.Lock()
+		outstanding := cn.pending.hasOp(opAcquire) || cn.pending.hasOp(opRelease)
+		cn.mu.Unlock()
+		if !outstanding {
+			return
+		}
+		t := cn.send(&request{op: opInfo})
+		if t == nil {
+			return
+		}
+		tm := time.NewTimer(time.Until(deadline))
+		select {
+		case a := <-t.call.ch:
+			tm.Stop()
+			if a.kind == 0 {
+				return
+			}
+		case <-tm.C:
+			return
+		}
+	}
+}
+
 // close shuts the socket (the client is closing).
 func (cn *conn) close() {
 	cn.mu.Lock()

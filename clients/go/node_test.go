@@ -3,6 +3,7 @@ package baton
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -444,6 +445,45 @@ func nextGrant(t *testing.T, in <-chan granted, want string, after uint64) *Gran
 		t.Fatalf("no grant for %s", want)
 	}
 	return nil
+}
+
+// Close releases a held key this same client waits for: the server hands
+// it to the client's own waiter, a grant that comes to a call close ended.
+// It is released before the sockets close, so the key is free as soon as
+// Close returns, every time (not held for its lease).
+func TestCloseLeavesNoGrantItsOwnReleaseHandedToItsOwnWaiter(t *testing.T) {
+	n := startNode(t, freeAddr(t))
+	ctx := context.Background()
+	observer, _ := New([]string{n.addr})
+	defer observer.Close()
+	for i := 0; i < 20; i++ {
+		key := fmt.Sprintf("handed-%d", i)
+		c, err := New([]string{n.addr})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Hold(ctx, key, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		waiter := make(chan error, 1)
+		go func() {
+			_, err := c.Acquire(ctx, key, time.Minute)
+			waiter <- err
+		}()
+		eventually(t, 5*time.Second, "the waiter in line", func() bool {
+			s, err := observer.Query(ctx, key)
+			return err == nil && s.Waiting == 1
+		})
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-waiter; !errors.Is(err, ErrClosed) {
+			t.Fatalf("close %d: the waiter: %v", i, err)
+		}
+		if s, err := observer.Query(ctx, key); err != nil || !s.Free() {
+			t.Fatalf("close %d: the key is free right after close: %+v %v", i, s, err)
+		}
+	}
 }
 
 func TestATryAcquireBehindTheClientsOwnWaiterTimesOutAndTheWaiterKeepsItsPlace(t *testing.T) {

@@ -41,6 +41,17 @@ func (p *pending[T]) has(op byte, key string) bool {
 	return found
 }
 
+// hasOp: a request of op (any key) waits for its answer (a scan of the
+// lines: for closing, not for every call).
+func (p *pending[T]) hasOp(op byte) bool {
+	for id := range p.queues {
+		if id.op == op {
+			return true
+		}
+	}
+	return false
+}
+
 // front is the oldest waiting request with this (op, key), left in place;
 // ok false when none waits.
 func (p *pending[T]) front(op byte, key string) (slot T, ok bool) {
