@@ -233,9 +233,11 @@ func (c *Client) Servers() []string {
 
 // Close stops the client: held grants stop being kept and are released
 // (once, best effort, waiting at most a second), watches end, calls in
-// progress return ErrClosed, the connections close, and every goroutine
-// the client started has returned when Close returns. Later calls on the
-// client or its grants return ErrClosed. Close is idempotent.
+// progress return ErrClosed, a grant that comes to a call Close ended (the
+// key a held grant's release hands to this client's own waiter, say) is
+// released before the connections close, the connections close, and every
+// goroutine the client started has returned when Close returns. Later
+// calls on the client or its grants return ErrClosed. Close is idempotent.
 func (c *Client) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil

@@ -740,6 +740,13 @@ func (cn *conn) dispatch(line string) string {
 			cn.abandonedAcquires--
 		}
 		cn.releaseOrphanLocked(a)
+	case a.kind == 'A' && cn.c.closed.Load():
+		// The client is closing, and its caller may not have given up yet
+		// (its goroutine has not run since): the grant goes to nobody and
+		// is released at once, here, so that Close's settle waits for that
+		// release; the caller learns only that its call ended (ErrClosed).
+		cn.releaseOrphanLocked(a)
+		cl.ch <- answer{}
 	default:
 		cl.ch <- a
 	}

@@ -486,6 +486,52 @@ func TestCloseLeavesNoGrantItsOwnReleaseHandedToItsOwnWaiter(t *testing.T) {
 	}
 }
 
+// The same, when the waiter's goroutine has not run since Close began (a
+// busy machine): its acquire has not given up, so nothing marked it
+// abandoned when its grant comes. Close must still release that grant
+// before the sockets close (the waiter is modelled by a ticket nobody waits
+// on); its caller finds only the news that the call ended.
+func TestCloseReleasesAGrantToAWaiterThatHasNotGivenUpYet(t *testing.T) {
+	n := startNode(t, freeAddr(t))
+	ctx := context.Background()
+	observer, _ := New([]string{n.addr})
+	defer observer.Close()
+	c, err := New([]string{n.addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Hold(ctx, "handed", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var waiter *ticket
+	for _, cn := range c.pool.allConns() {
+		if waiter = cn.send(&request{op: opAcquire, key: "handed", leaseMS: 60_000}); waiter != nil {
+			break
+		}
+	}
+	if waiter == nil {
+		t.Fatal("no connection is up")
+	}
+	eventually(t, 5*time.Second, "the waiter in line", func() bool {
+		s, err := observer.Query(ctx, "handed")
+		return err == nil && s.Waiting == 1
+	})
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := observer.Query(ctx, "handed"); err != nil || !s.Free() {
+		t.Fatalf("the key is free right after close: %+v %v", s, err)
+	}
+	select {
+	case a := <-waiter.call.ch:
+		if a.kind != 0 {
+			t.Fatalf("the waiter's caller was answered %q (token %d) on a closed client", string(a.kind), a.token)
+		}
+	default:
+		t.Fatal("the waiter's caller was never told that its call ended")
+	}
+}
+
 func TestATryAcquireBehindTheClientsOwnWaiterTimesOutAndTheWaiterKeepsItsPlace(t *testing.T) {
 	n, c := single(t)
 	ctx := context.Background()
