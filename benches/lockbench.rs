@@ -384,14 +384,7 @@ fn parse_options(mut args: pico_args::Arguments) -> Result<Options, String> {
         let list: Option<String> = args.opt_value_from_str(pid_flag).map_err(err)?;
         match (addr, list) {
             (Some(addr), Some(list)) => {
-                let list = list
-                    .split(',')
-                    .map(|p| p.trim().parse::<u32>())
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|_| format!("{pid_flag}: not a list of PIDs"))?;
-                if list.len() != want {
-                    return Err(format!("{pid_flag}: {want} PIDs wanted"));
-                }
+                let list = flags::list::<u32>(pid_flag, &list, want)?;
                 servers.insert(system, addr);
                 pids.insert(system, list);
             }
