@@ -156,7 +156,7 @@ mod ports {
     pub const SNAPSHOT_OUTPUT: usize = 256;
 }
 /// Seeds that once failed, replayed on every run.
-const REGRESSION_SEEDS: &[u64] = &[];
+const REGRESSION_SEEDS: &[u64] = &[6108, 6439, 9508];
 
 fn trace() -> bool {
     std::env::var("BATON_SIM_TRACE").is_ok()
@@ -165,6 +165,9 @@ fn trace() -> bool {
 /// What the network hands a node (its shell would see these as socket events).
 #[derive(Debug)]
 enum NetEvent {
+    /// The outgoing link to the peer is up, or went down. Once the node
+    /// drops that link itself, its events are gone with it, as with the
+    /// real shell's socket ([`Sim::close_out`]).
     LinkUp(usize),
     LinkDown(usize, OutDown),
     Opened(LinkId),
@@ -569,6 +572,9 @@ impl Sim {
                 }
                 continue;
             }
+            if trace() && !matches!(event, NetEvent::Peer(..)) {
+                eprintln!("{:>6} node {i}: {event:?}", self.now);
+            }
             let cluster = &mut self.nodes[i].cluster;
             match event {
                 NetEvent::LinkUp(p) => cluster.handle_link_up(now, p),
@@ -779,7 +785,14 @@ impl Sim {
     }
 
     /// The sender closes its outgoing link: the data in flight, then FIN.
+    /// What the sender had not yet heard of that link (it came up, it
+    /// failed) goes with it: a later `LinkDown` would be taken for the
+    /// link dialed next.
     fn close_out(&mut self, a: usize, b: usize) {
+        self.nodes[a].inbox.retain(|event| match event {
+            NetEvent::LinkUp(p) | NetEvent::LinkDown(p, _) => *p != b,
+            _ => true,
+        });
         if let Some(id) = self.out_of.remove(&(a, b)) {
             let link = self.links.get_mut(&id).expect("a current link exists");
             if link.state == LinkState::Up {
@@ -1764,6 +1777,9 @@ impl ReplShell for SimRepl<'_> {
 
     fn dial(&mut self, peer: usize) {
         if self.up() {
+            if trace() {
+                eprintln!("{:>6} node {}: dials {peer}", self.sim.now, self.i);
+            }
             self.sim.dial(self.i, peer);
         }
     }
@@ -1792,6 +1808,12 @@ impl ReplShell for SimRepl<'_> {
 
     fn drop_out(&mut self, peer: usize) {
         if self.up() {
+            if trace() {
+                eprintln!(
+                    "{:>6} node {}: drops its link to {peer}",
+                    self.sim.now, self.i
+                );
+            }
             self.sim.close_out(self.i, peer);
         }
     }
