@@ -3292,3 +3292,49 @@ fn a_node_started_late_hears_every_peer_before_it_could_elect_itself() {
         assert_eq!(sim.actives(), vec![1], "seed {seed}: {:?}", sim.roles());
     }
 }
+
+/// The window `dial_back_now` leaves: node 2, started late, has its own
+/// link to node 1 up (node 1 answered its dial) while node 1's link back,
+/// the one its heartbeats come on, is not up yet. Node 0, the active,
+/// dies right then. Node 2 knows node 1 is up and waits for its first
+/// heartbeat before any election, so it never elects itself beside node 1
+/// (it did, whether or not it held the state: alone among the live nodes
+/// it knew, a cold start's rule elected it).
+#[test]
+fn a_node_whose_active_dies_before_a_peer_it_reached_is_heard_waits_for_that_peer() {
+    let mut reached = 0;
+    for seed in 0..40 {
+        let mut sim = Sim::new(seed, 3);
+        sim.crash(2);
+        sim.run_until(5 * DETECT_MS, "nodes 0 and 1 settle", |s| {
+            s.nodes[0].cluster.roles().role_name().is_active()
+                && s.nodes[1].cluster.roles().beat().synced
+        });
+        sim.steps(DETECT_MS);
+        sim.restart(2);
+        let bound = sim.now + DETECT_MS;
+        let window = |s: &Sim| {
+            s.nodes[2].cluster.link_up(1) && s.nodes[2].cluster.roles().peer_beat(1).is_none()
+        };
+        while sim.now < bound && !window(&sim) {
+            sim.step();
+        }
+        if !window(&sim) {
+            continue;
+        }
+        reached += 1;
+        sim.crash(0);
+        let bound = sim.now + 3 * DETECT_MS;
+        while sim.now < bound {
+            assert!(
+                !sim.nodes[2].cluster.roles().role_name().is_active(),
+                "seed {seed}: node 2 elected itself beside node 1: {:?}",
+                sim.roles()
+            );
+            sim.step();
+        }
+        assert_eq!(sim.actives(), vec![1], "seed {seed}: {:?}", sim.roles());
+    }
+    assert!(reached > 0, "no seed reached the window");
+    println!("{reached} of 40 seeds reached the window");
+}
