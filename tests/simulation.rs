@@ -97,6 +97,7 @@ use baton::server::core::cluster_core::{
 };
 use baton::server::core::events::{ConnId, Delta};
 use baton::server::core::lock_table::{LockTable, TableLimits};
+use baton::server::core::loop_watches::about_watch;
 use baton::server::core::now::Now;
 use baton::server::core::peer_msg::PeerMsg;
 use baton::server::core::roles::RoleName;
@@ -667,17 +668,12 @@ impl Sim {
                 watches.watchers_entry(&mut conns, &answer, || 0);
                 continue;
             }
-            if node.watches.has(conn.0) {
+            // As the I/O loop hands its answers over (io_loop.rs
+            // `apply_owner_batch`).
+            if node.watches.has(conn.0) && about_watch(&answer) {
                 let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
                 watches.answer(&mut conns, slot(conn.0), &answer);
-                if matches!(
-                    answer,
-                    Answer::Watched { .. }
-                        | Answer::Unwatched { .. }
-                        | Answer::Moved { op: Op::Watch, .. }
-                ) {
-                    writes.push((conn.0, answer.clone()));
-                }
+                writes.push((conn.0, answer.clone()));
             }
             self.check_answer(i, conn, answer);
         }
@@ -1668,7 +1664,10 @@ impl Sim {
                 let next = active.and_then(|a| self.names.iter().position(|n| *n == a));
                 self.watcher_closes(w, next);
             }
-            Answer::Unwatched { .. } => {}
+            Answer::Unwatched { .. }
+            | Answer::Moved {
+                op: Op::Unwatch, ..
+            } => {}
             other => panic!("watcher {w}: {other:?} from node {i}"),
         }
     }

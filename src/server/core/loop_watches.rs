@@ -51,6 +51,23 @@ pub trait WatchConns {
     fn counted_lines(&mut self, _written: u64, _skipped: u64) {}
 }
 
+/// Whether `answer` is about a watch (`W`, `X`, or an `M` for either):
+/// the answers [`LoopWatches::answer`] acts on. The loop (and the
+/// simulation) ask this before handing an answer over, so an acquire's
+/// answer costs one match.
+#[inline]
+pub fn about_watch(answer: &Answer) -> bool {
+    matches!(
+        answer,
+        Answer::Watched { .. }
+            | Answer::Unwatched { .. }
+            | Answer::Moved {
+                op: Op::Watch | Op::Unwatch,
+                ..
+            }
+    )
+}
+
 /// One I/O loop's watches: its fan-out and the glue around it.
 #[derive(Debug, Default)]
 pub struct LoopWatches {
@@ -169,8 +186,8 @@ impl LoopWatches {
     }
 
     /// An answer on its way to connection `slot` (written after this):
-    /// one about a watch (`W`, `X`, or `M` for either) moves its queue on;
-    /// any other does nothing.
+    /// one about a watch ([`about_watch`]) moves its queue on; any other
+    /// does nothing.
     pub fn answer(&mut self, conns: &mut impl WatchConns, slot: usize, answer: &Answer) {
         let Some(queue) = conns.queue(slot) else {
             return;
@@ -440,6 +457,7 @@ mod tests {
             op: Op::Unwatch,
             key: Some(key("k")),
         };
+        assert!(about_watch(&x_moved), "the loop hands it over");
         w.answer(&mut conns, 1, &x_moved);
         watch(&mut w, &mut conns, 1, &["k"]);
         conns.written.clear();
