@@ -368,6 +368,9 @@ func (t *ticket) giveUp(kill bool, out outcome, stopped error) (answer, outcome,
 	case a := <-t.call.ch:
 		if stopped != nil {
 			cn.releaseOrphanLocked(a)
+			if a.kind == 'A' {
+				cn.c.handOut() // it was in hand
+			}
 			cn.mu.Unlock()
 			return a, outStopped, stopped
 		}
@@ -740,7 +743,7 @@ func (cn *conn) dispatch(line string) string {
 			cn.abandonedAcquires--
 		}
 		cn.releaseOrphanLocked(a)
-	case a.kind == 'A' && cn.c.closed.Load():
+	case a.kind == 'A' && !cn.c.takeInHand():
 		// The client is closing, and its caller may not have given up yet
 		// (its goroutine has not run since): the grant goes to nobody and
 		// is released at once, here, so that Close's settle waits for that
@@ -748,6 +751,8 @@ func (cn *conn) dispatch(line string) string {
 		cn.releaseOrphanLocked(a)
 		cl.ch <- answer{}
 	default:
+		// A grant delivered here is in hand (takeInHand counted it): its
+		// call ends the count once it returns or releases the grant.
 		cl.ch <- a
 	}
 	return ""
