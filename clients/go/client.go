@@ -32,10 +32,6 @@ const (
 // held grants.
 const closeReleaseWait = time.Second
 
-// closeFlushWait bounds how long Close waits for lines already queued to
-// be written.
-const closeFlushWait = 200 * time.Millisecond
-
 // Option is a setting of a Client beyond its servers.
 type Option func(*config)
 
@@ -282,14 +278,6 @@ func (c *Client) Close() error {
 	settleBy := time.Now().Add(c.requestTimeout)
 	for _, cn := range c.pool.allConns() {
 		cn.settle(settleBy)
-	}
-	// Lines already queued (the release of a grant that arrived for a
-	// call given up just now) go out before the sockets close.
-	deadline := time.Now().Add(closeFlushWait)
-	for _, cn := range c.pool.allConns() {
-		for !cn.drained() && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
 	}
 	c.cancel()
 	c.pool.closeAll()
