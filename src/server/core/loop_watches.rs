@@ -69,11 +69,20 @@ pub fn about_watch(answer: &Answer) -> bool {
 }
 
 /// One I/O loop's watches: its fan-out and the glue around it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LoopWatches {
     fanout: Fanout,
     /// The loop's index (`Inbound::Watching`).
     worker: usize,
+    /// A connection whose output holds this many unsent bytes or more is
+    /// full: its watches stall ([`WATCH_ROOM`]; less in the simulation).
+    room: usize,
+}
+
+impl Default for LoopWatches {
+    fn default() -> LoopWatches {
+        LoopWatches::new(0)
+    }
 }
 
 impl LoopWatches {
@@ -82,10 +91,18 @@ impl LoopWatches {
         LoopWatches {
             fanout: Fanout::default(),
             worker,
+            room: WATCH_ROOM,
         }
     }
 
-    /// The loop's fan-out (what the pace and a draining connection read).
+    /// The same, with outputs full at `room` unsent bytes instead of
+    /// [`WATCH_ROOM`] (the simulation's small bound, so that its slow
+    /// watchers fill it).
+    pub fn with_room(self, room: usize) -> LoopWatches {
+        LoopWatches { room, ..self }
+    }
+
+    /// The loop's fan-out (what the loop's pace reads).
     pub fn fanout(&self) -> &Fanout {
         &self.fanout
     }
@@ -221,7 +238,7 @@ impl LoopWatches {
     /// lines and `max_looks` watchers looked at (see [`Fanout::sweep`]);
     /// a connection whose output holds [`WATCH_ROOM`] bytes or more is
     /// passed by (its watch is stalled: it gets the newest line once its
-    /// output drains).
+    /// output drains, [`LoopWatches::drained`]).
     pub fn sweep(
         &mut self,
         conns: &mut impl WatchConns,
@@ -229,13 +246,14 @@ impl LoopWatches {
         max_looks: usize,
     ) -> Swept {
         let mut skipped = 0;
+        let room = self.room;
         let swept = self
             .fanout
             .sweep(max_lines, max_looks, |slot, key, version, line| {
                 let Some(unsent) = conns.unsent(slot) else {
                     return false;
                 };
-                let has_room = unsent < WATCH_ROOM;
+                let has_room = unsent < room;
                 let Some(queue) = conns.queue(slot) else {
                     return false;
                 };
@@ -250,6 +268,36 @@ impl LoopWatches {
             conns.counted_lines(swept.lines as u64, skipped);
         }
         swept
+    }
+
+    /// Connection `slot`'s output drained (some of it went out): while it
+    /// has room (below [`WATCH_ROOM`] unsent), each of its stalled watches
+    /// (passed by while it was full) is given its key's newest line, the
+    /// one the fan-out keeps, each key once; what stays stalled waits for
+    /// the next drain. The loop calls it only for a connection that has
+    /// stalled watches ([`WatchQueue::has_stalled`]), so a drain costs the
+    /// others nothing.
+    pub fn drained(&mut self, conns: &mut impl WatchConns, slot: usize) {
+        let (mut written, mut skipped) = (0, 0);
+        while conns.unsent(slot).is_some_and(|unsent| unsent < self.room) {
+            let Some(queue) = conns.queue(slot) else {
+                break;
+            };
+            let Some(key) = queue.take_stalled() else {
+                break;
+            };
+            let Some((version, line)) = self.fanout.latest(&key) else {
+                continue;
+            };
+            if let Delivery::Write { skipped: s } = queue.offer(&key, version, true) {
+                conns.write_line(slot, line);
+                written += 1;
+                skipped += s;
+            }
+        }
+        if written > 0 || skipped > 0 {
+            conns.counted_lines(written, skipped);
+        }
     }
 
     /// Connection `slot` watches `key` now.
@@ -291,7 +339,9 @@ mod tests {
     }
 
     /// Connections in memory: their queues, what was written to each (as
-    /// text), what went to the owner, the count of watches.
+    /// text), their unsent bytes (what is written stays unsent until a test
+    /// says it went), what went to the owner, the counts of watches and of
+    /// lines (written, skipped).
     #[derive(Default)]
     struct Conns {
         queues: BTreeMap<usize, Box<WatchQueue>>,
@@ -299,6 +349,7 @@ mod tests {
         unsent: BTreeMap<usize, usize>,
         batch: Vec<Inbound>,
         watches: i64,
+        lines: (u64, u64),
     }
 
     impl WatchConns for Conns {
@@ -320,6 +371,7 @@ mod tests {
         fn write_line(&mut self, slot: usize, line: &[u8]) {
             let text = std::str::from_utf8(line).expect("text");
             self.written.entry(slot).or_default().push_str(text);
+            *self.unsent.entry(slot).or_default() += line.len();
         }
         fn write_answer(&mut self, slot: usize, answer: &Answer) {
             let mut line = Vec::new();
@@ -331,6 +383,10 @@ mod tests {
         }
         fn counted_watch(&mut self, on: bool) {
             self.watches += if on { 1 } else { -1 };
+        }
+        fn counted_lines(&mut self, written: u64, skipped: u64) {
+            self.lines.0 += written;
+            self.lines.1 += skipped;
         }
     }
 
@@ -483,5 +539,57 @@ mod tests {
         assert_eq!(conns.written[&1], "W k 9 1 0 -\n");
         assert!(!conns.written.contains_key(&2), "its output is full");
         assert!(conns.queues[&2].has_stalled());
+    }
+
+    #[test]
+    fn a_drained_output_gets_each_stalled_key_s_newest_line_while_it_has_room() {
+        // Room for one line: "W j 3 1 0 -\n" is 12 bytes.
+        let mut w = LoopWatches::new(0).with_room(12);
+        let mut conns = Conns::default();
+        watch(&mut w, &mut conns, 1, &["j", "k"]);
+        conns.lines = (0, 0);
+        conns.unsent.insert(1, 12);
+        for (k, token) in [("j", 1), ("k", 5), ("j", 2), ("k", 6), ("j", 3)] {
+            w.watchers_entry(&mut conns, &watched(k, token), || 0);
+            w.sweep(&mut conns, usize::MAX, usize::MAX);
+        }
+        assert!(!conns.written.contains_key(&1), "its output is full");
+        assert!(conns.queues[&1].has_stalled());
+        // Still full: nothing.
+        w.drained(&mut conns, 1);
+        assert!(!conns.written.contains_key(&1));
+        // Room for a line: one key gets its newest, the other waits.
+        conns.unsent.insert(1, 0);
+        w.drained(&mut conns, 1);
+        let first = conns.written[&1].clone();
+        assert!(
+            first == "W j 3 1 0 -\n" || first == "W k 6 1 0 -\n",
+            "{first:?}"
+        );
+        assert!(conns.queues[&1].has_stalled());
+        // A change meanwhile: the next drain gives the newest of it.
+        w.watchers_entry(&mut conns, &watched("k", 7), || 0);
+        w.watchers_entry(&mut conns, &watched("j", 4), || 0);
+        conns.unsent.insert(1, 0);
+        w.drained(&mut conns, 1);
+        let second = if first.starts_with("W j") {
+            "W k 7 1 0 -\n"
+        } else {
+            "W j 4 1 0 -\n"
+        };
+        assert_eq!(conns.written[&1], format!("{first}{second}"));
+        assert!(!conns.queues[&1].has_stalled());
+        // Two lines written, 4 states skipped either way (k's 5 and j's 1,
+        // 2, 3; or j's 1, 2 and k's 5, 6).
+        assert_eq!(conns.lines, (2, 4));
+        // The one not yet given goes out with the next sweep, as usual.
+        conns.unsent.insert(1, 0);
+        w.sweep(&mut conns, usize::MAX, usize::MAX);
+        assert_eq!(conns.lines.0, 3);
+        assert!(conns.written[&1].ends_with(if first.starts_with("W j") {
+            "W j 4 1 0 -\n"
+        } else {
+            "W k 7 1 0 -\n"
+        }));
     }
 }

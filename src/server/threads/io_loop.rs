@@ -144,7 +144,7 @@ use crate::server::core::connection::{
 use crate::server::core::deadlines::Deadlines;
 use crate::server::core::events::ConnId;
 use crate::server::core::loop_watches::{LoopWatches, WatchConns, about_watch};
-use crate::server::core::watchers::{Delivery, Fanout, Pace, WATCH_ROOM, WatchQueue};
+use crate::server::core::watchers::{Pace, WatchQueue};
 use crate::server::messages::{
     Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room, with_headroom,
 };
@@ -222,28 +222,9 @@ impl Conn {
         self.output.len() - self.written
     }
 
-    /// Give the watches offered while the output was full their key's
-    /// newest state, while the output has room; the lines written and the
-    /// states they skipped.
-    fn fill_stalled(&mut self, fanout: &Fanout) -> (u64, u64) {
-        let (mut written, mut skipped) = (0, 0);
-        let Some(queue) = self.watches.as_deref_mut() else {
-            return (0, 0);
-        };
-        while self.output.len() - self.written < WATCH_ROOM {
-            let Some(key) = queue.take_stalled() else {
-                break;
-            };
-            let Some((version, line)) = fanout.latest(&key) else {
-                continue;
-            };
-            if let Delivery::Write { skipped: s } = queue.offer(&key, version, true) {
-                self.output.extend_from_slice(line);
-                written += 1;
-                skipped += s;
-            }
-        }
-        (written, skipped)
+    /// Some watch was passed by while the output was full.
+    fn has_stalled(&self) -> bool {
+        self.watches.as_ref().is_some_and(|q| q.has_stalled())
     }
 }
 
@@ -1305,6 +1286,16 @@ impl IoLoop {
         (&mut self.watches, conns)
     }
 
+    /// Connection `slot`, being flushed, has room again for its stalled
+    /// watches (`LoopWatches::drained`). Their lines go out in this flush:
+    /// the connection is not queued for another.
+    fn drained(&mut self, slot: usize) {
+        let dirty = std::mem::replace(&mut self.conns[slot].dirty, true);
+        let (watches, mut conns) = self.watch_parts();
+        watches.drained(&mut conns, slot);
+        self.conns[slot].dirty = dirty;
+    }
+
     /// The connection is going (closing, forgotten, freed): its watches end.
     fn drop_watches(&mut self, slot: usize) {
         let (watches, mut conns) = self.watch_parts();
@@ -1429,15 +1420,14 @@ impl IoLoop {
 
     /// Write what is pending on one connection; free it if it is done.
     fn flush(&mut self, slot: usize) {
-        let conn = &mut self.conns[slot];
         let mut failed = false;
-        let (mut watch_lines, mut skipped) = (0, 0);
         loop {
             // Watches offered while the output was full get their newest
-            // state as it drains.
-            let (written, s) = conn.fill_stalled(self.watches.fanout());
-            watch_lines += written;
-            skipped += s;
+            // state as it drains (`LoopWatches::drained`).
+            if self.conns[slot].has_stalled() {
+                self.drained(slot);
+            }
+            let conn = &mut self.conns[slot];
             let before = conn.written;
             while conn.pending_output() > 0 {
                 match conn.stream.write(&conn.output[conn.written..]) {
@@ -1454,17 +1444,11 @@ impl IoLoop {
                     }
                 }
             }
-            let more = conn.watches.as_ref().is_some_and(|q| q.has_stalled());
-            if failed || !more || conn.written == before {
+            if failed || !conn.has_stalled() || conn.written == before {
                 break;
             }
         }
-        if watch_lines > 0 {
-            self.gauges.io_counters.watch_lines(watch_lines);
-        }
-        if skipped > 0 {
-            self.gauges.io_counters.watch_lines_skipped(skipped);
-        }
+        let conn = &mut self.conns[slot];
         // TLS: records rustls still holds (a handshake, or what the socket
         // would not take) go out on the writable event too.
         if !failed && conn.stream.push_tls().is_err() {
