@@ -34,8 +34,11 @@
 //! links held (not silent) while the owner is behind, and, as replication
 //! tells the owner the most output queued on a peer link after each turn
 //! (`Gauges::peer_output`), snapshot pieces held back while a standby
-//! does not read. The runs count each (`Pressure`), and the tests assert
-//! that seeded runs reach every one.
+//! does not read. So is a watcher's output (`watch::ROOM`, a few lines):
+//! a slow watcher's fills, the sweep passes it by and its watches stall,
+//! and once it reads, the drain gives it each stalled key's newest line
+//! (`LoopWatches::drained`). The runs count each (`Pressure`), and the
+//! tests assert that seeded runs reach every one.
 //!
 //! Client traffic is mutexes and two semaphores (limits 2 and 3, holders
 //! with and without values), whose grants replicate a `G` per holder.
@@ -48,8 +51,11 @@
 //! node's own watch glue (`LoopWatches`, core/loop_watches.rs, the code
 //! `threads/io_loop.rs` runs; simulation/watch.rs gives it in-memory
 //! connections), fed with the owner's answers and its change lines for the
-//! loop's watchers, and gives every watcher each line (newest state wins; a
-//! real loop may skip intermediate states, which the check allows for).
+//! loop's watchers. What the loop writes to a watcher stays in its
+//! connection's output until the watcher reads it, after each step of its
+//! node, but now and then a watcher is slow: it reads nothing for a while,
+//! its output fills, and it skips states (a stalled watch gets only its
+//! key's newest line), which the check allows for.
 //!
 //! Checked after every step, on every node that runs:
 //! - the lock table's own invariants (`check_invariants`);
@@ -365,6 +371,12 @@ struct Pressure {
     /// Owner rounds that held a snapshot piece back for a backed-up peer
     /// link.
     pieces_held: u64,
+    /// Sweeps that passed a watcher by (its output full: it had not read
+    /// for a while), its watches stalled.
+    watch_stalls: u64,
+    /// Reads that drained a watcher's output and got its stalled watches
+    /// their keys' newest lines (`LoopWatches::drained`).
+    watch_drains: u64,
 }
 
 impl Sim {
@@ -538,6 +550,7 @@ impl Sim {
         if self.nodes[i].owner_stalled_until.is_none() {
             self.owner_round(i, now);
         }
+        self.watchers_read(i);
         self.check_node(i);
     }
 
@@ -654,8 +667,6 @@ impl Sim {
         self.pressure.deltas_lost += node.owner.to_repl.lost() - lost;
         self.pressure.pieces_held += node.owner.core.pieces_held() - held;
         answers.append(&mut node.forged);
-        // What the I/O loop writes to the watchers' connections, in order.
-        let mut writes = Vec::new();
         for (conn, answer) in answers.drain(..) {
             if let Some(log) = &mut self.nodes[i].answer_log {
                 log.push((conn.0, answer.clone()));
@@ -664,26 +675,21 @@ impl Sim {
             if conn.is_watchers() {
                 // No clock here: the time only paces sweeps, which the
                 // simulation runs whole.
-                let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+                let (watches, mut conns) = node.watches.parts(&mut node.client_in);
                 watches.watchers_entry(&mut conns, &answer, || 0);
                 continue;
             }
             // As the I/O loop hands its answers over (io_loop.rs
             // `apply_owner_batch`).
             if node.watches.has(conn.0) && about_watch(&answer) {
-                let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+                let (watches, mut conns) = node.watches.parts(&mut node.client_in);
                 watches.answer(&mut conns, slot(conn.0), &answer);
-                writes.push((conn.0, answer.clone()));
+                node.watches.write(&mut node.client_in, conn.0, &answer);
             }
             self.check_answer(i, conn, answer);
         }
         let node = &mut self.nodes[i];
-        let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
-        watches.sweep(&mut conns, usize::MAX, usize::MAX);
-        for (conn, answer) in writes {
-            self.watcher_reads(i, conn, answer);
-        }
-        let node = &mut self.nodes[i];
+        self.pressure.watch_stalls += node.watches.sweep(&mut node.client_in);
         node.answers = answers;
         for conn in forgotten {
             if let Some(book) = node.books.remove(&conn.0) {
@@ -1399,6 +1405,10 @@ struct Watcher {
     next: Option<usize>,
     /// Since when a `W` it sent has had no answer.
     asked_at: Option<u64>,
+    /// Until when it reads nothing: what its node's loop writes to it stays
+    /// in the loop's output, which fills (`watch::ROOM`), and its watches
+    /// stall until it reads again.
+    slow_until: Option<u64>,
     keys: Vec<WatchedKey>,
     /// Every line shown (node, key, state), when a scenario keeps them.
     log: Option<Vec<(usize, Key, WatchState)>>,
@@ -1443,6 +1453,7 @@ impl Sim {
             conn: None,
             next: None,
             asked_at: None,
+            slow_until: None,
             keys: keys
                 .iter()
                 .map(|k| WatchedKey {
@@ -1525,6 +1536,11 @@ impl Sim {
             }
             // Reconnect, to any node.
             2 if self.watch_rng.chance(1, 4) => self.watcher_closes(w, None),
+            // Read nothing for a while (within its `W`'s timeout).
+            3 if !self.is_slow(w) => {
+                let ms = self.watch_rng.between(50, 500);
+                self.watchers[w].slow_until = Some(self.now + ms);
+            }
             _ => {}
         }
     }
@@ -1565,8 +1581,7 @@ impl Sim {
         wk.asked = true;
         let node = &mut self.nodes[n];
         node.expect(conn, Op::Watch, Some(wk.key.clone()));
-        let mut writes = Vec::new();
-        let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+        let (watches, mut conns) = node.watches.parts(&mut node.client_in);
         let (at, id) = (slot(conn), ConnId(conn));
         watches.parsed_watch(&mut conns, at, id, wk.key.clone(), MAX_WATCHES);
     }
@@ -1579,8 +1594,7 @@ impl Sim {
         wk.check.end();
         let node = &mut self.nodes[n];
         node.expect(conn, Op::Unwatch, Some(wk.key.clone()));
-        let mut writes = Vec::new();
-        let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+        let (watches, mut conns) = node.watches.parts(&mut node.client_in);
         watches.parsed_unwatch(&mut conns, slot(conn), ConnId(conn), wk.key.clone());
     }
 
@@ -1589,9 +1603,9 @@ impl Sim {
     fn watcher_closes(&mut self, w: usize, next: Option<usize>) {
         if let Some((n, _, conn)) = self.watchers[w].conn {
             let node = &mut self.nodes[n];
-            let mut writes = Vec::new();
-            let (watches, mut conns) = node.watches.parts(&mut node.client_in, &mut writes);
+            let (watches, mut conns) = node.watches.parts(&mut node.client_in);
             watches.drop_watches(&mut conns, slot(conn));
+            node.watches.forget(conn);
             node.client_in.push(Inbound::Closed(ConnId(conn)));
         }
         self.watcher_lost(w);
@@ -1606,6 +1620,32 @@ impl Sim {
         for wk in &mut watcher.keys {
             wk.asked = false;
             wk.check.end();
+        }
+    }
+
+    /// Watcher `w` reads nothing now (until its slow spell ends, or the
+    /// watchers are quiet).
+    fn is_slow(&self, w: usize) -> bool {
+        !self.watch_quiet && self.watchers[w].slow_until.is_some_and(|t| self.now < t)
+    }
+
+    /// After node `i`'s step, every watcher connected to it that is not
+    /// slow reads what its I/O loop wrote to it (a drain gives stalled
+    /// watches their newest lines: `LoopSide::read`).
+    fn watchers_read(&mut self, i: usize) {
+        for w in 0..self.watchers.len() {
+            let Some((n, _, conn)) = self.watchers[w].conn else {
+                continue;
+            };
+            if n != i || self.is_slow(w) {
+                continue;
+            }
+            let node = &mut self.nodes[i];
+            let (lines, drained) = node.watches.read(&mut node.client_in, conn);
+            self.pressure.watch_drains += u64::from(drained > 0);
+            for answer in lines {
+                self.watcher_reads(i, conn, answer);
+            }
         }
     }
 
@@ -1964,6 +2004,8 @@ struct PressureTotals {
     deltas_lost: AtomicU64,
     reads_held: AtomicU64,
     pieces_held: AtomicU64,
+    watch_stalls: AtomicU64,
+    watch_drains: AtomicU64,
 }
 
 static PRESSURE: PressureTotals = PressureTotals {
@@ -1971,6 +2013,8 @@ static PRESSURE: PressureTotals = PressureTotals {
     deltas_lost: AtomicU64::new(0),
     reads_held: AtomicU64::new(0),
     pieces_held: AtomicU64::new(0),
+    watch_stalls: AtomicU64::new(0),
+    watch_drains: AtomicU64::new(0),
 };
 
 impl PressureTotals {
@@ -1980,6 +2024,10 @@ impl PressureTotals {
         self.deltas_lost.fetch_add(p.deltas_lost, Ordering::Relaxed);
         self.reads_held.fetch_add(p.reads_held, Ordering::Relaxed);
         self.pieces_held.fetch_add(p.pieces_held, Ordering::Relaxed);
+        self.watch_stalls
+            .fetch_add(p.watch_stalls, Ordering::Relaxed);
+        self.watch_drains
+            .fetch_add(p.watch_drains, Ordering::Relaxed);
     }
 
     fn get(&self) -> Pressure {
@@ -1988,6 +2036,8 @@ impl PressureTotals {
             deltas_lost: self.deltas_lost.load(Ordering::Relaxed),
             reads_held: self.reads_held.load(Ordering::Relaxed),
             pieces_held: self.pieces_held.load(Ordering::Relaxed),
+            watch_stalls: self.watch_stalls.load(Ordering::Relaxed),
+            watch_drains: self.watch_drains.load(Ordering::Relaxed),
         }
     }
 }
@@ -2068,7 +2118,9 @@ fn random_faults_never_repeat_a_token_and_the_cluster_converges_to_the_first_nod
             pressure.slow_standby > 0
                 && pressure.deltas_lost > 0
                 && pressure.reads_held > 0
-                && pressure.pieces_held > 0,
+                && pressure.pieces_held > 0
+                && pressure.watch_stalls > 0
+                && pressure.watch_drains > 0,
             "a bound of the ports was never reached: {pressure:?}"
         );
     }
@@ -2081,8 +2133,10 @@ fn random_faults_never_repeat_a_token_and_the_cluster_converges_to_the_first_nod
 /// standbys re-synced from snapshots), seed 1 has replication hold its
 /// peer links while a held-up owner is behind (no failover for it), seed
 /// 381 has an active hold snapshot pieces back while a peer link's output
-/// is backed up (`TableCore::with_output_max`). If a change makes one stop
-/// reaching its bound, this says which.
+/// is backed up (`TableCore::with_output_max`), and seed 1 has a slow
+/// watcher's output fill (`watch::ROOM`), a sweep pass it by, its watches
+/// stall, and its read drain them (`LoopWatches::drained`). If a change
+/// makes one stop reaching its bound, this says which.
 #[test]
 fn seeded_runs_reach_each_bound_of_the_ports() {
     let slow = run_sim(2);
@@ -2091,6 +2145,10 @@ fn seeded_runs_reach_each_bound_of_the_ports() {
     assert!(lost.deltas_lost > 0, "seed 3: {lost:?}");
     let held = run_sim(1);
     assert!(held.reads_held > 0, "seed 1: {held:?}");
+    assert!(
+        held.watch_stalls > 0 && held.watch_drains > 0,
+        "seed 1: {held:?}"
+    );
     let backed_up = run_sim(381);
     assert!(backed_up.pieces_held > 0, "seed 381: {backed_up:?}");
 }

@@ -1,7 +1,8 @@
 //! Watches in the cluster simulation: a node's I/O loop's side of them
 //! ([`LoopSide`]: the node's own watch glue, `core/loop_watches.rs`, which
-//! `threads/io_loop.rs` runs too, over in-memory connections), and the rule
-//! a watcher's lines must keep ([`WatchCheck`]). Runs on the simulation's
+//! `threads/io_loop.rs` runs too, over in-memory connections whose output
+//! is bounded by [`ROOM`] and drains only when the watcher reads), and the
+//! rule a watcher's lines must keep ([`WatchCheck`]). Runs on the simulation's
 //! thread; decides nothing the node decides.
 //!
 //! The rule, for one watcher of one key. A *session* is the lines one node
@@ -24,9 +25,9 @@
 //!   that is: each new holder's token is above every earlier one, the same
 //!   grant may be shown again (a second `W`), and a grant once replaced or
 //!   freed never comes back. It holds however many states the watcher
-//!   skips (a real loop gives a slow watcher only the newest; one step of
-//!   the node is one line however many grants it made), so the
-//!   simulation, which delivers every line, asks no more than the node
+//!   skips (a loop gives a slow watcher only the newest, as the
+//!   simulation's slow watchers are given; one step of the node is one
+//!   line however many grants it made), so it asks no more than the node
 //!   promises.
 //! - **Across sessions** (a re-watch after a failover or a hand-over): the
 //!   new active's first line may show an older holder than the old
@@ -51,7 +52,7 @@
 //!   (the caller says which lines those are: [`WatchCheck::line`]'s
 //!   `epoch`). The first rule still applies to every session.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use baton::protocol::{Answer, Parsed, WatchState, parse_answer};
 use baton::server::core::loop_watches::{LoopWatches, WatchConns};
@@ -61,20 +62,36 @@ use baton::server::messages::Inbound;
 /// `--max-watches` of the simulated loops (the default).
 pub const MAX_WATCHES: usize = 1024;
 
+/// Unsent bytes at which a simulated watcher's output is full (the
+/// server's is `WATCH_ROOM`, 64 KiB): a few lines, so that a watcher that
+/// does not read for a while fills it and its watches stall.
+pub const ROOM: usize = 128;
+
 /// One node's I/O loop as far as watches go: the node's own watch glue
 /// (`LoopWatches`, core/loop_watches.rs, which `threads/io_loop.rs` runs)
-/// and the queues of its connections that watch, by connection id (the
-/// simulation's ids are small: a connection's id is its slot).
+/// and, by connection id (the simulation's ids are small: a connection's
+/// id is its slot), the queues of its connections that watch and what it
+/// wrote on each that the watcher has not read (its unsent output).
 pub struct LoopSide {
     pub watches: LoopWatches,
     queues: BTreeMap<usize, Box<WatchQueue>>,
+    outputs: BTreeMap<usize, Output>,
+}
+
+/// What the loop wrote on one connection that its watcher has not read:
+/// the lines, in order, and their bytes.
+#[derive(Default)]
+struct Output {
+    lines: VecDeque<Answer>,
+    bytes: usize,
 }
 
 impl Default for LoopSide {
     fn default() -> LoopSide {
         LoopSide {
-            watches: LoopWatches::new(0),
+            watches: LoopWatches::new(0).with_room(ROOM),
             queues: BTreeMap::new(),
+            outputs: BTreeMap::new(),
         }
     }
 }
@@ -86,19 +103,74 @@ impl LoopSide {
     }
 
     /// The glue and the connections as it sees them: `batch`, the loop's
-    /// next batch for the owner; `writes`, what it writes to connections,
-    /// in order.
+    /// next batch for the owner.
     pub fn parts<'a>(
         &'a mut self,
         batch: &'a mut Vec<Inbound>,
-        writes: &'a mut Vec<(u64, Answer)>,
     ) -> (&'a mut LoopWatches, SimConns<'a>) {
         let conns = SimConns {
             queues: &mut self.queues,
+            outputs: &mut self.outputs,
             batch,
-            writes,
         };
         (&mut self.watches, conns)
+    }
+
+    /// The loop writes `answer` on connection `conn` (an answer about a
+    /// watch, as io_loop.rs `apply_owner_batch` does after
+    /// `LoopWatches::answer`).
+    pub fn write(&mut self, batch: &mut Vec<Inbound>, conn: u64, answer: &Answer) {
+        let (_, mut conns) = self.parts(batch);
+        conns.write_answer(slot(conn), answer);
+    }
+
+    /// The sweep, as the loop runs it (whole here: the simulation does not
+    /// pace it); how many connections' watches it stalled (none were
+    /// before: their outputs were full).
+    pub fn sweep(&mut self, batch: &mut Vec<Inbound>) -> u64 {
+        let stalled_before = self.stalled();
+        let (watches, mut conns) = self.parts(batch);
+        watches.sweep(&mut conns, usize::MAX, usize::MAX);
+        let stalled = self.stalled();
+        stalled
+            .iter()
+            .filter(|s| !stalled_before.contains(s))
+            .count() as u64
+    }
+
+    /// The connections with a stalled watch, in slot order.
+    fn stalled(&self) -> Vec<usize> {
+        let stalled = self.queues.iter().filter(|(_, q)| q.has_stalled());
+        stalled.map(|(&slot, _)| slot).collect()
+    }
+
+    /// The watcher of connection `conn` reads everything written on it.
+    /// As its output drains, the loop gives its stalled watches their keys'
+    /// newest lines (`LoopWatches::drained`, as io_loop.rs does in a
+    /// flush), and the watcher reads those too, until none is left. The
+    /// lines read, in order, and how many of them the drains wrote.
+    pub fn read(&mut self, batch: &mut Vec<Inbound>, conn: u64) -> (Vec<Answer>, u64) {
+        let at = slot(conn);
+        let mut lines = Vec::new();
+        if let Some(output) = self.outputs.remove(&at) {
+            lines.extend(output.lines);
+        }
+        let mut drained = 0;
+        while self.queues.get(&at).is_some_and(|q| q.has_stalled()) {
+            let (watches, mut conns) = self.parts(batch);
+            watches.drained(&mut conns, at);
+            let Some(output) = self.outputs.remove(&at) else {
+                break;
+            };
+            drained += output.lines.len() as u64;
+            lines.extend(output.lines);
+        }
+        (lines, drained)
+    }
+
+    /// Connection `conn` is gone: what it had not read goes with it.
+    pub fn forget(&mut self, conn: u64) {
+        self.outputs.remove(&slot(conn));
     }
 }
 
@@ -107,13 +179,21 @@ pub fn slot(conn: u64) -> usize {
     conn as usize
 }
 
-/// The simulated loop's connections (`WatchConns`): their queues, the
-/// batch for the owner, the lines written. Their outputs always have room
-/// (the simulated watchers read at once).
+/// The simulated loop's connections (`WatchConns`): their queues, their
+/// unsent outputs (the bytes written on each that its watcher has not
+/// read: [`LoopSide::read`]), the batch for the owner.
 pub struct SimConns<'a> {
     queues: &'a mut BTreeMap<usize, Box<WatchQueue>>,
+    outputs: &'a mut BTreeMap<usize, Output>,
     batch: &'a mut Vec<Inbound>,
-    writes: &'a mut Vec<(u64, Answer)>,
+}
+
+impl SimConns<'_> {
+    fn push(&mut self, slot: usize, answer: Answer, bytes: usize) {
+        let output = self.outputs.entry(slot).or_default();
+        output.lines.push_back(answer);
+        output.bytes += bytes;
+    }
 }
 
 impl WatchConns for SimConns<'_> {
@@ -134,7 +214,8 @@ impl WatchConns for SimConns<'_> {
     }
 
     fn unsent(&self, slot: usize) -> Option<usize> {
-        self.queues.contains_key(&slot).then_some(0)
+        let bytes = self.outputs.get(&slot).map_or(0, |o| o.bytes);
+        self.queues.contains_key(&slot).then_some(bytes)
     }
 
     fn write_line(&mut self, slot: usize, line: &[u8]) {
@@ -142,13 +223,15 @@ impl WatchConns for SimConns<'_> {
             Parsed::Line {
                 used,
                 result: Ok(answer),
-            } if used == line.len() => self.writes.push((slot as u64, answer)),
+            } if used == line.len() => self.push(slot, answer, line.len()),
             other => panic!("a change line that does not parse back: {other:?}"),
         }
     }
 
     fn write_answer(&mut self, slot: usize, answer: &Answer) {
-        self.writes.push((slot as u64, answer.clone()));
+        let mut line = Vec::new();
+        answer.write_to(&mut line);
+        self.push(slot, answer.clone(), line.len());
     }
 
     fn to_owner(&mut self, inbound: Inbound) {
