@@ -1,18 +1,31 @@
 //! One I/O loop's side of the watches, written once for the threads and
 //! the simulation: what the loop does with a parsed `W` or `X`, with the
 //! owner's answers about watches and its entries for the loop's watchers,
-//! with a connection that goes, and the sweep that gives watchers behind
-//! their keys' newest lines ([`LoopWatches`], around `watchers.rs`'s
-//! [`Fanout`] and [`WatchQueue`]).
+//! with a connection that goes, the sweep that gives watchers behind their
+//! keys' newest lines, and the drain of a slow watcher's output
+//! ([`LoopWatches`], around `watchers.rs`'s [`Fanout`] and
+//! [`WatchQueue`]).
+//!
+//! Slow watchers: the sweep passes by a connection whose output holds
+//! [`WATCH_ROOM`] bytes or more unsent, and its watch is marked stalled
+//! in its queue (a mark per key, no line). When the loop sees that output
+//! drain ([`LoopWatches::drained`], called only for a connection with
+//! stalled watches), each stalled key is given its newest line, the one
+//! the fan-out keeps once per key for all the loop's watchers, while the
+//! output has room. So a slow watcher costs the loop a mark per key, and
+//! skips states but ends on the newest.
 //!
 //! Owns: the loop's [`Fanout`] (per watched key its newest line and its
-//! watching connections) and the loop's index (what it tells the owner in
-//! `Inbound::Watching`). What it needs of the loop's connections (each
-//! one's [`WatchQueue`], its output's room, a write, the batch for the
-//! owner, the counts) is a trait, [`WatchConns`]: `threads/io_loop.rs`
-//! implements it over its slab of sockets, the simulation
-//! (`tests/simulation.rs`) over in-memory connections. So the simulation
-//! runs the loop's watch glue, not a copy of it.
+//! watching connections), the loop's index (what it tells the owner in
+//! `Inbound::Watching`) and the room of an output (`WATCH_ROOM`; the
+//! simulation's is small, so that its slow watchers fill it). What it
+//! needs of the loop's connections (each one's [`WatchQueue`], its unsent
+//! output, a write, the batch for the owner, the counts) is a trait,
+//! [`WatchConns`]: `threads/io_loop.rs` implements it over its slab of
+//! sockets, the simulation (`tests/simulation.rs`) over in-memory
+//! connections whose output drains only when their watcher reads. So the
+//! simulation runs the loop's watch glue, not a copy of it, stalls and
+//! drains included.
 //!
 //! Runs on an I/O loop's thread (or the simulation's).
 //!
