@@ -612,26 +612,7 @@ impl Sim {
         // What was held back is read first next step (the kernel keeps
         // it).
         self.nodes[i].inbox = held;
-        rounds::take_inbox(&mut self.repl(i));
-        if !self.nodes[i].up {
-            return;
-        }
-        rounds::tick(&mut self.repl(i));
-        self.publish_peer_output(i);
-    }
-
-    /// Node `i`'s replication tells its owner the most output queued on
-    /// one of its peer links, as replication.rs does after each turn.
-    fn publish_peer_output(&mut self, i: usize) {
-        let most = (0..self.nodes.len())
-            .filter(|&b| b != i)
-            .map(|b| self.unsent(i, b))
-            .max()
-            .unwrap_or(0);
-        self.nodes[i]
-            .gauges
-            .peer_output
-            .store(most, std::sync::atomic::Ordering::Relaxed);
+        rounds::end_turn(&mut self.repl(i));
     }
 
     /// Node `i`'s I/O loop: its count of connections, and one batch of
@@ -1812,6 +1793,11 @@ impl ReplShell for SimRepl<'_> {
 
     fn stopped(&self) -> bool {
         !self.up()
+    }
+
+    fn most_unsent(&self) -> usize {
+        let peers = (0..self.sim.nodes.len()).filter(|&b| b != self.i);
+        peers.map(|b| self.sim.unsent(self.i, b)).max().unwrap_or(0)
     }
 
     fn dial(&mut self, peer: usize) {
