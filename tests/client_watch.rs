@@ -326,20 +326,9 @@ deref_to_nodes!(Pair);
 
 impl Pair {
     fn start() -> Pair {
-        let mut pair = Pair {
-            nodes: Nodes::on_free_ports(2),
-        };
-        for i in 0..2 {
-            let flags = [
-                "--detect",
-                "0.5",
-                "--cluster-key-file",
-                common::cluster_key_file(),
-            ];
-            pair.nodes.start_with(i, &flags, &[]);
+        Pair {
+            nodes: Nodes::formed_pair("0.5"),
         }
-        pair.wait_synced_standbys(0, 1);
-        pair
     }
 }
 

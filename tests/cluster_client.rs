@@ -36,13 +36,7 @@ impl Pair {
     }
 
     fn start_node(&mut self, i: usize) {
-        let flags = [
-            "--detect",
-            DETECT,
-            "--cluster-key-file",
-            common::cluster_key_file(),
-        ];
-        self.nodes.start_with(i, &flags, &[]);
+        self.nodes.start_clustered(i, DETECT);
     }
 
     /// Node `active` serves with the other as its synced standby.

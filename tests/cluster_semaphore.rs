@@ -29,21 +29,10 @@ deref_to_nodes!(Cluster);
 impl Cluster {
     /// Two nodes, node 0 active and node 1 its synced standby.
     fn formed() -> Cluster {
-        let mut cluster = Cluster {
-            nodes: Nodes::on_free_ports(2),
+        let cluster = Cluster {
+            nodes: Nodes::formed_pair(DETECT),
         };
-        let flags = [
-            "--cluster-key-file",
-            common::cluster_key_file(),
-            "--detect",
-            DETECT,
-        ];
-        for i in 0..2 {
-            cluster.nodes.start_with(i, &flags, &[]);
-        }
-        cluster.wait_serving(0);
         cluster.wait_standby_of(1, 0);
-        cluster.wait_synced_standbys(0, 1);
         cluster
     }
 }

@@ -36,8 +36,8 @@ use baton::protocol::{
 };
 use common::rng::Rng;
 use common::{
-    DEADLINE, Latencies, LineClient, Node, Query, Received, info_field, raise_fd_limit, test_seed,
-    token_of, wait_for,
+    DEADLINE, Latencies, LineClient, Node, Query, info_field, raise_fd_limit, test_seed, token_of,
+    wait_for,
 };
 
 /// A generous bound on a well-behaved client's p99 round trip under hostile
@@ -1165,20 +1165,6 @@ const IDLE_CONNS: usize = 3000;
 /// Connections opened (and checked with `I`) at a time.
 const OPEN_BATCH: usize = 200;
 
-/// A new connection that the node admits, or None if it refuses it.
-fn admitted(node: &Node) -> Option<LineClient> {
-    let mut client = node.client();
-    client.send("I");
-    match client.next_event(DEADLINE) {
-        Received::Line(line) if line.starts_with("I ") => Some(client),
-        Received::Line(line) => {
-            assert_eq!(line, "E - - too-many-connections");
-            None
-        }
-        _ => None,
-    }
-}
-
 fn assert_refused_as_too_many(node: &Node) {
     let mut over = node.client();
     assert_eq!(over.recv(), "E - - too-many-connections");
@@ -1257,7 +1243,7 @@ fn thousands_of_idle_connections_are_admitted_up_to_max_conns_and_the_next_is_re
         idle.push(wait_for(
             "a new connection to be admitted",
             DEADLINE,
-            || admitted(&node),
+            || node.admitted(),
         ));
     }
     assert_refused_as_too_many(&node);

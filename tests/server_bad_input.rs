@@ -504,16 +504,7 @@ fn a_connection_over_max_conns_is_refused_and_one_is_accepted_after_a_close() {
 
     drop(clients.pop());
     let mut accepted = wait_for("a new connection to be accepted", DEADLINE, || {
-        let mut c = node.client();
-        c.send("I");
-        match c.next_event(DEADLINE) {
-            Received::Line(line) if line.starts_with("I ") => Some(c),
-            Received::Line(line) => {
-                assert_eq!(line, "E - - too-many-connections");
-                None
-            }
-            _ => None,
-        }
+        node.admitted()
     });
     let info = accepted.info();
     assert_eq!(info_field(&info, "conns").as_deref(), Some("5"), "{info}");

@@ -232,6 +232,13 @@ func refusal(a answer) error {
 // after more than a third of its lease is confirmed at once with K, whose
 // send time becomes the lease start. A grant that ran out before it
 // arrived is asked for again (at most acquireRounds times).
+//
+// The grant is in hand (counted, see Client.hands) from the moment the
+// reader delivers it: the grant returned is still counted (the caller ends
+// that with c.handOut()); on every other way out the count ends here. A
+// call that finds the client closing, once it has the grant or once its K
+// is answered, releases the grant itself (Close waits for it to) and fails
+// ErrClosed.
 func (c *Client) acquire(ctx context.Context, key string, leaseMS, waitMS uint64, limit int, value string) (*Grant, error) {
 	var waitEnd time.Time
 	if waitMS > 0 {
@@ -271,13 +278,18 @@ func (c *Client) acquire(ctx context.Context, key string, leaseMS, waitMS uint64
 		default:
 			return nil, unexpected(done.ans)
 		}
+		if c.closed.Load() {
+			c.releaseInHand(g)
+			return nil, ErrClosed
+		}
 		if time.Since(g.start) <= g.lease/3 {
 			return g, nil
 		}
 		// Confirm at once: the grant is ours from here on, so a caller who
-		// gives up meanwhile does not leak it.
+		// gives up meanwhile does not leak it, nor does Close (which waits
+		// for this call: the K is not stopped by it).
 		k := &request{op: opKeep, key: key, token: g.token, leaseMS: leaseMS}
-		kctx := context.WithoutCancel(ctx)
+		kctx := context.WithValue(context.WithoutCancel(ctx), closingKey{}, true)
 		kdone, kfail := c.exchange(kctx, anyNode, time.Now().Add(c.requestTimeout), func() (*request, error) { return k, nil })
 		switch {
 		case kfail != nil:
@@ -285,13 +297,21 @@ func (c *Client) acquire(ctx context.Context, key string, leaseMS, waitMS uint64
 		case kdone.ans.kind == 'K':
 			g.renew(leaseMS, kdone.sentAt)
 		case kdone.ans.kind == 'E' && kdone.ans.reason == "not-held":
+			c.handOut()
+			if c.closed.Load() {
+				return nil, ErrClosed
+			}
 			c.logf("a grant of %s ran out before it arrived; asking again", key)
 			continue
 		default:
 			c.logf("confirming %s: unexpected answer %q", key, string(kdone.ans.kind))
 		}
+		if c.closed.Load() {
+			c.releaseInHand(g)
+			return nil, ErrClosed
+		}
 		if err := ctx.Err(); err != nil {
-			go c.releaseQuietly(g)
+			go c.releaseInHand(g)
 			return nil, err
 		}
 		return g, nil
@@ -299,9 +319,13 @@ func (c *Client) acquire(ctx context.Context, key string, leaseMS, waitMS uint64
 	return nil, lost("the grant ran out before it arrived, " + fmt.Sprint(acquireRounds) + " times")
 }
 
-// releaseQuietly releases a grant nobody will get, best effort.
-func (c *Client) releaseQuietly(g *Grant) {
-	if _, err := c.release(context.Background(), g.key, g.token); err != nil {
+// releaseInHand releases a grant in hand that nobody will get (its caller
+// gave up, or the client is closing), best effort, then ends its count.
+// Close does not stop the release: it waits for it (at most the request
+// timeout), and the connections stay open meanwhile.
+func (c *Client) releaseInHand(g *Grant) {
+	defer c.handOut()
+	if _, err := c.release(c.closingCtx(), g.key, g.token); err != nil {
 		c.logf("could not release %s (token %d): %v; its lease will run out", g.key, g.token, err)
 	}
 }

@@ -32,10 +32,6 @@ const (
 // held grants.
 const closeReleaseWait = time.Second
 
-// closeFlushWait bounds how long Close waits for lines already queued to
-// be written.
-const closeFlushWait = 200 * time.Millisecond
-
 // Option is a setting of a Client beyond its servers.
 type Option func(*config)
 
@@ -106,6 +102,11 @@ type Client struct {
 	wg       sync.WaitGroup
 	notifier notifier
 	pool     *pool
+	// hands counts the grants in hand: delivered to an acquire call that
+	// has not returned it yet (confirming it with K, say), or being
+	// released because nobody will get it. Close waits until it is zero
+	// before it settles and closes the connections.
+	hands atomic.Int64
 
 	mu   sync.Mutex
 	held map[*Grant]struct{}
@@ -235,9 +236,12 @@ func (c *Client) Servers() []string {
 // (once, best effort, waiting at most a second), watches end, calls in
 // progress return ErrClosed, a grant that comes to a call Close ended (the
 // key a held grant's release hands to this client's own waiter, say) is
-// released before the connections close, the connections close, and every
-// goroutine the client started has returned when Close returns. Later
-// calls on the client or its grants return ErrClosed. Close is idempotent.
+// released before the connections close, as is a grant an acquire had
+// already been given but not yet returned (one it was confirming with a
+// keep: Close waits for that call, at most the request timeout), the
+// connections close, and every goroutine the client started has returned
+// when Close returns. Later calls on the client or its grants return
+// ErrClosed. Close is idempotent.
 func (c *Client) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return nil
@@ -249,7 +253,7 @@ func (c *Client) Close() error {
 		held = append(held, g)
 	}
 	c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.WithValue(c.ctx, closingKey{}, true), closeReleaseWait)
+	ctx, cancel := context.WithTimeout(c.closingCtx(), closeReleaseWait)
 	var releases sync.WaitGroup
 	for _, g := range held {
 		if !g.closeHeld() {
@@ -265,6 +269,9 @@ func (c *Client) Close() error {
 	}
 	releases.Wait()
 	cancel()
+	// The calls with a grant in hand see that the client is closing and
+	// release it themselves, on connections still open.
+	c.waitHandsFree(time.Now().Add(c.requestTimeout))
 	// The grants already made to this client's connections (the key a
 	// release just handed to its own waiter, say) come in and are released
 	// before the sockets close.
@@ -272,19 +279,57 @@ func (c *Client) Close() error {
 	for _, cn := range c.pool.allConns() {
 		cn.settle(settleBy)
 	}
-	// Lines already queued (the release of a grant that arrived for a
-	// call given up just now) go out before the sockets close.
-	deadline := time.Now().Add(closeFlushWait)
-	for _, cn := range c.pool.allConns() {
-		for !cn.drained() && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
-	}
 	c.cancel()
 	c.pool.closeAll()
 	c.notifier.bump()
 	c.wg.Wait()
 	return nil
+}
+
+// closingCtx is the context of the requests Close waits for (the releases
+// of held grants and of grants in hand), which the stopping of calls does
+// not stop; c.ctx ends them once Close is done waiting.
+func (c *Client) closingCtx() context.Context {
+	return context.WithValue(c.ctx, closingKey{}, true)
+}
+
+// takeInHand counts a grant the reader is about to deliver to its acquire
+// call; false when the client is closing (then the grant goes to nobody).
+// The count comes first, so Close, which marks the client closed before it
+// reads the count, either sees the grant counted or has been seen here.
+func (c *Client) takeInHand() bool {
+	c.hands.Add(1)
+	if c.closed.Load() {
+		c.handOut()
+		return false
+	}
+	return true
+}
+
+// handOut: a grant in hand was returned to its caller or released.
+func (c *Client) handOut() {
+	if c.hands.Add(-1) == 0 {
+		c.notifier.bump()
+	}
+}
+
+// waitHandsFree waits until no grant is in hand, or until deadline.
+func (c *Client) waitHandsFree(deadline time.Time) {
+	tm := time.NewTimer(time.Until(deadline))
+	defer tm.Stop()
+	for {
+		seen := c.notifier.wait()
+		n := c.hands.Load()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-seen:
+		case <-tm.C:
+			c.logf("closing: %d grant(s) in hand still unreleased", n)
+			return
+		}
+	}
 }
 
 // logf logs through the client's logger, if it has one.
@@ -410,6 +455,17 @@ func (c *Client) checkAcquire(key string, lease time.Duration, opts []AcquireOpt
 // word), ErrUnavailable (no server answered after every attempt),
 // ErrBadArgument (refused before sending), ErrClosed.
 func (c *Client) Acquire(ctx context.Context, key string, lease time.Duration, opts ...AcquireOption) (*Grant, error) {
+	g, err := c.acquireInHand(ctx, key, lease, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.handOut()
+	return g, nil
+}
+
+// acquireInHand is Acquire whose grant is still in hand (counted): the
+// caller ends that with c.handOut().
+func (c *Client) acquireInHand(ctx context.Context, key string, lease time.Duration, opts []AcquireOption) (*Grant, error) {
 	a, err := c.checkAcquire(key, lease, opts)
 	if err != nil {
 		return nil, err
@@ -435,21 +491,23 @@ func (c *Client) TryAcquire(ctx context.Context, key string, lease time.Duration
 // silently. The lease is the safety net if this process dies: a few
 // seconds to a minute suits most uses.
 func (c *Client) Hold(ctx context.Context, key string, lease time.Duration, opts ...AcquireOption) (*Grant, error) {
-	g, err := c.Acquire(ctx, key, lease, opts...)
+	g, err := c.acquireInHand(ctx, key, lease, opts)
 	if err != nil {
 		return nil, err
 	}
 	// Under the client's lock, so that Close either sees this grant (and
-	// releases it) or has begun already (and the grant is released here).
+	// releases it) or has begun already (and the grant, still in hand, is
+	// released here before Close closes the connections).
 	c.mu.Lock()
 	if c.closed.Load() {
 		c.mu.Unlock()
-		c.releaseQuietly(g)
+		c.releaseInHand(g)
 		return nil, ErrClosed
 	}
 	c.held[g] = struct{}{}
 	g.startKeeping()
 	c.mu.Unlock()
+	c.handOut()
 	return g, nil
 }
 

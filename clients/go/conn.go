@@ -94,9 +94,6 @@ type conn struct {
 	lastErr     string
 	killReason  string
 	authRefused string // the server's reason when it refused the secret
-	// abandonedAcquires counts acquires whose caller gave up and whose
-	// answer (perhaps a grant, to release) has not come yet.
-	abandonedAcquires int
 }
 
 func newConn(c *Client, node int, addr string) *conn {
@@ -199,15 +196,6 @@ func (cn *conn) kill(gen uint64, why string) {
 	cn.c.logf("%s: %s; closing the connection", cn.addr, why)
 	cn.killReason = why
 	cn.link.raw.Close()
-}
-
-// drained: nothing queued on this connection is left unwritten, and no
-// acquire given up on may still bring a grant to release.
-func (cn *conn) drained() bool {
-	cn.mu.Lock()
-	defer cn.mu.Unlock()
-	l := cn.link
-	return l == nil || (len(l.out) == 0 && !l.writing && cn.abandonedAcquires == 0)
 }
 
 // settle: the client is closing, and a grant that comes now goes to no
@@ -368,6 +356,9 @@ func (t *ticket) giveUp(kill bool, out outcome, stopped error) (answer, outcome,
 	case a := <-t.call.ch:
 		if stopped != nil {
 			cn.releaseOrphanLocked(a)
+			if a.kind == 'A' {
+				cn.c.handOut() // it was in hand
+			}
 			cn.mu.Unlock()
 			return a, outStopped, stopped
 		}
@@ -379,9 +370,6 @@ func (t *ticket) giveUp(kill bool, out outcome, stopped error) (answer, outcome,
 	default:
 	}
 	t.call.abandoned = true
-	if t.call.op == opAcquire {
-		cn.abandonedAcquires++
-	}
 	cn.mu.Unlock()
 	if stopped != nil {
 		return answer{}, outStopped, stopped
@@ -615,7 +603,6 @@ func (cn *conn) goDown(why string) {
 		}
 	}
 	cn.watches = make(map[string]*watchers)
-	cn.abandonedAcquires = 0
 	for _, cl := range cn.pending.drain() {
 		if cl != nil && !cl.abandoned {
 			cl.ch <- answer{}
@@ -736,11 +723,8 @@ func (cn *conn) dispatch(line string) string {
 	switch {
 	case cl == nil:
 	case cl.abandoned:
-		if cl.op == opAcquire {
-			cn.abandonedAcquires--
-		}
 		cn.releaseOrphanLocked(a)
-	case a.kind == 'A' && cn.c.closed.Load():
+	case a.kind == 'A' && !cn.c.takeInHand():
 		// The client is closing, and its caller may not have given up yet
 		// (its goroutine has not run since): the grant goes to nobody and
 		// is released at once, here, so that Close's settle waits for that
@@ -748,6 +732,8 @@ func (cn *conn) dispatch(line string) string {
 		cn.releaseOrphanLocked(a)
 		cl.ch <- answer{}
 	default:
+		// A grant delivered here is in hand (takeInHand counted it): its
+		// call ends the count once it returns or releases the grant.
 		cl.ch <- a
 	}
 	return ""

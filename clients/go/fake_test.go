@@ -3,6 +3,7 @@ package baton
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"sync"
@@ -411,5 +412,60 @@ func TestAGrantThatWaitedPastAThirdOfItsLeaseIsConfirmedWithK(t *testing.T) {
 	}
 	if !g.ExpiresAt().After(start.Add(1200 * time.Millisecond)) {
 		t.Fatalf("the lease counts from the keep: %v", g.ExpiresAt().Sub(start))
+	}
+}
+
+// Close begins while an acquire confirms its grant with K (it came after
+// more than a third of its lease): the call releases the grant itself
+// before the sockets close and fails ErrClosed, rather than hand a grant
+// nobody can release any more to its caller.
+func TestCloseWhileAGrantIsConfirmedReleasesItAndTheCallFailsClosed(t *testing.T) {
+	kSent := make(chan struct{}, 1)
+	answerK := make(chan struct{})
+	f := newFake(t, func(fc *fakeConn, line string) {
+		switch line[0] {
+		case 'A':
+			time.Sleep(150 * time.Millisecond) // it waited in line: half its lease
+			fc.send("A 5 k")
+		case 'K':
+			kSent <- struct{}{}
+			<-answerK
+			fc.send("K k")
+		case 'R':
+			fc.send("R k")
+		}
+	})
+	defer close(answerK) // answers the K if the test fails before
+	c, _ := New([]string{f.addr()})
+	acquired := make(chan error, 1)
+	go func() {
+		g, err := c.Acquire(context.Background(), "k", 300*time.Millisecond)
+		if g != nil {
+			err = fmt.Errorf("granted %d on a closed client (err %v)", g.Token(), err)
+		}
+		acquired <- err
+	}()
+	select {
+	case <-kSent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no confirming K")
+	}
+	closed := make(chan struct{})
+	go func() {
+		c.Close()
+		close(closed)
+	}()
+	eventually(t, 5*time.Second, "close began", c.closed.Load)
+	answerK <- struct{}{}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close did not return")
+	}
+	if err := <-acquired; !errors.Is(err, ErrClosed) {
+		t.Fatalf("the acquire: %v", err)
+	}
+	if rs := f.seen("R "); len(rs) != 1 || rs[0].line != "R k 5" {
+		t.Fatalf("the grant released before the sockets closed: %v", rs)
 	}
 }

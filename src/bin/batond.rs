@@ -37,50 +37,52 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cluster_key = match config.read_cluster_key() {
-        Ok(key) => key,
-        Err(e) => {
-            eprintln!("batond: {e}");
-            return ExitCode::from(2);
+    match start(&config) {
+        Ok((server, signals)) => {
+            say_what_is_unused_or_closed(&config);
+            serve_until_stopped(&server, signals);
+            server.shutdown();
+            ExitCode::SUCCESS
         }
-    };
-    let client_auth = match config.read_client_auth() {
-        Ok(auth) => auth,
-        Err(e) => {
-            eprintln!("batond: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    // TLS files are checked before anything starts, for a clear message.
-    if let Err(e) = baton::server::trust::tls::NodeTls::load(&config) {
-        eprintln!("batond: {e}");
-        return ExitCode::from(2);
+        Err(code) => code,
     }
+}
+
+/// Read and check every file a flag names, raise the open-file limit,
+/// take the signals, and start the node; a failure is said in one line on
+/// stderr and is the exit code (2 for a flag that does not work).
+fn start(config: &Config) -> Result<(Server, Signals), ExitCode> {
+    let flag_error = |e: &dyn std::fmt::Display| {
+        eprintln!("batond: {e}");
+        ExitCode::from(2)
+    };
+    let cluster_key = config.read_cluster_key().map_err(|e| flag_error(&e))?;
+    let client_auth = config.read_client_auth().map_err(|e| flag_error(&e))?;
+    // TLS files are checked before anything starts, for a clear message.
+    baton::server::trust::tls::NodeTls::load(config).map_err(|e| flag_error(&e))?;
     // Room for --max-conns connections: the soft limit raised up to the
     // hard one if need be, and a warning naming the fix if that is short.
     baton::server::os_limits::raise_open_files(config.max_conns);
-    let mut signals = match Signals::new([SIGINT, SIGTERM, SIGHUP]) {
-        Ok(signals) => signals,
-        Err(e) => {
-            eprintln!("batond: cannot handle signals: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let server = match Server::start(&config, cluster_key, client_auth) {
-        Ok(server) => server,
-        Err(StartError::Flag(e)) => {
-            eprintln!("batond: {e}");
-            return ExitCode::from(2);
-        }
+    let signals = Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(|e| {
+        eprintln!("batond: cannot handle signals: {e}");
+        ExitCode::FAILURE
+    })?;
+    match Server::start(config, cluster_key, client_auth) {
+        Ok(server) => Ok((server, signals)),
+        Err(StartError::Flag(e)) => Err(flag_error(&e)),
         Err(StartError::Io(e)) => {
             eprintln!(
                 "batond: cannot start on {}:{}: {e}",
                 config.bind, config.port
             );
-            return ExitCode::FAILURE;
+            Err(ExitCode::FAILURE)
         }
-    };
-    // After every check, so that a node that does not start says one line.
+    }
+}
+
+/// After every check, so that a node that does not start says one line:
+/// the flags a node without `--peers` does not use, and protected mode.
+fn say_what_is_unused_or_closed(config: &Config) {
     for flag in config.unused_without_peers() {
         log::warn!("{flag} is not used without --peers");
     }
@@ -92,6 +94,10 @@ fn main() -> ExitCode {
              --bind 0.0.0.0 (any client that reaches the port; see docs/security.md)"
         );
     }
+}
+
+/// Serve until SIGINT or SIGTERM; SIGHUP reloads the auth and TLS files.
+fn serve_until_stopped(server: &Server, mut signals: Signals) {
     for signal in signals.forever() {
         if signal == SIGHUP {
             log::info!("SIGHUP received: reloading");
@@ -106,6 +112,4 @@ fn main() -> ExitCode {
         log::info!("{name} received: shutting down gracefully");
         break;
     }
-    server.shutdown();
-    ExitCode::SUCCESS
 }

@@ -29,15 +29,18 @@ pub fn parse_seconds(field: &[u8]) -> Option<u64> {
 
 /// [`parse_seconds`] for any field.
 pub(super) fn parse_seconds_general(field: &[u8]) -> Option<u64> {
-    let (whole, fraction) = match field.iter().position(|&b| b == b'.') {
-        Some(dot) => (&field[..dot], Some(&field[dot + 1..])),
-        None => (field, None),
-    };
-    let millis = match fraction {
-        Some(digits) => parse_millis(digits)?,
-        None => 0,
-    };
+    let (whole, millis) = split_seconds(field)?;
     parse_u64(whole)?.checked_mul(1000)?.checked_add(millis)
+}
+
+/// A seconds field's whole part (its digits, unchecked) and its fraction
+/// as milliseconds (0 without one); None when the fraction breaks the
+/// grammar.
+fn split_seconds(field: &[u8]) -> Option<(&[u8], u64)> {
+    match field.iter().position(|&b| b == b'.') {
+        Some(dot) => Some((&field[..dot], parse_millis(&field[dot + 1..])?)),
+        None => Some((field, 0)),
+    }
 }
 
 /// [`parse_seconds`] for a request's lease or wait: the same grammar, but a
@@ -46,14 +49,7 @@ pub(super) fn parse_seconds_general(field: &[u8]) -> Option<u64> {
 /// rather than as malformed, however many digits it has. None only for
 /// text that breaks the grammar. Never overflows.
 pub fn parse_seconds_saturating(field: &[u8]) -> Option<u64> {
-    let (whole, fraction) = match field.iter().position(|&b| b == b'.') {
-        Some(dot) => (&field[..dot], Some(&field[dot + 1..])),
-        None => (field, None),
-    };
-    let millis = match fraction {
-        Some(digits) => parse_millis(digits)?,
-        None => 0,
-    };
+    let (whole, millis) = split_seconds(field)?;
     let whole = parse_u64_saturating(whole)?;
     Some(whole.saturating_mul(1000).saturating_add(millis))
 }

@@ -1,6 +1,7 @@
 //! THE OP TABLE: every op of the protocol and every kind of answer, once
 //! ([`OPS`], [`ANSWER_KINDS`]), the enums and lookups that follow from it
-//! by rote, and the checklist for adding an op.
+//! by rote. The checklist for adding an op is ARCHITECTURE.md's "Adding
+//! an op".
 
 use super::*;
 

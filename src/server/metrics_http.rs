@@ -342,7 +342,16 @@ pub fn error_body(status: Status) -> String {
 /// lock owner's snapshot.
 pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> String {
     let mut out = String::with_capacity(8192);
-    let o = &mut out;
+    render_state(&mut out, snap, conns);
+    render_cluster(&mut out, snap);
+    render_counts(&mut out, snap, io_refusals);
+    render_latencies(&mut out, snap);
+    out
+}
+
+/// What the node holds and serves now: its role, keys, holders, waiters,
+/// connections and watches.
+fn render_state(o: &mut String, snap: &Snapshot, conns: u64) {
     family(
         o,
         "baton_role",
@@ -389,6 +398,11 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
         "Change lines a slow watcher never got: a newer state replaced them before they were written.",
         snap.watch_lines_skipped,
     );
+}
+
+/// Tokens and replication: the last token and the ceiling, a standby's
+/// lag, the active's synced standbys.
+fn render_cluster(o: &mut String, snap: &Snapshot) {
     gauge(
         o,
         "baton_last_token",
@@ -419,7 +433,11 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
         "Live standbys that hold this node's full state (0 on a standby).",
         snap.standbys,
     );
+}
 
+/// The counters: requests by op, answers by kind, refusals by reason,
+/// grants, hand-offs, expiries, timeouts, role changes.
+fn render_counts(o: &mut String, snap: &Snapshot, io_refusals: &[u64; REASONS]) {
     family(
         o,
         "baton_requests_total",
@@ -484,7 +502,10 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
         "Changes between active and standby.",
         snap.role_changes,
     );
+}
 
+/// The latency histograms: grant wait, hand-off, expiry lateness.
+fn render_latencies(o: &mut String, snap: &Snapshot) {
     histogram(
         o,
         "baton_grant_wait_seconds",
@@ -503,7 +524,6 @@ pub fn render(snap: &Snapshot, io_refusals: &[u64; REASONS], conns: u64) -> Stri
         "Lease deadline to the lease being reclaimed (millisecond resolution).",
         &snap.expiry_lateness,
     );
-    out
 }
 
 fn family(o: &mut String, name: &str, kind: &str, help: &str) {

@@ -10,7 +10,7 @@
 //!   owner, replication, the metrics server. They own the sockets, channels
 //!   and clocks, and carry out what the cores decide. A thread file never
 //!   imports another thread file.
-//! - [`trust`]: TLS and the peer and client authentication, sans-I/O layers
+//! - [`trust`]: TLS and the peer and client authentication, layers
 //!   that the threads drive.
 //! - The plumbing between them, at this level: [`node`] starts and stops the
 //!   threads, through [`supervise`], which ends the process if one of them

@@ -317,6 +317,26 @@ struct ReplHandle {
     thread: JoinHandle<()>,
 }
 
+/// One thread per I/O loop, `baton-io-<index>`.
+fn spawn_io_loops(
+    supervisor: &Supervisor,
+    loops: Vec<IoLoop>,
+) -> Result<Vec<JoinHandle<()>>, StartError> {
+    let mut threads = Vec::with_capacity(loops.len());
+    for (index, io_loop) in loops.into_iter().enumerate() {
+        threads.push(supervisor.spawn(format!("baton-io-{index}"), move || io_loop.run())?);
+    }
+    Ok(threads)
+}
+
+/// The metrics port's thread, `baton-metrics`.
+fn spawn_metrics(
+    supervisor: &Supervisor,
+    server: MetricsServer,
+) -> Result<JoinHandle<()>, StartError> {
+    Ok(supervisor.spawn("baton-metrics".into(), move || server.run())?)
+}
+
 impl Server {
     /// Bind (the client port, then the metrics port), build every channel
     /// and waker, then start the threads. `cluster_key` is what
@@ -392,15 +412,9 @@ impl Server {
                 &gauges,
             )?),
         };
-        let mut io_threads = Vec::with_capacity(io.loops.len());
-        for (index, io_loop) in io.loops.into_iter().enumerate() {
-            io_threads.push(supervisor.spawn(format!("baton-io-{index}"), move || io_loop.run())?);
-        }
+        let io_threads = spawn_io_loops(&supervisor, io.loops)?;
         let metrics = match metrics_server {
-            Some((server, slot)) => Some((
-                slot,
-                supervisor.spawn("baton-metrics".into(), move || server.run())?,
-            )),
+            Some((server, slot)) => Some((slot, spawn_metrics(&supervisor, server)?)),
             None => None,
         };
         log::info!(

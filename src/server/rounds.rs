@@ -222,6 +222,9 @@ pub trait OwnerPorts {
     /// Clients were answered this round.
     fn answered(&mut self) {}
     /// A `ToOwner::Retire` was handled: signal `done` once its answers left.
+    /// `Retired` is opaque here (the round only hands it on; what it wraps
+    /// is the shell's business). Only a node without peers retires, so the
+    /// cluster simulation never sends one.
     fn retiring(&mut self, done: Retired);
     /// Send the queued answers to the I/O loops, as far as there is room.
     fn send_answers(&mut self);
@@ -520,6 +523,8 @@ pub trait ReplShell {
     /// Queue `msg` on the outgoing link to `peer`: the bytes to `peer` not
     /// written yet, with it.
     fn send(&mut self, peer: usize, msg: PeerMsg) -> usize;
+    /// The most bytes not yet written on one outgoing link.
+    fn most_unsent(&self) -> usize;
     /// Unsent bytes to one peer past which its link is dropped.
     fn peer_output_limit(&self) -> usize {
         MAX_PEER_OUTPUT
@@ -577,6 +582,22 @@ pub fn carry_out<S: ReplShell>(shell: &mut S) {
             }
         }
     }
+}
+
+/// The end of one turn of the replication thread, after its socket
+/// events: the inbox ([`take_inbox`]), the time-driven work ([`tick`]),
+/// and the most output queued on one peer link told to the lock owner,
+/// which makes no snapshot piece while a link is backed up
+/// (`table_core::SNAPSHOT_OUTPUT_MAX`). Nothing after the inbox once the
+/// thread stops.
+pub fn end_turn<S: ReplShell>(shell: &mut S) {
+    take_inbox(shell);
+    if shell.stopped() {
+        return;
+    }
+    tick(shell);
+    let most = shell.most_unsent();
+    shell.gauges().peer_output.store(most, Ordering::Relaxed);
 }
 
 /// Time-driven work after the events: the gauges the owner reads, the

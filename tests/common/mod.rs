@@ -270,6 +270,21 @@ impl Node {
     pub fn client(&self) -> LineClient {
         LineClient::connect(self.addr)
     }
+
+    /// A new connection that the node admits (its `I` is answered), or
+    /// None if it refuses it (`E - - too-many-connections`, or nothing).
+    pub fn admitted(&self) -> Option<LineClient> {
+        let mut client = self.client();
+        client.send("I");
+        match client.next_event(DEADLINE) {
+            Received::Line(line) if line.starts_with("I ") => Some(client),
+            Received::Line(line) => {
+                assert_eq!(line, "E - - too-many-connections");
+                None
+            }
+            _ => None,
+        }
+    }
 }
 
 impl Drop for Node {

@@ -132,6 +132,28 @@ impl Nodes {
         self.nodes[i] = Some(node);
     }
 
+    /// Start (or restart) node `i` as a member of this set's cluster: the
+    /// test cluster key, failure detected in `detect` seconds.
+    pub fn start_clustered(&mut self, i: usize, detect: &str) {
+        let flags = [
+            "--detect",
+            detect,
+            "--cluster-key-file",
+            super::cluster_key_file(),
+        ];
+        self.start_with(i, &flags, &[]);
+    }
+
+    /// Two nodes of one cluster, both started, node 0 active with node 1
+    /// its synced standby.
+    pub fn formed_pair(detect: &str) -> Nodes {
+        let mut nodes = Nodes::on_free_ports(2);
+        nodes.start_clustered(0, detect);
+        nodes.start_clustered(1, detect);
+        nodes.wait_synced_standbys(0, 1);
+        nodes
+    }
+
     pub fn is_running(&self, i: usize) -> bool {
         self.nodes[i].is_some()
     }

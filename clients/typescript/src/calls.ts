@@ -21,7 +21,7 @@
 // Never does: touch sockets (conn.ts) or choose connections (pool.ts).
 
 import type { Conn, Slot } from './conn.js';
-import { BatonError, LostError, RefusedError, TimeoutError, UnavailableError } from './errors.js';
+import { BatonError, ClosedError, LostError, RefusedError, TimeoutError, UnavailableError } from './errors.js';
 import type { Pool, Target } from './pool.js';
 import type { Answer, Request } from './wire.js';
 
@@ -269,6 +269,10 @@ export function expiresAt(g: GrantData): number {
   return g.leaseStart + g.leaseMs;
 }
 
+/** A grant, or ClosedError and the rest. The grant is in hand (counted by
+ * the pool since its connection delivered it) and stays so when it is
+ * returned: the caller ends that with `pool.handOut()` once it has checked
+ * that the client is not closing; on every other way out it ends here. */
 export async function acquire(pool: Pool, key: string, leaseMs: number, waitMs: number | null, ask: Ask, signal?: AbortSignal): Promise<GrantData> {
   const waitEnd = waitMs === null ? null : now() + waitMs;
   for (let round = 0; round < ACQUIRE_ROUNDS; round++) {
@@ -291,32 +295,52 @@ export async function acquire(pool: Pool, key: string, leaseMs: number, waitMs: 
     if (answer.kind === 'T') throw new TimeoutError();
     if (answer.kind !== 'A') throw unexpected(answer);
     const grant: GrantData = { key: answer.key, token: answer.token, slot: answer.slot ?? 0, leaseMs, leaseStart: done.sentAt };
+    let confirmed: GrantData | null;
+    try {
+      confirmed = await confirmInHand(pool, grant, signal);
+    } catch (e) {
+      pool.handOut();
+      throw e;
+    }
+    if (confirmed !== null) return confirmed;
+    pool.handOut();
+    if (pool.closed) throw new ClosedError();
+    pool.log(`a grant of ${key} ran out before it arrived; asking again`);
+  }
+  throw new LostError('the grant ran out before it arrived, three times');
+}
+
+/** A grant in hand, confirmed with K if it waited in line (so that its
+ * lease, counted from the send time, does not look spent on arrival); null
+ * when it ran out before it arrived. A client found closing, once the
+ * grant is in hand or once its K is answered, gets the grant released
+ * (awaited: close waits for it) and ClosedError. */
+async function confirmInHand(pool: Pool, grant: GrantData, signal?: AbortSignal): Promise<GrantData | null> {
+  const closing = async (): Promise<never> => {
+    await pool.releaseClosing(grant);
+    throw new ClosedError();
+  };
+  if (pool.closed) return closing();
+  if (signal?.aborted) {
+    releaseUnwanted(pool, grant);
+    throw signal.reason;
+  }
+  if (now() - grant.leaseStart <= grant.leaseMs / 3) return grant;
+  let confirmed: Exchanged | null = null;
+  try {
+    confirmed = await call(pool, 'any', now() + pool.requestTimeoutMs, { op: 'K', key: grant.key, token: grant.token, leaseMs: grant.leaseMs }, signal);
+  } catch (e) {
+    if (pool.closed) return closing();
     if (signal?.aborted) {
       releaseUnwanted(pool, grant);
       throw signal.reason;
     }
-    if (now() - grant.leaseStart <= leaseMs / 3) return grant;
-    // It waited in line: confirm it, so that its lease, counted from the
-    // send time, does not look spent on arrival.
-    let confirmed: Exchanged | null = null;
-    try {
-      confirmed = await call(pool, 'any', now() + pool.requestTimeoutMs, { op: 'K', key, token: grant.token, leaseMs }, signal);
-    } catch (e) {
-      if (signal?.aborted) {
-        releaseUnwanted(pool, grant);
-        throw signal.reason;
-      }
-      pool.log(`confirming ${key}: ${(e as Error).message}`);
-    }
-    if (confirmed === null) return grant;
-    if (confirmed.answer.kind === 'K') return { ...grant, leaseStart: confirmed.sentAt };
-    if (confirmed.answer.kind === 'E' && confirmed.answer.reason === 'not-held') {
-      pool.log(`a grant of ${key} ran out before it arrived; asking again`);
-      continue;
-    }
-    return grant;
+    pool.log(`confirming ${grant.key}: ${(e as Error).message}`);
   }
-  throw new LostError('the grant ran out before it arrived, three times');
+  if (confirmed !== null && confirmed.answer.kind === 'E' && confirmed.answer.reason === 'not-held') return null;
+  if (pool.closed) return closing();
+  if (confirmed !== null && confirmed.answer.kind === 'K') return { ...grant, leaseStart: confirmed.sentAt };
+  return grant;
 }
 
 /** Release a grant nobody will use (its caller gave up), once, unawaited. */

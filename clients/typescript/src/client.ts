@@ -2,7 +2,7 @@
 
 import type * as tls from 'node:tls';
 
-import { type Ask, type KeyStatus, acquire, info, keepToken, query, release, releaseUnwanted } from './calls.js';
+import { type Ask, type KeyStatus, acquire, info, keepToken, query, release } from './calls.js';
 import { BadArgumentError, ClosedError } from './errors.js';
 import { Grant, HeldGrant } from './grant.js';
 import { Pool, checkServers } from './pool.js';
@@ -118,11 +118,16 @@ export class Client {
     this.live();
     const a = checkAcquire(key, options);
     const data = await acquire(this.pool, a.key, a.leaseMs, a.waitMs, a.ask, options.signal);
-    if (this.closing !== null) {
-      releaseUnwanted(this.pool, data);
-      throw new ClosedError();
+    try {
+      // Still in hand: close, begun meanwhile, waits for this release.
+      if (this.closing !== null) {
+        await this.pool.releaseClosing(data);
+        throw new ClosedError();
+      }
+      return new Grant(this, data);
+    } finally {
+      this.pool.handOut();
     }
-    return new Grant(this, data);
   }
 
   /** Acquire a key and keep it alive in the background until released:
@@ -131,11 +136,16 @@ export class Client {
     this.live();
     const a = checkAcquire(key, options);
     const data = await acquire(this.pool, a.key, a.leaseMs, a.waitMs, a.ask, options.signal);
-    if (this.closing !== null) {
-      releaseUnwanted(this.pool, data);
-      throw new ClosedError();
+    try {
+      // Still in hand: close, begun meanwhile, waits for this release.
+      if (this.closing !== null) {
+        await this.pool.releaseClosing(data);
+        throw new ClosedError();
+      }
+      return new HeldGrant(this, data);
+    } finally {
+      this.pool.handOut();
     }
-    return new HeldGrant(this, data);
   }
 
   /** Run `work` while holding the key (kept alive in the background), then
@@ -211,7 +221,10 @@ export class Client {
   /** Close the client: watches end, held grants stop being kept and are
    * released (once, best effort), a grant that comes to a call close ended
    * (the key a held grant's release hands to this client's own waiter,
-   * say) is released before the connections close, every later call fails
+   * say) is released before the connections close, as is a grant an
+   * acquire had already been given but not yet returned (one it was
+   * confirming with K: close waits for that call, at most the request
+   * timeout, and the call fails ClosedError), every later call fails
    * ClosedError, and
    * once the promise resolves no socket or timer of it is left. */
   close(): Promise<void> {

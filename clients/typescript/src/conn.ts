@@ -79,6 +79,9 @@ export interface ConnOwner {
   /** A connection changed phase. */
   bump(): void;
   log(message: string): void;
+  /** A grant is delivered to its acquire call: it is in hand until the
+   * call returns it or releases it (close waits for that). */
+  takeInHand(): void;
 }
 
 export class Conn {
@@ -554,6 +557,7 @@ export class Conn {
       }
       return null;
     }
+    if (answer.kind === 'A') this.owner.takeInHand();
     slot.settle(answer);
     return null;
   }

@@ -74,6 +74,11 @@ export class Pool implements ConnOwner {
   private preferred: number | null = null;
   private turn = 0;
   private readonly waiters = new Set<() => void>();
+  /** Grants in hand: delivered to an acquire call that has not returned
+   * it yet (confirming it with K, say). close() waits until none is left
+   * before it settles and closes the connections. */
+  private hands = 0;
+  private readonly handsFreeWaiters = new Set<() => void>();
 
   constructor(
     servers: readonly string[],
@@ -238,10 +243,49 @@ export class Pool implements ConnOwner {
     return this.all.map((c) => ({ server: c.addr, connected: c.isUp, lastError: c.lastError }));
   }
 
+  takeInHand(): void {
+    this.hands++;
+  }
+
+  /** A grant in hand was returned to its caller or released. */
+  handOut(): void {
+    if (--this.hands > 0) return;
+    const waiters = [...this.handsFreeWaiters];
+    this.handsFreeWaiters.clear();
+    for (const w of waiters) w();
+  }
+
+  /** Resolves once no grant is in hand, or at `untilMs`. */
+  private handsFree(untilMs: number): Promise<void> {
+    if (this.hands === 0) return Promise.resolve();
+    return new Promise<void>((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.handsFreeWaiters.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(() => {
+        this.log(`closing: ${this.hands} grant(s) in hand still unreleased`);
+        done();
+      }, Math.max(0, untilMs - performance.now()));
+      this.handsFreeWaiters.add(done);
+    });
+  }
+
+  /** Release a grant in hand that nobody will get because the client is
+   * closing: R on a connection that is up (close keeps them open until no
+   * grant is in hand), awaited for up to the request timeout. */
+  async releaseClosing(grant: { key: string; token: bigint }): Promise<void> {
+    const conn = this.all.find((c) => c.isUp) ?? null;
+    const answer = conn === null ? null : await conn.ask({ op: 'R', key: grant.key, token: grant.token }, performance.now() + this.requestTimeoutMs);
+    if (answer === null) this.log(`closing: could not release ${grant.key} (token ${grant.token}); its lease will run out`);
+  }
+
   /** Close every connection; `farewell` (releases) is sent once on a
    * connection that is up and answered (bounded by the request timeout),
    * and a grant that comes to a call close ended is released before the
-   * sockets close. Resolves when every socket is closed. */
+   * sockets close, as is a grant in hand (its call releases it; close
+   * waits for that). Resolves when every socket is closed. */
   async close(farewell: Request[]): Promise<void> {
     if (this.closed) return;
     let carrier: Conn | null = null;
@@ -256,13 +300,13 @@ export class Pool implements ConnOwner {
     // to nobody: released at once. The held grants' releases are sent and
     // answered, then each connection takes in the grants already made to
     // it (the key a release hands to this client's own waiter, say) and
-    // their releases reach the server, before the sockets close.
+    // their releases reach the server, before the sockets close. A call
+    // with a grant in hand sees the client closed and releases the grant
+    // itself, meanwhile.
     for (const c of this.all) c.abandonAll();
     const until = performance.now() + this.requestTimeoutMs;
-    if (carrier !== null) {
-      const sent = carrier;
-      await Promise.all(farewell.map((r) => sent.ask(r, until)));
-    }
+    const sent = carrier;
+    await Promise.all([...(sent === null ? [] : farewell.map((r) => sent.ask(r, until))), this.handsFree(until)]);
     await Promise.all(this.all.map((c) => c.settleForClose(until)));
     await Promise.all(this.all.map((c) => c.close([], this.connectTimeoutMs)));
   }

@@ -406,3 +406,36 @@ test('a grant answered after more than a third of its lease is confirmed at once
     await fake.close();
   }
 });
+
+test('close() while a grant is confirmed with K releases it before the sockets close; the acquire fails closed', async () => {
+  let answerK: (() => void) | null = null;
+  const fake = await new FakeServer((conn, line) => {
+    const [op, key] = line.split(' ');
+    // It waited in line: half its lease.
+    if (op === 'A') setTimeout(() => conn.send(`A 5 ${key}`), 150);
+    if (op === 'K') answerK = () => conn.send(`K ${key}`);
+    if (op === 'R') conn.send(`R ${key}`);
+  }).start();
+  const client = connect(fake.addr);
+  try {
+    const acquired = client.acquire('k', { leaseMs: 300 }).then(
+      (g) => `granted ${g.token} on a closed client`,
+      (e: unknown) => e,
+    );
+    await fake.waitSeen('the confirming K', () => answerK !== null);
+    const closed = client.close();
+    answerK!();
+    await closed;
+    const outcome = await acquired;
+    assert.ok(outcome instanceof ClosedError, `the acquire: ${String(outcome)}`);
+    const releases = fake.seen.filter((s) => s.line.startsWith('R '));
+    assert.deepEqual(
+      releases.map((s) => s.line),
+      ['R k 5'],
+      'the grant released before the sockets closed',
+    );
+  } finally {
+    await client.close();
+    await fake.close();
+  }
+});

@@ -51,6 +51,23 @@ pub trait WatchConns {
     fn counted_lines(&mut self, _written: u64, _skipped: u64) {}
 }
 
+/// Whether `answer` is about a watch (`W`, `X`, or an `M` for either):
+/// the answers [`LoopWatches::answer`] acts on. The loop (and the
+/// simulation) ask this before handing an answer over, so an acquire's
+/// answer costs one match.
+#[inline]
+pub fn about_watch(answer: &Answer) -> bool {
+    matches!(
+        answer,
+        Answer::Watched { .. }
+            | Answer::Unwatched { .. }
+            | Answer::Moved {
+                op: Op::Watch | Op::Unwatch,
+                ..
+            }
+    )
+}
+
 /// One I/O loop's watches: its fan-out and the glue around it.
 #[derive(Debug, Default)]
 pub struct LoopWatches {
@@ -169,7 +186,8 @@ impl LoopWatches {
     }
 
     /// An answer on its way to connection `slot` (written after this):
-    /// one about a watch moves its queue on; any other does nothing.
+    /// one about a watch ([`about_watch`]) moves its queue on; any other
+    /// does nothing.
     pub fn answer(&mut self, conns: &mut impl WatchConns, slot: usize, answer: &Answer) {
         let Some(queue) = conns.queue(slot) else {
             return;
@@ -179,7 +197,17 @@ impl LoopWatches {
                 queue.answered_watch(key, self.fanout.version(key));
                 conns.counted_lines(1, 0);
             }
-            Answer::Unwatched { key } => queue.answered_unwatch(key),
+            // An `X` is answered `M` by a node that is not active (it
+            // stepped back while the `X` was on its way): answered all the
+            // same. Left in flight, it would keep a later `W` of the key
+            // on this connection from ever going live (no change line, and
+            // no `M` when the node next stops being active).
+            Answer::Unwatched { key }
+            | Answer::Moved {
+                op: Op::Unwatch,
+                key: Some(key),
+                ..
+            } => queue.answered_unwatch(key),
             Answer::Moved {
                 op: Op::Watch,
                 key: Some(key),
@@ -404,6 +432,41 @@ mod tests {
             watching(false),
         ];
         assert_eq!(format!("{:?}", conns.batch), format!("{want:?}"));
+    }
+
+    #[test]
+    fn an_unwatch_answered_moved_leaves_a_later_watch_of_the_key_live() {
+        // The connection watches k, unwatches it, and the node steps back
+        // before the owner takes the `X`: it is answered `M`. Once the
+        // node is active again, the connection watches k anew: that watch
+        // gets change lines, and ends with an `M` when the node next
+        // stops being active (the simulation found it did neither).
+        let mut w = LoopWatches::new(0);
+        let mut conns = Conns::default();
+        let id = ConnId::new(0, 1, 1);
+        watch(&mut w, &mut conns, 1, &["k"]);
+        w.parsed_unwatch(&mut conns, 1, id, key("k"));
+        let stepped_back = |op| Answer::Moved {
+            active: Some("b:1".into()),
+            op,
+            key: None,
+        };
+        w.watchers_entry(&mut conns, &stepped_back(Op::Watch), || 0);
+        let x_moved = Answer::Moved {
+            active: Some("b:1".into()),
+            op: Op::Unwatch,
+            key: Some(key("k")),
+        };
+        assert!(about_watch(&x_moved), "the loop hands it over");
+        w.answer(&mut conns, 1, &x_moved);
+        watch(&mut w, &mut conns, 1, &["k"]);
+        conns.written.clear();
+        w.watchers_entry(&mut conns, &watched("k", 7), || 0);
+        w.sweep(&mut conns, usize::MAX, usize::MAX);
+        assert_eq!(conns.written[&1], "W k 7 1 0 -\n");
+        w.watchers_entry(&mut conns, &stepped_back(Op::Watch), || 0);
+        assert_eq!(conns.written[&1], "W k 7 1 0 -\nM b:1 W k\n");
+        assert_eq!(conns.watches, 0);
     }
 
     #[test]

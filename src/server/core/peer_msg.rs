@@ -11,7 +11,9 @@
 //!
 //! Lines (same MAX_LINE rule and `\n` ending as the client protocol):
 //! - `P B <role> <following|-> <synced 0|1> <has_state 0|1> <last_token> <ceiling>`: heartbeat;
-//! - `P S` … `P E`: a snapshot (the `G` lines between them are the whole table);
+//! - `P S` … `P E`: a snapshot, in pieces: the `G` lines of the table, with
+//!   the active's deltas (`G`, `F`, `C`) since the snapshot began between
+//!   the pieces, in the active's order;
 //! - `P G <key> <token> <ms_left> [<limit> <slot> [<value>]]`,
 //!   `P F <key> <token> [<slot>]`, `P C <ceiling>`: deltas, a grant or the
 //!   end of one each (a semaphore's holders are a `G` per slot). The

@@ -14,7 +14,10 @@
 //!   the discovery wait ends), the election below runs.
 //! - Election (no live active): among the live nodes that hold replicated
 //!   state — or all live nodes when none does (a cold start) — the highest in
-//!   priority becomes active.
+//!   priority becomes active. A peer known to be up but not heard yet (its
+//!   link just proved it, its first heartbeat on the way) is waited for, up
+//!   to `detect_ms`: it may rank higher, and electing past it would be a
+//!   split brain.
 //! - An active that sees a higher-priority active steps back and follows it
 //!   (split brain never lasts). An active that sees a higher-priority standby
 //!   that follows it and holds its full state hands over to it: it stops
@@ -106,6 +109,9 @@ struct Peer {
     /// Its link dropped and a new connection was refused: dead until it
     /// speaks again.
     dead: bool,
+    /// When a link with it last proved it is up (it answered this node's
+    /// dial with the cluster key): alive then, its heartbeat on the way.
+    proved_ms: Option<u64>,
 }
 
 /// The role state machine of one node. See the module doc.
@@ -230,10 +236,26 @@ impl Roles {
         }
     }
 
+    /// A link with peer `from` just proved it up (it answered this node's
+    /// dial with the cluster key): it is alive, and until its first
+    /// heartbeat arrives (or `detect_ms` passes) no election runs past it.
+    /// Nothing else changes: a peer found dead stays dead until it speaks
+    /// (what it last said is stale: a restarted node's old `active`
+    /// heartbeat must not make this node follow it).
+    /// Without this, a node whose active died in the round trip between a
+    /// peer answering its dial and that peer's dial back (the link its
+    /// heartbeats come on) would elect itself beside a higher peer.
+    pub fn handle_link_proved(&mut self, now_ms: u64, from: usize) {
+        if let Some(peer) = self.peers.get_mut(from).filter(|_| from != self.me) {
+            peer.proved_ms = Some(now_ms);
+        }
+    }
+
     /// Peer `from`'s link dropped and reconnecting was refused: it is dead.
     pub fn handle_peer_dead(&mut self, now_ms: u64, from: usize) -> Vec<RoleEffect> {
         if let Some(peer) = self.peers.get_mut(from).filter(|_| from != self.me) {
             peer.dead = true;
+            peer.proved_ms = None;
         }
         self.decide(now_ms)
     }
@@ -373,7 +395,7 @@ impl Roles {
             wake = wake.min(since_ms + self.detect_ms);
         }
         for peer in &self.peers {
-            if let Some(t) = peer.last_heard_ms {
+            for t in [peer.last_heard_ms, peer.proved_ms].into_iter().flatten() {
                 let expiry = t + self.detect_ms;
                 if expiry > now_ms {
                     wake = wake.min(expiry);
@@ -494,9 +516,24 @@ impl Roles {
         })
     }
 
+    /// Is peer `p` known to be up without having been heard since (its
+    /// link proved it within `detect_ms`, no heartbeat and no refusal after
+    /// that)?
+    fn awaited(&self, p: usize, now_ms: u64) -> bool {
+        let peer = &self.peers[p];
+        p != self.me
+            && !self.is_live(p, now_ms)
+            && peer.proved_ms.is_some_and(|proved| {
+                now_ms.saturating_sub(proved) < self.detect_ms
+                    && peer.last_heard_ms.is_none_or(|heard| heard < proved)
+            })
+    }
+
     /// With no live active: is this node the highest-priority eligible one?
+    /// Not while a peer known to be up has not been heard (it may rank
+    /// higher or hold the state): [`Roles::handle_link_proved`].
     fn elected(&self, now_ms: u64) -> bool {
-        if self.shutting_down {
+        if self.shutting_down || (0..self.peers.len()).any(|p| self.awaited(p, now_ms)) {
             return false;
         }
         let live: Vec<usize> = (0..self.peers.len())
@@ -911,6 +948,68 @@ mod tests {
         assert_eq!(n2.poll(1000), vec![RoleEffect::Follow { active: None }]);
         assert_eq!(n2.active(), None);
         assert!(n2.poll(1001).is_empty());
+    }
+
+    #[test]
+    fn no_election_runs_past_a_peer_known_up_until_it_is_heard_or_detect_passes() {
+        // Node 2 follows node 0; node 1 answered node 2's dial (its link
+        // proved it up) but its own link, which carries its heartbeats,
+        // is not up yet. Node 0 dies.
+        let mut n2 = Roles::new(2, 3, DETECT, 500, 0);
+        n2.handle_beat(0, 0, active());
+        n2.handle_synced(1, 0);
+        n2.handle_link_proved(10, 1);
+        assert_eq!(
+            n2.handle_peer_dead(20, 0),
+            vec![RoleEffect::Follow { active: None }],
+            "node 1 may rank higher and hold the state: no election yet"
+        );
+        assert!(n2.poll(500).is_empty());
+        assert!(n2.next_wake_ms(500) <= 10 + DETECT);
+        // Its first heartbeat says it holds the state: it is elected, not
+        // node 2.
+        assert!(n2.handle_beat(600, 1, standby_of(0)).is_empty());
+        assert_ne!(n2.role_name(), RoleName::Active);
+
+        // Unheard for `detect_ms` after its link proved it: the election
+        // goes on without it.
+        let mut n2 = Roles::new(2, 3, DETECT, 500, 0);
+        n2.handle_beat(0, 0, active());
+        n2.handle_synced(1, 0);
+        n2.handle_link_proved(10, 1);
+        assert_eq!(
+            n2.handle_peer_dead(20, 0),
+            vec![RoleEffect::Follow { active: None }]
+        );
+        assert!(n2.poll(10 + DETECT - 1).is_empty());
+        assert_eq!(n2.poll(10 + DETECT), vec![RoleEffect::BecomeActive]);
+
+        // A peer heard before its link proved it again is waited for too;
+        // one found dead since is not.
+        let mut n2 = Roles::new(2, 3, DETECT, 500, 0);
+        n2.handle_beat(0, 0, active());
+        n2.handle_synced(1, 0);
+        n2.handle_beat(0, 1, standby_of(0));
+        n2.handle_beat(1990, 0, active());
+        n2.handle_link_proved(2000, 1);
+        assert_eq!(
+            n2.handle_peer_dead(2001, 0),
+            vec![RoleEffect::Follow { active: None }]
+        );
+        assert_ne!(n2.role_name(), RoleName::Active);
+        assert_eq!(n2.handle_peer_dead(2002, 1), vec![RoleEffect::BecomeActive]);
+
+        // An active whose higher peer died and restarted: the link proving
+        // it up revives nothing of what it said before it died (it said
+        // `active`; following that would hand the role to a node that just
+        // started, and lose the grants made meanwhile).
+        let mut n1 = Roles::new(1, 2, DETECT, 500, 0);
+        n1.handle_beat(0, 0, active());
+        n1.handle_synced(1, 0);
+        assert_eq!(n1.handle_peer_dead(100, 0), vec![RoleEffect::BecomeActive]);
+        n1.handle_link_proved(200, 0);
+        assert!(n1.poll(201).is_empty());
+        assert_eq!(n1.role_name(), RoleName::Active);
     }
 
     #[test]

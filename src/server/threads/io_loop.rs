@@ -143,7 +143,7 @@ use crate::server::core::connection::{
 };
 use crate::server::core::deadlines::Deadlines;
 use crate::server::core::events::ConnId;
-use crate::server::core::loop_watches::{LoopWatches, WatchConns};
+use crate::server::core::loop_watches::{LoopWatches, WatchConns, about_watch};
 use crate::server::core::watchers::{Delivery, Fanout, Pace, WATCH_ROOM, WatchQueue};
 use crate::server::messages::{
     Inbound, OwnerBatch, ReplLink, ToOwner, ToRepl, next_room, with_headroom,
@@ -1370,12 +1370,7 @@ impl IoLoop {
             } else if let Some(slot) = self.live_slot(*id) {
                 answered = true;
                 self.conns[slot].state.answered(answer_owed(answer));
-                if matches!(
-                    answer,
-                    Answer::Watched { .. }
-                        | Answer::Unwatched { .. }
-                        | Answer::Moved { op: Op::Watch, .. }
-                ) {
+                if about_watch(answer) {
                     let (watches, mut conns) = self.watch_parts();
                     watches.answer(&mut conns, slot, answer);
                 }
@@ -2543,5 +2538,93 @@ mod tests {
                 "every slot is free again"
             );
         }
+    }
+
+    /// The loop hands an `X` answered `M` to the connection's watch queue
+    /// (`about_watch`), so a later `W` of the key goes live: the watcher
+    /// gets the key's change lines (it got none once, when the node had
+    /// stepped back while the `X` was on its way).
+    #[test]
+    fn an_unwatch_answered_moved_leaves_a_later_watch_live_in_the_loop() {
+        use std::io::Read;
+        let (mut io_loop, inbound, answers) = idle_loop(0);
+        let addr = listener_addr(&io_loop);
+        let mut watcher = std::net::TcpStream::connect(addr).expect("connect");
+        let start = Instant::now();
+        let mut request = |io_loop: &mut IoLoop, line: &[u8]| -> ConnId {
+            watcher.write_all(line).expect("send");
+            loop {
+                assert!(start.elapsed() < Duration::from_secs(10), "no request");
+                io_loop.accept_pending = true;
+                turn(io_loop);
+                while let Ok(message) = inbound.try_recv() {
+                    if let ToOwner::Clients(batch) = message {
+                        for event in batch {
+                            if let Inbound::Request(id, _) = event {
+                                return id;
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let owner = |io_loop: &mut IoLoop, batch: Vec<(ConnId, Answer)>| {
+            let batch = OwnerBatch {
+                answers: batch,
+                forgotten: Vec::new(),
+            };
+            answers.send(batch).expect("send");
+            turn(io_loop);
+        };
+        let key = protocol::Key::new(b"k").expect("key");
+        let state = |token| protocol::WatchState {
+            token,
+            holders: u64::from(token > 0),
+            ..protocol::WatchState::default()
+        };
+        let watched = |token| Answer::Watched {
+            key: key.clone(),
+            state: state(token),
+        };
+        let moved = |op, key| Answer::Moved {
+            active: Some("b:1".into()),
+            op,
+            key,
+        };
+        let id = request(&mut io_loop, b"W k\n");
+        owner(&mut io_loop, vec![(id, watched(0))]);
+        let id = request(&mut io_loop, b"X k\n");
+        // The node steps back before the owner takes the `X`.
+        owner(
+            &mut io_loop,
+            vec![
+                (ConnId::watchers(0), moved(Op::Watch, None)),
+                (id, moved(Op::Unwatch, Some(key.clone()))),
+            ],
+        );
+        let id = request(&mut io_loop, b"W k\n");
+        owner(&mut io_loop, vec![(id, watched(0))]);
+        owner(&mut io_loop, vec![(ConnId::watchers(0), watched(7))]);
+        let want = "W k 0 0 0 -\nM b:1 X k\nW k 0 0 0 -\nW k 7 1 0 -\n";
+        watcher
+            .set_nonblocking(true)
+            .expect("a non-blocking socket");
+        let mut got = Vec::new();
+        while got.len() < want.len() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the second watch got no change line: {:?}",
+                String::from_utf8_lossy(&got)
+            );
+            turn(&mut io_loop);
+            let mut buf = [0u8; 256];
+            match watcher.read(&mut buf) {
+                Ok(0) => panic!("the loop closed the connection"),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+        assert_eq!(String::from_utf8_lossy(&got), want);
     }
 }

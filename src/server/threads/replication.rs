@@ -41,7 +41,6 @@
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
@@ -249,24 +248,9 @@ impl Replication {
             }
             // The lock owner's messages and the other threads', then the
             // time-driven work (rounds.rs).
-            rounds::take_inbox(&mut self);
-            rounds::tick(&mut self);
-            self.publish_peer_output();
+            rounds::end_turn(&mut self);
         }
         log::info!("replication: stopped");
-    }
-
-    /// Tell the lock owner the most output queued on one peer link: it
-    /// makes no snapshot piece while a link is backed up
-    /// (`table_core::SNAPSHOT_OUTPUT_MAX`).
-    fn publish_peer_output(&self) {
-        let most = self
-            .outs
-            .iter()
-            .map(|out| out.writer.pending().len())
-            .max()
-            .unwrap_or(0);
-        self.gauges.peer_output.store(most, Ordering::Relaxed);
     }
 
     /// Carry out the core's effects (rounds.rs), including those that
@@ -781,6 +765,11 @@ impl ReplShell for Replication {
 
     fn stopped(&self) -> bool {
         self.done
+    }
+
+    fn most_unsent(&self) -> usize {
+        let pending = self.outs.iter().map(|out| out.writer.pending().len());
+        pending.max().unwrap_or(0)
     }
 
     fn dial(&mut self, peer: usize) {

@@ -1,4 +1,5 @@
-//! TLS on the node's sockets, as a sans-I/O layer over the mio sockets.
+//! TLS on the node's sockets, a layer over the mio sockets that the threads
+//! poll.
 //!
 //! Owns: [`NodeTls`], the node's TLS configurations built from
 //! `--tls-cert`, `--tls-key`, `--tls-client-ca` and `--tls-ca` (the server

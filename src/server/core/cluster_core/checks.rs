@@ -1,6 +1,8 @@
 //! The checks every peer message passes before anything of it is used:
-//! tokens, ceilings and leases within the clock window, semaphore limits
-//! and slots in range, snapshots within `--max-keys`; a [`Verdict`] each.
+//! tokens and ceilings within the clock window, leases within
+//! `--max-lease`, semaphore limits and slots in range; a [`Verdict`] each.
+//! (What a snapshot may grow to, `--max-keys`, is the lock owner's bound,
+//! on apply: nothing of it gathers here.)
 
 use super::*;
 

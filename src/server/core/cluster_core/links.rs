@@ -149,6 +149,9 @@ impl ClusterCore {
         out.failures = 0;
         out.resends = 0;
         self.reset_snapshot(p);
+        // `p` answered: it is alive, its heartbeats (on its own link to
+        // this node) on the way; no election runs past it meanwhile.
+        self.roles.handle_link_proved(now.ms, p);
         self.send_beats();
     }
 

@@ -371,6 +371,13 @@ impl ClusterCore {
         self.effects.drain(..)
     }
 
+    /// This node's own link to `p` is up (dialed, and `p` proved the key).
+    pub fn link_up(&self, p: usize) -> bool {
+        self.outs
+            .get(p)
+            .is_some_and(|out| out.state == OutState::Up)
+    }
+
     /// Incoming links still in their handshake.
     pub fn links_in_handshake(&self) -> usize {
         self.ins.values().filter(|l| l.peer.is_none()).count()

@@ -169,7 +169,7 @@ impl LockTable {
             self.remove_grant(idx, at);
             return;
         }
-        let waiter = self.remove_waiter(head);
+        let mut waiter = self.remove_waiter(head);
         // The line is FIFO: the freed slot goes to the first in line.
         // Checked in every build (O(1)).
         assert_eq!(waiter.prev, NIL, "the line's head is its first waiter");
@@ -195,7 +195,7 @@ impl LockTable {
                 state.lease_timer = lease_timer;
                 match self.sems.get_mut(sem_idx as usize) {
                     Some(sem) if sem_idx != NIL => {
-                        sem.first_value = waiter.value;
+                        sem.first_value = waiter.value.take();
                         let slot = sem.first_slot;
                         if sem.limit == 1 && sem.first_value.is_none() {
                             // A plain mutex again: no Sem needed.
@@ -206,7 +206,8 @@ impl LockTable {
                     }
                     _ => {
                         if waiter.value.is_some() {
-                            let sem = Sem::new(1, 0, waiter.value).expect("a value needs a Sem");
+                            let sem =
+                                Sem::new(1, 0, waiter.value.take()).expect("a value needs a Sem");
                             self.keys[idx as usize].sem = self.sems.insert(sem) as u32;
                         }
                         0
@@ -218,13 +219,29 @@ impl LockTable {
                 grant.token = token;
                 grant.expiry_ms = expiry_ms;
                 grant.lease_timer = lease_timer;
-                grant.value = waiter.value;
+                grant.value = waiter.value.take();
                 grant.slot
             }
         };
-        let key = self.keys[idx as usize].key.clone();
         self.note_held(idx, None);
         self.holders_changed(idx);
+        self.answer_granted(idx, &waiter, token, slot, out);
+        self.fill(now_ms, idx, out);
+    }
+
+    /// Waiter `waiter` of key `idx` was granted `token` in `slot`: its `A`
+    /// answer (with the slot if its request named a limit), then the
+    /// answers held back behind it.
+    #[inline]
+    fn answer_granted(
+        &mut self,
+        idx: u32,
+        waiter: &Waiter,
+        token: u64,
+        slot: u32,
+        out: &mut Outbox,
+    ) {
+        let key = self.keys[idx as usize].key.clone();
         out.answer(
             waiter.conn,
             Answer::Granted {
@@ -234,7 +251,6 @@ impl LockTable {
             },
         );
         self.emit_deferred(waiter.conn, &key, &waiter.deferred, out);
-        self.fill(now_ms, idx, out);
     }
 
     /// Key `idx`'s free slots go to the front of its queue (there are free
@@ -244,20 +260,12 @@ impl LockTable {
         while self.keys[idx as usize].queue_head != NIL
             && self.holder_count(idx) < self.limit(idx) as usize
         {
-            let waiter = self.remove_waiter(self.keys[idx as usize].queue_head);
+            let mut waiter = self.remove_waiter(self.keys[idx as usize].queue_head);
             assert_eq!(waiter.prev, NIL, "the line's head is its first waiter");
             self.metrics.granted(now_ms.saturating_sub(waiter.since_ms));
-            let (token, slot) = self.add_grant(now_ms, idx, waiter.lease_ms, waiter.value);
-            let key = self.keys[idx as usize].key.clone();
-            out.answer(
-                waiter.conn,
-                Answer::Granted {
-                    token,
-                    key: key.clone(),
-                    slot: waiter.named_limit.then_some(slot),
-                },
-            );
-            self.emit_deferred(waiter.conn, &key, &waiter.deferred, out);
+            let value = waiter.value.take();
+            let (token, slot) = self.add_grant(now_ms, idx, waiter.lease_ms, value);
+            self.answer_granted(idx, &waiter, token, slot, out);
         }
     }
 

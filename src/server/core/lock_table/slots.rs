@@ -265,24 +265,14 @@ impl LockTable {
         let token = self.tokens.issue();
         self.recent.note(token, idx);
         let expiry_ms = now_ms.saturating_add(lease_ms);
-        let lease_timer = self.wheel.insert(expiry_ms, Timer::Lease(idx));
-        let sem = self.keys[idx as usize].sem;
-        let sem = &mut self.sems[sem as usize];
+        let sem = &self.sems[self.keys[idx as usize].sem as usize];
         // Holders <= limit, checked in every build (O(1)).
         assert!(
             sem.more.len() + 1 < sem.limit as usize,
             "a new holder only while the key has a free slot"
         );
         let slot = sem.lowest_free();
-        sem.take_slot(slot);
-        sem.more.push(Grant {
-            token,
-            expiry_ms,
-            lease_timer,
-            slot,
-            value,
-        });
-        self.grants += 1;
+        self.put_grant(idx, slot, token, expiry_ms, value);
         self.note_held(idx, None);
         self.holders_changed(idx);
         (token, slot)
@@ -415,8 +405,9 @@ impl LockTable {
         }
     }
 
-    /// A standby applies its active's grant in a free `slot` of key `idx`
-    /// (of a limit above 1, so it has a Sem).
+    /// A grant in a free `slot` of key `idx` (of a limit above 1, so it
+    /// has a Sem): a new holder's, or a standby applying its active's.
+    #[inline]
     pub(super) fn put_grant(
         &mut self,
         idx: u32,

@@ -1,5 +1,5 @@
 //! The table's side of watches: which keys changed holders since the last
-//! round, and the `S` lines their watchers are sent.
+//! step, and the `W <key> …` lines their watchers are sent.
 
 use super::*;
 

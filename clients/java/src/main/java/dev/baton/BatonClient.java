@@ -469,8 +469,17 @@ public final class BatonClient implements AutoCloseable {
             }
             held.add(h);
             h.start();
-            if (closed || !result.complete(h)) {
-                h.releaseInternal();
+            if (closed) {
+                // Close began meanwhile and may not have seen this grant,
+                // still in hand here (close waits for its release).
+                h.stop();
+                held.remove(h);
+                pool.addHand();
+                Calls.releaseInHand(pool, g.key, g.token);
+                result.completeExceptionally(new ClosedException("the client is closed"));
+            } else if (!result.complete(h)) {
+                pool.addHand();
+                h.releaseInternal().whenComplete((v, failure) -> pool.handOut());
             }
         });
         result.whenComplete((v, e) -> {
@@ -718,7 +727,10 @@ public final class BatonClient implements AutoCloseable {
      * that comes to a call close ended (the key a held grant's release hands
      * to this client's own waiter, say) is released before the connections
      * close (two {@code I} round trips on each connection with an acquire
-     * outstanding, within the request timeout), every connection closes and
+     * outstanding, within the request timeout), as is a grant an acquire had
+     * already been given but not yet returned (one it was confirming with a
+     * keep: close waits for that call, at most the request timeout, and the
+     * call fails with {@link ClosedException}), every connection closes and
      * every thread the client started ends. Every later call on the client or
      * its grants fails with {@link ClosedException}. Idempotent.
      */
@@ -751,6 +763,10 @@ public final class BatonClient implements AutoCloseable {
                 // best effort
             }
         }
+        // The calls with a grant in hand (confirming it with K, say) see
+        // that the client is closing and release it themselves, on
+        // connections still open.
+        pool.awaitHandsFree();
         // Take in (and release) the grants those releases, or anything
         // else, made to this client's own acquires; then close.
         pool.settle();

@@ -282,7 +282,10 @@ final class Calls {
                 afterFailure();
                 return;
             }
-            result.complete(new Exchanged(a, sentAt, delivered));
+            if (!result.complete(new Exchanged(a, sentAt, delivered)) && a.tag == 'A') {
+                // Its caller gave up as the grant came: nobody will get it.
+                releaseInHand(pool, a.key, a.token);
+            }
         }
 
         private void lost(boolean sent) {
@@ -437,12 +440,22 @@ final class Calls {
             });
         }
 
+        /*
+         * A grant is in hand (counted by the pool) from when its connection
+         * delivered it until this call hands it to its caller (then the
+         * pool.handOut() in deliver) or releases it (releaseInHand). Found
+         * closing once it has the grant, or once its K is answered, the call
+         * releases the grant itself and then fails closed; close waits for
+         * that before it settles and closes the connections.
+         */
         private void answered(Exchanged done) {
             Wire.Answer a = done.answer();
             switch (a.tag) {
                 case 'A':
                     Granted g = new Granted(a.key, a.token, Math.max(0, a.slot), leaseMs, done.sentAt());
-                    if (System.nanoTime() - g.leaseStart > ms(leaseMs) / 3) {
+                    if (pool.isClosing()) {
+                        closing(g);
+                    } else if (System.nanoTime() - g.leaseStart > ms(leaseMs) / 3) {
                         confirm(g);
                     } else {
                         deliver(g);
@@ -463,7 +476,7 @@ final class Calls {
         /** A grant that waited in line: restart its lease with K before the caller gets it. */
         private void confirm(Granted g) {
             if (result.isDone()) {
-                unwanted(pool, g);
+                releaseInHand(pool, g.key, g.token);
                 return;
             }
             long due = System.nanoTime() + ms(pool.requestTimeoutMs);
@@ -471,7 +484,12 @@ final class Calls {
                 if (err == null && done.answer().tag == 'K') {
                     g.leaseStart = done.sentAt();
                 } else if (err == null && done.answer().tag == 'E' && "not-held".equals(done.answer().reason)) {
-                    round(); // it ran out before it arrived: ask again
+                    pool.handOut(); // nothing to release
+                    if (pool.isClosing()) {
+                        result.completeExceptionally(new ClosedException("the client is closed"));
+                    } else {
+                        round(); // it ran out before it arrived: ask again
+                    }
                     return;
                 }
                 deliver(g);
@@ -480,17 +498,31 @@ final class Calls {
 
         private void deliver(Granted g) {
             if (pool.isClosing()) {
-                result.completeExceptionally(new ClosedException("the client is closed"));
+                closing(g);
+            } else if (result.complete(g)) {
+                pool.handOut(); // its caller's now (a hold's registered: it ran in complete)
+            } else {
+                releaseInHand(pool, g.key, g.token);
             }
-            if (!result.complete(g)) {
-                unwanted(pool, g);
-            }
+        }
+
+        /** The client is closing: release the grant, then fail the call. */
+        private void closing(Granted g) {
+            releaseInHand(pool, g.key, g.token).whenComplete(
+                (v, e) -> result.completeExceptionally(new ClosedException("the client is closed")));
         }
     }
 
-    /** A grant nobody wants any more (its caller gave up): release it at once, in the background. */
-    static void unwanted(Pool pool, Granted g) {
-        release(pool, g.key, g.token);
+    /**
+     * A grant in hand nobody will get (its caller gave up, or the client is
+     * closing): release it, then end its count (close waits for that, and
+     * keeps the connections open meanwhile).
+     */
+    static CompletableFuture<Void> releaseInHand(Pool pool, String key, long token) {
+        return release(pool, key, token).handle((released, e) -> {
+            pool.handOut();
+            return null;
+        });
     }
 
     // ---- release ----

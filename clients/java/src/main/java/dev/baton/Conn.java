@@ -607,7 +607,7 @@ final class Conn {
             if (next != null) {
                 next.reachedFront();
             }
-            if (found && slot[0] != null && a.tag == 'A' && pool.isClosing()) {
+            if (found && slot[0] != null && a.tag == 'A' && !pool.takeInHand()) {
                 // Close ends the call: the grant goes to nobody. Its release
                 // is pending here before the lock is let go, so that settle
                 // never finds this connection with neither the acquire nor
@@ -624,6 +624,9 @@ final class Conn {
             t.future.completeExceptionally(new ClosedException("the client is closed"));
         } else if (t != null && !t.future.complete(a)) {
             releaseOrphan(a);
+            if (a.tag == 'A') {
+                pool.handOut(); // it was counted in hand: its release is pending now
+            }
         }
         return null;
     }

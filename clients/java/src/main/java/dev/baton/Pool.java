@@ -58,6 +58,14 @@ final class Pool {
     private final Object sleepLock = new Object();
     private volatile boolean closing;
     private volatile boolean closed;
+    /**
+     * Grants in hand: delivered to an acquire call that has not returned it
+     * yet (confirming it with K, say), or being released because nobody
+     * will get it. Close waits until none is left before it settles and
+     * closes the connections.
+     */
+    private final AtomicInteger hands = new AtomicInteger();
+    private final Object handsLock = new Object();
 
     Pool(List<String> servers, long connectTimeoutMs, long requestTimeoutMs, String secret, SSLContext tls,
          Executor executor) {
@@ -110,6 +118,54 @@ final class Pool {
     /** The client begins to close: see {@link #isClosing}. Its held keys' releases still go out. */
     void beginClose() {
         closing = true;
+    }
+
+    /**
+     * A grant is about to be delivered to its acquire call: counted in hand,
+     * unless the client is closing (false: it goes to nobody). The count
+     * comes first, so close, which marks the client closing before it waits
+     * for the count, either waits for this grant or is seen here.
+     */
+    boolean takeInHand() {
+        hands.incrementAndGet();
+        if (closing) {
+            handOut();
+            return false;
+        }
+        return true;
+    }
+
+    /** One more grant in hand (one already in hand is to be released). */
+    void addHand() {
+        hands.incrementAndGet();
+    }
+
+    /** A grant in hand was returned to its caller or released. */
+    void handOut() {
+        if (hands.decrementAndGet() == 0) {
+            synchronized (handsLock) {
+                handsLock.notifyAll();
+            }
+        }
+    }
+
+    /** The client is closing: wait until no grant is in hand, for at most the request timeout. */
+    void awaitHandsFree() {
+        long until = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(requestTimeoutMs);
+        synchronized (handsLock) {
+            while (hands.get() > 0) {
+                long left = until - System.nanoTime();
+                if (left <= 0) {
+                    return;
+                }
+                try {
+                    TimeUnit.NANOSECONDS.timedWait(handsLock, left);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    return;
+                }
+            }
+        }
     }
 
     /**

@@ -280,4 +280,74 @@ class DecisionsTest {
             assertEquals("bad-auth", e.reason());
         }
     }
+
+    /**
+     * Close begins while an acquire confirms its grant with K (it came after
+     * half its lease): the call releases the grant itself before the sockets
+     * close and fails closed, rather than hand a grant nobody can release
+     * any more to its caller. The blocking client.
+     */
+    @Test
+    void closeWhileAGrantIsConfirmedReleasesItAndTheAcquireFailsClosed() throws Exception {
+        closeWhileConfirming(false);
+    }
+
+    /** The same with the async client. */
+    @Test
+    void closeWhileAnAsyncAcquiresGrantIsConfirmedReleasesItAndTheFutureFailsClosed() throws Exception {
+        closeWhileConfirming(true);
+    }
+
+    private static void closeWhileConfirming(boolean async) throws Exception {
+        CompletableFuture<FakeServer.Link> heldK = new CompletableFuture<>();
+        try (FakeServer fake = new FakeServer(l -> {
+            String t = l.text();
+            if (t.startsWith("A ")) {
+                new Thread(() -> {
+                    try {
+                        Thread.sleep(150); // it waited in line: half its lease
+                    } catch (InterruptedException e) {
+                        return;
+                    }
+                    l.link().send("A 5 k");
+                }).start();
+            } else if (t.startsWith("K ")) {
+                heldK.complete(l.link()); // answered once close began
+            } else {
+                FakeServer.plain(l);
+            }
+        })) {
+            BatonClient client = BatonClient.connect(fake.addr);
+            Duration lease = Duration.ofMillis(300);
+            CompletableFuture<Grant> acquired = async
+                ? client.acquireAsync("k", lease, null)
+                : CompletableFuture.supplyAsync(() -> {
+                    try {
+                        return client.acquire("k", lease);
+                    } catch (InterruptedException e) {
+                        throw new java.util.concurrent.CompletionException(e);
+                    }
+                });
+            FakeServer.Link k = heldK.get(10, TimeUnit.SECONDS);
+            Thread closer = new Thread(client::close, "closer");
+            closer.start();
+            long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+            while (!client.isClosed()) {
+                assertTrue(System.nanoTime() < end, "close began");
+                Thread.sleep(1);
+            }
+            k.send("K k");
+            closer.join(10_000);
+            assertFalse(closer.isAlive(), "close returned");
+            ExecutionException e = assertThrows(ExecutionException.class, () -> acquired.get(10, TimeUnit.SECONDS));
+            assertInstanceOf(ClosedException.class, e.getCause(), String.valueOf(e.getCause()));
+            List<String> releases = new ArrayList<>();
+            for (FakeServer.Line l : fake.seen) {
+                if (l.text().startsWith("R ")) {
+                    releases.add(l.text());
+                }
+            }
+            assertEquals(List.of("R k 5"), releases, "the grant released before the sockets closed");
+        }
+    }
 }

@@ -6,6 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import org.junit.jupiter.api.Test;
 
+/** The pending table: answers matched to requests per (op, key), in send order. */
 class PendingTest {
     @Test
     void answersForOneOpAndKeyAreMatchedInSendOrder() {

@@ -5,6 +5,10 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import dev.baton.Conn.Phase;
 import org.junit.jupiter.api.Test;
 
+/**
+ * The pool's choice of connection: in turn, down ones left out, the preferred node first,
+ * a key's acquires apart.
+ */
 class PoolTest {
     private static final Phase UP = Phase.UP;
     private static final Phase DOWN = Phase.DOWN;

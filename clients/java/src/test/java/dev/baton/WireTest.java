@@ -10,6 +10,10 @@ import java.time.Duration;
 import java.util.List;
 import org.junit.jupiter.api.Test;
 
+/**
+ * The wire format: tokens as unsigned 64-bit numbers, requests written, answers parsed and
+ * routed, arguments checked before anything is sent.
+ */
 class WireTest {
     @Test
     void tokensAboveLongMaxValueReadAsUnsigned() throws Exception {
