@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use baton::client::{Client, Error, ReleaseOutcome};
-use common::faults::FakeServer;
+use common::faults::{FakeServer, Gate};
 use common::{DEADLINE, Node, block_on, tokio_runtime, wait_for};
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -158,6 +158,37 @@ fn a_grant_dropped_while_it_is_being_confirmed_is_released() {
             .contains(&"R job 5".to_string())
             .then_some(())
     });
+}
+
+#[test]
+fn close_during_a_grants_confirming_keep_releases_it_and_fails_the_acquire() {
+    // As `tests/client_rules.rs` does for the blocking call: the async
+    // acquire confirming its late grant when close begins releases it
+    // itself and fails `Closed`.
+    let gate = std::sync::Arc::new(Gate::default());
+    let server = FakeServer::confirm_gated(gate.clone());
+    let c = Client::connect([server.server()]).expect("a client");
+    let rt = tokio_runtime();
+    let acquire = rt.spawn(c.acquire_async("job", Duration::from_millis(300), None));
+    wait_for("the confirming K", DEADLINE, || {
+        let requests = server.requests();
+        requests
+            .iter()
+            .any(|r| r.starts_with("K job 5 "))
+            .then_some(())
+    });
+    let closer = {
+        let c = c.clone();
+        std::thread::spawn(move || c.close())
+    };
+    wait_for("close to begin", DEADLINE, || c.is_closed().then_some(()));
+    gate.open();
+    closer.join().expect("close returned");
+    let acquired = rt.block_on(bounded(acquire)).expect("the acquire ran");
+    assert_eq!(acquired.err(), Some(Error::Closed));
+    // Received before close returned, so before the sockets closed.
+    let requests = server.requests();
+    assert!(requests.contains(&"R job 5".to_string()), "{requests:?}");
 }
 
 #[test]

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use baton::client::{AcquireOptions, Client, Error, Grant, ReleaseOutcome};
 use baton::protocol::Reason;
-use common::faults::FakeServer;
+use common::faults::{FakeServer, Gate};
 use common::{DEADLINE, Node, wait_for};
 
 fn node() -> Node {
@@ -172,6 +172,44 @@ fn close_leaves_no_grant_its_own_release_handed_to_its_own_waiter() {
         line.send(&format!("Q {key}"));
         assert_eq!(line.recv(), format!("Q {key} 0 0 0"), "close {i}");
     }
+}
+
+/// A grant that came after more than a third of its lease is confirmed
+/// with `K` before the acquire returns it; a close that begins while that
+/// `K` is out ends the call: the call releases the grant itself, on a
+/// connection close keeps open for it, and fails `Closed` — it does not
+/// hand a grant to its caller on a closed client that can no longer
+/// release it, the key held for its lease.
+#[test]
+fn close_during_a_grants_confirming_keep_releases_it_and_fails_the_acquire() {
+    let gate = Arc::new(Gate::default());
+    let server = FakeServer::confirm_gated(gate.clone());
+    let c = Client::connect([server.server()]).expect("a client");
+    let acquire = {
+        let c = c.clone();
+        std::thread::spawn(move || c.acquire("job", Duration::from_millis(300), None))
+    };
+    wait_for("the confirming K", DEADLINE, || {
+        let requests = server.requests();
+        requests
+            .iter()
+            .any(|r| r.starts_with("K job 5 "))
+            .then_some(())
+    });
+    let closer = {
+        let c = c.clone();
+        std::thread::spawn(move || c.close())
+    };
+    wait_for("close to begin", DEADLINE, || c.is_closed().then_some(()));
+    gate.open();
+    closer.join().expect("close returned");
+    assert_eq!(
+        acquire.join().expect("the acquire").err(),
+        Some(Error::Closed)
+    );
+    // Received before close returned, so before the sockets closed.
+    let requests = server.requests();
+    assert!(requests.contains(&"R job 5".to_string()), "{requests:?}");
 }
 
 /// `c` asks for `key` without a wait limit on its own thread; the grant

@@ -11,7 +11,9 @@
 //!   most [`MAX_REDIRECTS`] redirects per call;
 //! - a grant answered after more than a third of its lease (it waited in
 //!   line) is confirmed at once with `K`, so that its lease, counted from a
-//!   send time, does not look spent on arrival;
+//!   send time, does not look spent on arrival; while it does, the call
+//!   counts its grant in hand, and if the client begins closing it releases
+//!   the grant itself and fails `Closed` (close waits for it);
 //! - a release is retried for [`RELEASE_RETRY_WINDOW`] at
 //!   [`RELEASE_RETRY_INTERVAL`] while no connection can carry it; `N` after
 //!   an attempt that may have reached the server counts as released;
@@ -481,16 +483,57 @@ async fn acquire_in<W: Wait>(
         }
         let (request, due) = confirm_request(pool, &grant);
         // The grant is ours from here on: if the caller drops an async
-        // acquire while the `K` is out, nobody will ever release it.
+        // acquire while the `K` is out, nobody will ever release it; and
+        // a close that begins meanwhile waits for this call (counted in
+        // hand), which then releases the grant itself.
+        let _in_hand = pool.grant_in_hand();
         let unwanted = ReleaseOnDrop::arm(pool, &grant);
+        if pool.is_closing() {
+            release_in_hand(wait, pool, &grant).await;
+            unwanted.disarm();
+            return Err(Error::Closed);
+        }
         let confirmed = exchange(wait, pool, Target::Any, Some(due), || Ok(request.clone())).await;
+        let confirmed = confirmed_grant(grant, confirmed);
+        if pool.is_closing() {
+            // A `K` answered not-held left nothing to release.
+            if let Some(grant) = &confirmed {
+                release_in_hand(wait, pool, grant).await;
+            }
+            unwanted.disarm();
+            return Err(Error::Closed);
+        }
         unwanted.disarm();
-        match confirmed_grant(grant, confirmed) {
+        match confirmed {
             Some(grant) => return Ok(grant),
             None => log::info!("a grant of {key} ran out before it arrived; asking again"),
         }
     }
     Err(Error::Expired)
+}
+
+/// The client began closing while an acquire had its grant in hand: the
+/// call releases the grant itself (`R`, its answer awaited, bounded by the
+/// request timeout) before it fails `Closed`, and close waits for it.
+async fn release_in_hand<W: Wait>(wait: &W, pool: &Pool, grant: &Grant) {
+    let request = Request::Release {
+        key: grant.key().clone(),
+        token: grant.token(),
+    };
+    let due = Some(Instant::now() + pool.request_timeout());
+    match exchange(wait, pool, Target::Any, due, || Ok(request.clone())).await {
+        Ok(_) => log::info!(
+            "released {} (token {}): the client closed before the grant was returned",
+            grant.key(),
+            grant.token()
+        ),
+        Err(failure) => log::warn!(
+            "could not release {} (token {}) as the client closed: {}; its lease will run out",
+            grant.key(),
+            grant.token(),
+            failure.error
+        ),
+    }
 }
 
 /// Releases a grant that arrived but was never handed to its caller: the

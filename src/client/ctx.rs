@@ -1,7 +1,8 @@
 //! What a client's connection threads and its callers share: settings, the
 //! closing signal, and the [`Notifier`] of connection phase changes.
 //!
-//! Owns: [`Ctx`] (timeouts, "the client is closed"), and [`Notifier`], a
+//! Owns: [`Ctx`] (timeouts, "the client is closed", the count of grants in
+//! hand that `Client::close` waits for), and [`Notifier`], a
 //! counter bumped on every change of a connection's phase that blocking
 //! callers wait on with a condvar and async callers with a stored waker.
 //! Written by the connection threads (`conn.rs`), read by callers
@@ -41,6 +42,12 @@ pub struct Ctx {
     /// `Client::close` began: no acquire is sent, no grant handed over.
     closing: AtomicBool,
     closed: AtomicBool,
+    /// Acquire calls with a grant they have not returned yet (confirming
+    /// it with `K`): `Client::close` waits for them before the sockets
+    /// close, so that their `K` and their release travel on open
+    /// connections.
+    in_hand: Mutex<usize>,
+    in_hand_left: Condvar,
 }
 
 impl Ctx {
@@ -60,7 +67,31 @@ impl Ctx {
             stop,
             closing: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            in_hand: Mutex::new(0),
+            in_hand_left: Condvar::new(),
         }
+    }
+
+    /// Count a grant in hand until the guard drops (on every exit of the
+    /// call, cancellation included). A call that takes the guard and then
+    /// finds the client not closing is waited for by a close that begins
+    /// later: close marks closing before it reads the count, and the count
+    /// is read and written under one lock.
+    pub fn grant_in_hand(&self) -> InHand<'_> {
+        *self.in_hand.lock() += 1;
+        InHand { ctx: self }
+    }
+
+    /// Wait until no call has a grant in hand, or `until` passes; true if
+    /// none has.
+    pub fn wait_no_grant_in_hand(&self, until: Instant) -> bool {
+        let mut count = self.in_hand.lock();
+        while *count > 0 {
+            if self.in_hand_left.wait_until(&mut count, until).timed_out() {
+                return *count == 0;
+            }
+        }
+        true
     }
 
     pub fn is_closed(&self) -> bool {
@@ -90,6 +121,21 @@ impl Ctx {
             self.stop.recv_timeout(duration),
             Err(RecvTimeoutError::Timeout)
         ) || self.is_closed()
+    }
+}
+
+/// One acquire call's grant in hand (see [`Ctx::grant_in_hand`]).
+pub struct InHand<'a> {
+    ctx: &'a Ctx,
+}
+
+impl Drop for InHand<'_> {
+    fn drop(&mut self) {
+        let mut count = self.ctx.in_hand.lock();
+        *count -= 1;
+        if *count == 0 {
+            self.ctx.in_hand_left.notify_all();
+        }
     }
 }
 
@@ -154,6 +200,27 @@ impl Notifier {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn close_waits_for_every_grant_in_hand_until_its_guard_drops() {
+        let (_never, stop) = crossbeam_channel::bounded(0);
+        let ctx = Ctx::new(
+            Duration::ZERO,
+            Duration::ZERO,
+            None,
+            Default::default(),
+            stop,
+        );
+        let now = Instant::now();
+        assert!(ctx.wait_no_grant_in_hand(now));
+        let first = ctx.grant_in_hand();
+        let second = ctx.grant_in_hand();
+        assert!(!ctx.wait_no_grant_in_hand(now));
+        drop(first);
+        assert!(!ctx.wait_no_grant_in_hand(now));
+        drop(second);
+        assert!(ctx.wait_no_grant_in_hand(now));
+    }
 
     #[test]
     fn a_waiter_sees_a_change_or_its_deadline() {

@@ -551,7 +551,10 @@ impl Client {
     /// it ends (the key a held key's release hands to this client's own
     /// waiter, say) is taken in and released before the connections close
     /// (two `I` round trips on each connection with an acquire
-    /// outstanding), watches end with
+    /// outstanding), an acquire whose grant came but is still being
+    /// confirmed with `K` (see [`Client::acquire`]) releases it and fails
+    /// with [`Error::Closed`] (close waits for it, up to the request
+    /// timeout), watches end with
     /// [`Error::Closed`], the connections close, and calls under way fail
     /// with [`Error::Closed`]. Every thread of the client has ended when
     /// this returns (a connection attempt under way may hold it up to the
@@ -573,16 +576,20 @@ impl Client {
     /// # }
     /// ```
     pub fn close(&self) {
-        self.inner.closed.store(true, Ordering::Release);
         // No acquire goes out from here on, and a grant that still comes
         // (say the key a held key's release hands to a waiter of this
-        // client) is released, not handed over.
+        // client) is released, not handed over. (Before `closed`: once
+        // `is_closed` says so, every call sees the client closing.)
         self.pool().begin_close();
+        self.inner.closed.store(true, Ordering::Release);
         // Held keys first, while the connections can still carry their
         // releases; then the grants those releases (or anything else) made
         // to this client's own waiters are taken in and released; then the
         // connections and the timer.
         let letting_go = self.inner.holds.close(self);
+        // An acquire confirming its grant with `K` releases it itself and
+        // fails `Closed`: its `K` and `R` need the connections still open.
+        self.pool().wait_grants_in_hand();
         self.pool().settle();
         drop(self.inner.stop.lock().take());
         self.pool().close();

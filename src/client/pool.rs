@@ -40,7 +40,7 @@ use crossbeam_channel::Receiver;
 use parking_lot::RwLock;
 
 use crate::client::conn::{Conn, Phase};
-use crate::client::ctx::Ctx;
+use crate::client::ctx::{Ctx, InHand};
 use crate::client::error::{AuthRefused, Error};
 use crate::client::grant::ConnectionStatus;
 use crate::client::timer::Timer;
@@ -465,6 +465,22 @@ impl Pool {
     /// requests (the held keys' releases) still go out.
     pub fn begin_close(&self) {
         self.ctx.begin_close();
+    }
+
+    /// Count an acquire's grant in hand (not yet returned to its caller)
+    /// until the guard drops; see [`Ctx::grant_in_hand`].
+    pub fn grant_in_hand(&self) -> InHand<'_> {
+        self.ctx.grant_in_hand()
+    }
+
+    /// The client is closing: wait until no acquire has a grant in hand
+    /// (each releases its own and fails `Closed`), for at most the request
+    /// timeout.
+    pub fn wait_grants_in_hand(&self) {
+        let until = Instant::now() + self.ctx.request_timeout;
+        if !self.ctx.wait_no_grant_in_hand(until) {
+            log::warn!("closing: an acquire still confirming its grant after the request timeout");
+        }
     }
 
     /// The client is closing: every connection with an acquire outstanding

@@ -5,7 +5,9 @@
 //!   (its port closed, so connecting fails with "connection refused"). It
 //!   records every line it forwards to the server.
 //! - [`FakeServer`]: a line server that answers each request with whatever a
-//!   closure says, for example `M <addr> <op> <key>` to test redirects.
+//!   closure says, for example `M <addr> <op> <key>` to test redirects;
+//!   [`FakeServer::confirm_gated`] holds the answer to a late grant's
+//!   confirming `K` until a [`Gate`] opens.
 //!
 //! Every thread here stops when its handle drops; nothing sleeps to
 //! synchronise (the pumps poll their sockets with short timeouts).
@@ -13,7 +15,7 @@
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -266,6 +268,30 @@ fn pump(mut from: TcpStream, mut to: TcpStream, up: bool, state: &ProxyState, al
     let _ = to.shutdown(Shutdown::Both);
 }
 
+/// A gate a fake server's answer waits at until the test opens it.
+#[derive(Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    pub fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    /// Until the gate opens, or [`DEADLINE`] passes (a test gone wrong).
+    pub fn wait(&self) {
+        let open = self.open.lock().unwrap();
+        let (open, _) = self
+            .opened
+            .wait_timeout_while(open, DEADLINE, |open| !*open)
+            .unwrap();
+        drop(open);
+    }
+}
+
 /// Answers a request line (given its index among all requests received), or
 /// None to say nothing.
 pub type Answerer = dyn Fn(&str, usize) -> Option<String> + Send + Sync;
@@ -326,6 +352,30 @@ impl FakeServer {
                 fields[0],
                 fields.get(1).unwrap_or(&"-")
             ))
+        })
+    }
+
+    /// A fake node whose grant of `job` (`A 5 job`) comes 200 ms after the
+    /// acquire, more than a third of a 300 ms lease, so that the client
+    /// confirms it with `K`; the `K`'s answer waits until `gate` opens (at
+    /// most [`DEADLINE`]). Answers `R job 5` and `I` too (a closing
+    /// client's settle).
+    pub fn confirm_gated(gate: Arc<Gate>) -> FakeServer {
+        FakeServer::start(move |line, _| {
+            if line.starts_with("A job ") {
+                // Not a synchronisation: the grant must come late.
+                thread::sleep(Duration::from_millis(200));
+                Some("A 5 job".into())
+            } else if line.starts_with("K job 5 ") {
+                gate.wait();
+                Some("K job".into())
+            } else if line == "R job 5" {
+                Some("R job".into())
+            } else if line == "I" {
+                Some("I role=active node=fake".into())
+            } else {
+                None
+            }
         })
     }
 

@@ -18,7 +18,10 @@ Policies:
   and send again, for up to the request timeout; at most 8 redirects;
 - a grant answered after more than a third of its lease (it waited in
   line) is confirmed at once with ``K``, so that its lease, counted from
-  when the acquire was sent, does not look spent on arrival;
+  when the acquire was sent, does not look spent on arrival; while it is,
+  the call counts its grant in hand (``InHand``), and if the client
+  begins to close it releases the grant itself and fails ``Closed`` (close
+  waits for it);
 - a release is retried for 5 s at 200 ms intervals while no connection can
   carry it; ``N`` after an attempt that may have reached the server counts
   as released;
@@ -38,7 +41,7 @@ from typing import Callable, Generator, List, NamedTuple, Optional, Protocol, Tu
 
 from . import _wire
 from ._pending import Slot
-from ._pool import Notifier, Sleep, WaitChange, WaitSlot, Waiting
+from ._pool import InHand, Notifier, Sleep, WaitChange, WaitSlot, Waiting
 from ._wire import Answer, Key
 from .errors import AuthRefused, Closed, Error, Expired, NotHeld, Refused, Timeout, Unavailable
 
@@ -64,6 +67,12 @@ class PoolLike(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    @property
+    def closing(self) -> bool: ...
+
+    @property
+    def in_hand(self) -> InHand: ...
 
     def pick(
         self, due: Optional[float], acquire_key: Optional[bytes] = None
@@ -476,19 +485,58 @@ def acquire(
         if time.monotonic() - done.sent_at <= lease_s / 3:
             return grant
         # It waited in line: restart its lease with K (see the module doc).
+        # The grant is in hand until the call ends: a close that begins
+        # meanwhile waits for it, and the call releases it itself.
+        pool.in_hand.enter()
+        try:
+            confirmed = yield from _confirm(pool, grant, lease_s)
+        finally:
+            pool.in_hand.leave()
+        if confirmed:
+            return grant
+        # it ran out before it arrived: ask again
+    raise Expired("the lease ran out before the grant arrived")
+
+
+def _confirm(pool: Pool, grant: Grant, lease_s: float) -> Call[bool]:
+    """Generator: restart a grant's lease with ``K``; False when it had run
+    out already. The client closing before the ``K`` goes out or while it
+    is out: the grant is released here and the call fails ``Closed``."""
+    try:
+        if pool.closing:
+            yield from _release_in_hand(pool, grant)
+            raise Closed()
         try:
             yield from keep(pool, grant, lease_s, confirm=True)
-            return grant
-        except GeneratorExit:
-            # The caller gave up while the K was out. The grant had
-            # arrived, so no connection thread will release it: do it here.
-            _release_unwanted(pool, grant)
-            raise
         except NotHeld:
-            continue  # it ran out before it arrived: ask again
+            if pool.closing:
+                raise Closed() from None  # nothing left to release
+            return False
         except (Unavailable, Refused):
-            return grant  # no server could say: the grant as it is
-    raise Expired("the lease ran out before the grant arrived")
+            pass  # no server could say: the grant as it is
+        if pool.closing:
+            yield from _release_in_hand(pool, grant)
+            raise Closed()
+        return True
+    except GeneratorExit:
+        # The caller gave up while the K (or the release) was out. The
+        # grant had arrived, so no connection thread will release it: do
+        # it here.
+        _release_unwanted(pool, grant)
+        raise
+
+
+def _release_in_hand(pool: Pool, grant: Grant) -> Call[None]:
+    """Generator: the client began to close while an acquire had its grant
+    in hand: release it (``R``, its answer awaited, bounded by the request
+    timeout); close waits for this."""
+    raw = grant._raw_key
+    line = _wire.release_line(raw, grant.token)
+    due = time.monotonic() + pool.request_timeout
+    try:
+        yield from exchange(pool, "R", raw, due, lambda: (line, 0))
+    except Error as e:
+        log.warning("could not release %r (token %d) as the client closed: %s", grant.key, grant.token, e)
 
 
 def _release_unwanted(pool: Pool, grant: Grant) -> None:

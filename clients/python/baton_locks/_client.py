@@ -15,7 +15,9 @@ then on reaches no caller: it is released at once, and its call fails
 ``Closed``), stops the keepers (no ``lost`` for them) and the
 watches, releases the held grants once (best effort, bounded by the
 request timeout; ``AsyncClient.close`` also waits, as bounded, for the
-releases of ``AsyncHeld`` grants the program dropped), settles the
+releases of ``AsyncHeld`` grants the program dropped) and, as bounded,
+for the acquires confirming their grant with ``K`` (each releases its
+grant itself and fails ``Closed``: ``_calls.py``), settles the
 connections with an acquire or a release outstanding (two ``I`` round
 trips, bounded by the request timeout: the grants made to them so far,
 such as the key a held key's release hands to this client's own waiter,
@@ -154,8 +156,9 @@ class _Base:
         already."""
         if self._closed:
             return None
-        self._closed = True
+        # Closing first: once ``closed`` says so, every call sees it.
         self._pool.begin_close()
+        self._closed = True
         grants = []
         for held in list(self._helds):
             grant = held._close_out()
@@ -334,7 +337,10 @@ class Client(_Base):
         key a held key's release hands to this client's own waiter, say)
         is released before the connections close (two ``I`` round trips
         on each connection with an acquire outstanding, bounded by the
-        request timeout); then the connections close and every thread of
+        request timeout); an acquire whose grant came but is still being
+        confirmed with ``K`` releases it itself and raises ``Closed``
+        (close waits for that, within the same request timeout as the
+        held grants' releases); then the connections close and every thread of
         the client has ended when it returns (bounded: a connect in
         progress ends within the connect timeout). Later calls raise
         ``Closed``. Safe to call again, from any thread, and never blocks
@@ -350,6 +356,9 @@ class Client(_Base):
         end = time.monotonic() + settings.request_timeout
         for slot in slots:
             slot.wait(max(0.0, end - time.monotonic()))
+        # An acquire confirming its grant with K releases it and fails
+        # Closed: its K and its R need the connections open.
+        self._pool.in_hand.wait_none(max(0.0, end - time.monotonic()))
         self._pool.settle()
         self._pool.close(settings.connect_timeout + 1.0)
         end = time.monotonic() + 1.0
@@ -479,8 +488,9 @@ class AsyncClient(_Base):
         """Close the client: watches end, held grants stop being kept and
         are released once (best effort, waiting at most the request
         timeout for the answers; no ``lost`` for them), calls under way
-        fail ``Closed``, and a grant that comes to a call close ended is
-        released before the connections close (as ``Client.close``);
+        fail ``Closed``, and a grant that comes to a call close ended, or
+        that an acquire is still confirming with ``K``, is released before
+        the connections close (as ``Client.close``);
         then the connections close; every task of the client has ended
         when it returns. Later calls raise ``Closed``. Safe to call
         again."""
@@ -497,12 +507,17 @@ class AsyncClient(_Base):
         dropped, releasing = take_dropped(self._dropped)
         slots = self._send_releases(grants + dropped)
         waits: "List[asyncio.Future[None]]" = list(releasing)
-        if slots:
-            loop = asyncio.get_running_loop()
-            for slot in slots:
-                future: asyncio.Future[None] = loop.create_future()
-                slot.add_callback(lambda future=future: _resolve(future))  # type: ignore[misc]
-                waits.append(future)
+        loop = asyncio.get_running_loop()
+        for slot in slots:
+            future: asyncio.Future[None] = loop.create_future()
+            slot.add_callback(lambda future=future: _resolve(future))  # type: ignore[misc]
+            waits.append(future)
+        # Acquires confirming their grant with K (tasks on this loop)
+        # release it and fail Closed: wait for them too.
+        none_in_hand: asyncio.Future[None] = loop.create_future()
+        pool.in_hand.add_callback(lambda: _resolve(none_in_hand))
+        if not none_in_hand.done():
+            waits.append(none_in_hand)
         if waits:
             await asyncio.wait(waits, timeout=pool.request_timeout)
         await pool.asettle()

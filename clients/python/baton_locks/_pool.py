@@ -143,6 +143,50 @@ class Notifier:
         callback()
 
 
+class InHand:
+    """How many acquire calls hold a grant they have not returned yet (it
+    is being confirmed with ``K``): the client's close waits for none to be
+    left before the connections close, so that each such call's ``K`` and
+    the release it then sends itself travel on open connections. A call
+    counts itself (``enter``) before it looks whether the client is
+    closing, and close marks closing before it looks at the count: so a
+    call that did not see closing is waited for."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.count = 0
+        self._callbacks: List[Callable[[], None]] = []
+
+    def enter(self) -> None:
+        with self._cond:
+            self.count += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self.count -= 1
+            if self.count > 0:
+                return
+            callbacks, self._callbacks = self._callbacks, []
+            self._cond.notify_all()
+        for callback in callbacks:
+            callback()
+
+    def wait_none(self, timeout: float) -> bool:
+        """Block until no call has a grant in hand, or ``timeout`` seconds
+        pass; True when none has."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.count == 0, timeout)
+
+    def add_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once no call has a grant in hand (now, if none
+        has)."""
+        with self._cond:
+            if self.count > 0:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+
 class Settings:
     """What every connection of one client reads: set once, then only
     ``closed`` changes."""
@@ -164,6 +208,8 @@ class Settings:
         self.closing = False
         #: Set (a plain attribute: no lock) once the client closes.
         self.stopping = False
+        #: Acquire calls confirming their grant: close waits for them.
+        self.in_hand = InHand()
 
 
 class ConnBase:
@@ -735,6 +781,15 @@ class Pool:
     @property
     def closed(self) -> bool:
         return self.settings.stopping
+
+    @property
+    def closing(self) -> bool:
+        """True once the client began to close (``begin_close``)."""
+        return self.settings.closing
+
+    @property
+    def in_hand(self) -> InHand:
+        return self.settings.in_hand
 
     def begin_close(self) -> None:
         """The client is closing: a grant that comes from now on goes to

@@ -235,3 +235,90 @@ def test_an_acquire_cancelled_while_its_grant_is_confirmed_releases_it(closing):
         wait_for("the grant to be released", lambda: sent(b"R job 5"))
     finally:
         server.close()
+
+
+def confirm_gated_server(gate):
+    """Grants ``job`` (token 5) 200 ms after the acquire, more than a third
+    of a 300 ms lease, so that the client confirms it with K; the K's
+    answer waits until ``gate`` is set. Answers R and I (a closing
+    client's settle) too."""
+
+    def handle(index, line):
+        if line.startswith(b"A job "):
+            time.sleep(0.2)  # not a synchronisation: the grant must come late
+            return b"A 5 job"
+        if line.startswith(b"K job 5 "):
+            gate.wait(DEADLINE)
+            return b"K job"
+        if line == b"R job 5":
+            return b"R job"
+        if line == b"I":
+            return b"I role=active"
+        return b"E - - unknown-op"
+
+    return FakeServer(handle)
+
+
+def test_close_while_a_grant_is_confirmed_releases_it_and_fails_the_acquire(closing):
+    # A close that begins while the acquire's confirming K is out ends the
+    # call: it releases the grant itself, on a connection close keeps open
+    # for it, and raises Closed, rather than return a grant on a closed
+    # client that can no longer release it (held for its whole lease).
+    gate = threading.Event()
+    server = confirm_gated_server(gate)
+    try:
+        c = closing(baton_locks.Client(server.addr))
+        outcome = []
+
+        def acquire():
+            try:
+                outcome.append(c.acquire("job", lease=0.3))
+            except baton_locks.Error as e:
+                outcome.append(e)
+
+        acquirer = threading.Thread(target=acquire, daemon=True)
+        acquirer.start()
+        wait_for("the confirming K", lambda: server.sent(b"K job 5 "))
+        closer = threading.Thread(target=c.close, daemon=True)
+        closer.start()
+        wait_for("close to begin", lambda: c.closed)
+        gate.set()
+        closer.join(DEADLINE)
+        assert not closer.is_alive(), "close returned"
+        acquirer.join(DEADLINE)
+        assert len(outcome) == 1 and isinstance(outcome[0], baton_locks.Closed), outcome
+        # Received before close returned, so before the sockets closed.
+        assert server.sent(b"R job 5"), server.lines
+    finally:
+        gate.set()
+        server.close()
+
+
+def test_an_async_close_while_a_grant_is_confirmed_releases_it_and_fails_the_acquire(closing):
+    gate = threading.Event()
+    server = confirm_gated_server(gate)
+    try:
+        c = closing(baton_locks.AsyncClient(server.addr))
+
+        async def main():
+            task = asyncio.ensure_future(c.acquire("job", lease=0.3))
+            while not server.sent(b"K job 5 "):
+                await asyncio.sleep(0.01)
+            closer = asyncio.ensure_future(c.close())
+            while not c.closed:
+                await asyncio.sleep(0)
+            gate.set()
+            await closer
+            try:
+                await task
+            except baton_locks.Closed:
+                pass
+            else:
+                raise AssertionError("the acquire returned its grant on a closed client")
+            # Received before close returned, so before the sockets closed.
+            assert server.sent(b"R job 5"), server.lines
+
+        asyncio.run(asyncio.wait_for(main(), DEADLINE))
+    finally:
+        gate.set()
+        server.close()
