@@ -100,8 +100,9 @@ pub struct Gauges {
     /// next piece only once replication keeps up).
     pub chunks_taken: AtomicU64,
     /// The most bytes queued and not yet written on one outgoing peer link
-    /// (by replication after it writes; read by the owner, which makes no
-    /// snapshot piece while a link is backed up).
+    /// (by replication at the end of each turn, `rounds::end_turn`; read
+    /// by the owner, which makes no snapshot piece while a link is backed
+    /// up).
     pub peer_output: AtomicUsize,
     /// What the I/O loops count for `--metrics`.
     pub io_counters: IoCounters,

@@ -9,7 +9,7 @@
 //! link to open or drop, handshake deadlines, the exit sequence, whether a
 //! peer message is acceptable) is [`ClusterCore`]'s, and the order in which
 //! the inbox and the tick feed it and its effects are carried out is
-//! rounds.rs's (`take_inbox`, `tick`, `carry_out`, which the simulation runs
+//! rounds.rs's (`take_inbox`, `tick`, `end_turn`, `carry_out`, which the simulation runs
 //! too): this file reads the clock, moves bytes, runs the handshake's
 //! crypto, feeds the core socket events, and implements `rounds::ReplShell`. No incoming link gets more than
 //! [`READ_BUDGET`] bytes read per round, so a flood on one link never
