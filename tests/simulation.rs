@@ -3310,30 +3310,42 @@ fn grants_made_while_a_node_rejoins_and_takes_the_role_back_are_all_on_it() {
 #[test]
 fn a_node_started_late_hears_every_peer_before_it_could_elect_itself() {
     for seed in 0..40 {
-        let mut sim = Sim::new(seed, 3);
-        sim.crash(2);
-        sim.run_until(5 * DETECT_MS, "nodes 0 and 1 settle", |s| {
-            s.nodes[0].cluster.roles().role_name().is_active()
-                && s.nodes[1].cluster.roles().beat().synced
-        });
-        // Long enough for the dials to node 2 to reach their longest wait.
-        sim.steps(DETECT_MS);
-        sim.restart(2);
+        let mut sim = node_2_started_late(seed);
         sim.run_until(DETECT_MS, "node 2 takes node 0's state", |s| {
             s.nodes[2].cluster.roles().beat().synced
         });
         sim.crash(0);
-        let bound = sim.now + 3 * DETECT_MS;
-        while sim.now < bound {
-            assert!(
-                !sim.nodes[2].cluster.roles().role_name().is_active(),
-                "seed {seed}: node 2 elected itself beside node 1: {:?}",
-                sim.roles()
-            );
-            sim.step();
-        }
-        assert_eq!(sim.actives(), vec![1], "seed {seed}: {:?}", sim.roles());
+        node_1_alone_is_elected(&mut sim, seed);
     }
+}
+
+/// Three nodes, node 2 started only once nodes 0 and 1 had settled and
+/// their dials to it had backed off to their longest wait.
+fn node_2_started_late(seed: u64) -> Sim {
+    let mut sim = Sim::new(seed, 3);
+    sim.crash(2);
+    sim.run_until(5 * DETECT_MS, "nodes 0 and 1 settle", |s| {
+        s.nodes[0].cluster.roles().role_name().is_active()
+            && s.nodes[1].cluster.roles().beat().synced
+    });
+    sim.steps(DETECT_MS);
+    sim.restart(2);
+    sim
+}
+
+/// Node 0 is gone: for three detection times node 2 never elects itself,
+/// and node 1 ends the only active.
+fn node_1_alone_is_elected(sim: &mut Sim, seed: u64) {
+    let bound = sim.now + 3 * DETECT_MS;
+    while sim.now < bound {
+        assert!(
+            !sim.nodes[2].cluster.roles().role_name().is_active(),
+            "seed {seed}: node 2 elected itself beside node 1: {:?}",
+            sim.roles()
+        );
+        sim.step();
+    }
+    assert_eq!(sim.actives(), vec![1], "seed {seed}: {:?}", sim.roles());
 }
 
 /// The window `dial_back_now` leaves: node 2, started late, has its own
@@ -3347,14 +3359,7 @@ fn a_node_started_late_hears_every_peer_before_it_could_elect_itself() {
 fn a_node_whose_active_dies_before_a_peer_it_reached_is_heard_waits_for_that_peer() {
     let mut reached = 0;
     for seed in 0..40 {
-        let mut sim = Sim::new(seed, 3);
-        sim.crash(2);
-        sim.run_until(5 * DETECT_MS, "nodes 0 and 1 settle", |s| {
-            s.nodes[0].cluster.roles().role_name().is_active()
-                && s.nodes[1].cluster.roles().beat().synced
-        });
-        sim.steps(DETECT_MS);
-        sim.restart(2);
+        let mut sim = node_2_started_late(seed);
         let bound = sim.now + DETECT_MS;
         let window = |s: &Sim| {
             s.nodes[2].cluster.link_up(1) && s.nodes[2].cluster.roles().peer_beat(1).is_none()
@@ -3367,16 +3372,7 @@ fn a_node_whose_active_dies_before_a_peer_it_reached_is_heard_waits_for_that_pee
         }
         reached += 1;
         sim.crash(0);
-        let bound = sim.now + 3 * DETECT_MS;
-        while sim.now < bound {
-            assert!(
-                !sim.nodes[2].cluster.roles().role_name().is_active(),
-                "seed {seed}: node 2 elected itself beside node 1: {:?}",
-                sim.roles()
-            );
-            sim.step();
-        }
-        assert_eq!(sim.actives(), vec![1], "seed {seed}: {:?}", sim.roles());
+        node_1_alone_is_elected(&mut sim, seed);
     }
     assert!(reached > 0, "no seed reached the window");
     println!("{reached} of 40 seeds reached the window");

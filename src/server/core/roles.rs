@@ -952,18 +952,26 @@ mod tests {
 
     #[test]
     fn no_election_runs_past_a_peer_known_up_until_it_is_heard_or_detect_passes() {
-        // Node 2 follows node 0; node 1 answered node 2's dial (its link
-        // proved it up) but its own link, which carries its heartbeats,
-        // is not up yet. Node 0 dies.
-        let mut n2 = Roles::new(2, 3, DETECT, 500, 0);
-        n2.handle_beat(0, 0, active());
-        n2.handle_synced(1, 0);
-        n2.handle_link_proved(10, 1);
-        assert_eq!(
-            n2.handle_peer_dead(20, 0),
-            vec![RoleEffect::Follow { active: None }],
-            "node 1 may rank higher and hold the state: no election yet"
-        );
+        // Node 2 follows node 0, synced; node 1 answered node 2's dial at
+        // `proved` (its link proved it up) but its own link, which carries
+        // its heartbeats, is not up yet. Node 0 dies just after.
+        let proved_then_active_dies = |heard_1: Option<u64>, proved: u64| {
+            let mut n2 = Roles::new(2, 3, DETECT, 500, 0);
+            n2.handle_beat(0, 0, active());
+            n2.handle_synced(1, 0);
+            if let Some(at) = heard_1 {
+                n2.handle_beat(at, 1, standby_of(0));
+                n2.handle_beat(proved - 10, 0, active());
+            }
+            n2.handle_link_proved(proved, 1);
+            assert_eq!(
+                n2.handle_peer_dead(proved + 1, 0),
+                vec![RoleEffect::Follow { active: None }],
+                "node 1 may rank higher and hold the state: no election yet"
+            );
+            n2
+        };
+        let mut n2 = proved_then_active_dies(None, 10);
         assert!(n2.poll(500).is_empty());
         assert!(n2.next_wake_ms(500) <= 10 + DETECT);
         // Its first heartbeat says it holds the state: it is elected, not
@@ -973,29 +981,13 @@ mod tests {
 
         // Unheard for `detect_ms` after its link proved it: the election
         // goes on without it.
-        let mut n2 = Roles::new(2, 3, DETECT, 500, 0);
-        n2.handle_beat(0, 0, active());
-        n2.handle_synced(1, 0);
-        n2.handle_link_proved(10, 1);
-        assert_eq!(
-            n2.handle_peer_dead(20, 0),
-            vec![RoleEffect::Follow { active: None }]
-        );
+        let mut n2 = proved_then_active_dies(None, 10);
         assert!(n2.poll(10 + DETECT - 1).is_empty());
         assert_eq!(n2.poll(10 + DETECT), vec![RoleEffect::BecomeActive]);
 
         // A peer heard before its link proved it again is waited for too;
         // one found dead since is not.
-        let mut n2 = Roles::new(2, 3, DETECT, 500, 0);
-        n2.handle_beat(0, 0, active());
-        n2.handle_synced(1, 0);
-        n2.handle_beat(0, 1, standby_of(0));
-        n2.handle_beat(1990, 0, active());
-        n2.handle_link_proved(2000, 1);
-        assert_eq!(
-            n2.handle_peer_dead(2001, 0),
-            vec![RoleEffect::Follow { active: None }]
-        );
+        let mut n2 = proved_then_active_dies(Some(0), 2000);
         assert_ne!(n2.role_name(), RoleName::Active);
         assert_eq!(n2.handle_peer_dead(2002, 1), vec![RoleEffect::BecomeActive]);
 
