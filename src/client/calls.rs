@@ -516,22 +516,15 @@ async fn acquire_in<W: Wait>(
 /// call releases the grant itself (`R`, its answer awaited, bounded by the
 /// request timeout) before it fails `Closed`, and close waits for it.
 async fn release_in_hand<W: Wait>(wait: &W, pool: &Pool, grant: &Grant) {
-    let request = Request::Release {
-        key: grant.key().clone(),
-        token: grant.token(),
-    };
-    let due = Some(Instant::now() + pool.request_timeout());
-    match exchange(wait, pool, Target::Any, due, || Ok(request.clone())).await {
+    let (key, token) = (grant.key().clone(), grant.token());
+    match release_once_in(wait, pool, key, token).await {
         Ok(_) => log::info!(
-            "released {} (token {}): the client closed before the grant was returned",
-            grant.key(),
-            grant.token()
+            "released {} (token {token}): the client closed before the grant was returned",
+            grant.key()
         ),
-        Err(failure) => log::warn!(
-            "could not release {} (token {}) as the client closed: {}; its lease will run out",
-            grant.key(),
-            grant.token(),
-            failure.error
+        Err(e) => log::warn!(
+            "could not release {} (token {token}) as the client closed: {e}; its lease will run out",
+            grant.key()
         ),
     }
 }
@@ -701,10 +694,21 @@ async fn release_in<W: Wait>(
 /// release when its client closes (best effort, bounded by the request
 /// timeout).
 pub fn release_once(pool: &Pool, key: Key, token: u64) -> Result<ReleaseOutcome, Error> {
+    block_on(release_once_in(&Blocking, pool, key, token))
+}
+
+/// The one body of [`release_once`] and of the release of a grant in hand
+/// as the client closes: one attempt, bounded by the request timeout.
+async fn release_once_in<W: Wait>(
+    wait: &W,
+    pool: &Pool,
+    key: Key,
+    token: u64,
+) -> Result<ReleaseOutcome, Error> {
     let due = Some(Instant::now() + pool.request_timeout());
     let request = Request::Release { key, token };
-    let exchanged = exchange(&Blocking, pool, Target::Any, due, || Ok(request.clone()));
-    release_outcome(block_on(exchanged).map_err(|f| f.error)?, false)
+    let exchanged = exchange(wait, pool, Target::Any, due, || Ok(request.clone())).await;
+    release_outcome(exchanged.map_err(|f| f.error)?, false)
 }
 
 /// One release's retries: whether an attempt may have got through, and
