@@ -2,7 +2,7 @@
 
 import type * as tls from 'node:tls';
 
-import { type Ask, type KeyStatus, acquire, info, keepToken, query, release } from './calls.js';
+import { type Ask, type GrantData, type KeyStatus, acquire, info, keepToken, query, release } from './calls.js';
 import { BadArgumentError, ClosedError } from './errors.js';
 import { Grant, HeldGrant } from './grant.js';
 import { Pool, checkServers } from './pool.js';
@@ -118,16 +118,7 @@ export class Client {
     this.live();
     const a = checkAcquire(key, options);
     const data = await acquire(this.pool, a.key, a.leaseMs, a.waitMs, a.ask, options.signal);
-    try {
-      // Still in hand: close, begun meanwhile, waits for this release.
-      if (this.closing !== null) {
-        await this.pool.releaseClosing(data);
-        throw new ClosedError();
-      }
-      return new Grant(this, data);
-    } finally {
-      this.pool.handOut();
-    }
+    return this.handOver(data, () => new Grant(this, data));
   }
 
   /** Acquire a key and keep it alive in the background until released:
@@ -136,13 +127,19 @@ export class Client {
     this.live();
     const a = checkAcquire(key, options);
     const data = await acquire(this.pool, a.key, a.leaseMs, a.waitMs, a.ask, options.signal);
+    return this.handOver(data, () => new HeldGrant(this, data));
+  }
+
+  /** A grant still in hand (counted by the pool) goes to its caller as
+   * `make` builds it; if close began meanwhile, it is released instead
+   * (close waits for that) and the call fails with ClosedError. */
+  private async handOver<T>(data: GrantData, make: () => T): Promise<T> {
     try {
-      // Still in hand: close, begun meanwhile, waits for this release.
       if (this.closing !== null) {
         await this.pool.releaseClosing(data);
         throw new ClosedError();
       }
-      return new HeldGrant(this, data);
+      return make();
     } finally {
       this.pool.handOut();
     }
